@@ -1,0 +1,119 @@
+import Type from 'typebox';
+import type { App, RouteContext } from '../http/server.js';
+import { ApiError } from '../http/errors.js';
+import { createKey } from '../core/keys.js';
+import { ModelPatch, ModelSpec, ORG_ID_PATTERN, type Model } from '../core/model-spec.js';
+import type { ApiKeyRecord, Org } from '../store/store.js';
+import { modelIdFromParams, renderModel } from './models.js';
+
+const now = (): number => Math.floor(Date.now() / 1000);
+
+/** A key as listed: everything but its hash. */
+export function renderKey(k: ApiKeyRecord): Record<string, unknown> {
+  return { id: k.id, object: 'api_key', org: k.org_id, name: k.name, role: k.role, created_at: k.created_at, revoked_at: k.revoked_at };
+}
+
+const renderOrg = (o: Org): Record<string, unknown> => ({ id: o.id, object: 'organization', name: o.name, created_at: o.created_at });
+const renderAdminModel = (m: Model): Record<string, unknown> => ({ ...renderModel(m), source: m.source });
+
+const OrgId = Type.String({ pattern: ORG_ID_PATTERN });
+const ModelParams = Type.Object({ author: Type.String(), slug: Type.String() });
+const EncodedModelParams = Type.Object({ id: Type.String() });
+
+/**
+ * Administration under `/admin`: organizations, API keys and the catalogue. Every route needs an
+ * admin key; inference keys get 403.
+ */
+export function registerAdminRoutes(app: App, ctx: RouteContext): void {
+  const { store, catalogue, requireAdmin } = ctx;
+
+  app.post('/admin/orgs', {
+    onRequest: requireAdmin,
+    schema: { body: Type.Object({ id: OrgId, name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })) }) },
+  }, async (req, reply) => {
+    if (await store.getOrg(req.body.id)) throw new ApiError('conflict', `Organization '${req.body.id}' already exists.`, { param: 'id' });
+    const org: Org = { id: req.body.id, name: req.body.name ?? req.body.id, created_at: now() };
+    await store.createOrg(org);
+    return reply.code(201).send(renderOrg(org));
+  });
+
+  app.get('/admin/orgs', { onRequest: requireAdmin }, async () =>
+    ({ object: 'list', data: (await store.listOrgs()).map(renderOrg) }));
+
+  app.get('/admin/orgs/:id', { onRequest: requireAdmin, schema: { params: Type.Object({ id: Type.String() }) } }, async (req) => {
+    const org = await store.getOrg(req.params.id);
+    if (!org) throw new ApiError('not_found', `No organization '${req.params.id}'.`);
+    return renderOrg(org);
+  });
+
+  app.post('/admin/keys', {
+    onRequest: requireAdmin,
+    schema: {
+      body: Type.Object({
+        org: OrgId,
+        name: Type.String({ minLength: 1, maxLength: 200 }),
+        role: Type.Optional(Type.Enum(['inference', 'admin'])),
+      }),
+    },
+  }, async (req, reply) => {
+    const created = await createKey(store, { org: req.body.org, name: req.body.name, role: req.body.role ?? 'inference' });
+    req.log.info({ key_id: created.record.id, org: created.record.org_id, role: created.record.role }, 'api key created');
+    return reply.code(201).send({ ...renderKey(created.record), key: created.key, org_created: created.orgCreated });
+  });
+
+  app.get('/admin/keys', {
+    onRequest: requireAdmin,
+    schema: { querystring: Type.Object({ org: Type.Optional(Type.String()) }) },
+  }, async (req) => ({ object: 'list', data: (await store.listKeys(req.query.org)).map(renderKey) }));
+
+  app.delete('/admin/keys/:id', { onRequest: requireAdmin, schema: { params: Type.Object({ id: Type.String() }) } }, async (req) => {
+    if (!(await store.revokeKey(req.params.id, now()))) throw new ApiError('not_found', `No API key '${req.params.id}'.`);
+    ctx.auth.invalidate(req.params.id);
+    req.log.info({ key_id: req.params.id }, 'api key revoked');
+    return renderKey((await store.getKey(req.params.id))!);
+  });
+
+  app.get('/admin/models', { onRequest: requireAdmin }, async () =>
+    ({ object: 'list', data: catalogue.all().map(renderAdminModel) }));
+
+  app.post('/admin/models', { onRequest: requireAdmin, schema: { body: ModelSpec } }, async (req, reply) => {
+    const author = req.body.id.slice(0, req.body.id.indexOf('/'));
+    if (!catalogue.authors.includes(author)) {
+      throw new ApiError('invalid_value', `Unknown author '${author}'; authors are ${catalogue.authors.join(', ')}.`, { param: 'id' });
+    }
+    const created = await catalogue.create(req.body);
+    if (typeof created === 'string') {
+      throw new ApiError(created.endsWith('already exists') ? 'conflict' : 'invalid_value', created, { param: 'id' });
+    }
+    return reply.code(201).send(renderAdminModel(created));
+  });
+
+  const getModel = (id: string) => {
+    const m = catalogue.find(id);
+    if (!m) throw new ApiError('model_not_found', `No model '${id}'.`, { param: 'model' });
+    return renderAdminModel(m);
+  };
+  const patchModel = async (id: string, patch: ModelPatch) => {
+    if (catalogue.isLocal(id)) {
+      throw new ApiError('invalid_request', `'${id}' is a local model file; change it under localModels in the config file.`);
+    }
+    const updated = await catalogue.update(id, patch);
+    if (updated === undefined) throw new ApiError('model_not_found', `No model '${id}'.`, { param: 'model' });
+    if (typeof updated === 'string') throw new ApiError('invalid_value', updated);
+    return renderAdminModel(updated);
+  };
+
+  app.get('/admin/models/:author/:slug', { onRequest: requireAdmin, schema: { params: ModelParams } },
+    async (req) => getModel(modelIdFromParams(req.params)));
+  app.get('/admin/models/:id', { onRequest: requireAdmin, schema: { params: EncodedModelParams } },
+    async (req) => getModel(modelIdFromParams(req.params)));
+  app.patch('/admin/models/:author/:slug', { onRequest: requireAdmin, schema: { params: ModelParams, body: ModelPatch } },
+    async (req) => patchModel(modelIdFromParams(req.params), req.body));
+  app.patch('/admin/models/:id', { onRequest: requireAdmin, schema: { params: EncodedModelParams, body: ModelPatch } },
+    async (req) => patchModel(modelIdFromParams(req.params), req.body));
+  // Deleting keeps the row (usage records refer to it) and hides the model everywhere but here.
+  app.delete('/admin/models/:author/:slug', { onRequest: requireAdmin, schema: { params: ModelParams } },
+    async (req) => patchModel(modelIdFromParams(req.params), { status: 'deleted' }));
+  app.delete('/admin/models/:id', { onRequest: requireAdmin, schema: { params: EncodedModelParams } },
+    async (req) => patchModel(modelIdFromParams(req.params), { status: 'deleted' }));
+}

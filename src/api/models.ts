@@ -1,0 +1,83 @@
+import Type from 'typebox';
+import type { App, RouteContext } from '../http/server.js';
+import { modelNotFound } from '../http/errors.js';
+import type { Principal } from '../http/auth.js';
+import { MODEL_TYPES, type Model, type ModelType } from '../core/model-spec.js';
+
+/** `text_to_text` is what usage guides send; it means text generation. */
+const TYPE_VALUES = [...MODEL_TYPES, 'text_to_text'] as const;
+type TypeValue = (typeof TYPE_VALUES)[number];
+
+function normaliseType(t: TypeValue | undefined): ModelType | undefined {
+  return t === 'text_to_text' ? 'text_generation' : t;
+}
+
+/** The OpenAI model object with the catalogue's fields added; absent fields are left out, not null. */
+export function renderModel(m: Model): Record<string, unknown> {
+  const out: Record<string, unknown> = {
+    id: m.id,
+    object: 'model',
+    created: m.created,
+    owned_by: m.owned_by,
+    author: m.author,
+    slug: m.slug,
+    name: m.name,
+    description: m.description,
+    status: m.status,
+    visibility: m.visibility,
+    pricing: m.pricing,
+    model_type: m.model_type,
+    capabilities: m.capabilities,
+  };
+  if (m.context_length !== null) out['context_length'] = m.context_length;
+  if (m.output_size !== null) out['output_size'] = m.output_size;
+  return out;
+}
+
+/**
+ * Reads `author/slug` from either route shape: `/v1/models/author/slug` (older clients) or
+ * `/v1/models/author%2Fslug` (openai-node ≥ 5), which the router hands over still encoded.
+ */
+export function modelIdFromParams(params: { author?: string; slug?: string; id?: string }): string {
+  if (params.id !== undefined) {
+    try {
+      return decodeURIComponent(params.id);
+    } catch {
+      return params.id;
+    }
+  }
+  return `${params.author ?? ''}/${params.slug ?? ''}`;
+}
+
+export function registerModelRoutes(app: App, ctx: RouteContext): void {
+  const { catalogue } = ctx;
+  const TypeParam = Type.Optional(Type.Enum([...TYPE_VALUES]));
+  const ListQuery = Type.Object({
+    type: TypeParam,
+    author: Type.Optional(Type.Union([Type.Enum([...catalogue.authors]), Type.Null()])),
+  });
+  const OneQuery = Type.Object({ type: TypeParam });
+
+  app.get('/v1/models', { onRequest: ctx.requireKey, schema: { querystring: ListQuery } }, async (req) => {
+    const type = normaliseType(req.query.type) ?? 'text_generation';
+    const data = catalogue.list({ type, author: req.query.author ?? undefined }, req.principal!).map(renderModel);
+    return { object: 'list', data };
+  });
+
+  const getOne = (params: { author?: string; slug?: string; id?: string }, typeParam: TypeValue | undefined, who: Principal) => {
+    const id = modelIdFromParams(params);
+    const model = catalogue.get(id, who);
+    // The id is unique, so `type` only narrows when it is given explicitly.
+    const type = normaliseType(typeParam);
+    if (!model || (type !== undefined && model.model_type !== type)) throw modelNotFound(id);
+    return renderModel(model);
+  };
+  app.get('/v1/models/:author/:slug', {
+    onRequest: ctx.requireKey,
+    schema: { querystring: OneQuery, params: Type.Object({ author: Type.String(), slug: Type.String() }) },
+  }, async (req) => getOne(req.params, req.query.type, req.principal!));
+  app.get('/v1/models/:id', {
+    onRequest: ctx.requireKey,
+    schema: { querystring: OneQuery, params: Type.Object({ id: Type.String() }) },
+  }, async (req) => getOne(req.params, req.query.type, req.principal!));
+}

@@ -1,0 +1,171 @@
+import { readFileSync } from 'node:fs';
+import { resolve, dirname, extname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import Type, { type Static } from 'typebox';
+import Value from 'typebox/value';
+import { parse as parseYaml } from 'yaml';
+import { ModelSpec, SLUG_PATTERN, PricingEntry } from './core/model-spec.js';
+
+const LocalModelSpec = Type.Object({
+  id: Type.Optional(ModelSpec.properties.id),
+  name: Type.Optional(Type.String({ minLength: 1 })),
+  description: Type.Optional(Type.String()),
+  owned_by: Type.Optional(ModelSpec.properties.owned_by),
+  visibility: Type.Optional(ModelSpec.properties.visibility),
+  status: Type.Optional(ModelSpec.properties.status),
+  pricing: Type.Optional(Type.Array(PricingEntry)),
+  capabilities: Type.Optional(ModelSpec.properties.capabilities),
+  context_length: Type.Optional(Type.Integer({ minimum: 1 })),
+}, { additionalProperties: false });
+export type LocalModelSpec = Static<typeof LocalModelSpec>;
+
+const ConfigSchema = Type.Object({
+  host: Type.String({ minLength: 1 }),
+  port: Type.Integer({ minimum: 0, maximum: 65535 }),
+  dataDir: Type.String({ minLength: 1 }),
+  modelsDir: Type.String({ minLength: 1 }),
+  adminKey: Type.Optional(Type.String({ minLength: 16 })),
+  databaseUrl: Type.Optional(Type.String({ pattern: '^(postgres|postgresql|sqlite)://|^file:' })),
+  redisUrl: Type.Optional(Type.String({ pattern: '^rediss?://' })),
+  bodyLimit: Type.Integer({ minimum: 1024 }),
+  shutdownTimeoutMs: Type.Integer({ minimum: 0 }),
+  logLevel: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+  keyCacheTtlMs: Type.Integer({ minimum: 0 }),
+  catalogueRefreshMs: Type.Integer({ minimum: 0 }),
+  corsOrigin: Type.String(),
+  authors: Type.Array(Type.String({ pattern: SLUG_PATTERN, maxLength: 64 }), { minItems: 1, uniqueItems: true }),
+  localAuthor: Type.String({ pattern: SLUG_PATTERN, maxLength: 64 }),
+  defaultCatalogue: Type.Boolean(),
+  models: Type.Array(ModelSpec),
+  localModels: Type.Record(Type.String(), LocalModelSpec),
+}, { additionalProperties: false });
+
+export type Config = Static<typeof ConfigSchema>;
+type ConfigKey = keyof Config;
+
+export class ConfigError extends Error {}
+
+/** Environment variables and the setting each one sets. */
+const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int']> = [
+  ['HOST', 'host', 'string'],
+  ['PORT', 'port', 'int'],
+  ['SWITCHYARD_DATA_DIR', 'dataDir', 'string'],
+  ['SWITCHYARD_MODELS_DIR', 'modelsDir', 'string'],
+  ['SWITCHYARD_ADMIN_KEY', 'adminKey', 'string'],
+  ['DATABASE_URL', 'databaseUrl', 'string'],
+  ['REDIS_URL', 'redisUrl', 'string'],
+  ['SWITCHYARD_BODY_LIMIT', 'bodyLimit', 'int'],
+  ['SWITCHYARD_SHUTDOWN_TIMEOUT_MS', 'shutdownTimeoutMs', 'int'],
+  ['SWITCHYARD_LOG_LEVEL', 'logLevel', 'string'],
+  ['SWITCHYARD_KEY_CACHE_TTL_MS', 'keyCacheTtlMs', 'int'],
+  ['SWITCHYARD_CATALOGUE_REFRESH_MS', 'catalogueRefreshMs', 'int'],
+  ['SWITCHYARD_CORS_ORIGIN', 'corsOrigin', 'string'],
+];
+
+export const PACKAGE_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const DEFAULT_CATALOGUE_FILE = resolve(PACKAGE_ROOT, 'config', 'catalogue.yaml');
+
+const DEFAULTS = {
+  host: '127.0.0.1',
+  port: 8080,
+  dataDir: './data',
+  modelsDir: './models',
+  bodyLimit: 16 * 1024 * 1024,
+  shutdownTimeoutMs: 10_000,
+  logLevel: 'info',
+  keyCacheTtlMs: 10_000,
+  catalogueRefreshMs: 5_000,
+  corsOrigin: '*',
+  localAuthor: 'local',
+  defaultCatalogue: true,
+  models: [],
+  localModels: {},
+} satisfies Partial<Config>;
+
+function readStructuredFile(path: string, label: string): Record<string, unknown> {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new ConfigError(`${label}: cannot read ${path}: ${(err as Error).message}`);
+  }
+  let parsed: unknown;
+  try {
+    parsed = extname(path).toLowerCase() === '.json' ? JSON.parse(text) : parseYaml(text);
+  } catch (err) {
+    throw new ConfigError(`${label}: ${path} is not valid ${extname(path) === '.json' ? 'JSON' : 'YAML'}: ${(err as Error).message}`);
+  }
+  if (parsed === null || parsed === undefined) return {};
+  if (typeof parsed !== 'object' || Array.isArray(parsed)) throw new ConfigError(`${label}: ${path} must hold an object`);
+  return parsed as Record<string, unknown>;
+}
+
+export interface LoadConfigOptions {
+  env?: NodeJS.ProcessEnv;
+  /** Command-line overrides (`--port`, `--host`), which win over everything. */
+  overrides?: Partial<Pick<Config, 'host' | 'port'>>;
+}
+
+/**
+ * Defaults, then the shipped catalogue (authors and default models), then the config file named by
+ * SWITCHYARD_CONFIG, then environment variables, then command-line flags. Fails with a message that
+ * names the bad setting and where it came from.
+ */
+export function loadConfig(opts: LoadConfigOptions = {}): Config {
+  const env = opts.env ?? process.env;
+  const raw: Record<string, unknown> = { ...DEFAULTS };
+  const origin = new Map<string, string>();
+
+  const shipped = readStructuredFile(DEFAULT_CATALOGUE_FILE, 'default catalogue');
+  raw['authors'] = shipped['authors'];
+
+  const configFile = env['SWITCHYARD_CONFIG'];
+  let fileModels: unknown = undefined;
+  if (configFile) {
+    const file = readStructuredFile(resolve(configFile), 'SWITCHYARD_CONFIG');
+    for (const [k, v] of Object.entries(file)) {
+      raw[k] = v;
+      origin.set(k, `${configFile}: ${k}`);
+    }
+    fileModels = file['models'];
+  }
+  for (const [name, key, kind] of ENV) {
+    const value = env[name];
+    if (value === undefined || value === '') continue;
+    raw[key] = kind === 'int' && /^-?\d+$/.test(value.trim()) ? Number(value) : value;
+    origin.set(key, name);
+  }
+  for (const [k, v] of Object.entries(opts.overrides ?? {})) {
+    if (v === undefined) continue;
+    raw[k] = v;
+    origin.set(k, `--${k}`);
+  }
+
+  const defaultCatalogue = raw['defaultCatalogue'] !== false;
+  const shippedModels = defaultCatalogue && Array.isArray(shipped['models']) ? shipped['models'] : [];
+  raw['models'] = [...shippedModels, ...(Array.isArray(fileModels) ? fileModels : fileModels === undefined ? [] : [fileModels])];
+
+  const first = Value.Errors(ConfigSchema, raw)[0];
+  if (first) {
+    const path = first.instancePath.split('/').filter(Boolean);
+    const top = path[0] ?? '';
+    const where = origin.get(top) ?? (top ? `setting '${path.join('.')}'` : 'configuration');
+    const detail = path.length > 1 && origin.has(top) ? ` (at ${path.slice(1).join('.')})` : '';
+    const got = top in raw ? ` (got ${JSON.stringify(top === 'adminKey' ? '<redacted>' : raw[top])?.slice(0, 80)})` : '';
+    throw new ConfigError(`Invalid configuration: ${where}${detail} ${first.message}${path.length > 1 ? '' : got}`);
+  }
+  const config = raw as Config;
+  const ids = new Set<string>();
+  for (const m of config.models) {
+    // A config file entry with the id of a shipped one replaces it.
+    ids.add(m.id);
+  }
+  config.models = [...ids].map((id) => config.models.findLast((m) => m.id === id)!);
+  for (const m of config.models) {
+    const author = m.id.slice(0, m.id.indexOf('/'));
+    if (!config.authors.includes(author)) {
+      throw new ConfigError(`Invalid configuration: model '${m.id}' has author '${author}', which is not one of authors (${config.authors.join(', ')})`);
+    }
+  }
+  return config;
+}

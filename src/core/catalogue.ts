@@ -1,0 +1,177 @@
+import { readdir } from 'node:fs/promises';
+import { basename, join, resolve } from 'node:path';
+import type { Logger } from 'pino';
+import type { Config } from '../config.js';
+import { inspectGguf } from '../engines/local/gguf.js';
+import type { Store } from '../store/store.js';
+import type { Principal } from '../http/auth.js';
+import { resolveModelSpec, type Model, type ModelPatch, type ModelSpec, type ModelType } from './model-spec.js';
+
+export interface LocalModel {
+  model: Model;
+  file: string;
+}
+
+export interface ListFilter {
+  type: ModelType;
+  author?: string | undefined;
+}
+
+const now = (): number => Math.floor(Date.now() / 1000);
+
+export function localSlug(file: string): string {
+  return basename(file).replace(/\.gguf$/i, '').toLowerCase().replace(/[^a-z0-9._-]+/g, '-').replace(/^[^a-z0-9]+/, '') || 'model';
+}
+
+/**
+ * The model catalogue. Reads are served from an in-memory snapshot (the request path never waits
+ * on the database); the snapshot is rebuilt after every write here and on a timer, so changes made
+ * through another instance show up within `catalogueRefreshMs`.
+ */
+export class Catalogue {
+  private byId = new Map<string, Model>();
+  private sorted: Model[] = [];
+  private local: LocalModel[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  readonly authors: readonly string[];
+
+  constructor(private readonly store: Store, private readonly config: Config, private readonly log: Logger) {
+    this.authors = [...config.authors, config.localAuthor];
+  }
+
+  /** Writes the config file's models into the store, scans the models dir, and loads the snapshot. */
+  async init(): Promise<void> {
+    const t = now();
+    for (const spec of this.config.models) {
+      const model = resolveModelSpec(spec, 'config', t);
+      if (typeof model === 'string') throw new Error(`Invalid configuration: ${model}`);
+      await this.store.upsertModel(model);
+    }
+    this.local = await this.scanLocal();
+    await this.refresh();
+    if (this.config.catalogueRefreshMs > 0) {
+      this.timer = setInterval(() => {
+        this.refresh().catch((err: unknown) => this.log.warn({ err }, 'catalogue refresh failed'));
+      }, this.config.catalogueRefreshMs);
+      this.timer.unref();
+    }
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+  }
+
+  async refresh(): Promise<void> {
+    const stored = await this.store.listModels();
+    const byId = new Map<string, Model>();
+    for (const m of stored) byId.set(m.id, m);
+    // A local file wins over a stored entry of the same id: it is what this instance can serve.
+    for (const l of this.local) byId.set(l.model.id, l.model);
+    this.byId = byId;
+    this.sorted = [...byId.values()].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  }
+
+  localModels(): readonly LocalModel[] {
+    return this.local;
+  }
+
+  private async scanLocal(): Promise<LocalModel[]> {
+    const dir = resolve(this.config.modelsDir);
+    let files: string[];
+    try {
+      files = (await readdir(dir)).filter((f) => f.toLowerCase().endsWith('.gguf')).sort();
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT') this.log.info({ dir }, 'models dir does not exist; no local models');
+      else this.log.warn({ dir, err }, 'cannot read models dir');
+      return [];
+    }
+    const out: LocalModel[] = [];
+    const t = now();
+    for (const f of files) {
+      const path = join(dir, f);
+      try {
+        const info = await inspectGguf(path);
+        const named = this.config.localModels[f] ?? {};
+        const spec: ModelSpec = {
+          id: named.id ?? `${this.config.localAuthor}/${localSlug(f)}`,
+          name: named.name ?? info.name ?? localSlug(f),
+          description: named.description ?? `Local GGUF model ${f} (${info.architecture}), served in-process by llama.cpp.`,
+          owned_by: named.owned_by ?? this.config.localAuthor,
+          status: named.status ?? 'active',
+          visibility: named.visibility ?? 'public',
+          pricing: named.pricing ?? [{ metric: 'input_tokens', rate: 0 }, { metric: 'output_tokens', rate: 0 }],
+          context_length: named.context_length ?? info.contextLength,
+          capabilities: named.capabilities ?? ['streaming'],
+          model_type: 'text_generation',
+          created: t,
+        };
+        const model = resolveModelSpec(spec, 'local', t);
+        if (typeof model === 'string') throw new Error(model);
+        if (out.some((o) => o.model.id === model.id)) throw new Error(`id ${model.id} is already used by another file`);
+        out.push({ model, file: path });
+        this.log.info({ file: f, id: model.id, context_length: model.context_length }, 'local model found');
+      } catch (err) {
+        this.log.error({ file: f, reason: (err as Error).message }, 'skipping invalid model file');
+      }
+    }
+    return out;
+  }
+
+  /** Whether the principal may see this entry at all (deleted entries are gone for everyone). */
+  visible(m: Model, who: Principal): boolean {
+    if (m.status === 'deleted') return false;
+    return m.visibility === 'public' || who.role === 'admin' || who.orgId === m.owned_by;
+  }
+
+  list(filter: ListFilter, who: Principal): Model[] {
+    return this.sorted.filter((m) =>
+      m.model_type === filter.type &&
+      (filter.author === undefined || m.author === filter.author) &&
+      (m.status === 'active' || m.status === 'pending') &&
+      this.visible(m, who));
+  }
+
+  get(id: string, who: Principal): Model | undefined {
+    const m = this.byId.get(id);
+    return m && this.visible(m, who) ? m : undefined;
+  }
+
+  // Administration: every entry, whatever its status or visibility.
+
+  all(): readonly Model[] {
+    return this.sorted;
+  }
+
+  find(id: string): Model | undefined {
+    return this.byId.get(id);
+  }
+
+  isLocal(id: string): boolean {
+    return this.local.some((l) => l.model.id === id);
+  }
+
+  async create(spec: ModelSpec): Promise<Model | string> {
+    const model = resolveModelSpec(spec, 'admin', now());
+    if (typeof model === 'string') return model;
+    if (this.byId.has(model.id) || !(await this.store.insertModel(model))) return `model '${model.id}' already exists`;
+    await this.refresh();
+    return model;
+  }
+
+  /** Returns undefined for an unknown id, a message when the result would be inconsistent. */
+  async update(id: string, patch: ModelPatch): Promise<Model | string | undefined> {
+    const existing = await this.store.getModel(id);
+    if (!existing) return undefined;
+    const merged: Record<string, unknown> = { ...existing, ...patch };
+    const spec: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(merged)) {
+      if (v !== null && k !== 'author' && k !== 'slug' && k !== 'source') spec[k] = v;
+    }
+    const model = resolveModelSpec(spec as ModelSpec, existing.source, existing.created);
+    if (typeof model === 'string') return model;
+    await this.store.upsertModel(model);
+    await this.refresh();
+    return model;
+  }
+}

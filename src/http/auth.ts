@@ -1,0 +1,73 @@
+import type { IncomingHttpHeaders } from 'node:http';
+import { ApiError } from './errors.js';
+import { parseKey, secretMatches } from '../core/keys.js';
+import type { ApiKeyRecord, KeyRole, Store } from '../store/store.js';
+
+export interface Principal {
+  keyId: string;
+  orgId: string;
+  role: KeyRole;
+}
+
+interface CacheEntry {
+  record: ApiKeyRecord | undefined;
+  expires: number;
+}
+
+const MAX_CACHE = 10_000;
+
+export function extractToken(headers: IncomingHttpHeaders): string | undefined {
+  const auth = headers.authorization;
+  if (auth !== undefined && auth !== '') {
+    const space = auth.indexOf(' ');
+    const scheme = space < 0 ? auth : auth.slice(0, space);
+    if (scheme.toLowerCase() !== 'bearer') return '';
+    return auth.slice(space + 1).trim();
+  }
+  const x = headers['x-api-key'];
+  const value = Array.isArray(x) ? x[0] : x;
+  return value === undefined ? undefined : value.trim();
+}
+
+/**
+ * Turns a presented key into a principal. Key records are cached for a short TTL so the hot path
+ * does not touch the database; revocation through this instance drops the entry at once, and
+ * other instances see it within the TTL.
+ */
+export class KeyAuthenticator {
+  private readonly cache = new Map<string, CacheEntry>();
+
+  constructor(private readonly store: Store, private readonly ttlMs: number) {}
+
+  async authenticate(headers: IncomingHttpHeaders): Promise<Principal> {
+    const token = extractToken(headers);
+    if (token === undefined) {
+      throw new ApiError('missing_api_key',
+        "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' or as 'x-api-key: <key>'.");
+    }
+    const parsed = token === '' ? undefined : parseKey(token);
+    if (!parsed) throw new ApiError('invalid_api_key', 'Malformed API key. Send it as \'Authorization: Bearer <key>\' or as \'x-api-key: <key>\'.');
+    const record = await this.lookup(parsed.id);
+    if (!record || !secretMatches(parsed.secret, record.hash)) {
+      throw new ApiError('invalid_api_key', 'Incorrect API key provided.');
+    }
+    if (record.revoked_at !== null) throw new ApiError('invalid_api_key', 'This API key has been revoked.');
+    return { keyId: record.id, orgId: record.org_id, role: record.role };
+  }
+
+  invalidate(id: string): void {
+    this.cache.delete(id);
+  }
+
+  private async lookup(id: string): Promise<ApiKeyRecord | undefined> {
+    const now = Date.now();
+    const hit = this.cache.get(id);
+    if (hit && hit.expires > now) return hit.record;
+    const record = await this.store.getKey(id);
+    if (this.ttlMs > 0) {
+      if (this.cache.size >= MAX_CACHE) this.cache.delete(this.cache.keys().next().value!);
+      this.cache.set(id, { record, expires: now + this.ttlMs });
+    }
+    return record;
+  }
+}

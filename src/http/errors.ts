@@ -1,0 +1,56 @@
+/**
+ * The one registry of error codes. Every non-2xx reply is built from an entry here, so the
+ * HTTP status, the OpenAI-style `type` and the `code` can never drift apart.
+ */
+export const ERRORS = {
+  invalid_json: { status: 400, type: 'invalid_request_error' },
+  invalid_request: { status: 400, type: 'invalid_request_error' },
+  invalid_value: { status: 400, type: 'invalid_request_error' },
+  missing_required_parameter: { status: 400, type: 'invalid_request_error' },
+  invalid_url: { status: 400, type: 'invalid_request_error' },
+  model_inactive: { status: 400, type: 'invalid_request_error' },
+  missing_api_key: { status: 401, type: 'authentication_error' },
+  invalid_api_key: { status: 401, type: 'authentication_error' },
+  permission_denied: { status: 403, type: 'permission_error' },
+  not_found: { status: 404, type: 'not_found_error' },
+  model_not_found: { status: 404, type: 'not_found_error' },
+  method_not_allowed: { status: 405, type: 'invalid_request_error' },
+  conflict: { status: 409, type: 'invalid_request_error' },
+  request_too_large: { status: 413, type: 'invalid_request_error' },
+  unsupported_media_type: { status: 415, type: 'invalid_request_error' },
+  internal_error: { status: 500, type: 'server_error' },
+  model_not_ready: { status: 503, type: 'server_error' },
+  service_unavailable: { status: 503, type: 'server_error' },
+} as const satisfies Record<string, { status: number; type: string }>;
+
+export type ErrorCode = keyof typeof ERRORS;
+
+export interface ErrorBody {
+  error: { message: string; type: string; param: string | null; code: string | null };
+}
+
+export class ApiError extends Error {
+  readonly status: number;
+  readonly type: string;
+  readonly code: ErrorCode;
+  readonly param: string | null;
+  /** Extra reply headers, e.g. `retry-after` or `allow`. */
+  readonly headers: Readonly<Record<string, string>>;
+
+  constructor(code: ErrorCode, message: string, opts: { param?: string | null; headers?: Record<string, string> } = {}) {
+    super(message);
+    const entry = ERRORS[code];
+    this.status = entry.status;
+    this.type = entry.type;
+    this.code = code;
+    this.param = opts.param ?? null;
+    this.headers = opts.headers ?? {};
+  }
+
+  toBody(): ErrorBody {
+    return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
+  }
+}
+
+export const modelNotFound = (id: string): ApiError =>
+  new ApiError('model_not_found', `The model '${id}' does not exist or you do not have access to it.`, { param: 'model' });

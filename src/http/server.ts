@@ -1,0 +1,188 @@
+import { randomUUID } from 'node:crypto';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
+import cors from '@fastify/cors';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { Logger } from 'pino';
+import type { Config } from '../config.js';
+import type { Catalogue } from '../core/catalogue.js';
+import type { Store } from '../store/store.js';
+import { ApiError } from './errors.js';
+import { KeyAuthenticator, type Principal } from './auth.js';
+import { registerModelRoutes } from '../api/models.js';
+import { registerAdminRoutes } from '../api/admin.js';
+import { registerHealthRoutes } from '../api/health.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    principal: Principal | null;
+  }
+}
+
+export interface ServerDeps {
+  config: Config;
+  store: Store;
+  catalogue: Catalogue;
+  log: Logger;
+}
+
+export type App = FastifyInstance<Server, IncomingMessage, ServerResponse, FastifyBaseLogger, TypeBoxTypeProvider>;
+export type AuthHook = (req: FastifyRequest) => Promise<void>;
+
+export interface RouteContext extends ServerDeps {
+  auth: KeyAuthenticator;
+  /** onRequest hooks: authentication runs before the body is read. */
+  requireKey: AuthHook;
+  requireAdmin: AuthHook;
+}
+
+const INBOUND_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+const ROUTABLE_METHODS: HTTPMethods[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE'];
+
+interface ValidationIssue {
+  keyword: string;
+  instancePath: string;
+  message?: string | undefined;
+  params: Record<string, unknown>;
+}
+
+/** `/messages/0/content` → `messages[0].content` */
+function paramName(pointer: string, extra?: string): string {
+  const parts = pointer.split('/').filter(Boolean).map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
+  if (extra !== undefined) parts.push(extra);
+  return parts.reduce((acc, p) => (/^\d+$/.test(p) ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
+}
+
+export function validationError(issues: readonly ValidationIssue[], where: string): ApiError {
+  // For unions ajv reports each branch first; the union's own error names the real problem.
+  const issue = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf') ?? issues[0];
+  if (!issue) return new ApiError('invalid_request', `Invalid ${where}.`);
+  if (issue.keyword === 'required') {
+    const param = paramName(issue.instancePath, String(issue.params['missingProperty']));
+    return new ApiError('missing_required_parameter', `Missing required parameter: '${param}'.`, { param });
+  }
+  const param = paramName(issue.instancePath) || where;
+  let detail: string;
+  switch (issue.keyword) {
+    case 'enum':
+      detail = `must be one of ${(issue.params['allowedValues'] as unknown[]).map((v) => `'${String(v)}'`).join(', ')}`;
+      break;
+    case 'type':
+      return new ApiError('invalid_value', `Invalid type for '${param}': expected ${String(issue.params['type'])}.`, { param });
+    case 'anyOf':
+    case 'oneOf':
+      detail = 'does not match any of the accepted shapes';
+      break;
+    default:
+      detail = issue.message ?? 'is invalid';
+  }
+  return new ApiError('invalid_value', `Invalid value for '${param}': ${detail}.`, { param });
+}
+
+function toApiError(err: FastifyError, log: FastifyBaseLogger): ApiError {
+  if (err instanceof ApiError) return err;
+  if (err.validation) return validationError(err.validation as ValidationIssue[], err.validationContext ?? 'request');
+  switch (err.code) {
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+      return new ApiError('invalid_json', 'The request body is empty; send a JSON object.');
+    case 'FST_ERR_CTP_INVALID_JSON_BODY':
+      return new ApiError('invalid_json', 'The request body is not valid JSON.');
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return new ApiError('request_too_large', 'The request body is larger than this server accepts.');
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return new ApiError('unsupported_media_type', 'Send the request body as application/json.');
+    default:
+  }
+  if (err instanceof SyntaxError) return new ApiError('invalid_json', `The request body is not valid JSON: ${err.message}`);
+  const status = err.statusCode ?? 500;
+  if (status >= 400 && status < 500) return new ApiError('invalid_request', err.message);
+  log.error({ err }, 'unhandled error');
+  return new ApiError('internal_error', 'The server had an error while processing your request.');
+}
+
+export function sendError(reply: FastifyReply, e: ApiError): FastifyReply {
+  return reply.code(e.status).headers(e.headers).type('application/json; charset=utf-8').send(e.toBody());
+}
+
+export async function buildServer(deps: ServerDeps): Promise<App> {
+  const { config, log } = deps;
+  const app = Fastify({
+    loggerInstance: log,
+    // One log line per request (onResponse below) rather than Fastify's two.
+    logController: new LogController({ disableRequestLogging: true, requestIdLogLabel: 'request_id' }),
+    bodyLimit: config.bodyLimit,
+    genReqId: (req) => {
+      const inbound = req.headers['x-request-id'];
+      return typeof inbound === 'string' && INBOUND_REQUEST_ID.test(inbound) ? inbound : `req_${randomUUID().replace(/-/g, '')}`;
+    },
+    return503OnClosing: true,
+    forceCloseConnections: 'idle',
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: true, allErrors: false } },
+    frameworkErrors: (err, req, reply) => {
+      reply.header('x-request-id', req.id);
+      const e = err.code === 'FST_ERR_BAD_URL'
+        ? new ApiError('invalid_url', `The request URL is malformed: ${req.url}`)
+        : toApiError(err, log);
+      void sendError(reply, e);
+    },
+  }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
+
+  app.decorateRequest('principal', null);
+  app.addHook('onRequest', async (req, reply) => {
+    reply.header('x-request-id', req.id);
+  });
+  app.addHook('onResponse', async (req, reply) => {
+    req.log.info({ method: req.method, url: req.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
+  });
+
+  // Clients (curl -d, some SDK wrappers) often send JSON without the JSON content type: parse it anyway.
+  app.addContentTypeParser('*', { parseAs: 'string' }, app.getDefaultJsonParser('error', 'ignore'));
+
+  await app.register(cors, {
+    origin: config.corsOrigin === '*' ? '*' : config.corsOrigin.split(',').map((o) => o.trim()),
+    exposedHeaders: ['x-request-id', 'retry-after'],
+    maxAge: 600,
+  });
+
+  app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => sendError(reply, toApiError(err, req.log)));
+  app.setNotFoundHandler((req, reply) =>
+    sendError(reply, new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)));
+
+  // Remember which methods each path has, so the others answer 405 rather than 404.
+  const methodsByPath = new Map<string, Set<string>>();
+  app.addHook('onRoute', (route) => {
+    const set = methodsByPath.get(route.url) ?? new Set<string>();
+    for (const m of [route.method].flat()) set.add(m);
+    methodsByPath.set(route.url, set);
+  });
+
+  const auth = new KeyAuthenticator(deps.store, config.keyCacheTtlMs);
+  const requireKey: AuthHook = async (req) => {
+    req.principal = await auth.authenticate(req.headers);
+  };
+  const requireAdmin: AuthHook = async (req) => {
+    const who = await auth.authenticate(req.headers);
+    if (who.role !== 'admin') throw new ApiError('permission_denied', 'This endpoint needs an admin key.');
+    req.principal = who;
+  };
+  const ctx: RouteContext = { ...deps, auth, requireKey, requireAdmin };
+
+  registerHealthRoutes(app, ctx);
+  registerModelRoutes(app, ctx);
+  registerAdminRoutes(app, ctx);
+
+  for (const [url, methods] of [...methodsByPath]) {
+    if (url === '*' || url === '/*') continue;
+    const allowed = ROUTABLE_METHODS.filter((m) => methods.has(m));
+    const others = ROUTABLE_METHODS.filter((m) => !methods.has(m));
+    if (others.length === 0) continue;
+    const allow = allowed.join(', ');
+    app.route({
+      method: others,
+      url,
+      handler: (req, reply) => sendError(reply, new ApiError('method_not_allowed',
+        `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } })),
+    });
+  }
+  return app;
+}

@@ -1,0 +1,68 @@
+import { parseArgs } from 'node:util';
+import { ConfigError, loadConfig } from './config.js';
+import { createLogger, createService } from './app.js';
+
+/** `npm start [-- --port N --host H]`: serve until SIGTERM or SIGINT, then drain. */
+export async function serve(argv: string[]): Promise<number> {
+  let config;
+  try {
+    const { values } = parseArgs({ args: argv, options: { port: { type: 'string' }, host: { type: 'string' } }, strict: true });
+    const port = values.port === undefined ? undefined : Number(values.port);
+    if (port !== undefined && !(Number.isInteger(port) && port >= 0 && port <= 65535)) {
+      throw new ConfigError(`Invalid configuration: --port must be an integer from 0 to 65535 (got "${values.port}")`);
+    }
+    config = loadConfig({ overrides: { ...(port !== undefined && { port }), ...(values.host !== undefined && { host: values.host }) } });
+  } catch (err) {
+    console.error(err instanceof Error ? err.message : String(err));
+    return 2;
+  }
+  const log = createLogger(config);
+  let service;
+  try {
+    service = await createService(config, log);
+  } catch (err) {
+    log.fatal({ err }, 'start-up failed');
+    console.error(`switchyard: start-up failed: ${(err as Error).message}`);
+    return 1;
+  }
+  if (service.generatedAdminKey) {
+    // Shown once: only its hash is stored.
+    process.stdout.write(
+      `\nNo admin key was configured, so one was generated. It is shown only this once:\n\n  ${service.generatedAdminKey}\n\n` +
+      'Keep it somewhere safe, or set SWITCHYARD_ADMIN_KEY to use your own.\n\n');
+  }
+  const address = await service.app.listen({ host: config.host, port: config.port });
+  log.info({ address, database: service.store.dialect, models: service.catalogue.all().length }, 'switchyard listening');
+
+  return new Promise<number>((resolveExit) => {
+    let stopping = false;
+    const stop = (signal: string) => {
+      if (stopping) return;
+      stopping = true;
+      log.info({ signal, timeout_ms: config.shutdownTimeoutMs }, 'shutting down: no new connections, draining requests');
+      const timer = setTimeout(() => {
+        log.warn('in-flight requests did not finish in time; exiting');
+        resolveExit(1);
+      }, config.shutdownTimeoutMs);
+      timer.unref();
+      service.close().then(() => {
+        clearTimeout(timer);
+        log.info('shut down cleanly');
+        resolveExit(0);
+      }, (err: unknown) => {
+        log.error({ err }, 'error while shutting down');
+        resolveExit(1);
+      });
+    };
+    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.once('SIGINT', () => stop('SIGINT'));
+  });
+}
+
+const isEntry = process.argv[1] !== undefined && import.meta.url === new URL(`file://${process.argv[1]}`).href;
+if (isEntry) {
+  serve(process.argv.slice(2)).then((code) => process.exit(code), (err: unknown) => {
+    console.error(err);
+    process.exit(1);
+  });
+}

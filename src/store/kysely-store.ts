@@ -1,0 +1,198 @@
+import { mkdirSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
+import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type Selectable } from 'kysely';
+import SqliteDatabase from 'better-sqlite3';
+import pg from 'pg';
+import { migrationProvider } from './migrations.js';
+import type { ApiKeyRecord, KeyRole, Org, Store } from './store.js';
+import type { Capability, Model, ModelSource, ModelStatus, ModelType, PricingEntry, Visibility } from '../core/model-spec.js';
+
+interface ModelsTable {
+  id: string;
+  author: string;
+  slug: string;
+  name: string;
+  description: string;
+  created: number;
+  owned_by: string;
+  status: string;
+  visibility: string;
+  pricing: string;
+  context_length: number | null;
+  model_type: string;
+  capabilities: string;
+  output_size: string | null;
+  source: string;
+}
+
+interface Database {
+  orgs: Org;
+  api_keys: Omit<ApiKeyRecord, 'role'> & { role: string };
+  models: ModelsTable;
+}
+
+function modelToRow(m: Model): ModelsTable {
+  return { ...m, pricing: JSON.stringify(m.pricing), capabilities: JSON.stringify(m.capabilities) };
+}
+
+function rowToModel(r: Selectable<ModelsTable>): Model {
+  return {
+    id: r.id,
+    author: r.author,
+    slug: r.slug,
+    name: r.name,
+    description: r.description,
+    created: Number(r.created),
+    owned_by: r.owned_by,
+    status: r.status as ModelStatus,
+    visibility: r.visibility as Visibility,
+    pricing: JSON.parse(r.pricing) as PricingEntry[],
+    context_length: r.context_length === null ? null : Number(r.context_length),
+    model_type: r.model_type as ModelType,
+    capabilities: JSON.parse(r.capabilities) as Capability[],
+    output_size: r.output_size,
+    source: r.source as ModelSource,
+  };
+}
+
+function rowToKey(r: Selectable<Database['api_keys']>): ApiKeyRecord {
+  return {
+    ...r,
+    role: r.role as KeyRole,
+    created_at: Number(r.created_at),
+    revoked_at: r.revoked_at === null ? null : Number(r.revoked_at),
+  };
+}
+
+const INT8_OID = 20;
+
+export interface StoreOptions {
+  /** `postgres://…` selects PostgreSQL; anything else (or nothing) selects SQLite. */
+  databaseUrl?: string | undefined;
+  /** SQLite file used when no PostgreSQL URL is given. */
+  sqlitePath: string;
+}
+
+/** SQLite and PostgreSQL behind one implementation: Kysely writes the dialect's SQL. */
+export class KyselyStore implements Store {
+  readonly dialect: 'sqlite' | 'postgres';
+  private readonly db: Kysely<Database>;
+
+  constructor(opts: StoreOptions) {
+    const url = opts.databaseUrl;
+    if (url && /^postgres(ql)?:\/\//.test(url)) {
+      this.dialect = 'postgres';
+      const pool = new pg.Pool({
+        connectionString: url,
+        max: 10,
+        // Unix-second bigint columns fit a JS number; pg would hand them back as strings.
+        types: {
+          getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
+            oid === INT8_OID ? (v: string) => Number(v) : pg.types.getTypeParser(oid, format)) as typeof pg.types.getTypeParser,
+        },
+      });
+      this.db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+    } else {
+      this.dialect = 'sqlite';
+      const file = url ? url.replace(/^sqlite:\/\//, '').replace(/^file:/, '') : opts.sqlitePath;
+      if (file !== ':memory:') mkdirSync(dirname(resolve(file)), { recursive: true });
+      const database = new SqliteDatabase(file);
+      database.pragma('journal_mode = WAL');
+      database.pragma('synchronous = NORMAL');
+      database.pragma('busy_timeout = 5000');
+      database.pragma('foreign_keys = ON');
+      this.db = new Kysely<Database>({ dialect: new SqliteDialect({ database }) });
+    }
+  }
+
+  async migrate(): Promise<void> {
+    const migrator = new Migrator({ db: this.db, provider: migrationProvider });
+    const { error, results } = await migrator.migrateToLatest();
+    const failed = results?.find((r) => r.status === 'Error');
+    if (error || failed) {
+      const cause = error instanceof Error ? error.message : String(error ?? '');
+      throw new Error(`database migration ${failed?.migrationName ?? ''} failed: ${cause}`);
+    }
+  }
+
+  async ping(): Promise<void> {
+    await sql`select 1`.execute(this.db);
+  }
+
+  async close(): Promise<void> {
+    await this.db.destroy();
+  }
+
+  async createOrg(org: Org): Promise<void> {
+    await this.db.insertInto('orgs').values(org).execute();
+  }
+
+  async getOrg(id: string): Promise<Org | undefined> {
+    const row = await this.db.selectFrom('orgs').selectAll().where('id', '=', id).executeTakeFirst();
+    return row && { ...row, created_at: Number(row.created_at) };
+  }
+
+  async listOrgs(): Promise<Org[]> {
+    const rows = await this.db.selectFrom('orgs').selectAll().orderBy('id').execute();
+    return rows.map((r) => ({ ...r, created_at: Number(r.created_at) }));
+  }
+
+  async createKey(key: ApiKeyRecord): Promise<void> {
+    await this.db.insertInto('api_keys').values(key).execute();
+  }
+
+  async getKey(id: string): Promise<ApiKeyRecord | undefined> {
+    const row = await this.db.selectFrom('api_keys').selectAll().where('id', '=', id).executeTakeFirst();
+    return row && rowToKey(row);
+  }
+
+  async listKeys(orgId?: string): Promise<ApiKeyRecord[]> {
+    let q = this.db.selectFrom('api_keys').selectAll();
+    if (orgId !== undefined) q = q.where('org_id', '=', orgId);
+    const rows = await q.orderBy('created_at').orderBy('id').execute();
+    return rows.map(rowToKey);
+  }
+
+  async revokeKey(id: string, at: number): Promise<boolean> {
+    const existing = await this.getKey(id);
+    if (!existing) return false;
+    if (existing.revoked_at === null) {
+      await this.db.updateTable('api_keys').set({ revoked_at: at }).where('id', '=', id).where('revoked_at', 'is', null).execute();
+    }
+    return true;
+  }
+
+  async countActiveAdminKeys(): Promise<number> {
+    const row = await this.db.selectFrom('api_keys')
+      .select((eb) => eb.fn.countAll<number | string>().as('n'))
+      .where('role', '=', 'admin').where('revoked_at', 'is', null)
+      .executeTakeFirstOrThrow();
+    return Number(row.n);
+  }
+
+  async upsertModel(model: Model): Promise<void> {
+    const row = modelToRow(model);
+    const { id: _id, created: _created, ...update } = row;
+    await this.db.insertInto('models').values(row)
+      .onConflict((oc) => oc.column('id').doUpdateSet(update))
+      .execute();
+  }
+
+  async insertModel(model: Model): Promise<boolean> {
+    const result = await this.db.insertInto('models').values(modelToRow(model))
+      .onConflict((oc) => oc.column('id').doNothing())
+      .executeTakeFirst();
+    return Number(result.numInsertedOrUpdatedRows ?? 0) > 0;
+  }
+
+  async getModel(id: string): Promise<Model | undefined> {
+    const row = await this.db.selectFrom('models').selectAll().where('id', '=', id).executeTakeFirst();
+    return row && rowToModel(row);
+  }
+
+  async listModels(): Promise<Model[]> {
+    const rows = await this.db.selectFrom('models').selectAll().orderBy('id').execute();
+    return rows.map(rowToModel);
+  }
+
+}
