@@ -149,10 +149,19 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   if (first) {
     const path = first.instancePath.split('/').filter(Boolean);
     const top = path[0] ?? '';
-    const where = origin.get(top) ?? (top ? `setting '${path.join('.')}'` : 'configuration');
-    const detail = path.length > 1 && origin.has(top) ? ` (at ${path.slice(1).join('.')})` : '';
-    const got = top in raw ? ` (got ${JSON.stringify(top === 'adminKey' ? '<redacted>' : raw[top])?.slice(0, 80)})` : '';
-    throw new ConfigError(`Invalid configuration: ${where}${detail} ${first.message}${path.length > 1 ? '' : got}`);
+    if (!(top in ConfigSchema.properties)) {
+      throw new ConfigError(`Invalid configuration: unknown setting '${top}'${origin.has(top) ? ` in ${configFile}` : ''}`);
+    }
+    let where = origin.get(top) ?? `setting '${top}'`;
+    if (top === 'models') {
+      // Shipped entries come first; point at the entry where the operator wrote it.
+      const index = Number(path[1]);
+      where = index < shippedModels.length ? `${DEFAULT_CATALOGUE_FILE}: models` : `${configFile ?? 'config'}: models`;
+      path[1] = String(index < shippedModels.length ? index : index - shippedModels.length);
+    }
+    const at = path.length > 1 ? ` (at ${path.slice(1).join('.')})` : '';
+    const got = path.length === 1 ? ` (got ${JSON.stringify(top === 'adminKey' ? '<redacted>' : raw[top])?.slice(0, 80)})` : '';
+    throw new ConfigError(`Invalid configuration: ${where}${at} ${first.message}${got}`);
   }
   const config = raw as Config;
   const ids = new Set<string>();

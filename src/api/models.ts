@@ -54,13 +54,13 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
   const TypeParam = Type.Optional(Type.Enum([...TYPE_VALUES]));
   const ListQuery = Type.Object({
     type: TypeParam,
-    author: Type.Optional(Type.Union([Type.Enum([...catalogue.authors]), Type.Null()])),
+    author: Type.Optional(Type.Enum([...catalogue.authors])),
   });
   const OneQuery = Type.Object({ type: TypeParam });
 
   app.get('/v1/models', { onRequest: ctx.requireKey, schema: { querystring: ListQuery } }, async (req) => {
     const type = normaliseType(req.query.type) ?? 'text_generation';
-    const data = catalogue.list({ type, author: req.query.author ?? undefined }, req.principal!).map(renderModel);
+    const data = catalogue.list({ type, author: req.query.author }, req.principal!).map(renderModel);
     return { object: 'list', data };
   });
 

@@ -55,7 +55,8 @@ function paramName(pointer: string, extra?: string): string {
 
 export function validationError(issues: readonly ValidationIssue[], where: string): ApiError {
   // For unions ajv reports each branch first; the union's own error names the real problem.
-  const issue = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf') ?? issues[0];
+  const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
+  const issue = (union && issues.find((i) => i.keyword === 'enum' && i.instancePath === union.instancePath)) ?? union ?? issues[0];
   if (!issue) return new ApiError('invalid_request', `Invalid ${where}.`);
   if (issue.keyword === 'required') {
     const param = paramName(issue.instancePath, String(issue.params['missingProperty']));

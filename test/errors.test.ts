@@ -1,0 +1,113 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { Readable } from 'node:stream';
+import { request } from 'undici';
+import { createKey, http, startServer, type Envelope, type HttpResult, type TestServer } from './helpers/server.js';
+
+function assertEnvelope(res: HttpResult<Envelope>, status: number, code: string): void {
+  assert.equal(res.status, status, res.text);
+  assert.match(String(res.headers['content-type']), /^application\/json/);
+  assert.match(String(res.headers['x-request-id']), /^req_/);
+  assert.deepEqual(Object.keys(res.json.error).sort(), ['code', 'message', 'param', 'type']);
+  assert.equal(res.json.error.code, code);
+  assert.ok(res.json.error.message.length > 0);
+}
+
+describe('error contract', () => {
+  let server: TestServer;
+  let key: string;
+
+  before(async () => {
+    server = await startServer({ env: { SWITCHYARD_BODY_LIMIT: '4096' } });
+    key = (await createKey(server, 'acme')).key;
+  });
+  after(() => server.close());
+
+  it('answers malformed JSON with 400 invalid_json', async () => {
+    for (const body of ['{"org": "acme",', 'not json', '{"a":1}}']) {
+      assertEnvelope(await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body }), 400, 'invalid_json');
+    }
+    const empty = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: '', headers: { 'content-type': 'application/json' } });
+    assertEnvelope(empty, 400, 'invalid_json');
+  });
+
+  it('parses JSON sent without a JSON content type (curl -d)', async () => {
+    const res = await http(server.url, 'POST', '/admin/orgs', {
+      key: server.adminKey, body: '{"id":"form-sender"}', headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    });
+    assert.equal(res.status, 201, res.text);
+  });
+
+  it('answers wrong types and missing fields with 400 naming the parameter', async () => {
+    const wrongType = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: { org: 5, name: 'x' } });
+    assertEnvelope(wrongType, 400, 'invalid_value');
+    assert.equal(wrongType.json.error.param, 'org');
+    const missing = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: { org: 'acme' } });
+    assertEnvelope(missing, 400, 'missing_required_parameter');
+    assert.equal(missing.json.error.param, 'name');
+    const notObject = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: '[1,2]' });
+    assertEnvelope(notObject, 400, 'invalid_value');
+    const nested = await http(server.url, 'POST', '/admin/models', {
+      key: server.adminKey, body: { id: 'qwen/x', context_length: 10, pricing: [{ metric: 'input_tokens', rate: -1 }] },
+    });
+    assertEnvelope(nested, 400, 'invalid_value');
+    assert.equal(nested.json.error.param, 'pricing[0].rate');
+  });
+
+  it('answers unknown routes with 404', async () => {
+    assertEnvelope(await http(server.url, 'GET', '/v1/nothing-here', { key }), 404, 'not_found');
+    assertEnvelope(await http(server.url, 'POST', '/v2/chat', { key, body: {} }), 404, 'not_found');
+    assertEnvelope(await http(server.url, 'GET', '/'), 404, 'not_found');
+  });
+
+  it('answers wrong methods with 405 and an Allow header', async () => {
+    const res = await http(server.url, 'POST', '/v1/models', { key, body: {} });
+    assertEnvelope(res, 405, 'method_not_allowed');
+    assert.equal(res.headers['allow'], 'GET, HEAD');
+    assertEnvelope(await http(server.url, 'DELETE', '/v1/models/local/stories260k', { key }), 405, 'method_not_allowed');
+    assertEnvelope(await http(server.url, 'PUT', '/admin/keys', { key: server.adminKey, body: {} }), 405, 'method_not_allowed');
+  });
+
+  it('answers bodies over the configured limit with 413', async () => {
+    const big = JSON.stringify({ org: 'acme', name: 'x'.repeat(8000) });
+    assertEnvelope(await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: big }), 413, 'request_too_large');
+  });
+
+  it('answers a malformed URL with 400', async () => {
+    assertEnvelope(await http(server.url, 'GET', '/v1/models/%E0%A4%A', { key }), 400, 'invalid_url');
+  });
+
+  it('puts x-request-id on every response and keeps a sane inbound one', async () => {
+    const ok = await http(server.url, 'GET', '/healthz');
+    assert.match(String(ok.headers['x-request-id']), /^req_[0-9a-f]{32}$/);
+    const traced = await http(server.url, 'GET', '/v1/models', { key, headers: { 'x-request-id': 'trace-1234' } });
+    assert.equal(traced.headers['x-request-id'], 'trace-1234');
+    const hostile = await http(server.url, 'GET', '/v1/models', { key, headers: { 'x-request-id': 'bad id\twith spaces' } });
+    assert.match(String(hostile.headers['x-request-id']), /^req_/);
+  });
+
+  it('keeps inference keys out of the admin API with 403', async () => {
+    for (const [method, path] of [['GET', '/admin/keys'], ['POST', '/admin/orgs'], ['GET', '/admin/models']] as const) {
+      const res = await http(server.url, method, path, { key, ...(method === 'POST' && { body: { id: 'x' } }) });
+      assertEnvelope(res, 403, 'permission_denied');
+      assert.equal(res.json.error.type, 'permission_error');
+    }
+    assertEnvelope(await http(server.url, 'GET', '/admin/keys'), 401, 'missing_api_key');
+  });
+
+  it('survives a body that never finishes arriving without blocking others', async () => {
+    // Declares 1000 bytes, sends 10, then gives up: the server must keep answering everyone else.
+    const hang = request(`${server.url}/admin/orgs`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${server.adminKey}`, 'content-type': 'application/json', 'content-length': '1000' },
+      body: Readable.from((async function* () {
+        yield Buffer.from('{"id":"sl');
+        await new Promise((r) => setTimeout(r, 200));
+        throw new Error('client gave up');
+      })()),
+    }).catch(() => undefined);
+    const res = await http(server.url, 'GET', '/healthz');
+    assert.equal(res.status, 200);
+    await hang;
+  });
+});

@@ -1,0 +1,135 @@
+import { after, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, execFile, type ChildProcess } from 'node:child_process';
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { connect } from 'node:net';
+import { PACKAGE_ROOT } from '../src/config.js';
+import { http, SHARED_MODELS, tempDir, type WireKey, type WireList, type WireModel } from './helpers/server.js';
+
+const MAIN = join(PACKAGE_ROOT, 'dist', 'src', 'main.js');
+const CLI = join(PACKAGE_ROOT, 'bin', 'switchyard.js');
+const run = promisify(execFile);
+
+interface Running {
+  child: ChildProcess;
+  url: string;
+  stdout: () => string;
+  exited: Promise<number | null>;
+}
+
+/** Starts `node dist/src/main.js` as npm start does, on a free port, and waits for it to listen. */
+async function startProcess(env: Record<string, string>): Promise<Running> {
+  const child = spawn(process.execPath, [MAIN, '--port', '0'], {
+    env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_MODELS_DIR: SHARED_MODELS, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  child.stdout!.on('data', (d: Buffer) => { out += d.toString(); });
+  child.stderr!.on('data', (d: Buffer) => { out += d.toString(); });
+  const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
+  const url = await new Promise<string>((res, rej) => {
+    const timer = setTimeout(() => rej(new Error(`server did not start:\n${out}`)), 20_000);
+    const check = () => {
+      const m = /"address":"(http:\/\/[^"]+)"/.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        child.stdout!.off('data', check);
+        res(m[1]!);
+      }
+    };
+    child.stdout!.on('data', check);
+    void exited.then((code) => rej(new Error(`server exited with ${code}:\n${out}`)));
+  });
+  return { child, url, stdout: () => out, exited };
+}
+
+describe('the server process', () => {
+  const dataDir = tempDir();
+  after(() => rmSync(dataDir, { recursive: true, force: true }));
+  let adminKey = '';
+
+  it('generates and prints an admin key once on first start, then drains in-flight requests on SIGTERM', async () => {
+    const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir });
+    const m = /^\s+(sk-sy-\S+)$/m.exec(p.stdout());
+    assert.ok(m, `admin key printed:\n${p.stdout()}`);
+    adminKey = m[1]!;
+    const models = await http<WireList<WireModel>>(p.url, 'GET', '/v1/models', { key: adminKey });
+    assert.equal(models.status, 200);
+    assert.ok(models.json.data.some((x) => x.id === 'local/stories260k'));
+    assert.equal((await http(p.url, 'GET', '/readyz')).status, 200);
+
+    // An in-flight request: headers and half the body are sent before SIGTERM, the rest after.
+    const { port } = new URL(p.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    await new Promise<void>((res) => socket.once('connect', () => res()));
+    const body = JSON.stringify({ id: 'drained-org' });
+    let response = '';
+    socket.on('data', (d: Buffer) => { response += d.toString(); });
+    socket.write(`POST /admin/orgs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${adminKey}\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\nconnection: close\r\n\r\n${body.slice(0, 5)}`);
+    await new Promise((r) => setTimeout(r, 100));
+    p.child.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 200));
+    socket.write(body.slice(5));
+    await new Promise<void>((res) => socket.once('close', () => res()));
+    assert.match(response, /^HTTP\/1\.1 201/, response);
+    assert.equal(await p.exited, 0, p.stdout());
+    assert.match(p.stdout(), /shut down cleanly/);
+  });
+
+  it('keeps keys and data across a restart and prints no new key', async () => {
+    const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir });
+    try {
+      assert.doesNotMatch(p.stdout(), /sk-sy-/);
+      const org = await http(p.url, 'GET', '/admin/orgs/drained-org', { key: adminKey });
+      assert.equal(org.status, 200, 'the request acknowledged during shutdown was kept');
+    } finally {
+      p.child.kill('SIGTERM');
+      await p.exited;
+    }
+  });
+
+  it('manages keys with the CLI against the same database as a running server', async () => {
+    const env = { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_LOG_LEVEL: 'silent' };
+    const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_KEY_CACHE_TTL_MS: '0' });
+    try {
+      const created = await run(process.execPath, [CLI, 'keys', 'create', '--org', 'acme', '--name', 'ci'], { env });
+      assert.match(created.stdout, /Created organization acme\./);
+      const key = /^\s+(sk-sy-\S+)$/m.exec(created.stdout)?.[1];
+      assert.ok(key, created.stdout);
+      const id = /key (key_[0-9a-f]{16})/.exec(created.stdout)?.[1];
+      assert.ok(id);
+      assert.equal((await http(p.url, 'GET', '/v1/models', { key })).status, 200);
+
+      const listed = await run(process.execPath, [CLI, 'keys', 'list', '--org', 'acme'], { env });
+      assert.match(listed.stdout, new RegExp(`${id}\\s+acme\\s+ci\\s+inference`));
+      assert.doesNotMatch(listed.stdout, /sk-sy-/, 'secrets are never listed');
+
+      const viaApi = await http<WireList<WireKey>>(p.url, 'GET', '/admin/keys?org=acme', { key: adminKey });
+      assert.ok(viaApi.json.data.some((k) => k.id === id));
+
+      const revoked = await run(process.execPath, [CLI, 'keys', 'revoke', id], { env });
+      assert.match(revoked.stdout, /Revoked/);
+      assert.equal((await http(p.url, 'GET', '/v1/models', { key })).status, 401);
+
+      await assert.rejects(run(process.execPath, [CLI, 'keys', 'create', '--org', 'acme'], { env }), (err: { code?: number; stderr?: string }) => {
+        assert.equal(err.code, 2);
+        assert.match(err.stderr ?? '', /--name/);
+        return true;
+      });
+    } finally {
+      p.child.kill('SIGTERM');
+      await p.exited;
+    }
+  });
+
+  it('refuses to start on a bad setting, naming it', async () => {
+    const child = spawn(process.execPath, [MAIN], { env: { PATH: process.env['PATH'] ?? '', PORT: 'eighty' }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let err = '';
+    child.stderr.on('data', (d: Buffer) => { err += d.toString(); });
+    const code = await new Promise<number | null>((res) => child.on('exit', res));
+    assert.equal(code, 2);
+    assert.match(err, /PORT/);
+  });
+});

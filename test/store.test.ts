@@ -1,0 +1,115 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { rmSync } from 'node:fs';
+import { KyselyStore } from '../src/store/kysely-store.js';
+import type { Store } from '../src/store/store.js';
+import { resolveModelSpec, type Model } from '../src/core/model-spec.js';
+import { createKey, ensureAdminKey, parseKey, secretMatches } from '../src/core/keys.js';
+import { pgSchema, tempDir } from './helpers/server.js';
+
+function model(id: string, extra: Record<string, unknown> = {}): Model {
+  const m = resolveModelSpec({ id, context_length: 4096, ...extra }, 'admin', 1_700_000_000);
+  if (typeof m === 'string') throw new Error(m);
+  return m;
+}
+
+/** One suite, run against every dialect. */
+function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup(): Promise<void> }>): void {
+  describe(`store: ${name}`, () => {
+    let store: Store;
+    let cleanup: () => Promise<void>;
+
+    before(async () => {
+      ({ store, cleanup } = await open());
+      await store.migrate();
+    });
+    after(async () => {
+      await store.close();
+      await cleanup();
+    });
+
+    it('migrates idempotently and answers ping', async () => {
+      await store.migrate();
+      await store.ping();
+    });
+
+    it('creates, reads and lists organizations', async () => {
+      await store.createOrg({ id: 'acme', name: 'Acme Inc', created_at: 1_700_000_001 });
+      await store.createOrg({ id: 'beta', name: 'Beta', created_at: 1_700_000_002 });
+      assert.deepEqual(await store.getOrg('acme'), { id: 'acme', name: 'Acme Inc', created_at: 1_700_000_001 });
+      assert.equal(await store.getOrg('nobody'), undefined);
+      assert.deepEqual((await store.listOrgs()).map((o) => o.id), ['acme', 'beta']);
+      await assert.rejects(store.createOrg({ id: 'acme', name: 'again', created_at: 1 }));
+    });
+
+    it('stores keys hashed, lists them and revokes once', async () => {
+      const created = await createKey(store, { org: 'acme', name: 'ci', role: 'inference' });
+      const parsed = parseKey(created.key)!;
+      const record = (await store.getKey(parsed.id))!;
+      assert.equal(record.org_id, 'acme');
+      assert.equal(record.role, 'inference');
+      assert.equal(record.revoked_at, null);
+      assert.ok(!record.hash.includes(parsed.secret), 'the secret is not stored');
+      assert.ok(secretMatches(parsed.secret, record.hash));
+      assert.ok(!secretMatches(`${parsed.secret}x`, record.hash));
+      assert.equal(typeof record.created_at, 'number');
+
+      const other = await createKey(store, { org: 'newco', name: 'x', role: 'inference' });
+      assert.equal(other.orgCreated, true, 'a key for a new org creates the org');
+      assert.ok(await store.getOrg('newco'));
+      assert.deepEqual((await store.listKeys('acme')).map((k) => k.id), [record.id]);
+
+      assert.equal(await store.revokeKey(record.id, 1_800_000_000), true);
+      assert.equal(await store.revokeKey(record.id, 1_900_000_000), true);
+      assert.equal((await store.getKey(record.id))!.revoked_at, 1_800_000_000, 'the first revocation time stays');
+      assert.equal(await store.revokeKey('key_nope', 1), false);
+    });
+
+    it('bootstraps one admin key, and rotates a configured one', async () => {
+      const first = await ensureAdminKey(store, undefined);
+      assert.ok(first.generated?.startsWith('sk-sy-'));
+      assert.equal(await store.countActiveAdminKeys(), 1);
+      assert.deepEqual(await ensureAdminKey(store, undefined), {}, 'a second start generates nothing');
+
+      const configured = 'operator-chosen-admin-key-0001';
+      await ensureAdminKey(store, configured);
+      const id = parseKey(configured)!.id;
+      assert.equal((await store.getKey(id))!.role, 'admin');
+      await ensureAdminKey(store, 'operator-chosen-admin-key-0002');
+      assert.notEqual((await store.getKey(id))!.revoked_at, null, 'the previous configured key is revoked on rotation');
+    });
+
+    it('upserts models, keeping created, and round-trips every field', async () => {
+      const m = model('meta-llama/test-a', { pricing: [{ metric: 'input_tokens', rate: 0.0000001 }], capabilities: ['streaming', 'vision'] });
+      await store.upsertModel(m);
+      assert.deepEqual(await store.getModel('meta-llama/test-a'), m);
+      await store.upsertModel({ ...m, name: 'Renamed', created: 42 });
+      const again = (await store.getModel('meta-llama/test-a'))!;
+      assert.equal(again.name, 'Renamed');
+      assert.equal(again.created, m.created);
+
+      const img = model('black-forest-labs/img', { model_type: 'image_generation', context_length: undefined, output_size: '512x512' });
+      assert.equal(await store.insertModel(img), true);
+      assert.equal(await store.insertModel(img), false, 'insert does not overwrite');
+      const back = (await store.getModel(img.id))!;
+      assert.equal(back.context_length, null);
+      assert.equal(back.output_size, '512x512');
+      assert.deepEqual((await store.listModels()).map((x) => x.id), ['black-forest-labs/img', 'meta-llama/test-a']);
+      assert.equal(await store.getModel('x/none'), undefined);
+    });
+  });
+}
+
+storeSuite('sqlite', async () => {
+  const dir = tempDir();
+  return {
+    store: new KyselyStore({ sqlitePath: join(dir, 'test.db') }),
+    cleanup: async () => rmSync(dir, { recursive: true, force: true }),
+  };
+});
+
+storeSuite('postgres', async () => {
+  const schema = await pgSchema();
+  return { store: new KyselyStore({ databaseUrl: schema.url, sqlitePath: '' }), cleanup: () => schema.drop() };
+});
