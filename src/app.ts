@@ -1,10 +1,14 @@
-import { resolve } from 'node:path';
+import { basename, resolve } from 'node:path';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config.js';
 import { Catalogue } from './core/catalogue.js';
 import { ensureAdminKey } from './core/keys.js';
 import { buildServer, type App } from './http/server.js';
 import { KyselyStore } from './store/kysely-store.js';
+import { LocalEngine } from './engines/local/local-engine.js';
+import { UpstreamEngine } from './engines/upstream/upstream-engine.js';
+import type { Engine } from './engines/engine.js';
+import { Router } from './core/router.js';
 import type { Store } from './store/store.js';
 
 export function openStore(config: Config): Store {
@@ -25,14 +29,37 @@ export interface Service {
 }
 
 /** Everything but listening: store and migrations, bootstrap key, catalogue, HTTP routes. */
-export async function createService(config: Config, log: Logger = createLogger(config)): Promise<Service> {
+export async function createService(config: Config, log: Logger = createLogger(config), env: NodeJS.ProcessEnv = process.env): Promise<Service> {
   const store = openStore(config);
+  const engines: Engine[] = [];
   try {
     await store.migrate();
     const { generated } = await ensureAdminKey(store, config.adminKey);
     const catalogue = new Catalogue(store, config, log);
     await catalogue.init();
-    const app = await buildServer({ config, store, catalogue, log });
+    const local = new LocalEngine({
+      threads: config.localThreads,
+      parallel: config.localParallel,
+      queueSize: config.localQueueSize,
+      memoryBudgetBytes: config.localMemoryBudgetMb * 1024 * 1024,
+      gpu: config.localGpu,
+      templates: new Map(catalogue.localModels().flatMap((l) => {
+        const t = config.localModels[basename(l.file)]?.chatTemplate;
+        return t ? [[l.file, t] as const] : [];
+      })),
+      log,
+    });
+    engines.push(local);
+    const upstream = new UpstreamEngine(log);
+    engines.push(upstream);
+    for (const d of config.deployments) {
+      if (!catalogue.find(d.model)) log.warn({ model: d.model }, 'deployment names a model that is not in the catalogue');
+    }
+    const router = new Router(catalogue, local, upstream, config.deployments, env, log);
+    if (config.localPreload) {
+      for (const l of catalogue.localModels()) await local.load(l.file);
+    }
+    const app = await buildServer({ config, store, catalogue, router, log });
     let closed = false;
     return {
       app, store, catalogue, generatedAdminKey: generated,
@@ -41,10 +68,12 @@ export async function createService(config: Config, log: Logger = createLogger(c
         closed = true;
         catalogue.stop();
         await app.close();
+        for (const e of engines) await e.close();
         await store.close();
       },
     };
   } catch (err) {
+    for (const e of engines) await e.close().catch(() => undefined);
     await store.close().catch(() => undefined);
     throw err;
   }

@@ -16,8 +16,23 @@ const LocalModelSpec = Type.Object({
   pricing: Type.Optional(Type.Array(PricingEntry)),
   capabilities: Type.Optional(ModelSpec.properties.capabilities),
   context_length: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** A Jinja chat template to use instead of the one in the GGUF (or for a GGUF without one). */
+  chatTemplate: Type.Optional(Type.String({ minLength: 1 })),
 }, { additionalProperties: false });
 export type LocalModelSpec = Static<typeof LocalModelSpec>;
+
+const DeploymentSpec = Type.Object({
+  /** Catalogue id this deployment serves. */
+  model: ModelSpec.properties.id,
+  /** Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 */
+  baseUrl: Type.String({ pattern: '^https?://' }),
+  /** Name of the environment variable holding the upstream's API key (the key never goes in a file). */
+  apiKeyEnv: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
+  /** The model name the upstream uses; defaults to the catalogue id. */
+  upstreamModel: Type.Optional(Type.String({ minLength: 1 })),
+  weight: Type.Optional(Type.Number({ exclusiveMinimum: 0 })),
+  id: Type.Optional(Type.String({ minLength: 1 })),
+}, { additionalProperties: false });
 
 const ConfigSchema = Type.Object({
   host: Type.String({ minLength: 1 }),
@@ -38,6 +53,13 @@ const ConfigSchema = Type.Object({
   defaultCatalogue: Type.Boolean(),
   models: Type.Array(ModelSpec),
   localModels: Type.Record(Type.String(), LocalModelSpec),
+  deployments: Type.Array(DeploymentSpec),
+  localThreads: Type.Integer({ minimum: 1, maximum: 256 }),
+  localParallel: Type.Integer({ minimum: 1, maximum: 64 }),
+  localQueueSize: Type.Integer({ minimum: 0 }),
+  localMemoryBudgetMb: Type.Integer({ minimum: 1 }),
+  localGpu: Type.Union([Type.Literal('auto'), Type.Literal(false)]),
+  localPreload: Type.Boolean(),
 }, { additionalProperties: false });
 
 export type Config = Static<typeof ConfigSchema>;
@@ -46,7 +68,7 @@ type ConfigKey = keyof Config;
 export class ConfigError extends Error {}
 
 /** Environment variables and the setting each one sets. */
-const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int']> = [
+const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool']> = [
   ['HOST', 'host', 'string'],
   ['PORT', 'port', 'int'],
   ['SWITCHYARD_DATA_DIR', 'dataDir', 'string'],
@@ -60,6 +82,11 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int']> = [
   ['SWITCHYARD_KEY_CACHE_TTL_MS', 'keyCacheTtlMs', 'int'],
   ['SWITCHYARD_CATALOGUE_REFRESH_MS', 'catalogueRefreshMs', 'int'],
   ['SWITCHYARD_CORS_ORIGIN', 'corsOrigin', 'string'],
+  ['SWITCHYARD_LOCAL_THREADS', 'localThreads', 'int'],
+  ['SWITCHYARD_LOCAL_PARALLEL', 'localParallel', 'int'],
+  ['SWITCHYARD_LOCAL_QUEUE_SIZE', 'localQueueSize', 'int'],
+  ['SWITCHYARD_LOCAL_MEMORY_MB', 'localMemoryBudgetMb', 'int'],
+  ['SWITCHYARD_LOCAL_PRELOAD', 'localPreload', 'bool'],
 ];
 
 export const PACKAGE_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -80,6 +107,14 @@ const DEFAULTS = {
   defaultCatalogue: true,
   models: [],
   localModels: {},
+  deployments: [],
+  // One thread: on 2 cores llama.cpp's default collapsed to ~1 tok/s; concurrency comes from sequences.
+  localThreads: 1,
+  localParallel: 4,
+  localQueueSize: 64,
+  localMemoryBudgetMb: 4096,
+  localGpu: 'auto',
+  localPreload: false,
 } satisfies Partial<Config>;
 
 function readStructuredFile(path: string, label: string): Record<string, unknown> {
@@ -132,7 +167,8 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   for (const [name, key, kind] of ENV) {
     const value = env[name];
     if (value === undefined || value === '') continue;
-    raw[key] = kind === 'int' && /^-?\d+$/.test(value.trim()) ? Number(value) : value;
+    raw[key] = kind === 'int' && /^-?\d+$/.test(value.trim()) ? Number(value)
+      : kind === 'bool' && /^(true|false|1|0)$/.test(value.trim()) ? /^(true|1)$/.test(value.trim()) : value;
     origin.set(key, name);
   }
   for (const [k, v] of Object.entries(opts.overrides ?? {})) {

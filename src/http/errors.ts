@@ -9,6 +9,9 @@ export const ERRORS = {
   missing_required_parameter: { status: 400, type: 'invalid_request_error' },
   invalid_url: { status: 400, type: 'invalid_request_error' },
   model_inactive: { status: 400, type: 'invalid_request_error' },
+  context_length_exceeded: { status: 400, type: 'invalid_request_error' },
+  unsupported_parameter: { status: 400, type: 'invalid_request_error' },
+  unsupported_content: { status: 400, type: 'invalid_request_error' },
   missing_api_key: { status: 401, type: 'authentication_error' },
   invalid_api_key: { status: 401, type: 'authentication_error' },
   permission_denied: { status: 403, type: 'permission_error' },
@@ -18,12 +21,22 @@ export const ERRORS = {
   conflict: { status: 409, type: 'invalid_request_error' },
   request_too_large: { status: 413, type: 'invalid_request_error' },
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
+  rate_limited: { status: 429, type: 'rate_limit_error' },
   internal_error: { status: 500, type: 'server_error' },
+  upstream_error: { status: 502, type: 'server_error' },
+  upstream_unreachable: { status: 502, type: 'server_error' },
+  no_deployment: { status: 503, type: 'server_error' },
+  overloaded: { status: 503, type: 'server_error' },
+  model_load_failed: { status: 503, type: 'server_error' },
   model_not_ready: { status: 503, type: 'server_error' },
   service_unavailable: { status: 503, type: 'server_error' },
 } as const satisfies Record<string, { status: number; type: string }>;
 
 export type ErrorCode = keyof typeof ERRORS;
+
+export function isErrorCode(code: unknown): code is ErrorCode {
+  return typeof code === 'string' && Object.hasOwn(ERRORS, code);
+}
 
 export interface ErrorBody {
   error: { message: string; type: string; param: string | null; code: string | null };
@@ -36,8 +49,10 @@ export class ApiError extends Error {
   readonly param: string | null;
   /** Extra reply headers, e.g. `retry-after` or `allow`. */
   readonly headers: Readonly<Record<string, string>>;
+  /** Another deployment of the same model may succeed (an upstream 5xx or connection failure). */
+  readonly failover: boolean;
 
-  constructor(code: ErrorCode, message: string, opts: { param?: string | null; headers?: Record<string, string> } = {}) {
+  constructor(code: ErrorCode, message: string, opts: { param?: string | null; headers?: Record<string, string>; failover?: boolean } = {}) {
     super(message);
     const entry = ERRORS[code];
     this.status = entry.status;
@@ -45,6 +60,7 @@ export class ApiError extends Error {
     this.code = code;
     this.param = opts.param ?? null;
     this.headers = opts.headers ?? {};
+    this.failover = opts.failover ?? false;
   }
 
   toBody(): ErrorBody {

@@ -6,12 +6,14 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import type { Catalogue } from '../core/catalogue.js';
+import type { Router } from '../core/router.js';
 import type { Store } from '../store/store.js';
 import { ApiError } from './errors.js';
 import { KeyAuthenticator, type Principal } from './auth.js';
 import { registerModelRoutes } from '../api/models.js';
 import { registerAdminRoutes } from '../api/admin.js';
 import { registerHealthRoutes } from '../api/health.js';
+import { registerChatRoutes } from '../api/chat.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -23,6 +25,7 @@ export interface ServerDeps {
   config: Config;
   store: Store;
   catalogue: Catalogue;
+  router: Router;
   log: Logger;
 }
 
@@ -54,9 +57,11 @@ function paramName(pointer: string, extra?: string): string {
 }
 
 export function validationError(issues: readonly ValidationIssue[], where: string): ApiError {
-  // For unions ajv reports each branch first; the union's own error names the real problem.
+  // For unions ajv reports each branch, then the union; the branch that got past the type check
+  // (a range, an enum) says what is really wrong.
   const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
-  const issue = (union && issues.find((i) => i.keyword === 'enum' && i.instancePath === union.instancePath)) ?? union ?? issues[0];
+  const specific = union && issues.find((i) => i.instancePath === union.instancePath && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword));
+  const issue = specific ?? union ?? issues[0];
   if (!issue) return new ApiError('invalid_request', `Invalid ${where}.`);
   if (issue.keyword === 'required') {
     const param = paramName(issue.instancePath, String(issue.params['missingProperty']));
@@ -170,6 +175,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
 
   registerHealthRoutes(app, ctx);
   registerModelRoutes(app, ctx);
+  registerChatRoutes(app, ctx);
   registerAdminRoutes(app, ctx);
 
   for (const [url, methods] of [...methodsByPath]) {

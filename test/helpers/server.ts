@@ -50,7 +50,7 @@ export async function startServer(opts: StartOptions = {}): Promise<TestServer> 
     env['SWITCHYARD_CONFIG'] = path;
   }
   const config = loadConfig({ env });
-  const service = await createService(config);
+  const service = await createService(config, undefined, { ...process.env, ...env });
   const url = await service.app.listen({ host: '127.0.0.1', port: 0 });
   return {
     url,

@@ -1,0 +1,18 @@
+import Type from 'typebox';
+
+/**
+ * The request limits of spec §8, as schema pieces shared by the chat and responses endpoints, so
+ * both enforce them identically and at validation time (400, never a 500 or an engine error).
+ */
+const nullable = <T extends Parameters<typeof Type.Optional>[0]>(t: T) => Type.Optional(Type.Union([t, Type.Null()]));
+
+export const ModelField = Type.String({ minLength: 1, maxLength: 255 });
+export const Temperature = nullable(Type.Number({ minimum: 0, maximum: 2 }));
+export const TopP = nullable(Type.Number({ minimum: 0, maximum: 1 }));
+export const MaxOutputTokens = nullable(Type.Integer({ minimum: 1 }));
+export const Instructions = nullable(Type.String({ maxLength: 32000 }));
+export const Penalty = nullable(Type.Number({ minimum: -2, maximum: 2 }));
+export const Seed = nullable(Type.Integer());
+export const Stop = nullable(Type.Union([Type.String(), Type.Array(Type.String(), { maxItems: 4 })]));
+export const NullableBoolean = nullable(Type.Boolean());
+export { nullable };

@@ -1,0 +1,84 @@
+/**
+ * The canonical request and event vocabulary. Both API families (chat completions, responses) turn
+ * their wire shape into a GenerationRequest and render the same GenerationEvent stream back; every
+ * engine consumes and produces only these.
+ */
+
+export type Role = 'system' | 'developer' | 'user' | 'assistant' | 'tool';
+
+export type ContentPart =
+  | { type: 'text'; text: string }
+  | { type: 'image'; url: string; detail?: string };
+
+export interface ToolCall {
+  id: string;
+  name: string;
+  /** JSON text, as the model wrote it. */
+  arguments: string;
+}
+
+export interface Message {
+  role: Role;
+  content: string | ContentPart[] | null;
+  name?: string;
+  toolCalls?: ToolCall[];
+  toolCallId?: string;
+}
+
+export interface FunctionTool {
+  name: string;
+  description?: string;
+  parameters?: Record<string, unknown>;
+  strict?: boolean;
+}
+
+export type ToolChoice = 'auto' | 'none' | 'required' | { name: string };
+
+export type ResponseFormat =
+  | { type: 'text' }
+  | { type: 'json_object' }
+  | { type: 'json_schema'; name: string; schema: Record<string, unknown>; strict?: boolean };
+
+export interface Sampling {
+  temperature?: number;
+  topP?: number;
+  seed?: number;
+  presencePenalty?: number;
+  frequencyPenalty?: number;
+  /** Up to four strings; generation ends before the first one the text would contain. */
+  stop?: string[];
+}
+
+export interface GenerationRequest {
+  /** Catalogue id the client asked for. */
+  model: string;
+  messages: Message[];
+  sampling: Sampling;
+  /** Upper bound on generated tokens; undefined means whatever the context leaves. */
+  maxOutputTokens?: number;
+  tools?: FunctionTool[];
+  toolChoice?: ToolChoice;
+  parallelToolCalls?: boolean;
+  responseFormat?: ResponseFormat;
+  reasoningEffort?: string;
+  /** Whether the client reads a stream; engines may use it to pick their own transport. */
+  stream: boolean;
+  signal: AbortSignal;
+}
+
+export type FinishReason = 'stop' | 'length' | 'tool_calls' | 'content_filter' | 'error';
+
+export interface Usage {
+  input: number;
+  cached: number;
+  output: number;
+  reasoning: number;
+}
+
+export type GenerationEvent =
+  | { type: 'text.delta'; text: string }
+  | { type: 'reasoning.delta'; text: string }
+  | { type: 'tool_call.start'; index: number; id: string; name: string }
+  | { type: 'tool_call.delta'; index: number; arguments: string }
+  | { type: 'usage'; usage: Usage }
+  | { type: 'finish'; reason: FinishReason; error?: { message: string; code: string } };

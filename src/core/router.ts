@@ -1,0 +1,115 @@
+import type { Logger } from 'pino';
+import { ApiError, modelNotFound } from '../http/errors.js';
+import type { Principal } from '../http/auth.js';
+import type { Catalogue } from './catalogue.js';
+import type { GenerationEvent, GenerationRequest } from './canonical.js';
+import type { Model } from './model-spec.js';
+import type { DeploymentTarget, Engine } from '../engines/engine.js';
+
+export interface DeploymentConfig {
+  model: string;
+  baseUrl: string;
+  apiKeyEnv?: string | undefined;
+  upstreamModel?: string | undefined;
+  weight?: number | undefined;
+  id?: string | undefined;
+}
+
+interface Deployment {
+  target: DeploymentTarget;
+  engine: Engine;
+  weight: number;
+}
+
+/**
+ * Model → deployments. A local GGUF file is served by the local engine; catalogue models with
+ * upstream deployments are spread over them by weight, and a request that fails before its first
+ * event (connection refused, 5xx) moves on to the next deployment.
+ */
+export class Router {
+  private readonly upstreams = new Map<string, Deployment[]>();
+
+  constructor(
+    private readonly catalogue: Catalogue,
+    private readonly local: Engine,
+    upstream: Engine,
+    deployments: readonly DeploymentConfig[],
+    env: NodeJS.ProcessEnv,
+    private readonly log: Logger,
+  ) {
+    deployments.forEach((d, i) => {
+      const id = d.id ?? `${d.model}#${i}`;
+      const apiKey = d.apiKeyEnv ? env[d.apiKeyEnv] : undefined;
+      if (d.apiKeyEnv && !apiKey) log.warn({ deployment: id, env: d.apiKeyEnv }, 'deployment API key variable is not set');
+      const list = this.upstreams.get(d.model) ?? [];
+      list.push({
+        engine: upstream,
+        weight: d.weight ?? 1,
+        target: { engine: 'upstream', id, baseUrl: d.baseUrl, apiKey, upstreamModel: d.upstreamModel ?? d.model },
+      });
+      this.upstreams.set(d.model, list);
+    });
+  }
+
+  /** The model a principal may generate with, or the answer decided in docs/decisions.md. */
+  resolve(id: string, who: Principal): Model {
+    const model = this.catalogue.get(id, who);
+    if (!model) throw modelNotFound(id);
+    if (model.status === 'inactive') throw new ApiError('model_inactive', `The model '${id}' is inactive.`, { param: 'model' });
+    if (model.status === 'pending') {
+      throw new ApiError('model_not_ready', `The model '${id}' is not ready yet.`, { param: 'model', headers: { 'retry-after': '30' } });
+    }
+    if (model.model_type !== 'text_generation') {
+      throw new ApiError('invalid_value', `The model '${id}' is a ${model.model_type} model; this endpoint needs a text_generation model.`, { param: 'model' });
+    }
+    return model;
+  }
+
+  private deployments(model: Model): Deployment[] {
+    const local = this.catalogue.localModels().find((l) => l.model.id === model.id);
+    if (local) {
+      return [{ engine: this.local, weight: 1, target: { engine: 'local', file: local.file, contextLength: model.context_length ?? Infinity } }];
+    }
+    const ups = this.upstreams.get(model.id) ?? [];
+    if (ups.length <= 1) return ups;
+    // Weighted random first pick; the others follow as failover candidates.
+    const pool = [...ups];
+    const order: Deployment[] = [];
+    while (pool.length) {
+      const total = pool.reduce((a, d) => a + d.weight, 0);
+      let r = Math.random() * total;
+      const i = pool.findIndex((d) => (r -= d.weight) < 0);
+      order.push(...pool.splice(i < 0 ? pool.length - 1 : i, 1));
+    }
+    return order;
+  }
+
+  async *generate(req: GenerationRequest, model: Model): AsyncGenerator<GenerationEvent> {
+    const candidates = this.deployments(model);
+    if (candidates.length === 0) {
+      throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
+        param: 'model', headers: { 'x-should-retry': 'false' },
+      });
+    }
+    let lastError: ApiError | undefined;
+    for (const d of candidates) {
+      const it = d.engine.generate(req, d.target)[Symbol.asyncIterator]();
+      let first: IteratorResult<GenerationEvent>;
+      try {
+        first = await it.next();
+      } catch (err) {
+        if (err instanceof ApiError && err.failover && !req.signal.aborted) {
+          lastError = err;
+          this.log.warn({ model: model.id, deployment: d.target.engine === 'upstream' ? d.target.id : 'local', error: err.message }, 'deployment failed; trying the next');
+          continue;
+        }
+        throw err;
+      }
+      if (first.done) return;
+      yield first.value;
+      yield* { [Symbol.asyncIterator]: () => it };
+      return;
+    }
+    throw lastError!;
+  }
+}

@@ -1,0 +1,22 @@
+import type { GenerationEvent, GenerationRequest } from '../core/canonical.js';
+
+/**
+ * What every engine is: a canonical request in, an async stream of canonical events out.
+ *
+ * Contract (checked by test/engine-conformance.test.ts for every engine):
+ * - Problems known before generation (bad input, context overflow, overload, unreachable upstream)
+ *   are thrown as ApiError from the first `next()`, before any event, so the API layer can still
+ *   answer with a proper HTTP status.
+ * - After that, the stream ends with exactly one `finish` event, preceded by one `usage` event.
+ * - Aborting `req.signal` ends the stream promptly and frees whatever the request held.
+ */
+export interface Engine {
+  readonly kind: string;
+  generate(req: GenerationRequest, target: DeploymentTarget): AsyncIterable<GenerationEvent>;
+  close(): Promise<void>;
+}
+
+/** Where a request goes inside an engine: a local file, or an upstream model. */
+export type DeploymentTarget =
+  | { engine: 'local'; file: string; contextLength: number }
+  | { engine: 'upstream'; baseUrl: string; apiKey: string | undefined; upstreamModel: string; id: string };

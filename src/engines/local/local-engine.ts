@@ -1,0 +1,274 @@
+import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaModel, type Token } from 'node-llama-cpp';
+import type { Logger } from 'pino';
+import { ApiError } from '../../http/errors.js';
+import type { GenerationEvent, GenerationRequest } from '../../core/canonical.js';
+import { StopMatcher } from '../../core/stop-matcher.js';
+import type { DeploymentTarget, Engine } from '../engine.js';
+import { inspectGguf } from './gguf.js';
+import { PromptRenderer } from './prompt.js';
+
+export interface LocalEngineOptions {
+  /** llama.cpp threads per context. More than one on a 2-core box collapsed throughput (see README). */
+  threads: number;
+  /** Sequences per model context: requests decoded together in one batch. */
+  parallel: number;
+  /** Requests that may wait for a sequence; past that, 503. */
+  queueSize: number;
+  memoryBudgetBytes: number;
+  gpu: 'auto' | false;
+  /** Chat templates configured per file, overriding the GGUF's. */
+  templates: ReadonlyMap<string, string>;
+  log: Logger;
+}
+
+interface Slot {
+  sequence: LlamaContextSequence;
+  busy: boolean;
+}
+
+interface Waiter {
+  resolve(slot: Slot): void;
+  reject(err: Error): void;
+}
+
+/** One loaded model: its context, its sequences and the queue in front of them. */
+class LoadedModel {
+  readonly slots: Slot[];
+  readonly waiters: Waiter[] = [];
+  lastUsed = Date.now();
+  active = 0;
+
+  constructor(
+    readonly file: string,
+    readonly model: LlamaModel,
+    readonly context: LlamaContext,
+    readonly renderer: PromptRenderer,
+    readonly bytes: number,
+  ) {
+    this.slots = Array.from({ length: context.totalSequences }, () => ({ sequence: context.getSequence(), busy: false }));
+  }
+
+  /** A free sequence, preferring the one whose cached tokens share the longest prefix with the prompt. */
+  take(prompt: readonly Token[]): Slot | undefined {
+    let best: Slot | undefined;
+    let bestShared = -1;
+    for (const s of this.slots) {
+      if (s.busy) continue;
+      const shared = s.sequence.compareContextTokens(prompt as Token[]).firstDifferentIndex;
+      if (shared > bestShared) {
+        best = s;
+        bestShared = shared;
+      }
+    }
+    if (best) best.busy = true;
+    return best;
+  }
+
+  release(slot: Slot): void {
+    const next = this.waiters.shift();
+    if (next) next.resolve(slot);
+    else slot.busy = false;
+  }
+}
+
+/** The few tokens before the ones being decoded, so a tokenizer knows about leading spaces. */
+function lastTokens(prompt: readonly Token[], generated: readonly Token[], pending: number): Token[] {
+  const end = generated.length - pending;
+  return end > 0 ? generated.slice(Math.max(0, end - 4), end) : prompt.slice(-4);
+}
+
+export class LocalEngine implements Engine {
+  readonly kind = 'local';
+  private llama: Promise<Llama> | undefined;
+  private readonly loaded = new Map<string, LoadedModel>();
+  private readonly loading = new Map<string, Promise<LoadedModel>>();
+
+  constructor(private readonly opts: LocalEngineOptions) {}
+
+  private getLlama(): Promise<Llama> {
+    this.llama ??= getLlama({ gpu: this.opts.gpu, logLevel: LlamaLogLevel.error });
+    return this.llama;
+  }
+
+  /** Loads the model if needed (validating the file first), unloading idle ones past the budget. */
+  async load(file: string): Promise<LoadedModel> {
+    const hit = this.loaded.get(file);
+    if (hit) return hit;
+    let pending = this.loading.get(file);
+    if (!pending) {
+      pending = this.doLoad(file).finally(() => this.loading.delete(file));
+      this.loading.set(file, pending);
+    }
+    return pending;
+  }
+
+  private async doLoad(file: string): Promise<LoadedModel> {
+    const { log } = this.opts;
+    const info = await inspectGguf(file);
+    const llama = await this.getLlama();
+    const started = Date.now();
+    let lastLogged = -1;
+    log.info({ file, bytes: info.fileSize }, 'loading model');
+    const model = await llama.loadModel({
+      modelPath: file,
+      onLoadProgress: (p: number) => {
+        const step = Math.floor(p * 4);
+        if (step > lastLogged) {
+          lastLogged = step;
+          log.info({ file, progress: Math.round(p * 100) }, 'loading model: progress');
+        }
+      },
+    });
+    const contextSize = Math.min(info.contextLength, model.trainContextSize);
+    const estimate = model.fileInsights.estimateContextResourceRequirements({ contextSize, sequences: this.opts.parallel, modelGpuLayers: model.gpuLayers });
+    const bytes = model.size + estimate.cpuRam + estimate.gpuVram;
+    this.evictFor(bytes);
+    const context = await model.createContext({ contextSize, sequences: this.opts.parallel, threads: this.opts.threads });
+    const template = this.opts.templates.get(file) ?? info.chatTemplate;
+    const loaded = new LoadedModel(file, model, context, new PromptRenderer(model, template), bytes);
+    this.loaded.set(file, loaded);
+    log.info({ file, ms: Date.now() - started, context_size: contextSize, sequences: this.opts.parallel, threads: this.opts.threads,
+      chat_template: template ? 'template' : 'plain-text fallback', bytes }, 'model loaded');
+    return loaded;
+  }
+
+  /** Unloads least-recently-used idle models until `incoming` fits the budget. */
+  private evictFor(incoming: number): void {
+    let used = [...this.loaded.values()].reduce((a, m) => a + m.bytes, 0);
+    const idle = [...this.loaded.values()].filter((m) => m.active === 0).sort((a, b) => a.lastUsed - b.lastUsed);
+    for (const m of idle) {
+      if (used + incoming <= this.opts.memoryBudgetBytes) break;
+      this.loaded.delete(m.file);
+      used -= m.bytes;
+      this.opts.log.info({ file: m.file, freed: m.bytes }, 'unloading least-recently-used model');
+      void m.context.dispose().then(() => m.model.dispose()).catch(() => undefined);
+    }
+    if (used + incoming > this.opts.memoryBudgetBytes) {
+      this.opts.log.warn({ used, incoming, budget: this.opts.memoryBudgetBytes }, 'memory budget exceeded: every loaded model is busy');
+    }
+  }
+
+  private acquire(m: LoadedModel, prompt: Token[], signal: AbortSignal): Promise<Slot> {
+    const slot = m.take(prompt);
+    if (slot) return Promise.resolve(slot);
+    if (m.waiters.length >= this.opts.queueSize) {
+      return Promise.reject(new ApiError('overloaded', 'The model is busy and its queue is full; retry shortly.', { headers: { 'retry-after': '1' } }));
+    }
+    return new Promise<Slot>((resolve, reject) => {
+      const waiter: Waiter = {
+        resolve: (s) => {
+          signal.removeEventListener('abort', onAbort);
+          resolve(s);
+        },
+        reject,
+      };
+      const onAbort = () => {
+        const i = m.waiters.indexOf(waiter);
+        if (i >= 0) m.waiters.splice(i, 1);
+        reject(new ApiError('invalid_request', 'The request was cancelled while it waited.'));
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      m.waiters.push(waiter);
+    });
+  }
+
+  async *generate(req: GenerationRequest, target: DeploymentTarget): AsyncGenerator<GenerationEvent> {
+    if (target.engine !== 'local') throw new Error('local engine given a non-local target');
+    let m: LoadedModel;
+    try {
+      m = await this.load(target.file);
+    } catch (err) {
+      if (err instanceof ApiError) throw err;
+      this.opts.log.error({ err, file: target.file }, 'model failed to load');
+      throw new ApiError('model_load_failed', `The model '${req.model}' could not be loaded.`);
+    }
+    const prompt = m.renderer.render(req.messages);
+    const limit = Math.min(target.contextLength, m.context.contextSize);
+    const requested = req.maxOutputTokens ?? 0;
+    if (prompt.length + requested > limit || prompt.length >= limit) {
+      throw new ApiError('context_length_exceeded',
+        `This model's maximum context length is ${limit} tokens. However, you requested ${prompt.length + requested} tokens ` +
+        `(${prompt.length} in the messages, ${requested} in the completion). Please reduce the length of the messages or completion.`,
+        { param: 'messages' });
+    }
+    const maxOut = req.maxOutputTokens ?? limit - prompt.length;
+
+    m.active++;
+    m.lastUsed = Date.now();
+    let slot: Slot | undefined;
+    try {
+      slot = await this.acquire(m, prompt, req.signal);
+      yield* this.run(m, slot.sequence, prompt, maxOut, req);
+    } finally {
+      m.active--;
+      m.lastUsed = Date.now();
+      if (slot) m.release(slot);
+    }
+  }
+
+  private async *run(m: LoadedModel, seq: LlamaContextSequence, prompt: Token[], maxOut: number, req: GenerationRequest): AsyncGenerator<GenerationEvent> {
+    // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
+    const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
+    if (seq.nextTokenIndex > shared) await seq.eraseContextTokenRanges([{ start: shared, end: seq.nextTokenIndex }]);
+
+    const { model } = m;
+    const s = req.sampling;
+    const generated: Token[] = [];
+    const stops = new StopMatcher(s.stop ?? []);
+    let pending: Token[] = [];
+    let finish: 'stop' | 'length' = 'length';
+    const penalties = (s.presencePenalty ?? 0) !== 0 || (s.frequencyPenalty ?? 0) !== 0;
+
+    const tokens = seq.evaluate(prompt.slice(shared), {
+      temperature: s.temperature ?? 1,
+      topP: s.topP ?? 1,
+      ...(s.seed !== undefined && { seed: s.seed }),
+      ...(penalties && {
+        repeatPenalty: {
+          punishTokens: () => generated,
+          penalty: 1,
+          presencePenalty: s.presencePenalty ?? 0,
+          frequencyPenalty: s.frequencyPenalty ?? 0,
+        },
+      }),
+    });
+    try {
+      for await (const token of tokens) {
+        if (req.signal.aborted) return;
+        if (model.isEogToken(token)) {
+          finish = 'stop';
+          break;
+        }
+        generated.push(token);
+        pending.push(token);
+        const text = model.detokenize(pending, false, lastTokens(prompt, generated, pending.length));
+        // A character split across tokens decodes as U+FFFD until its last byte arrives.
+        if (!(text.endsWith('\uFFFD') && pending.length < 4)) {
+          pending = [];
+          const { emit, stopped } = stops.push(text);
+          if (emit) yield { type: 'text.delta', text: emit };
+          if (stopped) {
+            finish = 'stop';
+            break;
+          }
+        }
+        if (generated.length >= maxOut) break;
+      }
+    } finally {
+      await tokens.return();
+    }
+    const rest = (pending.length > 0 ? stops.push(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length))).emit : '') + stops.flush();
+    if (rest) yield { type: 'text.delta', text: rest };
+    yield { type: 'usage', usage: { input: prompt.length, cached: shared, output: generated.length, reasoning: 0 } };
+    yield { type: 'finish', reason: finish };
+  }
+
+  async close(): Promise<void> {
+    for (const m of this.loaded.values()) {
+      await m.context.dispose();
+      await m.model.dispose();
+    }
+    this.loaded.clear();
+    if (this.llama) await (await this.llama).dispose();
+  }
+}

@@ -1,0 +1,50 @@
+import { JinjaTemplateChatWrapper, type ChatHistoryItem, type LlamaModel, type Token } from 'node-llama-cpp';
+import type { Message } from '../../core/canonical.js';
+
+export function textOf(content: Message['content']): string {
+  if (content === null) return '';
+  if (typeof content === 'string') return content;
+  return content.map((p) => (p.type === 'text' ? p.text : '')).join('');
+}
+
+/**
+ * How a conversation becomes tokens for one model.
+ *
+ * - With a chat template (from the GGUF, or configured), the template renders the conversation;
+ *   llama.cpp's Jinja support comes from node-llama-cpp's JinjaTemplateChatWrapper.
+ * - Without one the model is a base model (TinyStories is one): the message texts are joined with
+ *   blank lines, without role markers, so the model continues the text it was given. Role markers it
+ *   never saw in training would only push it off its distribution.
+ */
+export class PromptRenderer {
+  private readonly wrapper: JinjaTemplateChatWrapper | undefined;
+
+  constructor(private readonly model: LlamaModel, template: string | undefined) {
+    this.wrapper = template ? new JinjaTemplateChatWrapper({ template, convertUnsupportedSystemMessagesToUserMessages: 'auto' }) : undefined;
+  }
+
+  get usesTemplate(): boolean {
+    return this.wrapper !== undefined;
+  }
+
+  render(messages: readonly Message[]): Token[] {
+    if (!this.wrapper) {
+      const text = messages.map((m) => textOf(m.content)).filter((t) => t !== '').join('\n\n');
+      const tokens = this.model.tokenize(text);
+      const bos = this.model.tokens.bos;
+      return bos !== null && this.model.tokens.shouldPrependBosToken ? [bos, ...tokens] : tokens;
+    }
+    const history: ChatHistoryItem[] = [];
+    for (const m of messages) {
+      const text = textOf(m.content);
+      if (m.role === 'system' || m.role === 'developer') history.push({ type: 'system', text });
+      else if (m.role === 'user') history.push({ type: 'user', text });
+      else if (m.role === 'assistant') history.push({ type: 'model', response: [text] });
+      else history.push({ type: 'user', text: `Tool result${m.toolCallId ? ` (${m.toolCallId})` : ''}: ${text}` });
+    }
+    // The open model turn the template appends is where generation starts.
+    history.push({ type: 'model', response: [] });
+    const { contextText } = this.wrapper.generateContextState({ chatHistory: history });
+    return contextText.tokenize(this.model.tokenizer);
+  }
+}

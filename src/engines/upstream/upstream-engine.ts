@@ -1,0 +1,250 @@
+import { Pool, errors as undiciErrors } from 'undici';
+import { createParser, type EventSourceMessage } from 'eventsource-parser';
+import type { Logger } from 'pino';
+import { ApiError, ERRORS, isErrorCode } from '../../http/errors.js';
+import type { FinishReason, GenerationEvent, GenerationRequest, Message, Usage } from '../../core/canonical.js';
+import type { DeploymentTarget, Engine } from '../engine.js';
+
+/** The OpenAI chat-completions body an OpenAI-compatible server takes. */
+function wireMessages(messages: readonly Message[]): Record<string, unknown>[] {
+  return messages.map((m) => {
+    const out: Record<string, unknown> = { role: m.role };
+    out['content'] = typeof m.content === 'string' || m.content === null ? m.content
+      : m.content.map((p) => (p.type === 'text' ? { type: 'text', text: p.text } : { type: 'image_url', image_url: { url: p.url, ...(p.detail && { detail: p.detail }) } }));
+    if (m.name !== undefined) out['name'] = m.name;
+    if (m.toolCallId !== undefined) out['tool_call_id'] = m.toolCallId;
+    if (m.toolCalls?.length) {
+      out['tool_calls'] = m.toolCalls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
+    }
+    return out;
+  });
+}
+
+export function wireBody(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
+  const s = req.sampling;
+  const body: Record<string, unknown> = { model: upstreamModel, messages: wireMessages(req.messages), stream: req.stream };
+  if (req.stream) body['stream_options'] = { include_usage: true };
+  if (s.temperature !== undefined) body['temperature'] = s.temperature;
+  if (s.topP !== undefined) body['top_p'] = s.topP;
+  if (s.seed !== undefined) body['seed'] = s.seed;
+  if (s.presencePenalty !== undefined) body['presence_penalty'] = s.presencePenalty;
+  if (s.frequencyPenalty !== undefined) body['frequency_penalty'] = s.frequencyPenalty;
+  if (s.stop?.length) body['stop'] = s.stop;
+  if (req.maxOutputTokens !== undefined) body['max_tokens'] = req.maxOutputTokens;
+  if (req.tools?.length) {
+    body['tools'] = req.tools.map((t) => ({ type: 'function', function: t }));
+    if (req.toolChoice !== undefined) {
+      body['tool_choice'] = typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', function: { name: req.toolChoice.name } };
+    }
+    if (req.parallelToolCalls !== undefined) body['parallel_tool_calls'] = req.parallelToolCalls;
+  }
+  if (req.responseFormat && req.responseFormat.type !== 'text') {
+    const f = req.responseFormat;
+    body['response_format'] = f.type === 'json_schema'
+      ? { type: 'json_schema', json_schema: { name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) } }
+      : { type: 'json_object' };
+  }
+  if (req.reasoningEffort !== undefined) body['reasoning_effort'] = req.reasoningEffort;
+  return body;
+}
+
+interface WireUsage {
+  prompt_tokens?: number;
+  completion_tokens?: number;
+  prompt_tokens_details?: { cached_tokens?: number } | null;
+  completion_tokens_details?: { reasoning_tokens?: number } | null;
+}
+interface WireToolCallDelta {
+  index?: number;
+  id?: string;
+  function?: { name?: string; arguments?: string };
+}
+interface WireDelta {
+  content?: string | null;
+  reasoning_content?: string | null;
+  reasoning?: string | null;
+  tool_calls?: WireToolCallDelta[];
+}
+interface WireChoice {
+  delta?: WireDelta;
+  message?: WireDelta;
+  finish_reason?: string | null;
+}
+interface WireChunk {
+  choices?: WireChoice[];
+  usage?: WireUsage | null;
+  error?: { message?: string; code?: string };
+}
+
+const FINISH: Record<string, FinishReason> = { stop: 'stop', length: 'length', tool_calls: 'tool_calls', function_call: 'tool_calls', content_filter: 'content_filter' };
+
+function toUsage(u: WireUsage): Usage {
+  return {
+    input: u.prompt_tokens ?? 0,
+    cached: u.prompt_tokens_details?.cached_tokens ?? 0,
+    output: u.completion_tokens ?? 0,
+    reasoning: u.completion_tokens_details?.reasoning_tokens ?? 0,
+  };
+}
+
+/** Turns one chunk (or a whole non-stream reply) into canonical events; tracks tool-call starts. */
+class ChunkReader {
+  finish: FinishReason = 'stop';
+  usage: Usage | undefined;
+  private readonly started = new Set<number>();
+
+  read(chunk: WireChunk, out: GenerationEvent[]): void {
+    if (chunk.usage) this.usage = toUsage(chunk.usage);
+    const choice = chunk.choices?.[0];
+    if (!choice) return;
+    const d = choice.delta ?? choice.message;
+    if (d) {
+      const reasoning = d.reasoning_content ?? d.reasoning;
+      if (reasoning) out.push({ type: 'reasoning.delta', text: reasoning });
+      if (d.content) out.push({ type: 'text.delta', text: d.content });
+      d.tool_calls?.forEach((c, i) => {
+        const index = c.index ?? i;
+        if (!this.started.has(index)) {
+          this.started.add(index);
+          out.push({ type: 'tool_call.start', index, id: c.id ?? `call_${index}`, name: c.function?.name ?? '' });
+        }
+        if (c.function?.arguments) out.push({ type: 'tool_call.delta', index, arguments: c.function.arguments });
+      });
+    }
+    if (choice.finish_reason) this.finish = FINISH[choice.finish_reason] ?? 'stop';
+  }
+}
+
+/** Maps an upstream error reply into our registry; 5xx may fail over to another deployment. */
+function upstreamError(status: number, text: string, where: string, retryAfter: string | undefined): ApiError {
+  let message = text.slice(0, 500);
+  let code: unknown;
+  try {
+    const parsed = JSON.parse(text) as { error?: { message?: string; code?: string } | string; message?: string };
+    if (typeof parsed.error === 'object' && parsed.error) {
+      message = parsed.error.message ?? message;
+      code = parsed.error.code;
+    } else if (typeof parsed.error === 'string') {
+      message = parsed.error;
+    } else if (parsed.message) {
+      message = parsed.message;
+    }
+  } catch {
+    // not JSON: keep the text
+  }
+  if (status === 429) return new ApiError('rate_limited', message, { headers: { 'retry-after': retryAfter ?? '1' } });
+  if (status === 413) return new ApiError('request_too_large', message);
+  if (status === 400 || status === 422) {
+    return isErrorCode(code) && ERRORS[code].status === 400 ? new ApiError(code, message) : new ApiError('invalid_request', message);
+  }
+  return new ApiError('upstream_error', `Upstream ${where} answered ${status}: ${message}`, { failover: status >= 500 });
+}
+
+/**
+ * Any OpenAI-compatible server (vLLM, SGLang, llama.cpp server, Ollama, LM Studio, hosted APIs, or
+ * another Switchyard). One undici Pool per origin; streams are parsed as SSE and re-emitted as
+ * canonical events chunk by chunk, with nothing held back.
+ */
+export class UpstreamEngine implements Engine {
+  readonly kind = 'upstream';
+  private readonly pools = new Map<string, Pool>();
+
+  constructor(private readonly log: Logger, private readonly connectionsPerOrigin = 128) {}
+
+  private pool(origin: string): Pool {
+    let p = this.pools.get(origin);
+    if (!p) {
+      p = new Pool(origin, { connections: this.connectionsPerOrigin, keepAliveTimeout: 30_000 });
+      this.pools.set(origin, p);
+    }
+    return p;
+  }
+
+  async *generate(req: GenerationRequest, target: DeploymentTarget): AsyncGenerator<GenerationEvent> {
+    if (target.engine !== 'upstream') throw new Error('upstream engine given a non-upstream target');
+    const url = new URL(`${target.baseUrl.replace(/\/+$/, '')}/chat/completions`);
+    const headers: Record<string, string> = { 'content-type': 'application/json', accept: req.stream ? 'text/event-stream' : 'application/json' };
+    if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
+    let res;
+    try {
+      res = await this.pool(url.origin).request({
+        path: url.pathname + url.search,
+        method: 'POST',
+        headers,
+        body: JSON.stringify(wireBody(req, target.upstreamModel)),
+        signal: req.signal,
+        headersTimeout: 300_000,
+        bodyTimeout: 300_000,
+      });
+    } catch (err) {
+      if (req.signal.aborted) throw new ApiError('invalid_request', 'The request was cancelled.');
+      this.log.warn({ deployment: target.id, err: (err as Error).message }, 'upstream unreachable');
+      throw new ApiError('upstream_unreachable', `The upstream for '${req.model}' could not be reached.`, { failover: true });
+    }
+    if (res.statusCode >= 400) {
+      const text = await res.body.text().catch(() => '');
+      const retryAfter = res.headers['retry-after'];
+      throw upstreamError(res.statusCode, text, target.id, typeof retryAfter === 'string' ? retryAfter : undefined);
+    }
+
+    const reader = new ChunkReader();
+    const out: GenerationEvent[] = [];
+    try {
+      if (!req.stream) {
+        reader.read(await res.body.json() as WireChunk, out);
+        yield* out;
+      } else {
+        let done = false;
+        let failure: ApiError | undefined;
+        const parser = createParser({
+          onEvent: (ev: EventSourceMessage) => {
+            if (done) return;
+            if (ev.data === '[DONE]') {
+              done = true;
+              return;
+            }
+            let chunk: WireChunk;
+            try {
+              chunk = JSON.parse(ev.data) as WireChunk;
+            } catch {
+              failure = new ApiError('upstream_error', 'The upstream sent a malformed stream chunk.');
+              done = true;
+              return;
+            }
+            if (chunk.error) {
+              failure = new ApiError('upstream_error', `Upstream error: ${chunk.error.message ?? 'unknown'}`);
+              done = true;
+              return;
+            }
+            reader.read(chunk, out);
+          },
+        });
+        res.body.setEncoding('utf8');
+        for await (const text of res.body as AsyncIterable<string>) {
+          parser.feed(text);
+          if (out.length) {
+            yield* out;
+            out.length = 0;
+          }
+          if (failure) throw failure;
+        }
+        if (failure) throw failure;
+        if (!done) throw new ApiError('upstream_error', 'The upstream stream ended before it was complete.');
+      }
+    } catch (err) {
+      if (req.signal.aborted || err instanceof undiciErrors.RequestAbortedError) return;
+      if (err instanceof ApiError) throw err;
+      throw new ApiError('upstream_error', `The upstream stream broke: ${(err as Error).message}`);
+    } finally {
+      // A body read to its end leaves the connection reusable; anything else must not.
+      if (!res.body.readableEnded) res.body.destroy();
+    }
+    yield { type: 'usage', usage: reader.usage ?? { input: 0, cached: 0, output: 0, reasoning: 0 } };
+    yield { type: 'finish', reason: reader.finish };
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.pools.values()].map((p) => p.close()));
+    this.pools.clear();
+  }
+}
