@@ -1,3 +1,4 @@
+import { StringDecoder } from 'node:string_decoder';
 import { Pool, errors as undiciErrors } from 'undici';
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
 import type { Logger } from 'pino';
@@ -219,9 +220,10 @@ export class UpstreamEngine implements Engine {
             reader.read(chunk, out);
           },
         });
-        res.body.setEncoding('utf8');
-        for await (const text of res.body as AsyncIterable<string>) {
-          parser.feed(text);
+        // A UTF-8 character may be split across network chunks.
+        const decoder = new StringDecoder('utf8');
+        for await (const chunk of res.body as AsyncIterable<Buffer>) {
+          parser.feed(decoder.write(chunk));
           if (out.length) {
             yield* out;
             out.length = 0;

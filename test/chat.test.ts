@@ -1,0 +1,258 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { request } from 'undici';
+import OpenAI from 'openai';
+import { createKey, http, startServer, type TestServer } from './helpers/server.js';
+
+const STORIES = 'local/stories260k';
+const RANDOM = 'local/llama-2-tiny-random';
+
+describe('POST /v1/chat/completions with the real TinyStories model', () => {
+  let server: TestServer;
+  let client: OpenAI;
+  let key: string;
+
+  before(async () => {
+    server = await startServer();
+    key = (await createKey(server, 'acme')).key;
+    client = new OpenAI({ apiKey: key, baseURL: server.baseURL, maxRetries: 0 });
+  });
+  after(() => server.close());
+
+  it('answers non-stream with a TinyStories continuation and exact usage', async () => {
+    const { data: res, request_id } = await client.chat.completions.create({
+      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 40, temperature: 0,
+    }).withResponse();
+    assert.match(request_id ?? '', /^req_/);
+    assert.equal(res.object, 'chat.completion');
+    assert.match(res.id, /^chatcmpl-/);
+    assert.equal(res.model, STORIES);
+    const choice = res.choices[0]!;
+    assert.equal(choice.message.role, 'assistant');
+    assert.match(choice.message.content ?? '', /there was a little girl named Lily/);
+    assert.equal(choice.finish_reason, 'length');
+    const u = res.usage!;
+    assert.equal(u.completion_tokens, 40);
+    assert.equal(u.prompt_tokens, 5, 'BOS + 4 tokens of "Once upon a time"');
+    assert.equal(u.total_tokens, u.prompt_tokens + u.completion_tokens);
+    assert.equal(typeof u.prompt_tokens_details?.cached_tokens, 'number');
+  });
+
+  it('streams token by token: role first, finish_reason last, then [DONE]', async () => {
+    const stream = await client.chat.completions.create({
+      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 30, temperature: 0, stream: true,
+    });
+    const chunks: OpenAI.Chat.ChatCompletionChunk[] = [];
+    for await (const c of stream) chunks.push(c);
+    assert.ok(chunks.length > 10, `one chunk per token or so, got ${chunks.length}`);
+    assert.equal(chunks[0]!.choices[0]!.delta.role, 'assistant');
+    const text = chunks.map((c) => c.choices[0]?.delta.content ?? '').join('');
+    assert.match(text, /^, there was a little girl/);
+    assert.equal(chunks.at(-1)!.choices[0]!.finish_reason, 'length');
+    assert.ok(chunks.slice(0, -1).every((c) => c.choices[0]!.finish_reason === null));
+    assert.ok(chunks.every((c) => c.object === 'chat.completion.chunk' && c.id === chunks[0]!.id));
+  });
+
+  it('works with the chat.completions.stream() helper and finalChatCompletion()', async () => {
+    const runner = client.chat.completions.stream({
+      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 20, temperature: 0,
+    });
+    let deltas = '';
+    runner.on('content', (d) => { deltas += d; });
+    const final = await runner.finalChatCompletion();
+    assert.equal(final.choices[0]!.message.content, deltas);
+    assert.match(deltas, /little girl/);
+    assert.equal(final.choices[0]!.finish_reason, 'length');
+  });
+
+  it('sends a usage chunk before [DONE] with include_usage', async () => {
+    const stream = await client.chat.completions.create({
+      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 12, temperature: 0,
+      stream: true, stream_options: { include_usage: true },
+    });
+    const chunks: OpenAI.Chat.ChatCompletionChunk[] = [];
+    for await (const c of stream) chunks.push(c);
+    const last = chunks.at(-1)!;
+    assert.deepEqual(last.choices, []);
+    assert.equal(last.usage?.completion_tokens, 12);
+    assert.equal(last.usage?.prompt_tokens, 5);
+    assert.ok(chunks.slice(0, -1).every((c) => c.usage === null));
+  });
+
+  it('stops before a stop sequence, with finish_reason stop', async () => {
+    const res = await client.chat.completions.create({
+      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 100, temperature: 0, stop: ['Lily'],
+    });
+    assert.equal(res.choices[0]!.message.content, ', there was a little girl named ');
+    assert.equal(res.choices[0]!.finish_reason, 'stop');
+    const streamed = await client.chat.completions.create({
+      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 100, temperature: 0, stop: ['park', 'Lily'], stream: true,
+    });
+    let text = '';
+    let finish: string | null = null;
+    for await (const c of streamed) {
+      text += c.choices[0]?.delta.content ?? '';
+      finish = c.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(text, ', there was a little girl named ');
+    assert.equal(finish, 'stop');
+  });
+
+  it('max_tokens 5 gives finish_reason length and at most 5 completion tokens', async () => {
+    const res = await client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 5 });
+    assert.equal(res.choices[0]!.finish_reason, 'length');
+    assert.ok(res.usage!.completion_tokens <= 5);
+    const viaNewName = await client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_completion_tokens: 3 });
+    assert.equal(viaNewName.usage!.completion_tokens, 3);
+  });
+
+  it('caps the output at the space the context leaves when no limit is given', async () => {
+    const res = await client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], temperature: 0 });
+    // TinyStories separates stories with BOS rather than ending them, so greedy decoding fills the context.
+    assert.equal(res.choices[0]!.finish_reason, 'length');
+    assert.equal(res.usage!.prompt_tokens + res.usage!.completion_tokens, 512);
+  });
+
+  it('takes a multi-turn conversation, and reuses the cached prefix', async () => {
+    const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [
+      { role: 'system', content: 'Once upon a time, there was a little dog named Max.' },
+      { role: 'user', content: 'Max liked to run in the park.' },
+    ];
+    const first = await client.chat.completions.create({ model: STORIES, messages, max_tokens: 20, temperature: 0 });
+    const reply = first.choices[0]!.message.content!;
+    assert.ok(reply.length > 0);
+    const second = await client.chat.completions.create({
+      model: STORIES, max_tokens: 20, temperature: 0,
+      messages: [...messages, { role: 'assistant', content: reply }, { role: 'user', content: 'One day, Max saw a cat.' }],
+    });
+    assert.ok(second.choices[0]!.message.content!.length > 0);
+    assert.ok(second.usage!.prompt_tokens > first.usage!.prompt_tokens);
+    assert.ok(second.usage!.prompt_tokens_details!.cached_tokens! >= first.usage!.prompt_tokens - 1,
+      `the earlier turns came from the KV cache (${second.usage!.prompt_tokens_details!.cached_tokens} cached)`);
+  });
+
+  it('gives identical text twice at temperature 0', async () => {
+    const ask = () => client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'The cat sat' }], max_tokens: 60, temperature: 0 });
+    const [a, b] = [await ask(), await ask()];
+    assert.equal(a.choices[0]!.message.content, b.choices[0]!.message.content);
+    assert.ok(a.choices[0]!.message.content!.length > 20);
+  });
+
+  it('answers a context overflow with 400 context_length_exceeded giving the numbers', async () => {
+    await assert.rejects(client.chat.completions.create({
+      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 600,
+    }), (err: unknown) => {
+      assert.ok(err instanceof OpenAI.BadRequestError);
+      assert.equal(err.code, 'context_length_exceeded');
+      assert.match(err.message, /512/);
+      assert.match(err.message, /605/);
+      return true;
+    });
+    await assert.rejects(client.chat.completions.create({
+      model: STORIES, messages: [{ role: 'user', content: 'word '.repeat(600) }],
+    }), (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'context_length_exceeded');
+  });
+
+  it('answers an unknown model with 404 and a catalogue model without deployment with 503', async () => {
+    await assert.rejects(client.chat.completions.create({ model: 'meta-llama/nope', messages: [{ role: 'user', content: 'hi' }] }),
+      (err: unknown) => err instanceof OpenAI.NotFoundError && err.code === 'model_not_found');
+    const res = await http(server.url, 'POST', '/v1/chat/completions', { key, body: { model: 'qwen/qwen3-8b', messages: [{ role: 'user', content: 'hi' }] } });
+    assert.equal(res.status, 503);
+    assert.equal(res.json.error.code, 'no_deployment');
+    assert.equal(res.headers['x-should-retry'], 'false');
+    const image = await http(server.url, 'POST', '/v1/chat/completions', {
+      key, body: { model: 'black-forest-labs/flux.1-schnell', messages: [{ role: 'user', content: 'hi' }] },
+    });
+    assert.equal(image.status, 400);
+  });
+
+  it('enforces the request limits by schema', async () => {
+    const base = { model: STORIES, messages: [{ role: 'user', content: 'hi' }] };
+    const cases: Array<[Record<string, unknown>, string]> = [
+      [{ ...base, model: '' }, 'model'],
+      [{ ...base, model: 'x'.repeat(256) }, 'model'],
+      [{ ...base, temperature: 2.5 }, 'temperature'],
+      [{ ...base, temperature: -0.1 }, 'temperature'],
+      [{ ...base, temperature: 'hot' }, 'temperature'],
+      [{ ...base, top_p: 1.5 }, 'top_p'],
+      [{ ...base, max_tokens: 0 }, 'max_tokens'],
+      [{ ...base, max_tokens: 2.5 }, 'max_tokens'],
+      [{ ...base, n: 2 }, 'n'],
+      [{ ...base, stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop'],
+      [{ ...base, presence_penalty: 3 }, 'presence_penalty'],
+      [{ model: STORIES }, 'messages'],
+      [{ ...base, messages: [] }, 'messages'],
+      [{ ...base, messages: [{ role: 'wizard', content: 'hi' }] }, 'messages[0].role'],
+      [{ ...base, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }] }] }, 'messages[0].content[0]'],
+      [{ ...base, messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: {} }] }] }, 'messages[0].content[0].type'],
+      [{ ...base, tools: [{ type: 'function', function: { name: 'f' } }] }, 'tools'],
+    ];
+    for (const [body, param] of cases) {
+      const res = await http(server.url, 'POST', '/v1/chat/completions', { key, body });
+      assert.equal(res.status, 400, `${JSON.stringify(body).slice(0, 120)} → ${res.text}`);
+      assert.equal(res.json.error.param, param, res.text);
+    }
+    // Unknown fields are ignored; text parts are accepted.
+    const ok = await http(server.url, 'POST', '/v1/chat/completions', {
+      key, body: { ...base, max_tokens: 2, some_future_field: true, user: 'u1', messages: [{ role: 'user', content: [{ type: 'text', text: 'Once' }] }] },
+    });
+    assert.equal(ok.status, 200, ok.text);
+  });
+});
+
+describe('local engine concurrency', () => {
+  let server: TestServer;
+  let key: string;
+
+  before(async () => {
+    server = await startServer({ env: { SWITCHYARD_LOCAL_PARALLEL: '1', SWITCHYARD_LOCAL_QUEUE_SIZE: '0' } });
+    key = (await createKey(server, 'acme')).key;
+  });
+  after(() => server.close());
+
+  /** Opens a long stream on the random-weight model and returns once its first token has arrived. */
+  async function openLongStream() {
+    const res = await request(`${server.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: RANDOM, messages: [{ role: 'user', content: 'hello' }], max_tokens: 4000, stream: true }),
+    });
+    assert.equal(res.statusCode, 200);
+    const it = res.body[Symbol.asyncIterator]();
+    await it.next();
+    return res;
+  }
+
+  it('answers 503 with retry-after when the queue is full', async () => {
+    const long = await openLongStream();
+    const busy = await http(server.url, 'POST', '/v1/chat/completions', { key, body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 } });
+    assert.equal(busy.status, 503, busy.text);
+    assert.equal(busy.json.error.code, 'overloaded');
+    assert.equal(busy.headers['retry-after'], '1');
+    long.body.destroy();
+  });
+
+  it('stops generating within 100 ms of a client disconnect and frees the slot', async () => {
+    const long = await openLongStream();
+    long.body.destroy();
+    await new Promise((r) => setTimeout(r, 100));
+    // One sequence and no queue: this only succeeds if the abandoned generation has let go of it.
+    const next = await http(server.url, 'POST', '/v1/chat/completions', { key, body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 } });
+    assert.equal(next.status, 200, next.text);
+  });
+
+  it('serves concurrent requests one after another when the queue allows', async () => {
+    const queued = await startServer({ env: { SWITCHYARD_LOCAL_PARALLEL: '2', SWITCHYARD_LOCAL_QUEUE_SIZE: '8' } });
+    try {
+      const k = (await createKey(queued, 'acme')).key;
+      const c = new OpenAI({ apiKey: k, baseURL: queued.baseURL, maxRetries: 0 });
+      const results = await Promise.all(Array.from({ length: 6 }, () =>
+        c.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 30, temperature: 0 })));
+      const texts = new Set(results.map((r) => r.choices[0]!.message.content));
+      assert.equal(texts.size, 1, 'batched sequences give the same greedy text');
+      assert.ok(results.every((r) => r.usage!.completion_tokens === 30));
+    } finally {
+      await queued.close();
+    }
+  });
+});
