@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import { ApiError } from '../../http/errors.js';
 import type { GenerationEvent, GenerationRequest } from '../../core/canonical.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
+import { Channel } from '../../core/channel.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
 import { inspectGguf } from './gguf.js';
 import { PromptRenderer } from './prompt.js';
@@ -123,7 +124,7 @@ export class LocalEngine implements Engine {
     const estimate = model.fileInsights.estimateContextResourceRequirements({ contextSize, sequences: this.opts.parallel, modelGpuLayers: model.gpuLayers });
     const bytes = model.size + estimate.cpuRam + estimate.gpuVram;
     this.evictFor(bytes);
-    const context = await model.createContext({ contextSize, sequences: this.opts.parallel, threads: this.opts.threads });
+    const context = await model.createContext({ contextSize, sequences: this.opts.parallel, threads: this.opts.threads, batching: { dispatchSchedule: (d) => queueMicrotask(d) } });
     const template = this.opts.templates.get(file) ?? info.chatTemplate;
     const loaded = new LoadedModel(file, model, context, new PromptRenderer(model, template), bytes);
     this.loaded.set(file, loaded);
@@ -195,22 +196,29 @@ export class LocalEngine implements Engine {
 
     m.active++;
     m.lastUsed = Date.now();
-    let slot: Slot | undefined;
+    let slot: Slot;
     try {
       slot = await this.acquire(m, prompt, req.signal);
-      yield* this.run(m, slot.sequence, prompt, maxOut, req);
-    } finally {
+    } catch (err) {
+      m.active--;
+      throw err;
+    }
+    // The producer runs ahead by at most the channel's capacity, so token k+1 is computed while
+    // token k is being written to the client.
+    const out = new Channel<GenerationEvent>();
+    const producer = this.run(m, slot.sequence, prompt, maxOut, req, out).finally(() => {
       m.active--;
       m.lastUsed = Date.now();
-      if (slot) m.release(slot);
+      m.release(slot);
+    });
+    try {
+      yield* out;
+    } finally {
+      await producer;
     }
   }
 
-  private async *run(m: LoadedModel, seq: LlamaContextSequence, prompt: Token[], maxOut: number, req: GenerationRequest): AsyncGenerator<GenerationEvent> {
-    // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
-    const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
-    if (seq.nextTokenIndex > shared) await seq.eraseContextTokenRanges([{ start: shared, end: seq.nextTokenIndex }]);
-
+  private async run(m: LoadedModel, seq: LlamaContextSequence, prompt: Token[], maxOut: number, req: GenerationRequest, out: Channel<GenerationEvent>): Promise<void> {
     const { model } = m;
     const s = req.sampling;
     const generated: Token[] = [];
@@ -218,23 +226,26 @@ export class LocalEngine implements Engine {
     let pending: Token[] = [];
     let finish: 'stop' | 'length' = 'length';
     const penalties = (s.presencePenalty ?? 0) !== 0 || (s.frequencyPenalty ?? 0) !== 0;
-
-    const tokens = seq.evaluate(prompt.slice(shared), {
-      temperature: s.temperature ?? 1,
-      topP: s.topP ?? 1,
-      ...(s.seed !== undefined && { seed: s.seed }),
-      ...(penalties && {
-        repeatPenalty: {
-          punishTokens: () => generated,
-          penalty: 1,
-          presencePenalty: s.presencePenalty ?? 0,
-          frequencyPenalty: s.frequencyPenalty ?? 0,
-        },
-      }),
-    });
+    let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
     try {
+      // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
+      const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
+      if (seq.nextTokenIndex > shared) await seq.eraseContextTokenRanges([{ start: shared, end: seq.nextTokenIndex }]);
+      tokens = seq.evaluate(prompt.slice(shared), {
+        temperature: s.temperature ?? 1,
+        topP: s.topP ?? 1,
+        ...(s.seed !== undefined && { seed: s.seed }),
+        ...(penalties && {
+          repeatPenalty: {
+            punishTokens: () => generated,
+            penalty: 1,
+            presencePenalty: s.presencePenalty ?? 0,
+            frequencyPenalty: s.frequencyPenalty ?? 0,
+          },
+        }),
+      });
       for await (const token of tokens) {
-        if (req.signal.aborted) return;
+        if (req.signal.aborted || out.isCancelled) return;
         if (model.isEogToken(token)) {
           finish = 'stop';
           break;
@@ -246,7 +257,9 @@ export class LocalEngine implements Engine {
         if (!(text.endsWith('\uFFFD') && pending.length < 4)) {
           pending = [];
           const { emit, stopped } = stops.push(text);
-          if (emit) yield { type: 'text.delta', text: emit };
+          // No await unless the queue is full: `await undefined` would still let the consumer run first.
+          const full = emit ? out.push({ type: 'text.delta', text: emit }) : undefined;
+          if (full) await full;
           if (stopped) {
             finish = 'stop';
             break;
@@ -254,13 +267,18 @@ export class LocalEngine implements Engine {
         }
         if (generated.length >= maxOut) break;
       }
+      const rest = (pending.length > 0 ? stops.push(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length))).emit : '') + stops.flush();
+      if (rest) await out.push({ type: 'text.delta', text: rest });
+      await out.push({ type: 'usage', usage: { input: prompt.length, cached: shared, output: generated.length, reasoning: 0 } });
+      await out.push({ type: 'finish', reason: finish });
+      out.close();
+    } catch (err) {
+      this.opts.log.error({ err }, 'local generation failed');
+      out.close(new ApiError('internal_error', 'The local engine failed while generating.'));
     } finally {
-      await tokens.return();
+      out.close();
+      await tokens?.return();
     }
-    const rest = (pending.length > 0 ? stops.push(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length))).emit : '') + stops.flush();
-    if (rest) yield { type: 'text.delta', text: rest };
-    yield { type: 'usage', usage: { input: prompt.length, cached: shared, output: generated.length, reasoning: 0 } };
-    yield { type: 'finish', reason: finish };
   }
 
   async close(): Promise<void> {
