@@ -59,7 +59,7 @@ export async function createService(config: Config, log: Logger = createLogger(c
     if (config.localPreload) {
       for (const l of catalogue.localModels()) await local.load(l.file);
     }
-    const app = await buildServer({ config, store, catalogue, router, log });
+    const app = await buildServer({ config, store, catalogue, router, local, log });
     let closed = false;
     return {
       app, store, catalogue, generatedAdminKey: generated,

@@ -73,6 +73,11 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
     return renderKey((await store.getKey(req.params.id))!);
   });
 
+  app.get('/admin/local/loaded', { onRequest: requireAdmin }, async () => {
+    const byFile = new Map(catalogue.localModels().map((l) => [l.file, l.model.id]));
+    return { object: 'list', data: ctx.local.status().map((s) => ({ model: byFile.get(s.file) ?? null, ...s })) };
+  });
+
   app.get('/admin/models', { onRequest: requireAdmin }, async () =>
     ({ object: 'list', data: catalogue.all().map(renderAdminModel) }));
 

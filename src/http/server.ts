@@ -7,6 +7,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import type { Catalogue } from '../core/catalogue.js';
 import type { Router } from '../core/router.js';
+import type { LocalEngine } from '../engines/local/local-engine.js';
 import type { Store } from '../store/store.js';
 import { ApiError } from './errors.js';
 import { KeyAuthenticator, type Principal } from './auth.js';
@@ -26,6 +27,7 @@ export interface ServerDeps {
   store: Store;
   catalogue: Catalogue;
   router: Router;
+  local: LocalEngine;
   log: Logger;
 }
 

@@ -281,6 +281,13 @@ export class LocalEngine implements Engine {
     }
   }
 
+  /** What is loaded now, for operators (GET /admin/local/loaded). */
+  status(): Array<{ file: string; bytes: number; active: number; queued: number; sequences: number; last_used: number }> {
+    return [...this.loaded.values()].map((m) => ({
+      file: m.file, bytes: m.bytes, active: m.active, queued: m.waiters.length, sequences: m.slots.length, last_used: Math.floor(m.lastUsed / 1000),
+    }));
+  }
+
   async close(): Promise<void> {
     for (const m of this.loaded.values()) {
       await m.context.dispose();
