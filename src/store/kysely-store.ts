@@ -7,23 +7,15 @@ import { migrationProvider } from './migrations.js';
 import type { ApiKeyRecord, KeyRole, Org, Store } from './store.js';
 import type { Capability, Model, ModelSource, ModelStatus, ModelType, PricingEntry, Visibility } from '../core/model-spec.js';
 
-interface ModelsTable {
-  id: string;
-  author: string;
-  slug: string;
-  name: string;
-  description: string;
-  created: number;
-  owned_by: string;
+/** A model row: enums as plain text, arrays as JSON text. */
+type ModelsTable = Omit<Model, 'pricing' | 'capabilities' | 'status' | 'visibility' | 'model_type' | 'source'> & {
+  pricing: string;
+  capabilities: string;
   status: string;
   visibility: string;
-  pricing: string;
-  context_length: number | null;
   model_type: string;
-  capabilities: string;
-  output_size: string | null;
   source: string;
-}
+};
 
 interface Database {
   orgs: Org;
