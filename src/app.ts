@@ -9,6 +9,8 @@ import { LocalEngine } from './engines/local/local-engine.js';
 import { UpstreamEngine } from './engines/upstream/upstream-engine.js';
 import type { Engine } from './engines/engine.js';
 import { Router } from './core/router.js';
+import { ReasoningSeal } from './core/reasoning-seal.js';
+import { ResponseService } from './core/responses.js';
 import type { Store } from './store/store.js';
 
 export function openStore(config: Config): Store {
@@ -32,6 +34,7 @@ export interface Service {
 export async function createService(config: Config, log: Logger = createLogger(config), env: NodeJS.ProcessEnv = process.env): Promise<Service> {
   const store = openStore(config);
   const engines: Engine[] = [];
+  const stoppers: Array<() => Promise<void>> = [];
   try {
     await store.migrate();
     const { generated } = await ensureAdminKey(store, config.adminKey);
@@ -59,7 +62,14 @@ export async function createService(config: Config, log: Logger = createLogger(c
     if (config.localPreload) {
       for (const l of catalogue.localModels()) await local.load(l.file);
     }
-    const app = await buildServer({ config, store, catalogue, router, local, log });
+    const seal = await ReasoningSeal.open(store, config.secretKey);
+    const responses = new ResponseService(store, router, seal, log, {
+      staleAfterMs: config.responseStaleMs,
+      singleInstance: store.dialect === 'sqlite',
+    });
+    await responses.start();
+    stoppers.push(() => responses.stop());
+    const app = await buildServer({ config, store, catalogue, router, local, responses, log });
     let closed = false;
     return {
       app, store, catalogue, generatedAdminKey: generated,
@@ -68,6 +78,7 @@ export async function createService(config: Config, log: Logger = createLogger(c
         closed = true;
         catalogue.stop();
         await app.close();
+        for (const stop of stoppers) await stop();
         for (const e of engines) await e.close();
         await store.close();
       },

@@ -60,6 +60,9 @@ const ConfigSchema = Type.Object({
   localMemoryBudgetMb: Type.Integer({ minimum: 1 }),
   localGpu: Type.Union([Type.Literal('auto'), Type.Literal(false)]),
   localPreload: Type.Boolean(),
+  /** Secret for sealing reasoning (encrypted_content); generated and kept in the database when unset. */
+  secretKey: Type.Optional(Type.String({ minLength: 16 })),
+  responseStaleMs: Type.Integer({ minimum: 1000 }),
 }, { additionalProperties: false });
 
 export type Config = Static<typeof ConfigSchema>;
@@ -87,6 +90,8 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool']> = [
   ['SWITCHYARD_LOCAL_QUEUE_SIZE', 'localQueueSize', 'int'],
   ['SWITCHYARD_LOCAL_MEMORY_MB', 'localMemoryBudgetMb', 'int'],
   ['SWITCHYARD_LOCAL_PRELOAD', 'localPreload', 'bool'],
+  ['SWITCHYARD_SECRET_KEY', 'secretKey', 'string'],
+  ['SWITCHYARD_RESPONSE_STALE_MS', 'responseStaleMs', 'int'],
 ];
 
 export const PACKAGE_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -115,6 +120,7 @@ const DEFAULTS = {
   localMemoryBudgetMb: 4096,
   localGpu: 'auto',
   localPreload: false,
+  responseStaleMs: 60_000,
 } satisfies Partial<Config>;
 
 function readStructuredFile(path: string, label: string): Record<string, unknown> {
@@ -196,7 +202,7 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
       path[1] = String(index < shippedModels.length ? index : index - shippedModels.length);
     }
     const at = path.length > 1 ? ` (at ${path.slice(1).join('.')})` : '';
-    const got = path.length === 1 ? ` (got ${JSON.stringify(top === 'adminKey' ? '<redacted>' : raw[top])?.slice(0, 80)})` : '';
+    const got = path.length === 1 ? ` (got ${JSON.stringify(top === 'adminKey' || top === 'secretKey' ? '<redacted>' : raw[top])?.slice(0, 80)})` : '';
     throw new ConfigError(`Invalid configuration: ${where}${at} ${first.message}${got}`);
   }
   const config = raw as Config;

@@ -23,6 +23,8 @@ export interface Message {
   name?: string;
   toolCalls?: ToolCall[];
   toolCallId?: string;
+  /** Reasoning an assistant turn was produced with, when a client sends it back. */
+  reasoning?: string;
 }
 
 export interface FunctionTool {

@@ -2,11 +2,13 @@ import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
 import cors from '@fastify/cors';
+import { Ajv } from 'ajv';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import type { Catalogue } from '../core/catalogue.js';
 import type { Router } from '../core/router.js';
+import type { ResponseService } from '../core/responses.js';
 import type { LocalEngine } from '../engines/local/local-engine.js';
 import type { Store } from '../store/store.js';
 import { ApiError } from './errors.js';
@@ -15,6 +17,8 @@ import { registerModelRoutes } from '../api/models.js';
 import { registerAdminRoutes } from '../api/admin.js';
 import { registerHealthRoutes } from '../api/health.js';
 import { registerChatRoutes } from '../api/chat.js';
+import { registerResponseRoutes } from '../api/responses.js';
+import { registerConversationRoutes } from '../api/conversations.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -28,6 +32,7 @@ export interface ServerDeps {
   catalogue: Catalogue;
   router: Router;
   local: LocalEngine;
+  responses: ResponseService;
   log: Logger;
 }
 
@@ -125,7 +130,6 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     },
     return503OnClosing: true,
     forceCloseConnections: 'idle',
-    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: true, allErrors: false } },
     frameworkErrors: (err, req, reply) => {
       reply.header('x-request-id', req.id);
       const e = err.code === 'FST_ERR_BAD_URL'
@@ -134,6 +138,12 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
       void sendError(reply, e);
     },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
+
+  // Bodies are validated as sent (a string is never a number); query strings and path params are text
+  // by nature, so they are coerced. Each schema is compiled once, when its route is registered.
+  const bodyAjv = new Ajv({ coerceTypes: false, useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
+  const textAjv = new Ajv({ coerceTypes: 'array', useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
+  app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? bodyAjv : textAjv).compile(schema));
 
   app.decorateRequest('principal', null);
   app.addHook('onRequest', async (req, reply) => {
@@ -178,6 +188,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   registerHealthRoutes(app, ctx);
   registerModelRoutes(app, ctx);
   registerChatRoutes(app, ctx);
+  registerResponseRoutes(app, ctx);
+  registerConversationRoutes(app, ctx);
   registerAdminRoutes(app, ctx);
 
   for (const [url, methods] of [...methodsByPath]) {

@@ -4,7 +4,7 @@ import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type Selectable 
 import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
-import type { ApiKeyRecord, KeyRole, Org, Store } from './store.js';
+import type { ApiKeyRecord, ConversationRecord, ItemPage, KeyRole, Org, ResponseRecord, Store } from './store.js';
 import type { Capability, Model, ModelSource, ModelStatus, ModelType, PricingEntry, Visibility } from '../core/model-spec.js';
 
 /** A model row: enums as plain text, arrays as JSON text. */
@@ -21,6 +21,14 @@ interface Database {
   orgs: Org;
   api_keys: Omit<ApiKeyRecord, 'role'> & { role: string };
   models: ModelsTable;
+  responses: Omit<ResponseRecord, 'background'> & { background: number };
+  conversations: ConversationRecord;
+  conversation_items: { id: string; conversation_id: string; seq: number; item: string; created_at: number };
+  settings: { key: string; value: string };
+}
+
+function rowToResponse(r: Selectable<Database['responses']>): ResponseRecord {
+  return { ...r, background: Number(r.background) === 1, created_at: Number(r.created_at), updated_at: Number(r.updated_at) };
 }
 
 function modelToRow(m: Model): ModelsTable {
@@ -187,4 +195,107 @@ export class KyselyStore implements Store {
     return rows.map(rowToModel);
   }
 
+
+  async createResponse(r: ResponseRecord): Promise<void> {
+    await this.db.insertInto('responses').values({ ...r, background: r.background ? 1 : 0 }).execute();
+  }
+
+  async getResponse(id: string): Promise<ResponseRecord | undefined> {
+    const row = await this.db.selectFrom('responses').selectAll().where('id', '=', id).executeTakeFirst();
+    return row && rowToResponse(row);
+  }
+
+  async updateResponse(id: string, from: readonly string[], set: Partial<Pick<ResponseRecord, 'status' | 'body' | 'updated_at'>>): Promise<boolean> {
+    const res = await this.db.updateTable('responses').set(set).where('id', '=', id).where('status', 'in', [...from]).executeTakeFirst();
+    return Number(res.numUpdatedRows) > 0;
+  }
+
+  async deleteResponse(id: string): Promise<boolean> {
+    const res = await this.db.deleteFrom('responses').where('id', '=', id).executeTakeFirst();
+    return Number(res.numDeletedRows) > 0;
+  }
+
+  async staleResponses(statuses: readonly string[], before: number): Promise<ResponseRecord[]> {
+    const rows = await this.db.selectFrom('responses').selectAll().where('status', 'in', [...statuses]).where('updated_at', '<', before).execute();
+    return rows.map(rowToResponse);
+  }
+
+  async touchResponses(ids: readonly string[], at: number): Promise<void> {
+    if (ids.length) await this.db.updateTable('responses').set({ updated_at: at }).where('id', 'in', [...ids]).execute();
+  }
+
+  async createConversation(c: ConversationRecord): Promise<void> {
+    await this.db.insertInto('conversations').values(c).execute();
+  }
+
+  async getConversation(id: string): Promise<ConversationRecord | undefined> {
+    const row = await this.db.selectFrom('conversations').selectAll().where('id', '=', id).executeTakeFirst();
+    return row && { ...row, created_at: Number(row.created_at) };
+  }
+
+  async updateConversation(id: string, metadata: string): Promise<void> {
+    await this.db.updateTable('conversations').set({ metadata }).where('id', '=', id).execute();
+  }
+
+  async deleteConversation(id: string): Promise<boolean> {
+    return this.db.transaction().execute(async (tx) => {
+      await tx.deleteFrom('conversation_items').where('conversation_id', '=', id).execute();
+      const res = await tx.deleteFrom('conversations').where('id', '=', id).executeTakeFirst();
+      return Number(res.numDeletedRows) > 0;
+    });
+  }
+
+  async appendConversationItems(conversationId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<void> {
+    if (items.length === 0) return;
+    await this.db.transaction().execute(async (tx) => {
+      // PostgreSQL: the conversation row lock serializes appenders. SQLite: transactions already do.
+      if (this.dialect === 'postgres') {
+        await tx.selectFrom('conversations').select('id').where('id', '=', conversationId).forUpdate().execute();
+      }
+      const row = await tx.selectFrom('conversation_items')
+        .select((eb) => eb.fn.max<number | string | null>('seq').as('top'))
+        .where('conversation_id', '=', conversationId).executeTakeFirst();
+      const start = Number(row?.top ?? 0) + 1;
+      await tx.insertInto('conversation_items')
+        .values(items.map((it, i) => ({ id: it.id, conversation_id: conversationId, seq: start + i, item: it.json, created_at: at })))
+        .execute();
+    });
+  }
+
+  async listConversationItems(conversationId: string, opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' }): Promise<ItemPage> {
+    let q = this.db.selectFrom('conversation_items').select(['item', 'seq']).where('conversation_id', '=', conversationId);
+    if (opts.after !== undefined) {
+      const anchor = await this.db.selectFrom('conversation_items').select('seq')
+        .where('conversation_id', '=', conversationId).where('id', '=', opts.after).executeTakeFirst();
+      if (anchor) q = q.where('seq', opts.order === 'asc' ? '>' : '<', Number(anchor.seq));
+    }
+    const rows = await q.orderBy('seq', opts.order).limit(opts.limit + 1).execute();
+    return { items: rows.slice(0, opts.limit).map((r) => r.item), hasMore: rows.length > opts.limit };
+  }
+
+  async allConversationItems(conversationId: string): Promise<string[]> {
+    const rows = await this.db.selectFrom('conversation_items').select('item').where('conversation_id', '=', conversationId).orderBy('seq').execute();
+    return rows.map((r) => r.item);
+  }
+
+  async getConversationItem(conversationId: string, itemId: string): Promise<string | undefined> {
+    const row = await this.db.selectFrom('conversation_items').select('item')
+      .where('conversation_id', '=', conversationId).where('id', '=', itemId).executeTakeFirst();
+    return row?.item;
+  }
+
+  async deleteConversationItem(conversationId: string, itemId: string): Promise<boolean> {
+    const res = await this.db.deleteFrom('conversation_items').where('conversation_id', '=', conversationId).where('id', '=', itemId).executeTakeFirst();
+    return Number(res.numDeletedRows) > 0;
+  }
+
+  async getSetting(key: string): Promise<string | undefined> {
+    const row = await this.db.selectFrom('settings').select('value').where('key', '=', key).executeTakeFirst();
+    return row?.value;
+  }
+
+  async setSettingOnce(key: string, value: string): Promise<string> {
+    await this.db.insertInto('settings').values({ key, value }).onConflict((oc) => oc.column('key').doNothing()).execute();
+    return (await this.getSetting(key))!;
+  }
 }

@@ -47,6 +47,44 @@ const migrations: Record<string, Migration> = {
       await db.schema.dropTable('orgs').execute();
     },
   },
+  '0002_responses': {
+    async up(db: Kysely<unknown>) {
+      await db.schema.createTable('responses')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('org_id', 'text', (c) => c.notNull())
+        .addColumn('status', 'text', (c) => c.notNull())
+        .addColumn('background', 'integer', (c) => c.notNull())
+        .addColumn('conversation_id', 'text')
+        .addColumn('previous_response_id', 'text')
+        .addColumn('created_at', 'bigint', (c) => c.notNull())
+        .addColumn('updated_at', 'bigint', (c) => c.notNull())
+        .addColumn('body', 'text', (c) => c.notNull())
+        .addColumn('input_items', 'text', (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex('responses_status').on('responses').columns(['status', 'updated_at']).execute();
+      await db.schema.createTable('conversations')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('org_id', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'bigint', (c) => c.notNull())
+        .addColumn('metadata', 'text', (c) => c.notNull())
+        .execute();
+      await db.schema.createTable('conversation_items')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('conversation_id', 'text', (c) => c.notNull().references('conversations.id').onDelete('cascade'))
+        .addColumn('seq', 'integer', (c) => c.notNull())
+        .addColumn('item', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'bigint', (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex('conversation_items_seq').on('conversation_items').columns(['conversation_id', 'seq']).unique().execute();
+      await db.schema.createTable('settings')
+        .addColumn('key', 'text', (c) => c.primaryKey())
+        .addColumn('value', 'text', (c) => c.notNull())
+        .execute();
+    },
+    async down(db: Kysely<unknown>) {
+      for (const t of ['settings', 'conversation_items', 'conversations', 'responses']) await db.schema.dropTable(t).execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

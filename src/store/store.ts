@@ -19,6 +19,34 @@ export interface ApiKeyRecord {
   revoked_at: number | null;
 }
 
+export interface ResponseRecord {
+  id: string;
+  org_id: string;
+  status: string;
+  background: boolean;
+  conversation_id: string | null;
+  previous_response_id: string | null;
+  created_at: number;
+  /** Unix milliseconds; a running response's owner refreshes it, so a dead owner's work can be found. */
+  updated_at: number;
+  /** The Response object as served, JSON. */
+  body: string;
+  /** The response's own input items, JSON array. */
+  input_items: string;
+}
+
+export interface ConversationRecord {
+  id: string;
+  org_id: string;
+  created_at: number;
+  metadata: string;
+}
+
+export interface ItemPage {
+  items: string[];
+  hasMore: boolean;
+}
+
 /** The one persistence interface; SQLite and PostgreSQL are dialects of the same implementation. */
 export interface Store {
   readonly dialect: 'sqlite' | 'postgres';
@@ -44,4 +72,28 @@ export interface Store {
   insertModel(model: Model): Promise<boolean>;
   getModel(id: string): Promise<Model | undefined>;
   listModels(): Promise<Model[]>;
+
+  createResponse(r: ResponseRecord): Promise<void>;
+  getResponse(id: string): Promise<ResponseRecord | undefined>;
+  /** Updates only when the current status is one of `from` (a state transition); returns whether it did. */
+  updateResponse(id: string, from: readonly string[], set: Partial<Pick<ResponseRecord, 'status' | 'body' | 'updated_at'>>): Promise<boolean>;
+  deleteResponse(id: string): Promise<boolean>;
+  /** Running responses whose owner stopped refreshing them before `before` (ms). */
+  staleResponses(statuses: readonly string[], before: number): Promise<ResponseRecord[]>;
+  touchResponses(ids: readonly string[], at: number): Promise<void>;
+
+  createConversation(c: ConversationRecord): Promise<void>;
+  getConversation(id: string): Promise<ConversationRecord | undefined>;
+  updateConversation(id: string, metadata: string): Promise<void>;
+  deleteConversation(id: string): Promise<boolean>;
+  /** Appends items as one contiguous block, atomically, after everything already there. */
+  appendConversationItems(conversationId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<void>;
+  listConversationItems(conversationId: string, opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' }): Promise<ItemPage>;
+  allConversationItems(conversationId: string): Promise<string[]>;
+  getConversationItem(conversationId: string, itemId: string): Promise<string | undefined>;
+  deleteConversationItem(conversationId: string, itemId: string): Promise<boolean>;
+
+  getSetting(key: string): Promise<string | undefined>;
+  /** Stores the value unless the key exists; returns what is stored now (first writer wins). */
+  setSettingOnce(key: string, value: string): Promise<string>;
 }

@@ -25,6 +25,8 @@ export interface StartOptions {
   /** Written to a YAML/JSON file and passed as SWITCHYARD_CONFIG. */
   configFile?: { name: string; text: string };
   modelsDir?: string;
+  /** Reuse this data dir (and leave it in place on close), to test restarts. */
+  dataDir?: string;
 }
 
 export function tempDir(prefix = 'switchyard-test-'): string {
@@ -33,8 +35,8 @@ export function tempDir(prefix = 'switchyard-test-'): string {
 
 /** A real server on a loopback port, with its own data dir, admin key and silent logs. */
 export async function startServer(opts: StartOptions = {}): Promise<TestServer> {
-  const dataDir = tempDir();
-  const adminKey = `sk-test-admin-${randomBytes(12).toString('hex')}`;
+  const dataDir = opts.dataDir ?? tempDir();
+  const adminKey = opts.env?.['SWITCHYARD_ADMIN_KEY'] ?? `sk-test-admin-${randomBytes(12).toString('hex')}`;
   const env: Record<string, string> = {
     SWITCHYARD_DATA_DIR: dataDir,
     SWITCHYARD_MODELS_DIR: opts.modelsDir ?? SHARED_MODELS,
@@ -60,7 +62,7 @@ export async function startServer(opts: StartOptions = {}): Promise<TestServer> 
     service,
     async close() {
       await service.close();
-      rmSync(dataDir, { recursive: true, force: true });
+      if (!opts.dataDir) rmSync(dataDir, { recursive: true, force: true });
     },
   };
 }
@@ -140,4 +142,29 @@ export async function pgSchema(): Promise<{ url: string; drop(): Promise<void> }
       await c.end();
     },
   };
+}
+
+export interface SseEvent {
+  event: string | undefined;
+  data: string;
+}
+
+/** Reads a whole SSE body into its events (for checking framing exactly as sent). */
+export async function readSse(base: string, method: string, path: string, opts: { key: string; body?: object }): Promise<{ status: number; events: SseEvent[] }> {
+  const res = await request(`${base}${path}`, {
+    method: method as 'GET',
+    headers: { authorization: `Bearer ${opts.key}`, 'content-type': 'application/json' },
+    ...(opts.body !== undefined && { body: JSON.stringify(opts.body) }),
+  });
+  const text = await res.body.text();
+  const events = text.split('\n\n').filter((b) => b.trim() !== '').map((block) => {
+    let event: string | undefined;
+    const data: string[] = [];
+    for (const line of block.split('\n')) {
+      if (line.startsWith('event: ')) event = line.slice(7);
+      else if (line.startsWith('data: ')) data.push(line.slice(6));
+    }
+    return { event, data: data.join('\n') };
+  });
+  return { status: res.statusCode, events };
 }

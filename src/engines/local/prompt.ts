@@ -7,6 +7,12 @@ export function textOf(content: Message['content']): string {
   return content.map((p) => (p.type === 'text' ? p.text : '')).join('');
 }
 
+/** A turn's text as the model sees it: earlier reasoning, when sent back, goes in front of the answer. */
+function turnText(m: Message): string {
+  const text = textOf(m.content);
+  return m.reasoning ? `${m.reasoning}\n\n${text}` : text;
+}
+
 /**
  * How a conversation becomes tokens for one model.
  *
@@ -29,14 +35,14 @@ export class PromptRenderer {
 
   render(messages: readonly Message[]): Token[] {
     if (!this.wrapper) {
-      const text = messages.map((m) => textOf(m.content)).filter((t) => t !== '').join('\n\n');
+      const text = messages.map(turnText).filter((t) => t !== '').join('\n\n');
       const tokens = this.model.tokenize(text);
       const bos = this.model.tokens.bos;
       return bos !== null && this.model.tokens.shouldPrependBosToken ? [bos, ...tokens] : tokens;
     }
     const history: ChatHistoryItem[] = [];
     for (const m of messages) {
-      const text = textOf(m.content);
+      const text = turnText(m);
       if (m.role === 'system' || m.role === 'developer') history.push({ type: 'system', text });
       else if (m.role === 'user') history.push({ type: 'user', text });
       else if (m.role === 'assistant') history.push({ type: 'model', response: [text] });

@@ -14,6 +14,7 @@ function wireMessages(messages: readonly Message[]): Record<string, unknown>[] {
       : m.content.map((p) => (p.type === 'text' ? { type: 'text', text: p.text } : { type: 'image_url', image_url: { url: p.url, ...(p.detail && { detail: p.detail }) } }));
     if (m.name !== undefined) out['name'] = m.name;
     if (m.toolCallId !== undefined) out['tool_call_id'] = m.toolCallId;
+    if (m.reasoning) out['reasoning_content'] = m.reasoning;
     if (m.toolCalls?.length) {
       out['tool_calls'] = m.toolCalls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
     }

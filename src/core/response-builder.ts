@@ -1,0 +1,255 @@
+import type { GenerationEvent, Usage } from './canonical.js';
+import { newId, type Item } from './items.js';
+
+/** The Response object as served (wire doc, Responses section). */
+export interface ResponseObject {
+  id: string;
+  object: 'response';
+  created_at: number;
+  status: ResponseStatus;
+  completed_at: number | null;
+  background: boolean;
+  error: { code: string; message: string } | null;
+  incomplete_details: { reason: string } | null;
+  instructions: string | null;
+  max_output_tokens: number | null;
+  model: string;
+  output: Item[];
+  parallel_tool_calls: boolean;
+  previous_response_id: string | null;
+  conversation: { id: string } | null;
+  reasoning: { effort: string | null; summary: string | null };
+  store: boolean;
+  temperature: number;
+  text: { format: Record<string, unknown> };
+  tool_choice: unknown;
+  tools: unknown[];
+  top_p: number;
+  truncation: string;
+  usage: Record<string, unknown> | null;
+  user: string | null;
+  metadata: Record<string, string>;
+}
+
+export type ResponseStatus = 'queued' | 'in_progress' | 'completed' | 'failed' | 'cancelled' | 'incomplete';
+export const TERMINAL: readonly ResponseStatus[] = ['completed', 'failed', 'cancelled', 'incomplete'];
+
+/** One server-sent event, before its sequence number is given. */
+export type WireEvent = { type: string } & Record<string, unknown>;
+
+export interface BuilderOptions {
+  /** `reasoning.summary` of the request: null means no summary. */
+  summary: string | null;
+  /** Seals reasoning into `encrypted_content`, when the request included it. */
+  seal?: ((text: string) => string) | undefined;
+  /** Ids for the output items in order; replay passes the stored ones. */
+  idFor?: (kind: 'msg' | 'rs' | 'fc', index: number) => string;
+}
+
+/**
+ * How the summary is produced: there is no separate summarising model, so `auto` and `detailed`
+ * give the reasoning text itself, and `concise` its first sentence (at most 200 characters).
+ */
+export function summarise(text: string, mode: string): string {
+  if (mode !== 'concise') return text;
+  const first = /^[\s\S]*?[.!?](\s|$)/.exec(text)?.[0] ?? text;
+  return first.length > 200 ? `${first.slice(0, 199)}…` : first.trim();
+}
+
+export function renderResponseUsage(u: Usage): Record<string, unknown> {
+  return {
+    input_tokens: u.input,
+    input_tokens_details: { cached_tokens: u.cached },
+    output_tokens: u.output,
+    output_tokens_details: { reasoning_tokens: u.reasoning },
+    total_tokens: u.input + u.output,
+  };
+}
+
+type Open =
+  | { kind: 'message'; index: number; id: string; text: string }
+  | { kind: 'reasoning'; index: number; id: string; text: string }
+  | { kind: 'function_call'; index: number; id: string; callId: string; name: string; args: string };
+
+const copy = <T>(v: T): T => structuredClone(v);
+
+/**
+ * Folds canonical events into a Response and renders the Responses stream events on the way, in
+ * the documented order. The stored response and the streamed one are the same fold, and replay
+ * re-renders the stored one through this class, so they cannot disagree.
+ */
+export class ResponseBuilder {
+  private open: Open | undefined;
+  private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
+  private ids = 0;
+
+  constructor(readonly response: ResponseObject, private readonly opts: BuilderOptions) {}
+
+  private id(kind: 'msg' | 'rs' | 'fc'): string {
+    return this.opts.idFor ? this.opts.idFor(kind, this.ids++) : newId(kind);
+  }
+
+  /** `response.created` and `response.in_progress`. */
+  start(): WireEvent[] {
+    this.response.status = 'in_progress';
+    return [
+      { type: 'response.created', response: copy(this.response) },
+      { type: 'response.in_progress', response: copy(this.response) },
+    ];
+  }
+
+  apply(ev: GenerationEvent): WireEvent[] {
+    const out: WireEvent[] = [];
+    switch (ev.type) {
+      case 'reasoning.delta': {
+        const o = this.ensure('reasoning', out);
+        o.text += ev.text;
+        out.push({ type: 'response.reasoning_text.delta', item_id: o.id, output_index: o.index, content_index: 0, delta: ev.text });
+        break;
+      }
+      case 'text.delta': {
+        const o = this.ensure('message', out);
+        o.text += ev.text;
+        out.push({ type: 'response.output_text.delta', item_id: o.id, output_index: o.index, content_index: 0, delta: ev.text, logprobs: [] });
+        break;
+      }
+      case 'tool_call.start': {
+        this.close(out, 'completed');
+        const index = this.response.output.length;
+        const id = this.id('fc');
+        const item: Item = { id, type: 'function_call', status: 'in_progress', arguments: '', call_id: ev.id, name: ev.name };
+        this.response.output.push(item);
+        this.open = { kind: 'function_call', index, id, callId: ev.id, name: ev.name, args: '' };
+        out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
+        break;
+      }
+      case 'tool_call.delta': {
+        if (this.open?.kind !== 'function_call') break;
+        this.open.args += ev.arguments;
+        out.push({ type: 'response.function_call_arguments.delta', item_id: this.open.id, output_index: this.open.index, delta: ev.arguments });
+        break;
+      }
+      case 'usage':
+        this.usage = ev.usage;
+        break;
+      case 'finish': {
+        const incomplete = ev.reason === 'length' || ev.reason === 'content_filter';
+        this.close(out, incomplete ? 'incomplete' : 'completed');
+        const r = this.response;
+        r.usage = renderResponseUsage(this.usage);
+        r.completed_at = Math.floor(Date.now() / 1000);
+        if (incomplete) {
+          r.status = 'incomplete';
+          r.incomplete_details = { reason: ev.reason === 'length' ? 'max_output_tokens' : 'content_filter' };
+          out.push({ type: 'response.incomplete', response: copy(r) });
+        } else {
+          r.status = 'completed';
+          out.push({ type: 'response.completed', response: copy(r) });
+        }
+        break;
+      }
+    }
+    return out;
+  }
+
+  /** The engine failed: `response.failed` with `error: {code, message}`. */
+  fail(code: string, message: string): WireEvent[] {
+    const out: WireEvent[] = [];
+    this.close(out, 'incomplete');
+    const r = this.response;
+    r.status = 'failed';
+    r.error = { code, message };
+    r.usage = renderResponseUsage(this.usage);
+    out.push({ type: 'response.failed', response: copy(r) });
+    return out;
+  }
+
+  /**
+   * Cancelled: the terminal event is `response.incomplete` carrying status `cancelled` (the stream
+   * has no event of its own for a cancellation; this one means "ended before the model finished").
+   */
+  cancel(): WireEvent[] {
+    const out: WireEvent[] = [];
+    this.close(out, 'incomplete');
+    const r = this.response;
+    r.status = 'cancelled';
+    r.usage = renderResponseUsage(this.usage);
+    out.push({ type: 'response.incomplete', response: copy(r) });
+    return out;
+  }
+
+  private ensure<K extends 'message' | 'reasoning'>(kind: K, out: WireEvent[]): Extract<Open, { kind: K }> {
+    if (this.open?.kind === kind) return this.open as Extract<Open, { kind: K }>;
+    this.close(out, 'completed');
+    const index = this.response.output.length;
+    const id = this.id(kind === 'message' ? 'msg' : 'rs');
+    if (kind === 'message') {
+      const item: Item = { id, type: 'message', status: 'in_progress', role: 'assistant', content: [] };
+      this.response.output.push(item);
+      out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
+      out.push({ type: 'response.content_part.added', item_id: id, output_index: index, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } });
+    } else {
+      const item: Item = { id, type: 'reasoning', summary: [] };
+      this.response.output.push(item);
+      out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
+      out.push({ type: 'response.content_part.added', item_id: id, output_index: index, content_index: 0, part: { type: 'reasoning_text', text: '' } });
+    }
+    this.open = { kind, index, id, text: '' } as Extract<Open, { kind: K }>;
+    return this.open as Extract<Open, { kind: K }>;
+  }
+
+  private close(out: WireEvent[], status: 'completed' | 'incomplete'): void {
+    const o = this.open;
+    if (!o) return;
+    this.open = undefined;
+    const base = { item_id: o.id, output_index: o.index };
+    let item: Item;
+    if (o.kind === 'message') {
+      const part = { type: 'output_text' as const, text: o.text, annotations: [] };
+      out.push({ type: 'response.output_text.done', ...base, content_index: 0, text: o.text, logprobs: [] });
+      out.push({ type: 'response.content_part.done', ...base, content_index: 0, part });
+      item = { id: o.id, type: 'message', status, role: 'assistant', content: [part] };
+    } else if (o.kind === 'reasoning') {
+      const part = { type: 'reasoning_text' as const, text: o.text };
+      out.push({ type: 'response.reasoning_text.done', ...base, content_index: 0, text: o.text });
+      out.push({ type: 'response.content_part.done', ...base, content_index: 0, part });
+      const summary: Array<{ type: 'summary_text'; text: string }> = [];
+      if (this.opts.summary) {
+        const text = summarise(o.text, this.opts.summary);
+        out.push({ type: 'response.reasoning_summary_part.added', ...base, summary_index: 0, part: { type: 'summary_text', text: '' } });
+        out.push({ type: 'response.reasoning_summary_text.delta', ...base, summary_index: 0, delta: text });
+        out.push({ type: 'response.reasoning_summary_text.done', ...base, summary_index: 0, text });
+        out.push({ type: 'response.reasoning_summary_part.done', ...base, summary_index: 0, part: { type: 'summary_text', text } });
+        summary.push({ type: 'summary_text', text });
+      }
+      item = { id: o.id, type: 'reasoning', summary, content: [part], status };
+      if (this.opts.seal) item.encrypted_content = this.opts.seal(o.text);
+    } else {
+      out.push({ type: 'response.function_call_arguments.done', ...base, name: o.name, arguments: o.args });
+      item = { id: o.id, type: 'function_call', status, arguments: o.args, call_id: o.callId, name: o.name };
+    }
+    this.response.output[o.index] = item;
+    out.push({ type: 'response.output_item.done', output_index: o.index, item: copy(item) });
+  }
+}
+
+/** Canonical events that re-create a stored response's output, for replay. */
+export function eventsOf(r: ResponseObject): GenerationEvent[] {
+  const events: GenerationEvent[] = [];
+  let call = 0;
+  for (const item of r.output) {
+    if (item.type === 'reasoning') events.push({ type: 'reasoning.delta', text: (item.content ?? []).map((c) => c.text).join('') });
+    else if (item.type === 'message') {
+      events.push({ type: 'text.delta', text: item.content.map((c) => (c.type === 'output_text' ? c.text : '')).join('') });
+    } else if (item.type === 'function_call') {
+      events.push({ type: 'tool_call.start', index: call, id: item.call_id, name: item.name });
+      events.push({ type: 'tool_call.delta', index: call++, arguments: item.arguments });
+    }
+  }
+  const u = r.usage as { input_tokens?: number; input_tokens_details?: { cached_tokens?: number }; output_tokens?: number; output_tokens_details?: { reasoning_tokens?: number } } | null;
+  events.push({
+    type: 'usage',
+    usage: { input: u?.input_tokens ?? 0, cached: u?.input_tokens_details?.cached_tokens ?? 0, output: u?.output_tokens ?? 0, reasoning: u?.output_tokens_details?.reasoning_tokens ?? 0 },
+  });
+  return events;
+}

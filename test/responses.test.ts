@@ -1,0 +1,277 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { createKey, http, readSse, startServer, type TestServer } from './helpers/server.js';
+
+const STORIES = 'local/stories260k';
+const roleOf = (i: { type: string; role?: unknown }): string => (i.type === 'message' ? String(i.role) : i.type);
+const RANDOM = 'local/llama-2-tiny-random';
+
+interface WireResponse {
+  id: string;
+  status: string;
+  output: Array<{ id: string; type: string; content?: Array<{ type: string; text: string }> }>;
+  error: { code: string; message: string } | null;
+  background: boolean;
+}
+
+type Ev = { type: string; sequence_number: number; output_index?: number; item_id?: string; item?: { id: string; type: string }; response?: WireResponse };
+
+/** Checks a Responses event stream against the wire doc: numbering, first event, one terminal, item ids. */
+export function checkStream(events: Array<{ event: string | undefined; data: string }>): Ev[] {
+  const parsed = events.map((e) => {
+    const d = JSON.parse(e.data) as Ev;
+    assert.equal(d.type, e.event, 'event: line equals data.type');
+    return d;
+  });
+  parsed.forEach((d, i) => assert.equal(d.sequence_number, i, 'sequence_number counts from 0 by 1'));
+  assert.equal(parsed[0]!.type, 'response.created');
+  const terminals = parsed.filter((d) => ['response.completed', 'response.incomplete', 'response.failed', 'error'].includes(d.type));
+  assert.equal(terminals.length, 1, 'exactly one terminal event');
+  assert.equal(parsed.at(-1), terminals[0], 'the terminal event is last');
+  const ids = new Set(parsed.filter((d) => d.response).map((d) => d.response!.id));
+  assert.equal(ids.size, 1, 'one response id throughout');
+  const added = parsed.filter((d) => d.type === 'response.output_item.added');
+  added.forEach((d, i) => assert.equal(d.output_index, i, 'output_index appended in order'));
+  for (const d of parsed) if (d.item_id !== undefined) assert.ok(added.some((a) => a.item!.id === d.item_id), 'item_id names an added item');
+  return parsed;
+}
+
+describe('POST /v1/responses with TinyStories', () => {
+  let server: TestServer;
+  let client: OpenAI;
+  let key: string;
+
+  before(async () => {
+    server = await startServer();
+    key = (await createKey(server, 'acme')).key;
+    client = new OpenAI({ apiKey: key, baseURL: server.baseURL, maxRetries: 0 });
+  });
+  after(() => server.close());
+
+  it('takes a string input and gives output_text, usage and the echoed defaults', async () => {
+    const r = await client.responses.create({ model: STORIES, input: 'Once upon a time', max_output_tokens: 30, temperature: 0 });
+    assert.match(r.id, /^resp_/);
+    assert.equal(r.object, 'response');
+    assert.match(r.output_text, /^, there was a little girl/);
+    assert.equal(r.status, 'incomplete');
+    assert.equal(r.incomplete_details?.reason, 'max_output_tokens');
+    assert.equal(r.usage?.output_tokens, 30);
+    assert.equal(r.usage?.input_tokens, 5);
+    assert.equal(r.usage?.total_tokens, 35);
+    assert.equal(typeof r.usage?.input_tokens_details.cached_tokens, 'number');
+    assert.equal(r.usage?.output_tokens_details.reasoning_tokens, 0);
+    assert.equal(r.top_p, 1);
+    assert.equal(r.tool_choice, 'auto');
+    assert.equal(r.parallel_tool_calls, true);
+    assert.deepEqual(r.tools, []);
+    assert.equal((r as unknown as { store: boolean }).store, true);
+    assert.equal(r.background, false);
+    assert.deepEqual(r.text, { format: { type: 'text' } });
+    assert.equal(r.output[0]!.type, 'message');
+  });
+
+  it('takes items: easy messages, typed messages with parts, and instructions', async () => {
+    const r = await client.responses.create({
+      model: STORIES, temperature: 0, max_output_tokens: 10, instructions: 'Once upon a time,',
+      input: [
+        { role: 'user', content: 'there was a dog.' },
+        { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'The dog liked to run.' }] },
+      ],
+    });
+    assert.ok(r.output_text.length > 0);
+    assert.equal(r.instructions, 'Once upon a time,');
+    assert.ok(r.usage!.input_tokens > 12);
+  });
+
+  it('completes when the output ends within max_output_tokens', async () => {
+    const r = await client.responses.create({ model: STORIES, input: 'Once upon a time', temperature: 0, max_output_tokens: 60, text: { format: { type: 'text' } } });
+    assert.equal(r.status, 'incomplete');
+    const stopped = await http<WireResponse>(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input: 'Once upon a time', temperature: 0 } });
+    assert.equal(stopped.json.status, 'incomplete', 'TinyStories fills its context: incomplete, not completed');
+  });
+
+  it('streams the documented events, and the stream() helper gives finalResponse()', async () => {
+    const { status, events } = await readSse(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 8, temperature: 0, stream: true } });
+    assert.equal(status, 200);
+    const parsed = checkStream(events);
+    const types = parsed.map((d) => d.type);
+    const deltas = types.filter((t) => t === 'response.output_text.delta').length;
+    assert.deepEqual(types, [
+      'response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added',
+      ...Array<string>(deltas).fill('response.output_text.delta'),
+      'response.output_text.done', 'response.content_part.done', 'response.output_item.done', 'response.incomplete',
+    ]);
+    assert.ok(deltas >= 5);
+
+    const stream = client.responses.stream({ model: STORIES, input: 'Once upon a time', max_output_tokens: 12, temperature: 0 });
+    let text = '';
+    stream.on('response.output_text.delta', (e) => { text += e.delta; });
+    const final = await stream.finalResponse();
+    assert.equal(final.output_text, text);
+    assert.match(text, /little girl/);
+    assert.equal(final.usage?.output_tokens, 12);
+    const stored = await client.responses.retrieve(final.id);
+    assert.equal(stored.output_text, text);
+  });
+
+  it('chains previous_response_id without carrying instructions', async () => {
+    const first = await client.responses.create({ model: STORIES, input: 'Once upon a time', instructions: 'A story:', max_output_tokens: 10, temperature: 0 });
+    const second = await client.responses.create({ model: STORIES, previous_response_id: first.id, input: 'The end.', max_output_tokens: 5, temperature: 0 });
+    assert.equal(second.previous_response_id, first.id);
+    assert.equal(second.instructions, null);
+    // The prior input and output are in the prompt; the prior instructions are not.
+    assert.ok(second.usage!.input_tokens >= first.usage!.input_tokens + first.usage!.output_tokens - 3,
+      `${second.usage!.input_tokens} vs ${first.usage!.input_tokens}+${first.usage!.output_tokens}`);
+    assert.ok(second.usage!.input_tokens_details.cached_tokens > 0, 'the chained prefix came from the KV cache');
+  });
+
+  it('runs three turns through a conversation and lists its items in order', async () => {
+    const conv = await client.conversations.create({ metadata: { topic: 'dogs' } });
+    assert.match(conv.id, /^conv_/);
+    const turns = ['Once upon a time, there was a dog.', 'The dog saw a cat.', 'They became friends.'];
+    const outputs: string[] = [];
+    for (const t of turns) {
+      const r = await client.responses.create({ model: STORIES, conversation: conv.id, input: t, max_output_tokens: 6, temperature: 0 });
+      assert.equal(r.conversation?.id, conv.id);
+      outputs.push(r.output_text);
+    }
+    const items = [];
+    for await (const item of client.conversations.items.list(conv.id, { order: 'asc', limit: 2 })) items.push(item);
+    assert.equal(items.length, 6);
+    assert.deepEqual(items.map((i) => (i.type === 'message' ? i.role : i.type)), ['user', 'assistant', 'user', 'assistant', 'user', 'assistant']);
+    const texts = items.map((i) => (i.type === 'message' ? i.content.map((c) => ('text' in c ? c.text : '')).join('') : ''));
+    assert.deepEqual(texts, [turns[0], outputs[0], turns[1], outputs[1], turns[2], outputs[2]]);
+
+    const one = await client.conversations.items.retrieve(items[1]!.id!, { conversation_id: conv.id });
+    assert.equal(one.id, items[1]!.id);
+    await client.conversations.items.delete(items[0]!.id!, { conversation_id: conv.id });
+    const after = await client.conversations.items.list(conv.id);
+    assert.equal(after.data.length, 5);
+    assert.equal(((await client.conversations.retrieve(conv.id)).metadata as Record<string, string>)['topic'], 'dogs');
+    const added = await client.conversations.items.create(conv.id, { items: [{ type: 'message', role: 'user', content: 'More.' }] });
+    assert.equal(added.data.length, 1);
+    await client.conversations.delete(conv.id);
+    await assert.rejects(client.conversations.retrieve(conv.id), (e: unknown) => e instanceof OpenAI.NotFoundError);
+  });
+
+  it('keeps concurrent responses on one conversation in contiguous blocks', async () => {
+    const conv = await client.conversations.create({});
+    await Promise.all(['A dog.', 'A cat.', 'A bird.'].map((t) =>
+      client.responses.create({ model: STORIES, conversation: conv.id, input: t, max_output_tokens: 4, temperature: 0 })));
+    const items = (await client.conversations.items.list(conv.id, { order: 'asc', limit: 100 })).data;
+    assert.equal(items.length, 6);
+    for (let i = 0; i < 6; i += 2) {
+      assert.equal(roleOf(items[i]!), 'user');
+      assert.equal(roleOf(items[i + 1]!), 'assistant', 'each input is followed by its own output');
+    }
+  });
+
+  it('reads, pages the input items of, and deletes a stored response', async () => {
+    const r = await client.responses.create({
+      model: STORIES, max_output_tokens: 3,
+      input: [{ role: 'user', content: 'One.' }, { role: 'assistant', content: 'Two.' }, { role: 'user', content: 'Three.' }],
+    });
+    const got = await client.responses.retrieve(r.id);
+    assert.equal(got.id, r.id);
+    assert.deepEqual(got.output, r.output);
+    const page1 = await client.responses.inputItems.list(r.id, { limit: 2, order: 'asc' });
+    assert.equal(page1.data.length, 2);
+    assert.equal(page1.has_more, true);
+    const all = [];
+    for await (const item of client.responses.inputItems.list(r.id, { limit: 1, order: 'asc' })) all.push(item);
+    assert.deepEqual(all.map((i) => (i.type === 'message' ? i.role : i.type)), ['user', 'assistant', 'user']);
+    const desc = await client.responses.inputItems.list(r.id);
+    assert.equal(desc.data[0]!.id, all[2]!.id, 'newest first by default');
+    await client.responses.delete(r.id);
+    await assert.rejects(client.responses.retrieve(r.id), (e: unknown) => e instanceof OpenAI.NotFoundError);
+  });
+
+  it('replays a stored response as the same event sequence', async () => {
+    const live = await readSse(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 6, temperature: 0, stream: true } });
+    const liveEvents = checkStream(live.events);
+    const id = liveEvents[0]!.response!.id;
+    const replay = await readSse(server.url, 'GET', `/v1/responses/${id}?stream=true`, { key });
+    const replayed = checkStream(replay.events);
+    const shape = (evs: Ev[]) => evs.filter((e) => e.type !== 'response.output_text.delta').map((e) => e.type);
+    assert.deepEqual(shape(replayed), shape(liveEvents));
+    assert.deepEqual(replayed.at(-1)!.response, liveEvents.at(-1)!.response, 'the final response is identical');
+  });
+
+  it('does not store a response with store: false', async () => {
+    const r = await client.responses.create({ model: STORIES, input: 'Once', max_output_tokens: 2, store: false });
+    assert.equal((r as unknown as { store: boolean }).store, false);
+    await assert.rejects(client.responses.retrieve(r.id), (e: unknown) => e instanceof OpenAI.NotFoundError);
+  });
+
+  it('runs in the background: returns at once, can be polled, streamed and cancelled', async () => {
+    const r = await client.responses.create({ model: RANDOM, input: 'hello', max_output_tokens: 4000, background: true });
+    assert.ok(r.status === 'queued' || r.status === 'in_progress', r.status);
+    assert.equal(r.background, true);
+    const polled = await client.responses.retrieve(r.id);
+    assert.equal(polled.status, 'in_progress');
+    const cancelled = await client.responses.cancel(r.id);
+    assert.equal(cancelled.status, 'cancelled');
+    assert.equal((await client.responses.retrieve(r.id)).status, 'cancelled');
+    assert.equal((await client.responses.cancel(r.id)).status, 'cancelled', 'cancelling twice is harmless');
+
+    const quick = await client.responses.create({ model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true, temperature: 0 });
+    let done = await client.responses.retrieve(quick.id);
+    for (let i = 0; i < 100 && (done.status === 'queued' || done.status === 'in_progress'); i++) {
+      await new Promise((res) => setTimeout(res, 20));
+      done = await client.responses.retrieve(quick.id);
+    }
+    assert.equal(done.status, 'incomplete');
+    assert.match(done.output_text, /there/);
+    await assert.rejects(client.responses.cancel(quick.id), (e: unknown) => e instanceof OpenAI.BadRequestError, 'a finished response cannot be cancelled');
+    const foreground = await client.responses.create({ model: STORIES, input: 'x', max_output_tokens: 1 });
+    await assert.rejects(client.responses.cancel(foreground.id), (e: unknown) => e instanceof OpenAI.BadRequestError);
+
+    // Background + stream: events arrive live; a GET stream follows the same run.
+    const bg = await readSse(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true, stream: true } });
+    const evs = bg.events.map((e) => JSON.parse(e.data) as Ev);
+    assert.equal(evs[0]!.type, 'response.queued');
+    assert.equal(evs.at(-1)!.type, 'response.incomplete');
+  });
+
+  it('hides responses and conversations from other organizations', async () => {
+    const other = new OpenAI({ apiKey: (await createKey(server, 'globex')).key, baseURL: server.baseURL, maxRetries: 0 });
+    const mine = await client.responses.create({ model: STORIES, input: 'Once', max_output_tokens: 2 });
+    const conv = await client.conversations.create({});
+    const nf = (e: unknown) => e instanceof OpenAI.NotFoundError;
+    await assert.rejects(other.responses.retrieve(mine.id), nf);
+    await assert.rejects(other.responses.delete(mine.id), nf);
+    await assert.rejects(other.responses.inputItems.list(mine.id), nf);
+    await assert.rejects(other.responses.cancel(mine.id), nf);
+    await assert.rejects(other.responses.create({ model: STORIES, input: 'x', previous_response_id: mine.id }), nf);
+    await assert.rejects(other.conversations.retrieve(conv.id), nf);
+    await assert.rejects(other.conversations.items.list(conv.id), nf);
+    await assert.rejects(other.responses.create({ model: STORIES, input: 'x', conversation: conv.id }), nf);
+    assert.equal((await client.responses.retrieve(mine.id)).id, mine.id);
+  });
+
+  it('enforces the request limits', async () => {
+    const base = { model: STORIES, input: 'hi' };
+    const cases: Array<[Record<string, unknown>, string]> = [
+      [{ ...base, model: '' }, 'model'],
+      [{ ...base, model: 'm'.repeat(256) }, 'model'],
+      [{ ...base, instructions: 'x'.repeat(32001) }, 'instructions'],
+      [{ ...base, max_output_tokens: 0 }, 'max_output_tokens'],
+      [{ ...base, temperature: 2.01 }, 'temperature'],
+      [{ ...base, top_p: -0.5 }, 'top_p'],
+      [{ ...base, tool_choice: 'sometimes' }, 'tool_choice'],
+      [{ model: STORIES }, 'input'],
+      [{ ...base, input: [{ type: 'bogus' }] }, 'input[0].type'],
+      [{ ...base, input: [{ type: 'item_reference', id: 'msg_nope' }] }, 'input[0].id'],
+      [{ ...base, previous_response_id: 'resp_1', conversation: 'conv_1' }, 'conversation'],
+      [{ ...base, background: true, store: false }, 'background'],
+    ];
+    for (const [body, param] of cases) {
+      const res = await http(server.url, 'POST', '/v1/responses', { key, body });
+      assert.equal(res.status, 400, `${JSON.stringify(body).slice(0, 100)} → ${res.text}`);
+      assert.equal(res.json.error.param, param, res.text);
+    }
+    const ok = await http(server.url, 'POST', '/v1/responses', { key, body: { ...base, instructions: 'x'.repeat(100), max_output_tokens: 1 } });
+    assert.equal(ok.status, 200);
+  });
+});
