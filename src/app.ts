@@ -77,8 +77,8 @@ export async function createService(config: Config, log: Logger = createLogger(c
         if (closed) return;
         closed = true;
         catalogue.stop();
-        await app.close();
-        for (const stop of stoppers) await stop();
+        // Stop accepting, and meanwhile end background work, so streams that follow it can finish.
+        await Promise.all([app.close(), ...stoppers.map((stop) => stop())]);
         for (const e of engines) await e.close();
         await store.close();
       },

@@ -230,6 +230,13 @@ describe('local engine concurrency', () => {
     assert.equal(busy.json.error.code, 'overloaded');
     assert.equal(busy.headers['retry-after'], '1');
     long.body.destroy();
+    // Leave the sequence free for the next test (the disconnect is noticed within milliseconds).
+    for (let i = 0; i < 100; i++) {
+      const probe = await http(server.url, 'POST', '/v1/chat/completions', { key, body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 } });
+      if (probe.status === 200) return;
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.fail('the sequence was never freed');
   });
 
   it('stops generating within 100 ms of a client disconnect and frees the slot', async () => {

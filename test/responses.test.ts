@@ -2,40 +2,11 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { createKey, http, readSse, startServer, type TestServer } from './helpers/server.js';
+import { checkStream, type Ev, type WireResponse } from './helpers/responses.js';
 
 const STORIES = 'local/stories260k';
 const roleOf = (i: { type: string; role?: unknown }): string => (i.type === 'message' ? String(i.role) : i.type);
 const RANDOM = 'local/llama-2-tiny-random';
-
-interface WireResponse {
-  id: string;
-  status: string;
-  output: Array<{ id: string; type: string; content?: Array<{ type: string; text: string }> }>;
-  error: { code: string; message: string } | null;
-  background: boolean;
-}
-
-type Ev = { type: string; sequence_number: number; output_index?: number; item_id?: string; item?: { id: string; type: string }; response?: WireResponse };
-
-/** Checks a Responses event stream against the wire doc: numbering, first event, one terminal, item ids. */
-export function checkStream(events: Array<{ event: string | undefined; data: string }>): Ev[] {
-  const parsed = events.map((e) => {
-    const d = JSON.parse(e.data) as Ev;
-    assert.equal(d.type, e.event, 'event: line equals data.type');
-    return d;
-  });
-  parsed.forEach((d, i) => assert.equal(d.sequence_number, i, 'sequence_number counts from 0 by 1'));
-  assert.equal(parsed[0]!.type, 'response.created');
-  const terminals = parsed.filter((d) => ['response.completed', 'response.incomplete', 'response.failed', 'error'].includes(d.type));
-  assert.equal(terminals.length, 1, 'exactly one terminal event');
-  assert.equal(parsed.at(-1), terminals[0], 'the terminal event is last');
-  const ids = new Set(parsed.filter((d) => d.response).map((d) => d.response!.id));
-  assert.equal(ids.size, 1, 'one response id throughout');
-  const added = parsed.filter((d) => d.type === 'response.output_item.added');
-  added.forEach((d, i) => assert.equal(d.output_index, i, 'output_index appended in order'));
-  for (const d of parsed) if (d.item_id !== undefined) assert.ok(added.some((a) => a.item!.id === d.item_id), 'item_id names an added item');
-  return parsed;
-}
 
 describe('POST /v1/responses with TinyStories', () => {
   let server: TestServer;

@@ -93,11 +93,14 @@ export class ResponseService {
     this.timer.unref();
   }
 
-  /** Cancels every background run and waits for them to be stored. */
+  /**
+   * Shutdown: background runs are cancelled (and stored so); foreground ones, which a client is
+   * waiting for, are left to finish like any in-flight request.
+   */
   async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     const runs = [...this.running.values()];
-    for (const r of runs) r.abort.abort();
+    for (const r of runs) if (r.builder.response.background) r.abort.abort();
     await Promise.allSettled(runs.map((r) => r.done));
   }
 
