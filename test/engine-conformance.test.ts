@@ -104,7 +104,7 @@ conformance('local (node-llama-cpp)', async () => {
     threads: 1, parallel: 2, queueSize: 4, memoryBudgetBytes: 512 * 1024 * 1024, gpu: false, templates: new Map(), log,
   });
   engines.push(engine);
-  return { engine, target: { engine: 'local', file: stories, contextLength: 512 } };
+  return { engine, target: { engine: 'local', file: stories, contextLength: 512, reasoning: false } };
 });
 
 conformance('upstream (OpenAI-compatible, here a Switchyard serving the same model)', async () => {

@@ -68,7 +68,9 @@ export class Router {
   private deployments(model: Model): Deployment[] {
     const local = this.catalogue.localModels().find((l) => l.model.id === model.id);
     if (local) {
-      return [{ engine: this.local, weight: 1, target: { engine: 'local', file: local.file, contextLength: model.context_length ?? Infinity } }];
+      return [{ engine: this.local, weight: 1, target: {
+        engine: 'local', file: local.file, contextLength: model.context_length ?? Infinity, reasoning: model.capabilities.includes('reasoning'),
+      } }];
     }
     const ups = this.upstreams.get(model.id) ?? [];
     if (ups.length <= 1) return ups;

@@ -18,5 +18,6 @@ export interface Engine {
 
 /** Where a request goes inside an engine: a local file, or an upstream model. */
 export type DeploymentTarget =
-  | { engine: 'local'; file: string; contextLength: number }
+  /** `reasoning`: the model thinks in `<think>…</think>` before answering; that part becomes reasoning. */
+  | { engine: 'local'; file: string; contextLength: number; reasoning: boolean }
   | { engine: 'upstream'; baseUrl: string; apiKey: string | undefined; upstreamModel: string; id: string };

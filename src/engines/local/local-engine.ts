@@ -4,6 +4,7 @@ import { ApiError } from '../../http/errors.js';
 import type { GenerationEvent, GenerationRequest } from '../../core/canonical.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
 import { Channel } from '../../core/channel.js';
+import { ThinkSplitter } from '../../core/think-splitter.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
 import { inspectGguf } from './gguf.js';
 import { PromptRenderer } from './prompt.js';
@@ -206,7 +207,7 @@ export class LocalEngine implements Engine {
     // The producer runs ahead by at most the channel's capacity, so token k+1 is computed while
     // token k is being written to the client.
     const out = new Channel<GenerationEvent>();
-    const producer = this.run(m, slot.sequence, prompt, maxOut, req, out).finally(() => {
+    const producer = this.run(m, slot.sequence, prompt, maxOut, req, out, target.reasoning).finally(() => {
       m.active--;
       m.lastUsed = Date.now();
       m.release(slot);
@@ -218,7 +219,9 @@ export class LocalEngine implements Engine {
     }
   }
 
-  private async run(m: LoadedModel, seq: LlamaContextSequence, prompt: Token[], maxOut: number, req: GenerationRequest, out: Channel<GenerationEvent>): Promise<void> {
+  private async run(
+    m: LoadedModel, seq: LlamaContextSequence, prompt: Token[], maxOut: number, req: GenerationRequest, out: Channel<GenerationEvent>, reasoning: boolean,
+  ): Promise<void> {
     const { model } = m;
     const s = req.sampling;
     const generated: Token[] = [];
@@ -227,6 +230,15 @@ export class LocalEngine implements Engine {
     let finish: 'stop' | 'length' = 'length';
     const penalties = (s.presencePenalty ?? 0) !== 0 || (s.frequencyPenalty ?? 0) !== 0;
     let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
+    const splitter = reasoning ? new ThinkSplitter() : undefined;
+    let reasoningTokens = 0;
+    // Returns a promise only when the channel is full: the loop must not yield to the consumer otherwise.
+    const send = (text: string): Promise<void> | undefined => {
+      if (!splitter) return out.push({ type: 'text.delta', text });
+      let wait: Promise<void> | undefined;
+      for (const p of splitter.push(text)) wait = out.push({ type: p.kind === 'reasoning' ? 'reasoning.delta' : 'text.delta', text: p.text }) ?? wait;
+      return wait;
+    };
     try {
       // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
       const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
@@ -258,18 +270,20 @@ export class LocalEngine implements Engine {
           pending = [];
           const { emit, stopped } = stops.push(text);
           // No await unless the queue is full: `await undefined` would still let the consumer run first.
-          const full = emit ? out.push({ type: 'text.delta', text: emit }) : undefined;
+          const full = emit ? send(emit) : undefined;
           if (full) await full;
           if (stopped) {
             finish = 'stop';
             break;
           }
         }
+        if (splitter?.thinking) reasoningTokens++;
         if (generated.length >= maxOut) break;
       }
       const rest = (pending.length > 0 ? stops.push(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length))).emit : '') + stops.flush();
-      if (rest) await out.push({ type: 'text.delta', text: rest });
-      await out.push({ type: 'usage', usage: { input: prompt.length, cached: shared, output: generated.length, reasoning: 0 } });
+      if (rest) await send(rest);
+      for (const p of splitter?.flush() ?? []) await out.push({ type: p.kind === 'reasoning' ? 'reasoning.delta' : 'text.delta', text: p.text });
+      await out.push({ type: 'usage', usage: { input: prompt.length, cached: shared, output: generated.length, reasoning: reasoningTokens } });
       await out.push({ type: 'finish', reason: finish });
       out.close();
     } catch (err) {
