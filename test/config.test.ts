@@ -76,7 +76,7 @@ describe('configuration', () => {
           '  stories260K.gguf:',
           '    id: meta-llama/tiny-stories',
           '    name: Tiny Stories',
-          '    pricing: [{ metric: input_tokens, rate: 0.000001 }, { metric: output_tokens, rate: 0.000002 }]',
+          '    pricing: [{ metric: input_tokens, rate: 1 }, { metric: output_tokens, rate: 2 }]',
         ].join('\n'),
       },
     });

@@ -81,7 +81,7 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
     });
 
     it('upserts models, keeping created, and round-trips every field', async () => {
-      const m = model('meta-llama/test-a', { pricing: [{ metric: 'input_tokens', rate: 0.0000001 }], capabilities: ['streaming', 'vision'] });
+      const m = model('meta-llama/test-a', { pricing: [{ metric: 'input_tokens', rate: 0.15 }], capabilities: ['streaming', 'vision'] });
       await store.upsertModel(m);
       assert.deepEqual(await store.getModel('meta-llama/test-a'), m);
       await store.upsertModel({ ...m, name: 'Renamed', created: 42 });
