@@ -185,7 +185,8 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       [{ ...base, messages: [{ role: 'wizard', content: 'hi' }] }, 'messages[0].role'],
       [{ ...base, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }] }] }, 'messages[0].content[0]'],
       [{ ...base, messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: {} }] }] }, 'messages[0].content[0].type'],
-      [{ ...base, tools: [{ type: 'function', function: { name: 'f' } }] }, 'tools'],
+      [{ ...base, tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }, 'tool_choice'],
+      [{ ...base, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '^a' } } } }, 'response_format'],
     ];
     for (const [body, param] of cases) {
       const res = await http(server.url, 'POST', '/v1/chat/completions', { key, body });

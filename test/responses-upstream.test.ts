@@ -73,8 +73,14 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
       configFile: {
         name: 'r.json',
         text: JSON.stringify({
-          models: [{ id: MODEL, context_length: 8192, capabilities: ['streaming', 'function_calling', 'reasoning'] }],
-          deployments: [{ model: MODEL, baseUrl: `http://127.0.0.1:${port}/v1`, upstreamModel: 'fixture' }],
+          models: [
+            { id: MODEL, context_length: 8192, capabilities: ['streaming', 'function_calling', 'reasoning'] },
+            { id: 'deepseek/plain', context_length: 8192, capabilities: ['streaming'] },
+          ],
+          deployments: [
+            { model: MODEL, baseUrl: `http://127.0.0.1:${port}/v1`, upstreamModel: 'fixture' },
+            { model: 'deepseek/plain', baseUrl: `http://127.0.0.1:${port}/v1`, upstreamModel: 'fixture' },
+          ],
         }),
       },
     });
@@ -206,16 +212,15 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     assert.deepEqual(stored.json.error, last.response!.error);
   });
 
-  it('refuses tools for a model without function calling', async () => {
-    const stories = await startServer();
-    try {
-      const res = await http(stories.url, 'POST', '/v1/responses', {
-        key: stories.adminKey, body: { model: 'local/stories260k', input: 'x', tools: [{ type: 'function', name: 'f' }] },
-      });
-      assert.equal(res.status, 400);
-      assert.equal(res.json.error.param, 'tools');
-    } finally {
-      await stories.close();
-    }
+  it('refuses tools and structured output for a model that does not advertise them, naming the capability', async () => {
+    const tools = await http(server.url, 'POST', '/v1/responses', { key, body: { model: 'deepseek/plain', input: 'x', tools: [{ type: 'function', name: 'f' }] } });
+    assert.equal(tools.status, 400);
+    assert.equal(tools.json.error.code, 'missing_capability');
+    assert.match(tools.json.error.message, /function_calling/);
+    const format = await http(server.url, 'POST', '/v1/chat/completions', {
+      key, body: { model: 'deepseek/plain', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } },
+    });
+    assert.equal(format.status, 400);
+    assert.match(format.json.error.message, /structured_output/);
   });
 });

@@ -95,9 +95,6 @@ export function toGenerationRequest(body: ChatRequest, model: Model, signal: Abo
   if (body.n != null && body.n > 1) {
     throw new ApiError('unsupported_parameter', 'Only n=1 is supported; send several requests for several choices.', { param: 'n' });
   }
-  if (body.tools?.length && !model.capabilities.includes('function_calling')) {
-    throw new ApiError('unsupported_parameter', `The model '${model.id}' does not support function calling.`, { param: 'tools' });
-  }
   const req: GenerationRequest = { model: model.id, messages: toMessages(body, model), sampling: {}, stream: body.stream === true, signal };
   const s = req.sampling;
   if (body.temperature != null) s.temperature = body.temperature;
@@ -212,7 +209,9 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
     reply.raw.once('close', () => {
       if (!reply.raw.writableFinished) abort.abort();
     });
-    const events = ctx.router.generate(toGenerationRequest(body, model, abort.signal), model)[Symbol.asyncIterator]();
+    const canonical = toGenerationRequest(body, model, abort.signal);
+    ctx.router.requireCapabilities(model, canonical);
+    const events = ctx.router.generate(canonical, model)[Symbol.asyncIterator]();
     // Errors before the first event (overflow, overload, upstream down) still get a real status.
     const first = await events.next();
     if (first.done) throw new ApiError('internal_error', 'The engine produced no output.');

@@ -102,7 +102,8 @@ export class Catalogue {
           visibility: named.visibility ?? 'public',
           pricing: named.pricing ?? [{ metric: 'input_tokens', rate: 0 }, { metric: 'output_tokens', rate: 0 }],
           context_length: named.context_length ?? info.contextLength,
-          capabilities: named.capabilities ?? ['streaming'],
+          // Grammar-constrained decoding gives every local model tool calls and structured output.
+          capabilities: named.capabilities ?? ['streaming', 'function_calling', 'structured_output'],
           model_type: 'text_generation',
           created: t,
         };

@@ -241,9 +241,6 @@ export class ResponseService {
     const store = body.store !== false;
     const background = body.background === true;
     if (background && !store) throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
-    if (body.tools?.length && !model.capabilities.includes('function_calling')) {
-      throw new ApiError('unsupported_parameter', `The model '${model.id}' does not support function calling.`, { param: 'tools' });
-    }
     const conv = await this.conversationFor(body.conversation, who);
     const history = await this.history(body, who, conv);
     const known = new Map(history.map((i) => [i.id, i]));
@@ -307,6 +304,7 @@ export class ResponseService {
     }
     if (body.reasoning?.effort != null) req.reasoningEffort = body.reasoning.effort;
 
+    this.router.requireCapabilities(model, req);
     const events = this.router.generate(req, model)[Symbol.asyncIterator]();
     const persist = async (status: readonly ResponseStatus[]) => {
       if (!store) return;

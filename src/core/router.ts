@@ -3,7 +3,7 @@ import { ApiError, modelNotFound } from '../http/errors.js';
 import type { Principal } from '../http/auth.js';
 import type { Catalogue } from './catalogue.js';
 import type { GenerationEvent, GenerationRequest } from './canonical.js';
-import type { Model } from './model-spec.js';
+import type { Capability, Model } from './model-spec.js';
 import type { DeploymentTarget, Engine } from '../engines/engine.js';
 
 export interface DeploymentConfig {
@@ -63,6 +63,17 @@ export class Router {
       throw new ApiError('invalid_value', `The model '${id}' is a ${model.model_type} model; this endpoint needs a text_generation model.`, { param: 'model' });
     }
     return model;
+  }
+
+  /** A request that needs what the model does not advertise gets a 400 naming the capability. */
+  requireCapabilities(model: Model, req: Pick<GenerationRequest, 'tools' | 'toolChoice' | 'responseFormat'>): void {
+    const need = (cap: Capability, param: string) => {
+      if (!model.capabilities.includes(cap)) {
+        throw new ApiError('missing_capability', `The model '${model.id}' does not support ${cap}.`, { param });
+      }
+    };
+    if (req.tools?.length && req.toolChoice !== 'none') need('function_calling', 'tools');
+    if (req.responseFormat && req.responseFormat.type !== 'text') need('structured_output', 'response_format');
   }
 
   private deployments(model: Model): Deployment[] {

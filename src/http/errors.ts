@@ -12,6 +12,8 @@ export const ERRORS = {
   context_length_exceeded: { status: 400, type: 'invalid_request_error' },
   unsupported_parameter: { status: 400, type: 'invalid_request_error' },
   unsupported_content: { status: 400, type: 'invalid_request_error' },
+  unsupported_schema: { status: 400, type: 'invalid_request_error' },
+  missing_capability: { status: 400, type: 'invalid_request_error' },
   missing_api_key: { status: 401, type: 'authentication_error' },
   invalid_api_key: { status: 401, type: 'authentication_error' },
   permission_denied: { status: 403, type: 'permission_error' },

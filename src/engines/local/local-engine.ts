@@ -1,13 +1,13 @@
-import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaModel, type Token } from 'node-llama-cpp';
+import { getLlama, LlamaGrammarEvaluationState, LlamaLogLevel, type Llama, type LlamaGrammar, type LlamaContext, type LlamaContextSequence, type LlamaModel, type Token } from 'node-llama-cpp';
 import type { Logger } from 'pino';
 import { ApiError } from '../../http/errors.js';
-import type { GenerationEvent, GenerationRequest } from '../../core/canonical.js';
-import { StopMatcher } from '../../core/stop-matcher.js';
+import type { FunctionTool, GenerationEvent, GenerationRequest } from '../../core/canonical.js';
 import { Channel } from '../../core/channel.js';
-import { ThinkSplitter } from '../../core/think-splitter.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
 import { inspectGguf } from './gguf.js';
 import { PromptRenderer } from './prompt.js';
+import { AutoSink, CallSink, ChoiceSink, JsonSink, TextSink, type Push, type SchemaCheck, type Sink } from './output.js';
+import { SchemaGrammars, type CompiledSchema } from './schema-grammar.js';
 
 export interface LocalEngineOptions {
   /** llama.cpp threads per context. More than one on a 2-core box collapsed throughput (see README). */
@@ -73,6 +73,34 @@ class LoadedModel {
   }
 }
 
+interface OutputPlan {
+  grammar?: LlamaGrammar;
+  /** The grammar applies only after the model opens a tool call (tool_choice auto). */
+  lazy: boolean;
+  /** Tools described in the prompt. */
+  tools: FunctionTool[];
+  make(push: Push): Sink;
+}
+
+const EMPTY_PARAMETERS = { type: 'object', properties: {}, additionalProperties: false };
+
+/** A tool's parameters schema; none (or an empty one) means an empty object. */
+function parametersOf(t: FunctionTool): Record<string, unknown> {
+  return t.parameters && Object.keys(t.parameters).length > 0 ? t.parameters : EMPTY_PARAMETERS;
+}
+
+/** `{"name": <one of the tools>, "arguments": <that tool's parameters>}` */
+function callSchema(tools: readonly FunctionTool[]): Record<string, unknown> {
+  return {
+    oneOf: tools.map((t) => ({
+      type: 'object',
+      properties: { name: { const: t.name }, arguments: parametersOf(t) },
+      required: ['name', 'arguments'],
+      additionalProperties: false,
+    })),
+  };
+}
+
 /** The few tokens before the ones being decoded, so a tokenizer knows about leading spaces. */
 function lastTokens(prompt: readonly Token[], generated: readonly Token[], pending: number): Token[] {
   const end = generated.length - pending;
@@ -84,6 +112,9 @@ export class LocalEngine implements Engine {
   private llama: Promise<Llama> | undefined;
   private readonly loaded = new Map<string, LoadedModel>();
   private readonly loading = new Map<string, Promise<LoadedModel>>();
+  private readonly grammars = new SchemaGrammars(() => this.getLlama());
+  /** Outputs that failed schema validation although a grammar constrained them: should stay 0. */
+  schemaViolations = 0;
 
   constructor(private readonly opts: LocalEngineOptions) {}
 
@@ -184,7 +215,8 @@ export class LocalEngine implements Engine {
       this.opts.log.error({ err, file: target.file }, 'model failed to load');
       throw new ApiError('model_load_failed', `The model '${req.model}' could not be loaded.`);
     }
-    const prompt = m.renderer.render(req.messages);
+    const plan = await this.plan(req, target.reasoning);
+    const prompt = m.renderer.render(req.messages, plan.tools);
     const limit = Math.min(target.contextLength, m.context.contextSize);
     const requested = req.maxOutputTokens ?? 0;
     if (prompt.length + requested > limit || prompt.length >= limit) {
@@ -207,7 +239,7 @@ export class LocalEngine implements Engine {
     // The producer runs ahead by at most the channel's capacity, so token k+1 is computed while
     // token k is being written to the client.
     const out = new Channel<GenerationEvent>();
-    const producer = this.run(m, slot.sequence, prompt, maxOut, req, out, target.reasoning).finally(() => {
+    const producer = this.run(m, slot.sequence, prompt, maxOut, req, out, plan).finally(() => {
       m.active--;
       m.lastUsed = Date.now();
       m.release(slot);
@@ -219,26 +251,58 @@ export class LocalEngine implements Engine {
     }
   }
 
+  /** Which sink the text goes to, and the grammar (if any) that constrains decoding. */
+  private async plan(req: GenerationRequest, reasoning: boolean): Promise<OutputPlan> {
+    const onViolation = (what: string, errors: unknown) => {
+      this.schemaViolations++;
+      this.opts.log.error({ model: req.model, what, errors }, 'output failed schema validation despite the grammar (bug)');
+    };
+    const checkOf = (c: CompiledSchema): SchemaCheck => ({ validate: c.validate, onViolation });
+    const tools = req.toolChoice === 'none' ? [] : req.tools ?? [];
+    const fmt = req.responseFormat;
+    const wantsJson = fmt !== undefined && fmt.type !== 'text';
+    const stop = req.sampling.stop ?? [];
+    if (tools.length > 0 && !(wantsJson && (req.toolChoice === undefined || req.toolChoice === 'auto'))) {
+      const choice = req.toolChoice;
+      const named = typeof choice === 'object' ? tools.find((t) => t.name === choice.name) : choice === 'required' && tools.length === 1 ? tools[0] : undefined;
+      if (typeof choice === 'object' && !named) {
+        throw new ApiError('invalid_value', `tool_choice names '${choice.name}', which is not one of the tools.`, { param: 'tool_choice' });
+      }
+      if (named) {
+        const c = await this.grammars.forSchema(parametersOf(named), 'tools');
+        return { grammar: c.grammar, lazy: false, tools, make: (push) => new CallSink(push, named, checkOf(c)) };
+      }
+      const checks = new Map<string, SchemaCheck>();
+      for (const t of tools) checks.set(t.name, checkOf(await this.grammars.forSchema(parametersOf(t), 'tools')));
+      const wrapper = await this.grammars.forSchema(callSchema(tools), 'tools');
+      if (choice === 'required') return { grammar: wrapper.grammar, lazy: false, tools, make: (push) => new ChoiceSink(push, checks) };
+      return { grammar: wrapper.grammar, lazy: true, tools, make: (push) => new AutoSink(new TextSink(push, stop, reasoning), push, checks) };
+    }
+    if (fmt?.type === 'json_schema') {
+      const c = await this.grammars.forSchema(fmt.schema, 'response_format');
+      return { grammar: c.grammar, lazy: false, tools: [], make: (push) => new JsonSink(push, checkOf(c)) };
+    }
+    if (fmt?.type === 'json_object') {
+      const c = await this.grammars.forSchema({ type: 'object' }, 'response_format');
+      return { grammar: await this.grammars.anyJson(), lazy: false, tools: [], make: (push) => new JsonSink(push, checkOf(c)) };
+    }
+    return { lazy: false, tools: [], make: (push) => new TextSink(push, stop, reasoning) };
+  }
+
   private async run(
-    m: LoadedModel, seq: LlamaContextSequence, prompt: Token[], maxOut: number, req: GenerationRequest, out: Channel<GenerationEvent>, reasoning: boolean,
+    m: LoadedModel, seq: LlamaContextSequence, prompt: Token[], maxOut: number, req: GenerationRequest, out: Channel<GenerationEvent>, plan: OutputPlan,
   ): Promise<void> {
     const { model } = m;
     const s = req.sampling;
     const generated: Token[] = [];
-    const stops = new StopMatcher(s.stop ?? []);
     let pending: Token[] = [];
-    let finish: 'stop' | 'length' = 'length';
+    // The token stream also ends on its own once a grammar is complete: that is a stop too.
+    let finish: 'stop' | 'length' = 'stop';
     const penalties = (s.presencePenalty ?? 0) !== 0 || (s.frequencyPenalty ?? 0) !== 0;
     let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
-    const splitter = reasoning ? new ThinkSplitter() : undefined;
     let reasoningTokens = 0;
-    // Returns a promise only when the channel is full: the loop must not yield to the consumer otherwise.
-    const send = (text: string): Promise<void> | undefined => {
-      if (!splitter) return out.push({ type: 'text.delta', text });
-      let wait: Promise<void> | undefined;
-      for (const p of splitter.push(text)) wait = out.push({ type: p.kind === 'reasoning' ? 'reasoning.delta' : 'text.delta', text: p.text }) ?? wait;
-      return wait;
-    };
+    const sink = plan.make((ev) => out.push(ev));
+    const grammarState = plan.grammar ? new LlamaGrammarEvaluationState({ model, grammar: plan.grammar }) : undefined;
     try {
       // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
       const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
@@ -247,6 +311,10 @@ export class LocalEngine implements Engine {
         temperature: s.temperature ?? 1,
         topP: s.topP ?? 1,
         ...(s.seed !== undefined && { seed: s.seed }),
+        ...(grammarState && {
+          // A lazy grammar (tool_choice auto) applies only once the model has opened a tool call.
+          grammarEvaluationState: plan.lazy ? () => ((sink as AutoSink).triggered ? grammarState : undefined) : grammarState,
+        }),
         ...(penalties && {
           repeatPenalty: {
             punishTokens: () => generated,
@@ -258,33 +326,28 @@ export class LocalEngine implements Engine {
       });
       for await (const token of tokens) {
         if (req.signal.aborted || out.isCancelled) return;
-        if (model.isEogToken(token)) {
-          finish = 'stop';
-          break;
-        }
+        if (model.isEogToken(token)) break;
         generated.push(token);
         pending.push(token);
         const text = model.detokenize(pending, false, lastTokens(prompt, generated, pending.length));
         // A character split across tokens decodes as U+FFFD until its last byte arrives.
         if (!(text.endsWith('\uFFFD') && pending.length < 4)) {
           pending = [];
-          const { emit, stopped } = stops.push(text);
           // No await unless the queue is full: `await undefined` would still let the consumer run first.
-          const full = emit ? send(emit) : undefined;
+          const full = sink.text(text);
           if (full) await full;
-          if (stopped) {
-            finish = 'stop';
-            break;
-          }
+          if (sink.stopped) break;
         }
-        if (splitter?.thinking) reasoningTokens++;
-        if (generated.length >= maxOut) break;
+        if (sink.thinking) reasoningTokens++;
+        if (generated.length >= maxOut) {
+          finish = 'length';
+          break;
+        }
       }
-      const rest = (pending.length > 0 ? stops.push(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length))).emit : '') + stops.flush();
-      if (rest) await send(rest);
-      for (const p of splitter?.flush() ?? []) await out.push({ type: p.kind === 'reasoning' ? 'reasoning.delta' : 'text.delta', text: p.text });
+      if (pending.length > 0) await sink.text(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length)));
+      const reason = await sink.end(finish);
       await out.push({ type: 'usage', usage: { input: prompt.length, cached: shared, output: generated.length, reasoning: reasoningTokens } });
-      await out.push({ type: 'finish', reason: finish });
+      await out.push({ type: 'finish', reason });
       out.close();
     } catch (err) {
       this.opts.log.error({ err }, 'local generation failed');

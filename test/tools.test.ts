@@ -1,0 +1,245 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { Ajv } from 'ajv';
+import OpenAI from 'openai';
+import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
+
+const STORIES = 'local/stories260k';
+const ajv = new Ajv({ strict: false });
+
+const weatherParams = {
+  type: 'object',
+  properties: {
+    city: { type: 'string', description: 'City name', maxLength: 40 },
+    unit: { type: 'string', enum: ['celsius', 'fahrenheit'] },
+    days: { type: 'integer' },
+    alerts: { type: 'boolean' },
+  },
+  required: ['city', 'unit', 'days', 'alerts'],
+  additionalProperties: false,
+} as const;
+const validWeather = ajv.compile(weatherParams);
+const weatherTool: OpenAI.Chat.ChatCompletionTool = {
+  type: 'function', function: { name: 'get_weather', description: 'Weather forecast', parameters: weatherParams, strict: true },
+};
+
+const personSchema = {
+  type: 'object',
+  properties: {
+    name: { type: 'string', maxLength: 40 },
+    age: { type: 'integer' },
+    mood: { type: 'string', enum: ['happy', 'sad', 'sleepy'] },
+    friends: { type: 'array', items: { type: 'string', maxLength: 20 }, maxItems: 3 },
+  },
+  required: ['name', 'age', 'mood', 'friends'],
+  additionalProperties: false,
+} as const;
+const validPerson = ajv.compile(personSchema);
+
+describe('function calling and structured output on the local engine (stories260K)', () => {
+  let server: TestServer;
+  let client: OpenAI;
+
+  before(async () => {
+    server = await startServer();
+    client = new OpenAI({ apiKey: (await createKey(server, 'acme')).key, baseURL: server.baseURL, maxRetries: 0 });
+  });
+  after(() => server.close());
+
+  it('advertises function_calling and structured_output for local models', async () => {
+    const m = await client.models.retrieve(STORIES) as unknown as { capabilities: string[] };
+    assert.ok(m.capabilities.includes('function_calling'));
+    assert.ok(m.capabilities.includes('structured_output'));
+  });
+
+  it('tool_choice "required": 50 of 50 calls at temperature 1 parse and validate', async () => {
+    const runs = await Promise.all(Array.from({ length: 50 }, () => client.chat.completions.create({
+      model: STORIES, temperature: 1, messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+      tools: [weatherTool], tool_choice: 'required',
+    })));
+    for (const r of runs) {
+      const choice = r.choices[0]!;
+      assert.equal(choice.finish_reason, 'tool_calls');
+      assert.equal(choice.message.content, null);
+      const call = choice.message.tool_calls![0]!;
+      assert.ok(call.type === 'function');
+      assert.equal(call.function.name, 'get_weather');
+      assert.match(call.id, /^call_/);
+      const args: unknown = JSON.parse(call.function.arguments);
+      assert.ok(validWeather(args), `${call.function.arguments}: ${JSON.stringify(validWeather.errors)}`);
+    }
+  });
+
+  it('json_schema structured output: 50 of 50 validate', async () => {
+    const runs = await Promise.all(Array.from({ length: 50 }, () => client.chat.completions.create({
+      model: STORIES, temperature: 1, messages: [{ role: 'user', content: 'Describe a person.' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'person', schema: personSchema, strict: true } },
+    })));
+    for (const r of runs) {
+      assert.equal(r.choices[0]!.finish_reason, 'stop');
+      const value: unknown = JSON.parse(r.choices[0]!.message.content!);
+      assert.ok(validPerson(value), `${r.choices[0]!.message.content}: ${JSON.stringify(validPerson.errors)}`);
+    }
+  });
+
+  it('chat.completions.parse() returns the parsed object', async () => {
+    const r = await client.chat.completions.parse({
+      model: STORIES, messages: [{ role: 'user', content: 'Describe a person.' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'person', schema: personSchema, strict: true } },
+    });
+    const parsed = r.choices[0]!.message.parsed;
+    assert.ok(parsed && validPerson(parsed));
+  });
+
+  it('picks among several tools under "required", and honours a named tool_choice', async () => {
+    const tools: OpenAI.Chat.ChatCompletionTool[] = [
+      weatherTool,
+      { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: { zone: { type: 'string', enum: ['UTC', 'CET'] } }, required: ['zone'], additionalProperties: false } } },
+    ];
+    for (let i = 0; i < 10; i++) {
+      const r = await client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Help me.' }], tools, tool_choice: 'required' });
+      const call = r.choices[0]!.message.tool_calls![0]!;
+      assert.ok(call.type === 'function' && ['get_weather', 'get_time'].includes(call.function.name));
+      const args: unknown = JSON.parse(call.function.arguments);
+      if (call.function.name === 'get_weather') assert.ok(validWeather(args));
+      else assert.ok(['UTC', 'CET'].includes((args as { zone: string }).zone));
+    }
+    const named = await client.chat.completions.create({
+      model: STORIES, messages: [{ role: 'user', content: 'Help me.' }], tools, tool_choice: { type: 'function', function: { name: 'get_time' } },
+    });
+    assert.equal(named.choices[0]!.message.tool_calls![0]!.type === 'function' && named.choices[0]!.message.tool_calls![0]!.function.name, 'get_time');
+  });
+
+  it('lets the model answer in text under "auto" (it never opens a tool call)', async () => {
+    const r = await client.chat.completions.create({
+      model: STORIES, temperature: 0, max_tokens: 20, messages: [{ role: 'user', content: 'Once upon a time' }], tools: [weatherTool],
+    });
+    assert.equal(r.choices[0]!.finish_reason, 'length');
+    assert.ok(r.choices[0]!.message.content!.length > 0);
+    const none = await client.chat.completions.create({
+      model: STORIES, temperature: 0, max_tokens: 5, messages: [{ role: 'user', content: 'Once upon a time' }], tools: [weatherTool], tool_choice: 'none',
+    });
+    assert.equal(none.choices[0]!.message.tool_calls, undefined);
+  });
+
+  it('streams tool-call deltas that chat.completions.stream() reassembles', async () => {
+    const stream = client.chat.completions.stream({
+      model: STORIES, messages: [{ role: 'user', content: 'Weather?' }], tools: [weatherTool], tool_choice: 'required',
+    });
+    const fragments: string[] = [];
+    stream.on('tool_calls.function.arguments.delta', (e) => { fragments.push(e.arguments_delta); });
+    const final = await stream.finalChatCompletion();
+    const call = final.choices[0]!.message.tool_calls![0]!;
+    assert.ok(call.type === 'function');
+    assert.ok(fragments.length > 3, 'arguments arrived in pieces');
+    assert.equal(fragments.join(''), call.function.arguments);
+    assert.ok(validWeather(JSON.parse(call.function.arguments)));
+    assert.equal(final.choices[0]!.finish_reason, 'tool_calls');
+  });
+
+  it('completes a runTools loop with a real local function, then a follow-up turn', async () => {
+    const calls: unknown[] = [];
+    const runner = client.chat.completions.runTools({
+      model: STORIES,
+      messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+      tool_choice: { type: 'function', function: { name: 'get_weather' } },
+      tools: [{
+        type: 'function',
+        function: {
+          name: 'get_weather',
+          description: 'Weather forecast',
+          parameters: structuredClone(weatherParams) as unknown as Record<string, unknown>,
+          parse: (s: string) => JSON.parse(s) as Record<string, unknown>,
+          function: (args: Record<string, unknown>) => {
+            calls.push(args);
+            return { forecast: 'sunny', temperature: 21 };
+          },
+        },
+      }],
+    });
+    const messages = await runner.done().then(() => runner.messages);
+    assert.equal(calls.length, 1);
+    assert.ok(validWeather(calls[0]));
+    const toolMsg = messages.find((m) => m.role === 'tool');
+    assert.match(String(toolMsg?.content), /sunny/);
+    // The transcript (assistant with tool_calls and null content, then the tool message) is valid input.
+    const next = await client.chat.completions.create({ model: STORIES, max_tokens: 10, messages: messages as OpenAI.Chat.ChatCompletionMessageParam[] });
+    assert.ok(next.choices[0]!.message.content!.length > 0);
+  });
+
+  it('answers a schema feature the grammar cannot enforce with a 400 naming it', async () => {
+    await assert.rejects(client.chat.completions.create({
+      model: STORIES, messages: [{ role: 'user', content: 'x' }],
+      tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { n: { type: 'number', minimum: 3 } } } } }],
+      tool_choice: 'required',
+    }), (e: unknown) => e instanceof OpenAI.BadRequestError && e.code === 'unsupported_schema' && /minimum/.test(e.message));
+    const res = await http(server.url, 'POST', '/v1/responses', {
+      key: server.adminKey,
+      body: { model: STORIES, input: 'x', text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { e: { type: 'string', format: 'email' } } } } } },
+    });
+    assert.equal(res.status, 400);
+    assert.equal(res.json.error.code, 'unsupported_schema');
+    assert.match(res.json.error.message, /email/);
+  });
+
+  it('structured output through the Responses API (text.format)', async () => {
+    const r = await client.responses.create({
+      model: STORIES, input: 'Describe a person.',
+      text: { format: { type: 'json_schema', name: 'person', schema: personSchema, strict: true } },
+    });
+    assert.equal(r.status, 'completed');
+    assert.ok(validPerson(JSON.parse(r.output_text)));
+  });
+});
+
+describe('Responses function calls, local and through a chat-only upstream', () => {
+  let a: TestServer;
+  let b: TestServer;
+  before(async () => {
+    a = await startServer();
+    const upstreamKey = (await createKey(a, 'downstream')).key;
+    b = await startServer({
+      modelsDir: tempDir(),
+      env: { UPSTREAM_KEY: upstreamKey },
+      configFile: {
+        name: 'b.json',
+        text: JSON.stringify({
+          defaultCatalogue: false,
+          models: [{ id: 'meta-llama/stories-remote', context_length: 512, capabilities: ['streaming', 'function_calling', 'structured_output'] }],
+          deployments: [{ model: 'meta-llama/stories-remote', baseUrl: a.baseURL, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: STORIES }],
+        }),
+      },
+    });
+  });
+  after(async () => {
+    await b.close();
+    await a.close();
+  });
+
+  const tools: OpenAI.Responses.Tool[] = [{ type: 'function', name: 'get_weather', description: 'Weather forecast', parameters: weatherParams, strict: true }];
+
+  for (const [label, pick] of [['local engine', () => ({ s: a, model: STORIES })], ['chat-only upstream', () => ({ s: b, model: 'meta-llama/stories-remote' })]] as const) {
+    it(`function_call, then function_call_output, then the answer (${label})`, async () => {
+      const { s, model } = pick();
+      const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
+      const first = await client.responses.create({ model, input: 'What is the weather in Paris?', tools, tool_choice: 'required' });
+      assert.equal(first.status, 'completed');
+      const call = first.output.find((o) => o.type === 'function_call');
+      assert.ok(call && call.type === 'function_call');
+      assert.equal(call.name, 'get_weather');
+      assert.match(call.call_id, /^call_/);
+      assert.ok(validWeather(JSON.parse(call.arguments)), call.arguments);
+
+      const second = await client.responses.create({
+        model, previous_response_id: first.id, tools, max_output_tokens: 12,
+        input: [{ type: 'function_call_output', call_id: call.call_id, output: JSON.stringify({ forecast: 'sunny' }) }],
+      });
+      assert.ok(second.output_text.length > 0, 'a text answer follows the tool result');
+      assert.ok(second.usage!.input_tokens > first.usage!.input_tokens, 'the call and its output are in the prompt');
+
+      const streamed = await client.responses.stream({ model, input: 'Weather?', tools, tool_choice: { type: 'function', name: 'get_weather' } }).finalResponse();
+      const sc = streamed.output[0]!;
+      assert.ok(sc.type === 'function_call' && validWeather(JSON.parse(sc.arguments)));
+    });
+  }
+});
