@@ -32,6 +32,8 @@ const DeploymentSpec = Type.Object({
   upstreamModel: Type.Optional(Type.String({ minLength: 1 })),
   weight: Type.Optional(Type.Number({ exclusiveMinimum: 0 })),
   id: Type.Optional(Type.String({ minLength: 1 })),
+  /** `chat` (default): the upstream only speaks chat completions, and Responses requests are translated. */
+  api: Type.Optional(Type.Enum(['chat', 'responses'])),
 }, { additionalProperties: false });
 
 const ConfigSchema = Type.Object({

@@ -112,5 +112,13 @@ conformance('upstream (OpenAI-compatible, here a Switchyard serving the same mod
   const { key } = await createKey(upstreamServer, 'upstream-user');
   const engine = new UpstreamEngine(log);
   engines.push(engine);
-  return { engine, target: { engine: 'upstream', id: 'test', baseUrl: upstreamServer.baseURL, apiKey: key, upstreamModel: 'local/stories260k' } };
+  return { engine, target: { engine: 'upstream', id: 'test', baseUrl: upstreamServer.baseURL, apiKey: key, upstreamModel: 'local/stories260k', api: 'chat' } };
+});
+
+conformance('upstream speaking the Responses API (a Switchyard again)', async () => {
+  upstreamServer ??= await startServer();
+  const { key } = await createKey(upstreamServer, 'upstream-user-2');
+  const engine = new UpstreamEngine(log);
+  engines.push(engine);
+  return { engine, target: { engine: 'upstream', id: 'test-responses', baseUrl: upstreamServer.baseURL, apiKey: key, upstreamModel: 'local/stories260k', api: 'responses' } };
 });

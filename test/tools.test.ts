@@ -1,6 +1,9 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { Ajv } from 'ajv';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { request } from 'undici';
 import OpenAI from 'openai';
 import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
 
@@ -192,11 +195,24 @@ describe('function calling and structured output on the local engine (stories260
   });
 });
 
-describe('Responses function calls, local and through a chat-only upstream', () => {
+describe('Responses function calls, local and through chat-only and Responses-speaking upstreams', () => {
   let a: TestServer;
   let b: TestServer;
+  let c: TestServer;
+  let proxy: Server;
+  const proxied: string[] = [];
   before(async () => {
     a = await startServer();
+    // Records which API the downstream instance calls, and forwards to the real upstream instance.
+    proxy = createServer((req, res) => {
+      proxied.push(`${req.method} ${req.url}`);
+      void request(`${a.url}${req.url}`, { method: req.method as 'POST', headers: req.headers, body: req }).then((up) => {
+        res.writeHead(up.statusCode, up.headers as Record<string, string>);
+        up.body.pipe(res);
+      }, () => res.destroy());
+    });
+    await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', () => r()));
+    const proxyUrl = `http://127.0.0.1:${(proxy.address() as AddressInfo).port}/v1`;
     const upstreamKey = (await createKey(a, 'downstream')).key;
     b = await startServer({
       modelsDir: tempDir(),
@@ -210,15 +226,33 @@ describe('Responses function calls, local and through a chat-only upstream', () 
         }),
       },
     });
+    c = await startServer({
+      modelsDir: tempDir(),
+      env: { UPSTREAM_KEY: upstreamKey },
+      configFile: {
+        name: 'c.json',
+        text: JSON.stringify({
+          defaultCatalogue: false,
+          models: [{ id: 'meta-llama/stories-remote', context_length: 512, capabilities: ['streaming', 'function_calling', 'structured_output'] }],
+          deployments: [{ model: 'meta-llama/stories-remote', baseUrl: proxyUrl, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: STORIES, api: 'responses' }],
+        }),
+      },
+    });
   });
   after(async () => {
+    await c.close();
     await b.close();
+    await new Promise((r) => proxy.close(r));
     await a.close();
   });
 
   const tools: OpenAI.Responses.Tool[] = [{ type: 'function', name: 'get_weather', description: 'Weather forecast', parameters: weatherParams, strict: true }];
 
-  for (const [label, pick] of [['local engine', () => ({ s: a, model: STORIES })], ['chat-only upstream', () => ({ s: b, model: 'meta-llama/stories-remote' })]] as const) {
+  for (const [label, pick] of [
+    ['local engine', () => ({ s: a, model: STORIES })],
+    ['chat-only upstream', () => ({ s: b, model: 'meta-llama/stories-remote' })],
+    ['Responses-speaking upstream', () => ({ s: c, model: 'meta-llama/stories-remote' })],
+  ] as const) {
     it(`function_call, then function_call_output, then the answer (${label})`, async () => {
       const { s, model } = pick();
       const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
@@ -242,4 +276,16 @@ describe('Responses function calls, local and through a chat-only upstream', () 
       assert.ok(sc.type === 'function_call' && validWeather(JSON.parse(sc.arguments)));
     });
   }
+
+  it('sends Responses natively to a Responses-speaking upstream, and chat completions translated', async () => {
+    proxied.length = 0;
+    const client = new OpenAI({ apiKey: c.adminKey, baseURL: c.baseURL, maxRetries: 0 });
+    const viaChat = await client.chat.completions.create({ model: 'meta-llama/stories-remote', messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 10, temperature: 0 });
+    assert.match(viaChat.choices[0]!.message.content ?? '', /little girl/);
+    assert.equal(viaChat.usage!.completion_tokens, 10);
+    const viaResponses = await client.responses.create({ model: 'meta-llama/stories-remote', input: 'Once upon a time', max_output_tokens: 10, temperature: 0 });
+    assert.equal(viaResponses.status, 'incomplete');
+    assert.equal(viaResponses.output_text, viaChat.choices[0]!.message.content);
+    assert.deepEqual(proxied, ['POST /v1/responses', 'POST /v1/responses']);
+  });
 });

@@ -13,6 +13,7 @@ export interface DeploymentConfig {
   upstreamModel?: string | undefined;
   weight?: number | undefined;
   id?: string | undefined;
+  api?: 'chat' | 'responses' | undefined;
 }
 
 interface Deployment {
@@ -45,7 +46,7 @@ export class Router {
       list.push({
         engine: upstream,
         weight: d.weight ?? 1,
-        target: { engine: 'upstream', id, baseUrl: d.baseUrl, apiKey, upstreamModel: d.upstreamModel ?? d.model },
+        target: { engine: 'upstream', id, baseUrl: d.baseUrl, apiKey, upstreamModel: d.upstreamModel ?? d.model, api: d.api ?? 'chat' },
       });
       this.upstreams.set(d.model, list);
     });

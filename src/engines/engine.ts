@@ -20,4 +20,5 @@ export interface Engine {
 export type DeploymentTarget =
   /** `reasoning`: the model thinks in `<think>…</think>` before answering; that part becomes reasoning. */
   | { engine: 'local'; file: string; contextLength: number; reasoning: boolean }
-  | { engine: 'upstream'; baseUrl: string; apiKey: string | undefined; upstreamModel: string; id: string };
+  /** `api`: whether the upstream speaks the Responses API natively or only chat completions. */
+  | { engine: 'upstream'; baseUrl: string; apiKey: string | undefined; upstreamModel: string; id: string; api: 'chat' | 'responses' };

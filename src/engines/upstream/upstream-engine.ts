@@ -5,6 +5,7 @@ import type { Logger } from 'pino';
 import { ApiError, ERRORS, isErrorCode } from '../../http/errors.js';
 import type { FinishReason, GenerationEvent, GenerationRequest, Message, Usage } from '../../core/canonical.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
+import { StopMatcher } from '../../core/stop-matcher.js';
 
 /** The OpenAI chat-completions body an OpenAI-compatible server takes. */
 function wireMessages(messages: readonly Message[]): Record<string, unknown>[] {
@@ -89,16 +90,26 @@ function toUsage(u: WireUsage): Usage {
   };
 }
 
-/** Turns one chunk (or a whole non-stream reply) into canonical events; tracks tool-call starts. */
-class ChunkReader {
+/** What a protocol reader does with the upstream's stream: canonical events out, and when it ended. */
+interface StreamReader {
+  /** One parsed SSE data payload (or a whole non-stream reply). Returns true at the end of the stream. */
+  read(data: unknown, out: GenerationEvent[]): boolean;
+  readonly usage: Usage | undefined;
+  readonly finish: FinishReason;
+}
+
+/** Chat completions chunks (or a whole non-stream reply); tracks tool-call starts. */
+class ChatReader implements StreamReader {
   finish: FinishReason = 'stop';
   usage: Usage | undefined;
   private readonly started = new Set<number>();
 
-  read(chunk: WireChunk, out: GenerationEvent[]): void {
+  read(data: unknown, out: GenerationEvent[]): boolean {
+    const chunk = data as WireChunk;
+    if (chunk.error) throw new ApiError('upstream_error', `Upstream error: ${chunk.error.message ?? 'unknown'}`);
     if (chunk.usage) this.usage = toUsage(chunk.usage);
     const choice = chunk.choices?.[0];
-    if (!choice) return;
+    if (!choice) return false;
     const d = choice.delta ?? choice.message;
     if (d) {
       const reasoning = d.reasoning_content ?? d.reasoning;
@@ -114,7 +125,116 @@ class ChunkReader {
       });
     }
     if (choice.finish_reason) this.finish = FINISH[choice.finish_reason] ?? 'stop';
+    return false;
   }
+}
+
+interface ResponsesEvent {
+  type?: string;
+  delta?: string;
+  item_id?: string;
+  item?: { id?: string; type?: string; call_id?: string; name?: string };
+  response?: {
+    status?: string;
+    incomplete_details?: { reason?: string } | null;
+    error?: { message?: string } | null;
+    usage?: { input_tokens?: number; output_tokens?: number; input_tokens_details?: { cached_tokens?: number }; output_tokens_details?: { reasoning_tokens?: number } } | null;
+  };
+  message?: string;
+}
+
+/** Responses API stream events, for deployments that speak it natively. */
+class ResponsesReader implements StreamReader {
+  finish: FinishReason = 'stop';
+  usage: Usage | undefined;
+  private readonly calls = new Map<string, number>();
+  private readonly rawReasoning = new Set<string>();
+
+  read(data: unknown, out: GenerationEvent[]): boolean {
+    const ev = data as ResponsesEvent;
+    switch (ev.type) {
+      case 'response.output_text.delta':
+        if (ev.delta) out.push({ type: 'text.delta', text: ev.delta });
+        return false;
+      case 'response.reasoning_text.delta':
+        this.rawReasoning.add(ev.item_id ?? '');
+        if (ev.delta) out.push({ type: 'reasoning.delta', text: ev.delta });
+        return false;
+      case 'response.reasoning_summary_text.delta':
+        // A summary only stands in for reasoning the upstream did not send in full.
+        if (ev.delta && !this.rawReasoning.has(ev.item_id ?? '')) out.push({ type: 'reasoning.delta', text: ev.delta });
+        return false;
+      case 'response.output_item.added':
+        if (ev.item?.type === 'function_call') {
+          const index = this.calls.size;
+          this.calls.set(ev.item.id ?? String(index), index);
+          out.push({ type: 'tool_call.start', index, id: ev.item.call_id ?? `call_${index}`, name: ev.item.name ?? '' });
+        }
+        return false;
+      case 'response.function_call_arguments.delta': {
+        const index = this.calls.get(ev.item_id ?? '');
+        if (index !== undefined && ev.delta) out.push({ type: 'tool_call.delta', index, arguments: ev.delta });
+        return false;
+      }
+      case 'response.completed':
+      case 'response.incomplete': {
+        const r = ev.response ?? {};
+        const u = r.usage;
+        if (u) {
+          this.usage = {
+            input: u.input_tokens ?? 0, cached: u.input_tokens_details?.cached_tokens ?? 0,
+            output: u.output_tokens ?? 0, reasoning: u.output_tokens_details?.reasoning_tokens ?? 0,
+          };
+        }
+        if (ev.type === 'response.incomplete') this.finish = r.incomplete_details?.reason === 'content_filter' ? 'content_filter' : 'length';
+        else this.finish = this.calls.size > 0 ? 'tool_calls' : 'stop';
+        return true;
+      }
+      case 'response.failed':
+        throw new ApiError('upstream_error', `Upstream error: ${ev.response?.error?.message ?? 'the response failed'}`);
+      case 'error':
+        throw new ApiError('upstream_error', `Upstream error: ${ev.message ?? 'unknown'}`);
+      default:
+        return false;
+    }
+  }
+}
+
+/** Canonical messages as Responses input items. */
+function responsesInput(messages: readonly Message[]): Record<string, unknown>[] {
+  const items: Record<string, unknown>[] = [];
+  for (const m of messages) {
+    if (m.role === 'tool') {
+      items.push({ type: 'function_call_output', call_id: m.toolCallId ?? '', output: typeof m.content === 'string' ? m.content : '' });
+      continue;
+    }
+    const content = typeof m.content === 'string' || m.content === null ? m.content
+      : m.content.map((p) => (p.type === 'text'
+        ? { type: m.role === 'assistant' ? 'output_text' : 'input_text', text: p.text }
+        : { type: 'input_image', image_url: p.url, ...(p.detail && { detail: p.detail }) }));
+    if (content !== null && content !== '') items.push({ role: m.role, content });
+    for (const c of m.toolCalls ?? []) items.push({ type: 'function_call', call_id: c.id, name: c.name, arguments: c.arguments });
+  }
+  return items;
+}
+
+export function responsesBody(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
+  const s = req.sampling;
+  const body: Record<string, unknown> = { model: upstreamModel, input: responsesInput(req.messages), stream: true, store: false };
+  if (s.temperature !== undefined) body['temperature'] = s.temperature;
+  if (s.topP !== undefined) body['top_p'] = s.topP;
+  if (req.maxOutputTokens !== undefined) body['max_output_tokens'] = req.maxOutputTokens;
+  if (req.tools?.length) {
+    body['tools'] = req.tools.map((t) => ({ type: 'function', ...t }));
+    if (req.toolChoice !== undefined) body['tool_choice'] = typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', name: req.toolChoice.name };
+    if (req.parallelToolCalls !== undefined) body['parallel_tool_calls'] = req.parallelToolCalls;
+  }
+  const f = req.responseFormat;
+  if (f && f.type !== 'text') {
+    body['text'] = { format: f.type === 'json_schema' ? { type: 'json_schema', name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) } : { type: 'json_object' } };
+  }
+  if (req.reasoningEffort !== undefined) body['reasoning'] = { effort: req.reasoningEffort };
+  return body;
 }
 
 /** Maps an upstream error reply into our registry; 5xx may fail over to another deployment. */
@@ -164,16 +284,20 @@ export class UpstreamEngine implements Engine {
 
   async *generate(req: GenerationRequest, target: DeploymentTarget): AsyncGenerator<GenerationEvent> {
     if (target.engine !== 'upstream') throw new Error('upstream engine given a non-upstream target');
-    const url = new URL(`${target.baseUrl.replace(/\/+$/, '')}/chat/completions`);
-    const headers: Record<string, string> = { 'content-type': 'application/json', accept: req.stream ? 'text/event-stream' : 'application/json' };
+    // A deployment that speaks the Responses API gets it natively (always streamed); others get chat completions.
+    const native = target.api === 'responses';
+    const stream = native || req.stream;
+    const url = new URL(`${target.baseUrl.replace(/\/+$/, '')}/${native ? 'responses' : 'chat/completions'}`);
+    const headers: Record<string, string> = { 'content-type': 'application/json', accept: stream ? 'text/event-stream' : 'application/json' };
     if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
+    const body = native ? responsesBody(req, target.upstreamModel) : wireBody(req, target.upstreamModel);
     let res;
     try {
       res = await this.pool(url.origin).request({
         path: url.pathname + url.search,
         method: 'POST',
         headers,
-        body: JSON.stringify(wireBody(req, target.upstreamModel)),
+        body: JSON.stringify(body),
         signal: req.signal,
         headersTimeout: 300_000,
         bodyTimeout: 300_000,
@@ -189,15 +313,34 @@ export class UpstreamEngine implements Engine {
       throw upstreamError(res.statusCode, text, target.id, typeof retryAfter === 'string' ? retryAfter : undefined);
     }
 
-    const reader = new ChunkReader();
+    const reader: StreamReader = native ? new ResponsesReader() : new ChatReader();
     const out: GenerationEvent[] = [];
+    // The Responses API has no `stop`: it is applied here. The upstream is read to its end anyway,
+    // so the usage it reports (and bills) stays exact.
+    const stops = native && req.sampling.stop?.length ? new StopMatcher(req.sampling.stop) : undefined;
+    let stopped = false;
+    const filter = (events: GenerationEvent[]): GenerationEvent[] => {
+      if (!stops) return events;
+      const kept: GenerationEvent[] = [];
+      for (const ev of events) {
+        if (stopped && (ev.type === 'text.delta' || ev.type.startsWith('tool_call'))) continue;
+        if (ev.type !== 'text.delta') {
+          kept.push(ev);
+          continue;
+        }
+        const r = stops.push(ev.text);
+        if (r.emit) kept.push({ type: 'text.delta', text: r.emit });
+        stopped ||= r.stopped;
+      }
+      return kept;
+    };
     try {
-      if (!req.stream) {
-        reader.read(await res.body.json() as WireChunk, out);
-        yield* out;
+      if (!stream) {
+        reader.read(await res.body.json(), out);
+        yield* filter(out);
       } else {
         let done = false;
-        let failure: ApiError | undefined;
+        let failure: unknown;
         const parser = createParser({
           onEvent: (ev: EventSourceMessage) => {
             if (done) return;
@@ -205,20 +348,12 @@ export class UpstreamEngine implements Engine {
               done = true;
               return;
             }
-            let chunk: WireChunk;
             try {
-              chunk = JSON.parse(ev.data) as WireChunk;
-            } catch {
-              failure = new ApiError('upstream_error', 'The upstream sent a malformed stream chunk.');
+              done = reader.read(JSON.parse(ev.data), out);
+            } catch (err) {
+              failure = err instanceof ApiError ? err : new ApiError('upstream_error', 'The upstream sent a malformed stream event.');
               done = true;
-              return;
             }
-            if (chunk.error) {
-              failure = new ApiError('upstream_error', `Upstream error: ${chunk.error.message ?? 'unknown'}`);
-              done = true;
-              return;
-            }
-            reader.read(chunk, out);
           },
         });
         // A UTF-8 character may be split across network chunks.
@@ -226,7 +361,7 @@ export class UpstreamEngine implements Engine {
         for await (const chunk of res.body as AsyncIterable<Buffer>) {
           parser.feed(decoder.write(chunk));
           if (out.length) {
-            yield* out;
+            yield* filter(out);
             out.length = 0;
           }
           if (failure) throw failure;
@@ -242,8 +377,10 @@ export class UpstreamEngine implements Engine {
       // A body read to its end leaves the connection reusable; anything else must not.
       if (!res.body.readableEnded) res.body.destroy();
     }
+    const rest = stops && !stopped ? stops.flush() : '';
+    if (rest) yield { type: 'text.delta', text: rest };
     yield { type: 'usage', usage: reader.usage ?? { input: 0, cached: 0, output: 0, reasoning: 0 } };
-    yield { type: 'finish', reason: reader.finish };
+    yield { type: 'finish', reason: stopped ? 'stop' : reader.finish };
   }
 
   async close(): Promise<void> {
