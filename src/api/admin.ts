@@ -75,7 +75,12 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
 
   app.get('/admin/local/loaded', { onRequest: requireAdmin }, async () => {
     const byFile = new Map(catalogue.localModels().map((l) => [l.file, l.model.id]));
-    return { object: 'list', data: ctx.local.status().map((s) => ({ model: byFile.get(s.file) ?? null, ...s })) };
+    return {
+      object: 'list',
+      data: ctx.local.status().map((s) => ({ model: byFile.get(s.file) ?? null, ...s })),
+      // Outputs that failed the JSON-schema check although a grammar constrained them; should stay 0.
+      schema_violations: ctx.local.schemaViolations,
+    };
   });
 
   app.get('/admin/models', { onRequest: requireAdmin }, async () =>
