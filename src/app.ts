@@ -11,6 +11,8 @@ import type { Engine } from './engines/engine.js';
 import { Router } from './core/router.js';
 import { ReasoningSeal } from './core/reasoning-seal.js';
 import { ResponseService } from './core/responses.js';
+import { Ledger } from './core/ledger.js';
+import { Metrics } from './core/metrics.js';
 import type { Store } from './store/store.js';
 
 export function openStore(config: Config): Store {
@@ -58,18 +60,28 @@ export async function createService(config: Config, log: Logger = createLogger(c
     for (const d of config.deployments) {
       if (!catalogue.find(d.model)) log.warn({ model: d.model }, 'deployment names a model that is not in the catalogue');
     }
-    const router = new Router(catalogue, local, upstream, config.deployments, env, log);
+    const metrics = new Metrics(() => {
+      const byFile = new Map(catalogue.localModels().map((l) => [l.file, l.model.id]));
+      return {
+        models: local.status().map((st) => ({ model: byFile.get(st.file) ?? st.file, active: st.active, queued: st.queued })),
+        schemaViolations: local.schemaViolations,
+      };
+    });
+    const ledger = new Ledger(store, log, config.ledgerFlushMs);
+    ledger.start();
+    const router = new Router(catalogue, local, upstream, config.deployments, env, log,
+      (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }));
     if (config.localPreload) {
       for (const l of catalogue.localModels()) await local.load(l.file);
     }
     const seal = await ReasoningSeal.open(store, config.secretKey);
-    const responses = new ResponseService(store, router, seal, log, {
+    const responses = new ResponseService(store, router, seal, log, { ledger, metrics }, {
       staleAfterMs: config.responseStaleMs,
       singleInstance: store.dialect === 'sqlite',
     });
     await responses.start();
     stoppers.push(() => responses.stop());
-    const app = await buildServer({ config, store, catalogue, router, local, responses, log });
+    const app = await buildServer({ config, store, catalogue, router, local, responses, ledger, metrics, log });
     let closed = false;
     return {
       app, store, catalogue, generatedAdminKey: generated,
@@ -79,6 +91,8 @@ export async function createService(config: Config, log: Logger = createLogger(c
         catalogue.stop();
         // Stop accepting, and meanwhile end background work, so streams that follow it can finish.
         await Promise.all([app.close(), ...stoppers.map((stop) => stop())]);
+        // Every acknowledged request's usage record is written before the database closes.
+        await ledger.close();
         for (const e of engines) await e.close();
         await store.close();
       },

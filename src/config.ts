@@ -65,6 +65,9 @@ const ConfigSchema = Type.Object({
   /** Secret for sealing reasoning (encrypted_content); generated and kept in the database when unset. */
   secretKey: Type.Optional(Type.String({ minLength: 16 })),
   responseStaleMs: Type.Integer({ minimum: 1000 }),
+  /** When set, GET /metrics needs `Authorization: Bearer <metricsToken>`. */
+  metricsToken: Type.Optional(Type.String({ minLength: 8 })),
+  ledgerFlushMs: Type.Integer({ minimum: 10 }),
 }, { additionalProperties: false });
 
 export type Config = Static<typeof ConfigSchema>;
@@ -94,6 +97,8 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool']> = [
   ['SWITCHYARD_LOCAL_PRELOAD', 'localPreload', 'bool'],
   ['SWITCHYARD_SECRET_KEY', 'secretKey', 'string'],
   ['SWITCHYARD_RESPONSE_STALE_MS', 'responseStaleMs', 'int'],
+  ['SWITCHYARD_METRICS_TOKEN', 'metricsToken', 'string'],
+  ['SWITCHYARD_LEDGER_FLUSH_MS', 'ledgerFlushMs', 'int'],
 ];
 
 export const PACKAGE_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -123,6 +128,7 @@ const DEFAULTS = {
   localGpu: 'auto',
   localPreload: false,
   responseStaleMs: 60_000,
+  ledgerFlushMs: 1000,
 } satisfies Partial<Config>;
 
 function readStructuredFile(path: string, label: string): Record<string, unknown> {
@@ -204,7 +210,7 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
       path[1] = String(index < shippedModels.length ? index : index - shippedModels.length);
     }
     const at = path.length > 1 ? ` (at ${path.slice(1).join('.')})` : '';
-    const got = path.length === 1 ? ` (got ${JSON.stringify(top === 'adminKey' || top === 'secretKey' ? '<redacted>' : raw[top])?.slice(0, 80)})` : '';
+    const got = path.length === 1 ? ` (got ${JSON.stringify(top === 'adminKey' || top === 'secretKey' || top === 'metricsToken' ? '<redacted>' : raw[top])?.slice(0, 80)})` : '';
     throw new ConfigError(`Invalid configuration: ${where}${at} ${first.message}${got}`);
   }
   const config = raw as Config;

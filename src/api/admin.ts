@@ -83,6 +83,27 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
     };
   });
 
+  const Day = Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' });
+  app.get('/admin/usage', {
+    onRequest: requireAdmin,
+    schema: {
+      querystring: Type.Object({
+        group_by: Type.Optional(Type.Enum(['day', 'key', 'org', 'model'])),
+        org: Type.Optional(Type.String()),
+        key: Type.Optional(Type.String()),
+        model: Type.Optional(Type.String()),
+        from: Type.Optional(Day),
+        to: Type.Optional(Day),
+      }),
+    },
+  }, async (req) => {
+    // Totals include every request answered so far: queued ledger records are written first.
+    await ctx.ledger.flush();
+    const groupBy = req.query.group_by ?? 'day';
+    const data = await store.usageTotals(groupBy, { org: req.query.org, key: req.query.key, model: req.query.model, from: req.query.from, to: req.query.to });
+    return { object: 'list', group_by: groupBy, data };
+  });
+
   app.get('/admin/models', { onRequest: requireAdmin }, async () =>
     ({ object: 'list', data: catalogue.all().map(renderAdminModel) }));
 

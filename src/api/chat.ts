@@ -7,6 +7,7 @@ import type { ContentPart, FinishReason, GenerationEvent, GenerationRequest, Mes
 import type { Model } from '../core/model-spec.js';
 import { MaxOutputTokens, ModelField, NullableBoolean, Penalty, Seed, Stop, Temperature, TopP, nullable } from './limits.js';
 import { writeSse, openSse } from './sse.js';
+import { metered } from '../core/metering.js';
 
 const Part = Type.Object({ type: Type.String() });
 const WireToolCall = Type.Object({
@@ -128,13 +129,16 @@ export function toGenerationRequest(body: ChatRequest, model: Model, signal: Abo
 }
 
 export function renderUsage(u: Usage): Record<string, unknown> {
-  return {
+  const out: Record<string, unknown> = {
     prompt_tokens: u.input,
     completion_tokens: u.output,
     total_tokens: u.input + u.output,
     prompt_tokens_details: { cached_tokens: u.cached },
     completion_tokens_details: { reasoning_tokens: u.reasoning },
   };
+  // An extension field standard clients ignore: US dollars, null when the model has no price.
+  if (u.cost !== undefined) out['cost'] = u.cost;
+  return out;
 }
 
 const newId = (): string => `chatcmpl-${randomBytes(12).toString('base64url')}`;
@@ -211,7 +215,11 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
     });
     const canonical = toGenerationRequest(body, model, abort.signal);
     ctx.router.requireCapabilities(model, canonical);
-    const events = ctx.router.generate(canonical, model)[Symbol.asyncIterator]();
+    req.modelId = model.id;
+    const trace = {};
+    const events = metered(ctx.router.generate(canonical, model, trace), {
+      model, who: req.principal!, endpoint: 'chat.completions', requestId: req.id, stream: body.stream === true, started: req.startedAt, trace,
+    }, ctx.ledger, ctx.metrics)[Symbol.asyncIterator]();
     // Errors before the first event (overflow, overload, upstream down) still get a real status.
     const first = await events.next();
     if (first.done) throw new ApiError('internal_error', 'The engine produced no output.');

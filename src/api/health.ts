@@ -5,6 +5,20 @@ export function registerHealthRoutes(app: App, ctx: RouteContext): void {
   /** The process is alive and serving HTTP. */
   app.get('/healthz', async () => ({ status: 'ok' }));
 
+  /**
+   * Prometheus metrics. Open by default so any scraper can read it; with SWITCHYARD_METRICS_TOKEN set
+   * it needs `Authorization: Bearer <token>` (or keep the port off public networks).
+   */
+  app.get('/metrics', async (req, reply) => {
+    const token = ctx.config.metricsToken;
+    if (token !== undefined) {
+      const sent = req.headers.authorization === `Bearer ${token}`;
+      if (!sent) throw new ApiError('invalid_api_key', 'The metrics endpoint needs its token.');
+    }
+    reply.type(ctx.metrics.registry.contentType);
+    return ctx.metrics.registry.metrics();
+  });
+
   /** Ready to serve: the database answers. */
   app.get('/readyz', async () => {
     try {

@@ -96,7 +96,8 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
 
   app.post('/v1/responses', { onRequest: ctx.requireKey, schema: { body: ResponsesRequestSchema } }, async (req, reply) => {
     const body = req.body;
-    const { run, firstEvents } = await responses.create(body, req.principal!);
+    const { run, firstEvents } = await responses.create(body, req.principal!, { id: req.id, started: req.startedAt });
+    req.modelId = run.builder.response.model;
     if (body.stream === true) {
       // A foreground stream stops when its client leaves; a background one carries on.
       return streamRun(req, reply, run, body.background === true ? undefined : () => run.abort.abort());

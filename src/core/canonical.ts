@@ -75,6 +75,8 @@ export interface Usage {
   cached: number;
   output: number;
   reasoning: number;
+  /** US dollars, added by metering; null when the model lacks a price. */
+  cost?: number | null;
 }
 
 export type GenerationEvent =

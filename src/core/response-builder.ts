@@ -57,13 +57,15 @@ export function summarise(text: string, mode: string): string {
 }
 
 export function renderResponseUsage(u: Usage): Record<string, unknown> {
-  return {
+  const out: Record<string, unknown> = {
     input_tokens: u.input,
     input_tokens_details: { cached_tokens: u.cached },
     output_tokens: u.output,
     output_tokens_details: { reasoning_tokens: u.reasoning },
     total_tokens: u.input + u.output,
   };
+  if (u.cost !== undefined) out['cost'] = u.cost;
+  return out;
 }
 
 type Open =
@@ -246,10 +248,16 @@ export function eventsOf(r: ResponseObject): GenerationEvent[] {
       events.push({ type: 'tool_call.delta', index: call++, arguments: item.arguments });
     }
   }
-  const u = r.usage as { input_tokens?: number; input_tokens_details?: { cached_tokens?: number }; output_tokens?: number; output_tokens_details?: { reasoning_tokens?: number } } | null;
+  const u = r.usage as {
+    input_tokens?: number; input_tokens_details?: { cached_tokens?: number }; output_tokens?: number;
+    output_tokens_details?: { reasoning_tokens?: number }; cost?: number | null;
+  } | null;
   events.push({
     type: 'usage',
-    usage: { input: u?.input_tokens ?? 0, cached: u?.input_tokens_details?.cached_tokens ?? 0, output: u?.output_tokens ?? 0, reasoning: u?.output_tokens_details?.reasoning_tokens ?? 0 },
+    usage: {
+      input: u?.input_tokens ?? 0, cached: u?.input_tokens_details?.cached_tokens ?? 0, output: u?.output_tokens ?? 0,
+      reasoning: u?.output_tokens_details?.reasoning_tokens ?? 0, ...(u && 'cost' in u && { cost: u.cost ?? null }),
+    },
   });
   return events;
 }

@@ -7,6 +7,9 @@ import { itemsToMessages, newId, normaliseInput, type Item, type ReasoningItem }
 import type { ReasoningSeal } from './reasoning-seal.js';
 import { ResponseBuilder, TERMINAL, eventsOf, type ResponseObject, type ResponseStatus, type WireEvent } from './response-builder.js';
 import type { Router } from './router.js';
+import type { Ledger } from './ledger.js';
+import type { Metrics } from './metrics.js';
+import { metered } from './metering.js';
 
 /** A validated `POST /v1/responses` body (see api/responses.ts for the schema). */
 export interface ResponsesRequest {
@@ -79,6 +82,7 @@ export class ResponseService {
     private readonly router: Router,
     private readonly seal: ReasoningSeal,
     private readonly log: Logger,
+    private readonly meter: { ledger: Ledger; metrics: Metrics },
     private readonly opts: ResponseServiceOptions,
   ) {}
 
@@ -233,7 +237,7 @@ export class ResponseService {
    * Creates a response. Returns the run (to stream or await) and whether it was started in the
    * background. Problems found before generation starts are thrown as HTTP errors and nothing is stored.
    */
-  async create(body: ResponsesRequest, who: Principal): Promise<{ run: Run; firstEvents: Promise<void> }> {
+  async create(body: ResponsesRequest, who: Principal, request: { id: string; started: number }): Promise<{ run: Run; firstEvents: Promise<void> }> {
     const model = this.router.resolve(body.model, who);
     if (body.previous_response_id && body.conversation) {
       throw new ApiError('invalid_request', 'Send previous_response_id or conversation, not both.', { param: 'conversation' });
@@ -305,7 +309,10 @@ export class ResponseService {
     if (body.reasoning?.effort != null) req.reasoningEffort = body.reasoning.effort;
 
     this.router.requireCapabilities(model, req);
-    const events = this.router.generate(req, model)[Symbol.asyncIterator]();
+    const trace = {};
+    const events = metered(this.router.generate(req, model, trace), {
+      model, who, endpoint: 'responses', requestId: request.id, stream: body.stream === true, started: request.started, trace,
+    }, this.meter.ledger, this.meter.metrics)[Symbol.asyncIterator]();
     const persist = async (status: readonly ResponseStatus[]) => {
       if (!store) return;
       await this.store.updateResponse(response.id, status, { status: response.status, body: JSON.stringify(response), updated_at: Date.now() });

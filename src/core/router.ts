@@ -1,3 +1,4 @@
+import { basename } from 'node:path';
 import type { Logger } from 'pino';
 import { ApiError, modelNotFound } from '../http/errors.js';
 import type { Principal } from '../http/auth.js';
@@ -37,6 +38,8 @@ export class Router {
     deployments: readonly DeploymentConfig[],
     env: NodeJS.ProcessEnv,
     private readonly log: Logger,
+    /** Told about a deployment that failed and was skipped (for metrics). */
+    private readonly onDeploymentError?: (deployment: string, code: string) => void,
   ) {
     deployments.forEach((d, i) => {
       const id = d.id ?? `${d.model}#${i}`;
@@ -98,7 +101,8 @@ export class Router {
     return order;
   }
 
-  async *generate(req: GenerationRequest, model: Model): AsyncGenerator<GenerationEvent> {
+  /** `trace.deployment` is set to the deployment that serves the request. */
+  async *generate(req: GenerationRequest, model: Model, trace: { deployment?: string } = {}): AsyncGenerator<GenerationEvent> {
     const candidates = this.deployments(model);
     if (candidates.length === 0) {
       throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
@@ -107,6 +111,7 @@ export class Router {
     }
     let lastError: ApiError | undefined;
     for (const d of candidates) {
+      trace.deployment = d.target.engine === 'upstream' ? d.target.id : `local:${basename(d.target.file)}`;
       const it = d.engine.generate(req, d.target)[Symbol.asyncIterator]();
       let first: IteratorResult<GenerationEvent>;
       try {
@@ -114,6 +119,7 @@ export class Router {
       } catch (err) {
         if (err instanceof ApiError && err.failover && !req.signal.aborted) {
           lastError = err;
+          this.onDeploymentError?.(trace.deployment, err.code);
           this.log.warn({ model: model.id, deployment: d.target.engine === 'upstream' ? d.target.id : 'local', error: err.message }, 'deployment failed; trying the next');
           continue;
         }

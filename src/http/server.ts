@@ -9,6 +9,8 @@ import type { Config } from '../config.js';
 import type { Catalogue } from '../core/catalogue.js';
 import type { Router } from '../core/router.js';
 import type { ResponseService } from '../core/responses.js';
+import type { Ledger } from '../core/ledger.js';
+import type { Metrics } from '../core/metrics.js';
 import type { LocalEngine } from '../engines/local/local-engine.js';
 import type { Store } from '../store/store.js';
 import { ApiError } from './errors.js';
@@ -23,6 +25,10 @@ import { registerConversationRoutes } from '../api/conversations.js';
 declare module 'fastify' {
   interface FastifyRequest {
     principal: Principal | null;
+    /** The catalogue model a generation request used, for metrics. */
+    modelId: string | null;
+    /** performance.now() when the request arrived. */
+    startedAt: number;
   }
 }
 
@@ -33,6 +39,8 @@ export interface ServerDeps {
   router: Router;
   local: LocalEngine;
   responses: ResponseService;
+  ledger: Ledger;
+  metrics: Metrics;
   log: Logger;
 }
 
@@ -146,10 +154,17 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? bodyAjv : textAjv).compile(schema));
 
   app.decorateRequest('principal', null);
+  app.decorateRequest('modelId', null);
+  app.decorateRequest('startedAt', 0);
   app.addHook('onRequest', async (req, reply) => {
+    req.startedAt = performance.now();
     reply.header('x-request-id', req.id);
   });
+  const { metrics } = deps;
   app.addHook('onResponse', async (req, reply) => {
+    const labels = { route: req.routeOptions.url ?? 'unmatched', model: req.modelId ?? '', status: String(reply.statusCode) };
+    metrics.requests.inc(labels);
+    metrics.duration.observe(labels, reply.elapsedTime / 1000);
     req.log.info({ method: req.method, url: req.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
   });
 

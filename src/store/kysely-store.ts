@@ -4,7 +4,7 @@ import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type Selectable 
 import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
-import type { ApiKeyRecord, ConversationRecord, ItemPage, KeyRole, Org, ResponseRecord, Store } from './store.js';
+import type { ApiKeyRecord, ConversationRecord, ItemPage, KeyRole, Org, ResponseRecord, Store, UsageFilter, UsageGroup, UsageRecord, UsageTotal } from './store.js';
 import type { Capability, Model, ModelSource, ModelStatus, ModelType, PricingEntry, Visibility } from '../core/model-spec.js';
 
 /** A model row: enums as plain text, arrays as JSON text. */
@@ -25,6 +25,7 @@ interface Database {
   conversations: ConversationRecord;
   conversation_items: { id: string; conversation_id: string; seq: number; item: string; created_at: number };
   settings: { key: string; value: string };
+  usage_records: Omit<UsageRecord, 'stream' | 'price_missing'> & { stream: number; price_missing: number };
 }
 
 function rowToResponse(r: Selectable<Database['responses']>): ResponseRecord {
@@ -297,5 +298,45 @@ export class KyselyStore implements Store {
   async setSettingOnce(key: string, value: string): Promise<string> {
     await this.db.insertInto('settings').values({ key, value }).onConflict((oc) => oc.column('key').doNothing()).execute();
     return (await this.getSetting(key))!;
+  }
+
+  async insertUsage(records: readonly UsageRecord[]): Promise<void> {
+    if (records.length === 0) return;
+    await this.db.insertInto('usage_records')
+      .values(records.map((r) => ({ ...r, stream: r.stream ? 1 : 0, price_missing: r.price_missing ? 1 : 0 })))
+      .onConflict((oc) => oc.column('id').doNothing())
+      .execute();
+  }
+
+  async usageTotals(groupBy: UsageGroup, f: UsageFilter): Promise<UsageTotal[]> {
+    const column = ({ key: 'key_id', org: 'org_id', model: 'model', day: 'day' } as const)[groupBy];
+    let q = this.db.selectFrom('usage_records').select((eb) => [
+      eb.ref(column).as('group'),
+      eb.fn.countAll<number | string>().as('requests'),
+      eb.fn.sum<number | string>(eb.case().when('status', '>=', 400).then(1).else(0).end()).as('errors'),
+      eb.fn.sum<number | string>('input_tokens').as('input_tokens'),
+      eb.fn.sum<number | string>('cached_tokens').as('cached_tokens'),
+      eb.fn.sum<number | string>('output_tokens').as('output_tokens'),
+      eb.fn.sum<number | string>('reasoning_tokens').as('reasoning_tokens'),
+      eb.fn.sum<number | string | null>('cost').as('cost'),
+      eb.fn.sum<number | string>('price_missing').as('unpriced_requests'),
+    ]);
+    if (f.org !== undefined) q = q.where('org_id', '=', f.org);
+    if (f.key !== undefined) q = q.where('key_id', '=', f.key);
+    if (f.model !== undefined) q = q.where('model', '=', f.model);
+    if (f.from !== undefined) q = q.where('day', '>=', f.from);
+    if (f.to !== undefined) q = q.where('day', '<=', f.to);
+    const rows = await q.groupBy(column).orderBy(column).execute();
+    return rows.map((r) => ({
+      group: String(r.group),
+      requests: Number(r.requests),
+      errors: Number(r.errors ?? 0),
+      input_tokens: Number(r.input_tokens ?? 0),
+      cached_tokens: Number(r.cached_tokens ?? 0),
+      output_tokens: Number(r.output_tokens ?? 0),
+      reasoning_tokens: Number(r.reasoning_tokens ?? 0),
+      cost: Number(r.cost ?? 0),
+      unpriced_requests: Number(r.unpriced_requests ?? 0),
+    }));
   }
 }

@@ -85,6 +85,37 @@ const migrations: Record<string, Migration> = {
       for (const t of ['settings', 'conversation_items', 'conversations', 'responses']) await db.schema.dropTable(t).execute();
     },
   },
+  '0003_usage': {
+    async up(db: Kysely<unknown>) {
+      await db.schema.createTable('usage_records')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('at', 'bigint', (c) => c.notNull())
+        .addColumn('day', 'text', (c) => c.notNull())
+        .addColumn('request_id', 'text', (c) => c.notNull())
+        .addColumn('key_id', 'text', (c) => c.notNull())
+        .addColumn('org_id', 'text', (c) => c.notNull())
+        .addColumn('model', 'text', (c) => c.notNull())
+        .addColumn('deployment', 'text')
+        .addColumn('endpoint', 'text', (c) => c.notNull())
+        .addColumn('stream', 'integer', (c) => c.notNull())
+        .addColumn('input_tokens', 'integer', (c) => c.notNull())
+        .addColumn('cached_tokens', 'integer', (c) => c.notNull())
+        .addColumn('output_tokens', 'integer', (c) => c.notNull())
+        .addColumn('reasoning_tokens', 'integer', (c) => c.notNull())
+        .addColumn('cost', 'double precision')
+        .addColumn('price_missing', 'integer', (c) => c.notNull())
+        .addColumn('latency_ms', 'integer', (c) => c.notNull())
+        .addColumn('ttft_ms', 'integer')
+        .addColumn('status', 'integer', (c) => c.notNull())
+        .addColumn('error_code', 'text')
+        .execute();
+      await db.schema.createIndex('usage_records_org_day').on('usage_records').columns(['org_id', 'day']).execute();
+      await db.schema.createIndex('usage_records_key_day').on('usage_records').columns(['key_id', 'day']).execute();
+    },
+    async down(db: Kysely<unknown>) {
+      await db.schema.dropTable('usage_records').execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

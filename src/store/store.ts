@@ -47,6 +47,56 @@ export interface ItemPage {
   hasMore: boolean;
 }
 
+export interface UsageRecord {
+  id: string;
+  /** Unix milliseconds. */
+  at: number;
+  /** UTC date, YYYY-MM-DD, for daily totals. */
+  day: string;
+  request_id: string;
+  key_id: string;
+  org_id: string;
+  model: string;
+  deployment: string | null;
+  endpoint: 'chat.completions' | 'responses';
+  stream: boolean;
+  input_tokens: number;
+  cached_tokens: number;
+  output_tokens: number;
+  reasoning_tokens: number;
+  /** US dollars; null when the model lacks a price for something it used (see price_missing). */
+  cost: number | null;
+  price_missing: boolean;
+  latency_ms: number;
+  ttft_ms: number | null;
+  status: number;
+  error_code: string | null;
+}
+
+export type UsageGroup = 'key' | 'org' | 'model' | 'day';
+
+export interface UsageFilter {
+  org?: string | undefined;
+  key?: string | undefined;
+  model?: string | undefined;
+  /** Inclusive YYYY-MM-DD bounds. */
+  from?: string | undefined;
+  to?: string | undefined;
+}
+
+export interface UsageTotal {
+  group: string;
+  requests: number;
+  errors: number;
+  input_tokens: number;
+  cached_tokens: number;
+  output_tokens: number;
+  reasoning_tokens: number;
+  cost: number;
+  /** Requests whose cost is unknown because a price is missing: `cost` leaves them out. */
+  unpriced_requests: number;
+}
+
 /** The one persistence interface; SQLite and PostgreSQL are dialects of the same implementation. */
 export interface Store {
   readonly dialect: 'sqlite' | 'postgres';
@@ -92,6 +142,9 @@ export interface Store {
   allConversationItems(conversationId: string): Promise<string[]>;
   getConversationItem(conversationId: string, itemId: string): Promise<string | undefined>;
   deleteConversationItem(conversationId: string, itemId: string): Promise<boolean>;
+
+  insertUsage(records: readonly UsageRecord[]): Promise<void>;
+  usageTotals(groupBy: UsageGroup, filter: UsageFilter): Promise<UsageTotal[]>;
 
   getSetting(key: string): Promise<string | undefined>;
   /** Stores the value unless the key exists; returns what is stored now (first writer wins). */

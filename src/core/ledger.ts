@@ -1,0 +1,71 @@
+import { randomBytes } from 'node:crypto';
+import type { Logger } from 'pino';
+import type { Store, UsageRecord } from '../store/store.js';
+import type { Usage } from './canonical.js';
+import type { Model } from './model-spec.js';
+
+/**
+ * Cost of one request from the model's pricing: rates are US dollars per million tokens. Cached
+ * input tokens use `cached_input_tokens` when the model prices them, else the input rate. A metric
+ * the request used that the model has no price for makes the cost unknown (null), never $0; a free
+ * model states a rate of 0.
+ */
+export function costOf(model: Model, u: Usage): { cost: number | null; missing: string[] } {
+  const rate = (metric: string) => model.pricing.find((p) => p.metric === metric)?.rate;
+  const missing: string[] = [];
+  const input = rate('input_tokens');
+  const output = rate('output_tokens');
+  const cachedRate = rate('cached_input_tokens') ?? input;
+  if (input === undefined && u.input > 0) missing.push('input_tokens');
+  if (output === undefined && u.output > 0) missing.push('output_tokens');
+  if (missing.length) return { cost: null, missing };
+  const uncached = Math.max(0, u.input - u.cached);
+  const dollars = (uncached * (input ?? 0) + u.cached * (cachedRate ?? 0) + u.output * (output ?? 0)) / 1_000_000;
+  return { cost: Math.round(dollars * 1e10) / 1e10, missing };
+}
+
+export const newUsageId = (): string => `usage_${randomBytes(12).toString('hex')}`;
+
+/**
+ * The usage ledger. Records are queued in memory and written in batches off the request path
+ * (every `flushMs`, or at once when `maxBatch` are waiting); `close()` writes everything queued, so
+ * a clean shutdown loses nothing. A crash loses at most the records of the last `flushMs`.
+ */
+export class Ledger {
+  private queue: UsageRecord[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  private flushing: Promise<void> = Promise.resolve();
+
+  constructor(private readonly store: Store, private readonly log: Logger, private readonly flushMs = 1000, private readonly maxBatch = 500) {}
+
+  start(): void {
+    this.timer = setInterval(() => void this.flush(), this.flushMs);
+    this.timer.unref();
+  }
+
+  record(r: UsageRecord): void {
+    this.queue.push(r);
+    if (this.queue.length >= this.maxBatch) void this.flush();
+  }
+
+  /** Writes what is queued; a failed batch is put back and retried on the next flush. */
+  flush(): Promise<void> {
+    this.flushing = this.flushing.then(async () => {
+      if (this.queue.length === 0) return;
+      const batch = this.queue;
+      this.queue = [];
+      try {
+        await this.store.insertUsage(batch);
+      } catch (err) {
+        this.queue = batch.concat(this.queue);
+        this.log.error({ err, records: batch.length }, 'usage ledger write failed; will retry');
+      }
+    });
+    return this.flushing;
+  }
+
+  async close(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    await this.flush();
+  }
+}

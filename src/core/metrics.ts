@@ -1,0 +1,62 @@
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+
+export interface LocalModelGauge {
+  model: string;
+  active: number;
+  queued: number;
+}
+
+/**
+ * Prometheus metrics, on a registry of this service's own (several servers can share a process in
+ * tests). Counters are plain in-memory increments: nothing here waits on I/O.
+ */
+export class Metrics {
+  readonly registry = new Registry();
+  readonly requests: Counter<'route' | 'model' | 'status'>;
+  readonly duration: Histogram<'route' | 'model' | 'status'>;
+  readonly ttft: Histogram<'route' | 'model'>;
+  readonly tokens: Counter<'model' | 'kind'>;
+  readonly cost: Counter<'model'>;
+  readonly priceMissing: Counter<'model'>;
+  readonly rateLimited: Counter<'limit'>;
+  readonly upstreamErrors: Counter<'deployment' | 'code'>;
+
+  constructor(local: () => { models: LocalModelGauge[]; schemaViolations: number }) {
+    const registers = [this.registry];
+    collectDefaultMetrics({ register: this.registry, prefix: 'switchyard_process_' });
+    this.requests = new Counter({ name: 'switchyard_requests_total', help: 'HTTP requests by route, model and status', labelNames: ['route', 'model', 'status'], registers });
+    this.duration = new Histogram({
+      name: 'switchyard_request_duration_seconds', help: 'HTTP request duration (for streams, until the last event)',
+      labelNames: ['route', 'model', 'status'], buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60], registers,
+    });
+    this.ttft = new Histogram({
+      name: 'switchyard_time_to_first_token_seconds', help: 'Time from request to the first generated event',
+      labelNames: ['route', 'model'], buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10], registers,
+    });
+    this.tokens = new Counter({ name: 'switchyard_tokens_total', help: 'Tokens by model and kind (input, cached, output, reasoning)', labelNames: ['model', 'kind'], registers });
+    this.cost = new Counter({ name: 'switchyard_cost_usd_total', help: 'Cost in US dollars of priced requests', labelNames: ['model'], registers });
+    this.priceMissing = new Counter({ name: 'switchyard_price_missing_total', help: 'Requests whose cost is unknown because the model lacks a price', labelNames: ['model'], registers });
+    this.rateLimited = new Counter({ name: 'switchyard_rate_limited_total', help: 'Requests refused by a limit', labelNames: ['limit'], registers });
+    this.upstreamErrors = new Counter({ name: 'switchyard_upstream_errors_total', help: 'Upstream failures by deployment and error code', labelNames: ['deployment', 'code'], registers });
+    new Gauge({
+      name: 'switchyard_local_active_sequences', help: 'Requests generating on a local model', labelNames: ['model'], registers,
+      collect() {
+        this.reset();
+        for (const m of local().models) this.set({ model: m.model }, m.active);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_local_queue_depth', help: 'Requests waiting for a sequence of a local model', labelNames: ['model'], registers,
+      collect() {
+        this.reset();
+        for (const m of local().models) this.set({ model: m.model }, m.queued);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_schema_violations', help: 'Grammar-constrained outputs that failed the JSON-schema check (a bug if not 0)', registers,
+      collect() {
+        this.set(local().schemaViolations);
+      },
+    });
+  }
+}
