@@ -13,6 +13,7 @@ import { ReasoningSeal } from './core/reasoning-seal.js';
 import { ResponseService } from './core/responses.js';
 import { Ledger } from './core/ledger.js';
 import { Metrics } from './core/metrics.js';
+import { Limiter, MemoryCounters, RedisCounters } from './core/limits.js';
 import type { Store } from './store/store.js';
 
 export function openStore(config: Config): Store {
@@ -69,6 +70,8 @@ export async function createService(config: Config, log: Logger = createLogger(c
     });
     const ledger = new Ledger(store, log, config.ledgerFlushMs);
     ledger.start();
+    const counters = config.redisUrl ? new RedisCounters(config.redisUrl) : new MemoryCounters();
+    const limiter = new Limiter(counters, store, metrics);
     const router = new Router(catalogue, local, upstream, config.deployments, env, log,
       (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }));
     if (config.localPreload) {
@@ -81,7 +84,7 @@ export async function createService(config: Config, log: Logger = createLogger(c
     });
     await responses.start();
     stoppers.push(() => responses.stop());
-    const app = await buildServer({ config, store, catalogue, router, local, responses, ledger, metrics, log });
+    const app = await buildServer({ config, store, catalogue, router, local, responses, ledger, metrics, limiter, log });
     let closed = false;
     return {
       app, store, catalogue, generatedAdminKey: generated,
@@ -93,6 +96,7 @@ export async function createService(config: Config, log: Logger = createLogger(c
         await Promise.all([app.close(), ...stoppers.map((stop) => stop())]);
         // Every acknowledged request's usage record is written before the database closes.
         await ledger.close();
+        await counters.close();
         for (const e of engines) await e.close();
         await store.close();
       },

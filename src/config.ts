@@ -112,7 +112,8 @@ const DEFAULTS = {
   bodyLimit: 16 * 1024 * 1024,
   shutdownTimeoutMs: 10_000,
   logLevel: 'info',
-  keyCacheTtlMs: 10_000,
+  // Revocations and limit changes made elsewhere (another instance, the CLI) apply within a second.
+  keyCacheTtlMs: 1_000,
   catalogueRefreshMs: 5_000,
   corsOrigin: '*',
   localAuthor: 'local',

@@ -37,7 +37,7 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
     it('creates, reads and lists organizations', async () => {
       await store.createOrg({ id: 'acme', name: 'Acme Inc', created_at: 1_700_000_001 });
       await store.createOrg({ id: 'beta', name: 'Beta', created_at: 1_700_000_002 });
-      assert.deepEqual(await store.getOrg('acme'), { id: 'acme', name: 'Acme Inc', created_at: 1_700_000_001 });
+      assert.deepEqual(await store.getOrg('acme'), { id: 'acme', name: 'Acme Inc', created_at: 1_700_000_001, limits: null });
       assert.equal(await store.getOrg('nobody'), undefined);
       assert.deepEqual((await store.listOrgs()).map((o) => o.id), ['acme', 'beta']);
       await assert.rejects(store.createOrg({ id: 'acme', name: 'again', created_at: 1 }));

@@ -2,7 +2,7 @@ import Type from 'typebox';
 import type { App, RouteContext } from '../http/server.js';
 import { ApiError } from '../http/errors.js';
 import { createKey } from '../core/keys.js';
-import { ModelPatch, ModelSpec, ORG_ID_PATTERN, type Model } from '../core/model-spec.js';
+import { LimitsSpec, ModelPatch, ModelSpec, ORG_ID_PATTERN, type Model } from '../core/model-spec.js';
 import type { ApiKeyRecord, Org } from '../store/store.js';
 import { modelIdFromParams, renderModel } from './models.js';
 
@@ -10,10 +10,11 @@ const now = (): number => Math.floor(Date.now() / 1000);
 
 /** A key as listed: everything but its hash. */
 export function renderKey(k: ApiKeyRecord): Record<string, unknown> {
-  return { id: k.id, object: 'api_key', org: k.org_id, name: k.name, role: k.role, created_at: k.created_at, revoked_at: k.revoked_at };
+  return { id: k.id, object: 'api_key', org: k.org_id, name: k.name, role: k.role, created_at: k.created_at, revoked_at: k.revoked_at, limits: k.limits ?? null };
 }
 
-const renderOrg = (o: Org): Record<string, unknown> => ({ id: o.id, object: 'organization', name: o.name, created_at: o.created_at });
+const renderOrg = (o: Org): Record<string, unknown> => ({ id: o.id, object: 'organization', name: o.name, created_at: o.created_at, limits: o.limits ?? null });
+const NullableLimits = Type.Union([LimitsSpec, Type.Null()]);
 const renderAdminModel = (m: Model): Record<string, unknown> => ({ ...renderModel(m), source: m.source });
 
 const OrgId = Type.String({ pattern: ORG_ID_PATTERN });
@@ -29,10 +30,10 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
 
   app.post('/admin/orgs', {
     onRequest: requireAdmin,
-    schema: { body: Type.Object({ id: OrgId, name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })) }) },
+    schema: { body: Type.Object({ id: OrgId, name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })), limits: Type.Optional(NullableLimits) }) },
   }, async (req, reply) => {
     if (await store.getOrg(req.body.id)) throw new ApiError('conflict', `Organization '${req.body.id}' already exists.`, { param: 'id' });
-    const org: Org = { id: req.body.id, name: req.body.name ?? req.body.id, created_at: now() };
+    const org: Org = { id: req.body.id, name: req.body.name ?? req.body.id, created_at: now(), limits: req.body.limits ?? null };
     await store.createOrg(org);
     return reply.code(201).send(renderOrg(org));
   });
@@ -46,6 +47,15 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
     return renderOrg(org);
   });
 
+  app.patch('/admin/orgs/:id', {
+    onRequest: requireAdmin,
+    schema: { params: Type.Object({ id: Type.String() }), body: Type.Object({ limits: NullableLimits }) },
+  }, async (req) => {
+    if (!(await store.setOrgLimits(req.params.id, req.body.limits))) throw new ApiError('not_found', `No organization '${req.params.id}'.`);
+    ctx.auth.invalidateOrg(req.params.id);
+    return renderOrg((await store.getOrg(req.params.id))!);
+  });
+
   app.post('/admin/keys', {
     onRequest: requireAdmin,
     schema: {
@@ -53,10 +63,11 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
         org: OrgId,
         name: Type.String({ minLength: 1, maxLength: 200 }),
         role: Type.Optional(Type.Enum(['inference', 'admin'])),
+        limits: Type.Optional(NullableLimits),
       }),
     },
   }, async (req, reply) => {
-    const created = await createKey(store, { org: req.body.org, name: req.body.name, role: req.body.role ?? 'inference' });
+    const created = await createKey(store, { org: req.body.org, name: req.body.name, role: req.body.role ?? 'inference', limits: req.body.limits ?? undefined });
     req.log.info({ key_id: created.record.id, org: created.record.org_id, role: created.record.role }, 'api key created');
     return reply.code(201).send({ ...renderKey(created.record), key: created.key, org_created: created.orgCreated });
   });
@@ -65,6 +76,15 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
     onRequest: requireAdmin,
     schema: { querystring: Type.Object({ org: Type.Optional(Type.String()) }) },
   }, async (req) => ({ object: 'list', data: (await store.listKeys(req.query.org)).map(renderKey) }));
+
+  app.patch('/admin/keys/:id', {
+    onRequest: requireAdmin,
+    schema: { params: Type.Object({ id: Type.String() }), body: Type.Object({ limits: NullableLimits }) },
+  }, async (req) => {
+    if (!(await store.setKeyLimits(req.params.id, req.body.limits))) throw new ApiError('not_found', `No API key '${req.params.id}'.`);
+    ctx.auth.invalidate(req.params.id);
+    return renderKey((await store.getKey(req.params.id))!);
+  });
 
   app.delete('/admin/keys/:id', { onRequest: requireAdmin, schema: { params: Type.Object({ id: Type.String() }) } }, async (req) => {
     if (!(await store.revokeKey(req.params.id, now()))) throw new ApiError('not_found', `No API key '${req.params.id}'.`);

@@ -216,9 +216,12 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
     const canonical = toGenerationRequest(body, model, abort.signal);
     ctx.router.requireCapabilities(model, canonical);
     req.modelId = model.id;
+    const admission = await ctx.limiter.admit(req.principal!, model.id);
+    reply.headers(admission.headers);
     const trace = {};
     const events = metered(ctx.router.generate(canonical, model, trace), {
       model, who: req.principal!, endpoint: 'chat.completions', requestId: req.id, stream: body.stream === true, started: req.startedAt, trace,
+      settle: admission.settle,
     }, ctx.ledger, ctx.metrics)[Symbol.asyncIterator]();
     // Errors before the first event (overflow, overload, upstream down) still get a real status.
     const first = await events.next();

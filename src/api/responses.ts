@@ -96,8 +96,11 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
 
   app.post('/v1/responses', { onRequest: ctx.requireKey, schema: { body: ResponsesRequestSchema } }, async (req, reply) => {
     const body = req.body;
-    const { run, firstEvents } = await responses.create(body, req.principal!, { id: req.id, started: req.startedAt });
-    req.modelId = run.builder.response.model;
+    const model = ctx.router.resolve(body.model, req.principal!);
+    const admission = await ctx.limiter.admit(req.principal!, model.id);
+    reply.headers(admission.headers);
+    const { run, firstEvents } = await responses.create(body, req.principal!, { id: req.id, started: req.startedAt, settle: admission.settle });
+    req.modelId = model.id;
     if (body.stream === true) {
       // A foreground stream stops when its client leaves; a background one carries on.
       return streamRun(req, reply, run, body.background === true ? undefined : () => run.abort.abort());

@@ -1,5 +1,5 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import type { ApiKeyRecord, KeyRole, Store } from '../store/store.js';
+import type { ApiKeyRecord, KeyRole, Limits, Store } from '../store/store.js';
 
 /**
  * Keys look like `sk-sy-<16 hex id>_<43 chars secret>`. The id is not secret: it is what the
@@ -55,7 +55,7 @@ export const BOOTSTRAP_KEY_NAME = 'bootstrap';
 const now = (): number => Math.floor(Date.now() / 1000);
 
 /** Creates the key, and its organization when that does not exist yet. */
-export async function createKey(store: Store, opts: { org: string; name: string; role: KeyRole }): Promise<CreatedKey> {
+export async function createKey(store: Store, opts: { org: string; name: string; role: KeyRole; limits?: Limits | undefined }): Promise<CreatedKey> {
   let orgCreated = false;
   if (!(await store.getOrg(opts.org))) {
     await store.createOrg({ id: opts.org, name: opts.org, created_at: now() });
@@ -70,6 +70,7 @@ export async function createKey(store: Store, opts: { org: string; name: string;
     hash: sha256Hex(parsed.secret),
     created_at: now(),
     revoked_at: null,
+    limits: opts.limits ?? null,
   };
   await store.createKey(record);
   return { key: token, record, orgCreated };

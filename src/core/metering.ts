@@ -16,6 +16,8 @@ export interface MeterContext {
   started: number;
   /** Filled by the router with the deployment that served the request. */
   trace: { deployment?: string };
+  /** Told what the request used once it ended (rate limits and budgets count it). */
+  settle?: (tokens: number, cost: number | null) => void;
 }
 
 const dayOf = (ms: number): string => new Date(ms).toISOString().slice(0, 10);
@@ -65,6 +67,7 @@ export async function* metered(events: AsyncIterable<GenerationEvent>, c: MeterC
     metrics.tokens.inc({ model: m, kind: 'cached' }, usage.cached);
     metrics.tokens.inc({ model: m, kind: 'output' }, usage.output);
     metrics.tokens.inc({ model: m, kind: 'reasoning' }, usage.reasoning);
+    c.settle?.(usage.input + usage.output, cost);
     if (missing) metrics.priceMissing.inc({ model: m });
     else if (cost) metrics.cost.inc({ model: m }, cost);
     ledger.record({

@@ -131,3 +131,12 @@ export function resolveModelSpec(spec: ModelSpec, source: ModelSource, now: numb
     source,
   };
 }
+
+/** Limits of a key or an organization (admin API and CLI). */
+export const LimitsSpec = Type.Object({
+  rpm: Type.Optional(Type.Integer({ minimum: 1 })),
+  tpm: Type.Optional(Type.Integer({ minimum: 1 })),
+  budget: Type.Optional(Type.Number({ minimum: 0 })),
+  budget_period: Type.Optional(Type.Enum(['day', 'month'])),
+  models: Type.Optional(Type.Array(Type.String({ pattern: MODEL_ID_PATTERN }), { uniqueItems: true })),
+}, { additionalProperties: false });

@@ -237,7 +237,9 @@ export class ResponseService {
    * Creates a response. Returns the run (to stream or await) and whether it was started in the
    * background. Problems found before generation starts are thrown as HTTP errors and nothing is stored.
    */
-  async create(body: ResponsesRequest, who: Principal, request: { id: string; started: number }): Promise<{ run: Run; firstEvents: Promise<void> }> {
+  async create(
+    body: ResponsesRequest, who: Principal, request: { id: string; started: number; settle?: (tokens: number, cost: number | null) => void },
+  ): Promise<{ run: Run; firstEvents: Promise<void> }> {
     const model = this.router.resolve(body.model, who);
     if (body.previous_response_id && body.conversation) {
       throw new ApiError('invalid_request', 'Send previous_response_id or conversation, not both.', { param: 'conversation' });
@@ -312,6 +314,7 @@ export class ResponseService {
     const trace = {};
     const events = metered(this.router.generate(req, model, trace), {
       model, who, endpoint: 'responses', requestId: request.id, stream: body.stream === true, started: request.started, trace,
+      ...(request.settle && { settle: request.settle }),
     }, this.meter.ledger, this.meter.metrics)[Symbol.asyncIterator]();
     const persist = async (status: readonly ResponseStatus[]) => {
       if (!store) return;

@@ -1,16 +1,19 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import { ApiError } from './errors.js';
 import { parseKey, secretMatches } from '../core/keys.js';
-import type { ApiKeyRecord, KeyRole, Store } from '../store/store.js';
+import type { ApiKeyRecord, KeyRole, Limits, Org, Store } from '../store/store.js';
 
 export interface Principal {
   keyId: string;
   orgId: string;
   role: KeyRole;
+  keyLimits: Limits | null;
+  orgLimits: Limits | null;
 }
 
 interface CacheEntry {
   record: ApiKeyRecord | undefined;
+  org: Org | undefined;
   expires: number;
 }
 
@@ -47,27 +50,34 @@ export class KeyAuthenticator {
     }
     const parsed = token === '' ? undefined : parseKey(token);
     if (!parsed) throw new ApiError('invalid_api_key', 'Malformed API key. Send it as \'Authorization: Bearer <key>\' or as \'x-api-key: <key>\'.');
-    const record = await this.lookup(parsed.id);
+    const { record, org } = await this.lookup(parsed.id);
     if (!record || !secretMatches(parsed.secret, record.hash)) {
       throw new ApiError('invalid_api_key', 'Incorrect API key provided.');
     }
     if (record.revoked_at !== null) throw new ApiError('invalid_api_key', 'This API key has been revoked.');
-    return { keyId: record.id, orgId: record.org_id, role: record.role };
+    return { keyId: record.id, orgId: record.org_id, role: record.role, keyLimits: record.limits ?? null, orgLimits: org?.limits ?? null };
+  }
+
+  /** Drops every cached organization entry of this org (its limits changed). */
+  invalidateOrg(orgId: string): void {
+    for (const [id, e] of this.cache) if (e.record?.org_id === orgId) this.cache.delete(id);
   }
 
   invalidate(id: string): void {
     this.cache.delete(id);
   }
 
-  private async lookup(id: string): Promise<ApiKeyRecord | undefined> {
+  private async lookup(id: string): Promise<CacheEntry> {
     const now = Date.now();
     const hit = this.cache.get(id);
-    if (hit && hit.expires > now) return hit.record;
+    if (hit && hit.expires > now) return hit;
     const record = await this.store.getKey(id);
+    const org = record ? await this.store.getOrg(record.org_id) : undefined;
+    const entry = { record, org, expires: now + this.ttlMs };
     if (this.ttlMs > 0) {
       if (this.cache.size >= MAX_CACHE) this.cache.delete(this.cache.keys().next().value!);
-      this.cache.set(id, { record, expires: now + this.ttlMs });
+      this.cache.set(id, entry);
     }
-    return record;
+    return entry;
   }
 }

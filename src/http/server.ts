@@ -11,6 +11,7 @@ import type { Router } from '../core/router.js';
 import type { ResponseService } from '../core/responses.js';
 import type { Ledger } from '../core/ledger.js';
 import type { Metrics } from '../core/metrics.js';
+import type { Limiter } from '../core/limits.js';
 import type { LocalEngine } from '../engines/local/local-engine.js';
 import type { Store } from '../store/store.js';
 import { ApiError } from './errors.js';
@@ -41,6 +42,7 @@ export interface ServerDeps {
   responses: ResponseService;
   ledger: Ledger;
   metrics: Metrics;
+  limiter: Limiter;
   log: Logger;
 }
 

@@ -4,7 +4,7 @@ import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type Selectable 
 import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
-import type { ApiKeyRecord, ConversationRecord, ItemPage, KeyRole, Org, ResponseRecord, Store, UsageFilter, UsageGroup, UsageRecord, UsageTotal } from './store.js';
+import type { ApiKeyRecord, ConversationRecord, ItemPage, KeyRole, Limits, Org, ResponseRecord, Store, UsageFilter, UsageGroup, UsageRecord, UsageTotal } from './store.js';
 import type { Capability, Model, ModelSource, ModelStatus, ModelType, PricingEntry, Visibility } from '../core/model-spec.js';
 
 /** A model row: enums as plain text, arrays as JSON text. */
@@ -18,8 +18,8 @@ type ModelsTable = Omit<Model, 'pricing' | 'capabilities' | 'status' | 'visibili
 };
 
 interface Database {
-  orgs: Org;
-  api_keys: Omit<ApiKeyRecord, 'role'> & { role: string };
+  orgs: Omit<Org, 'limits'> & { limits: string | null };
+  api_keys: Omit<ApiKeyRecord, 'role' | 'limits'> & { role: string; limits: string | null };
   models: ModelsTable;
   responses: Omit<ResponseRecord, 'background'> & { background: number };
   conversations: ConversationRecord;
@@ -56,9 +56,16 @@ function rowToModel(r: Selectable<ModelsTable>): Model {
   };
 }
 
+const parseLimits = (text: string | null): Limits | null => (text ? JSON.parse(text) as Limits : null);
+
+function rowToOrg(r: Selectable<Database['orgs']>): Org {
+  return { ...r, created_at: Number(r.created_at), limits: parseLimits(r.limits) };
+}
+
 function rowToKey(r: Selectable<Database['api_keys']>): ApiKeyRecord {
   return {
     ...r,
+    limits: parseLimits(r.limits),
     role: r.role as KeyRole,
     created_at: Number(r.created_at),
     revoked_at: r.revoked_at === null ? null : Number(r.revoked_at),
@@ -125,21 +132,39 @@ export class KyselyStore implements Store {
   }
 
   async createOrg(org: Org): Promise<void> {
-    await this.db.insertInto('orgs').values(org).execute();
+    await this.db.insertInto('orgs').values({ ...org, limits: org.limits ? JSON.stringify(org.limits) : null }).execute();
   }
 
   async getOrg(id: string): Promise<Org | undefined> {
     const row = await this.db.selectFrom('orgs').selectAll().where('id', '=', id).executeTakeFirst();
-    return row && { ...row, created_at: Number(row.created_at) };
+    return row && rowToOrg(row);
   }
 
   async listOrgs(): Promise<Org[]> {
     const rows = await this.db.selectFrom('orgs').selectAll().orderBy('id').execute();
-    return rows.map((r) => ({ ...r, created_at: Number(r.created_at) }));
+    return rows.map(rowToOrg);
   }
 
   async createKey(key: ApiKeyRecord): Promise<void> {
-    await this.db.insertInto('api_keys').values(key).execute();
+    await this.db.insertInto('api_keys').values({ ...key, limits: key.limits ? JSON.stringify(key.limits) : null }).execute();
+  }
+
+  async setKeyLimits(id: string, limits: Limits | null): Promise<boolean> {
+    const res = await this.db.updateTable('api_keys').set({ limits: limits ? JSON.stringify(limits) : null }).where('id', '=', id).executeTakeFirst();
+    return Number(res.numUpdatedRows) > 0;
+  }
+
+  async setOrgLimits(id: string, limits: Limits | null): Promise<boolean> {
+    const res = await this.db.updateTable('orgs').set({ limits: limits ? JSON.stringify(limits) : null }).where('id', '=', id).executeTakeFirst();
+    return Number(res.numUpdatedRows) > 0;
+  }
+
+  async spentSince(scope: 'key' | 'org', id: string, sinceMs: number): Promise<number> {
+    const row = await this.db.selectFrom('usage_records')
+      .select((eb) => eb.fn.sum<number | string | null>('cost').as('spent'))
+      .where(scope === 'key' ? 'key_id' : 'org_id', '=', id).where('at', '>=', sinceMs)
+      .executeTakeFirst();
+    return Number(row?.spent ?? 0);
   }
 
   async getKey(id: string): Promise<ApiKeyRecord | undefined> {

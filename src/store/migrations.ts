@@ -116,6 +116,16 @@ const migrations: Record<string, Migration> = {
       await db.schema.dropTable('usage_records').execute();
     },
   },
+  '0004_limits': {
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable('api_keys').addColumn('limits', 'text').execute();
+      await db.schema.alterTable('orgs').addColumn('limits', 'text').execute();
+    },
+    async down(db: Kysely<unknown>) {
+      await db.schema.alterTable('api_keys').dropColumn('limits').execute();
+      await db.schema.alterTable('orgs').dropColumn('limits').execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

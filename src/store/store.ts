@@ -1,9 +1,21 @@
 import type { Model } from '../core/model-spec.js';
 
+/** Limits a key or an organization can carry; absent fields mean no limit. */
+export interface Limits {
+  rpm?: number;
+  tpm?: number;
+  /** US dollars per budget period. */
+  budget?: number;
+  budget_period?: 'day' | 'month';
+  /** Catalogue ids this key/org may use. */
+  models?: string[];
+}
+
 export interface Org {
   id: string;
   name: string;
   created_at: number;
+  limits?: Limits | null;
 }
 
 export type KeyRole = 'admin' | 'inference';
@@ -17,6 +29,7 @@ export interface ApiKeyRecord {
   hash: string;
   created_at: number;
   revoked_at: number | null;
+  limits?: Limits | null;
 }
 
 export interface ResponseRecord {
@@ -115,6 +128,10 @@ export interface Store {
   /** Returns false when no such key exists. Revoking twice keeps the first time. */
   revokeKey(id: string, at: number): Promise<boolean>;
   countActiveAdminKeys(): Promise<number>;
+  setKeyLimits(id: string, limits: Limits | null): Promise<boolean>;
+  setOrgLimits(id: string, limits: Limits | null): Promise<boolean>;
+  /** US dollars spent by a key or an organization since `sinceMs`, from the ledger. */
+  spentSince(scope: 'key' | 'org', id: string, sinceMs: number): Promise<number>;
 
   /** Insert or replace every field but `created`, which is kept when the entry already exists. */
   upsertModel(model: Model): Promise<void>;
