@@ -77,7 +77,7 @@ export function validationError(issues: readonly ValidationIssue[], where: strin
   // For unions ajv reports each branch, then the union; the branch that got past the type check
   // (a range, an enum) says what is really wrong.
   const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
-  const specific = union && issues.find((i) => i.instancePath === union.instancePath && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword));
+  const specific = union && issues.find((i) => i.instancePath.startsWith(union.instancePath) && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword));
   const issue = specific ?? union ?? issues[0];
   if (!issue) return new ApiError('invalid_request', `Invalid ${where}.`);
   if (issue.keyword === 'required') {

@@ -1,0 +1,146 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { Redis } from 'ioredis';
+import { http, pgSchema, startServer, type TestServer, type WireKey } from './helpers/server.js';
+
+const REDIS_URL = process.env['SWITCHYARD_TEST_REDIS_URL'] ?? 'redis://127.0.0.1:6379';
+const MODEL = 'meta-llama/priced-stories';
+const config = JSON.stringify({
+  localModels: { 'stories260K.gguf': { id: MODEL, pricing: [{ metric: 'input_tokens', rate: 1000 }, { metric: 'output_tokens', rate: 1000 }] } },
+});
+
+async function keyWith(server: TestServer, org: string, limits: Record<string, unknown>): Promise<string> {
+  const res = await http<WireKey>(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: { org, name: 'limited', limits } });
+  assert.equal(res.status, 201, res.text);
+  return res.json.key!;
+}
+
+const chat = (server: TestServer, key: string, model = MODEL, maxTokens = 5) =>
+  http(server.url, 'POST', '/v1/chat/completions', { key, body: { model, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: maxTokens } });
+
+/** Every limit test starts at the beginning of a minute window when it is close to its end. */
+async function awayFromMinuteEdge(): Promise<void> {
+  const left = 60_000 - (Date.now() % 60_000);
+  if (left < 5_000) await new Promise((r) => setTimeout(r, left + 100));
+}
+
+describe('limits', () => {
+  let server: TestServer;
+  before(async () => {
+    server = await startServer({ configFile: { name: 'l.json', text: config } });
+  });
+  after(() => server.close());
+
+  it('gives the 4th request of an RPM-3 key a 429 with retry-after and rate-limit headers', async () => {
+    await awayFromMinuteEdge();
+    const key = await keyWith(server, 'acme', { rpm: 3 });
+    for (let i = 0; i < 3; i++) {
+      const ok = await chat(server, key);
+      assert.equal(ok.status, 200, ok.text);
+      assert.equal(ok.headers['x-ratelimit-limit-requests'], '3');
+      assert.equal(ok.headers['x-ratelimit-remaining-requests'], String(2 - i));
+      assert.match(String(ok.headers['x-ratelimit-reset-requests']), /^\d+s$/);
+    }
+    const fourth = await chat(server, key);
+    assert.equal(fourth.status, 429);
+    assert.equal(fourth.json.error.code, 'rate_limit_exceeded');
+    assert.equal(fourth.json.error.type, 'rate_limit_error');
+    assert.ok(Number(fourth.headers['retry-after']) >= 1);
+    assert.equal(fourth.headers['x-ratelimit-remaining-requests'], '0');
+    const streamed = await http(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: 'x', max_output_tokens: 2 } });
+    assert.equal(streamed.status, 429, 'the Responses API shares the same limit');
+  });
+
+  it('exhausts a tokens-per-minute limit', async () => {
+    await awayFromMinuteEdge();
+    const key = await keyWith(server, 'acme', { tpm: 30 });
+    const first = await chat(server, key, MODEL, 20);
+    assert.equal(first.status, 200);
+    assert.equal(first.headers['x-ratelimit-limit-tokens'], '30');
+    const second = await chat(server, key, MODEL, 20);
+    assert.equal(second.status, 200, '25 tokens used, 5 left: still admitted');
+    const third = await chat(server, key, MODEL, 20);
+    assert.equal(third.status, 429);
+    assert.equal(third.json.error.code, 'rate_limit_exceeded');
+    assert.equal(third.headers['x-ratelimit-remaining-tokens'], '0');
+    assert.match(third.json.error.message, /tokens per minute/);
+  });
+
+  it('exhausts a spend budget with its own error code', async () => {
+    // $1000 per million tokens: 15 tokens cost $0.015.
+    const key = await keyWith(server, 'acme', { budget: 0.02, budget_period: 'day' });
+    assert.equal((await chat(server, key, MODEL, 10)).status, 200);
+    assert.equal((await chat(server, key, MODEL, 10)).status, 200, '$0.015 spent of $0.02');
+    const over = await chat(server, key, MODEL, 10);
+    assert.equal(over.status, 429);
+    assert.equal(over.json.error.code, 'budget_exceeded');
+    assert.equal(over.headers['x-should-retry'], 'false');
+    assert.ok(Number(over.headers['retry-after']) > 0);
+  });
+
+  it('keeps a key to its allowed models', async () => {
+    const key = await keyWith(server, 'acme', { models: [MODEL] });
+    assert.equal((await chat(server, key)).status, 200);
+    const other = await chat(server, key, 'local/llama-2-tiny-random');
+    assert.equal(other.status, 403);
+    assert.equal(other.json.error.code, 'model_not_allowed');
+  });
+
+  it('applies organization limits to all of its keys, and limit changes at once', async () => {
+    await awayFromMinuteEdge();
+    const org = `org-${randomBytes(4).toString('hex')}`;
+    const a = await keyWith(server, org, {});
+    const b = await keyWith(server, org, {});
+    const patched = await http(server.url, 'PATCH', `/admin/orgs/${org}`, { key: server.adminKey, body: { limits: { rpm: 2 } } });
+    assert.equal(patched.status, 200, patched.text);
+    assert.equal((await chat(server, a)).status, 200);
+    assert.equal((await chat(server, b)).status, 200);
+    assert.equal((await chat(server, a)).status, 429, 'the third request of the organization in this minute');
+    const lifted = await http(server.url, 'PATCH', `/admin/orgs/${org}`, { key: server.adminKey, body: { limits: null } });
+    assert.equal(lifted.status, 200);
+    assert.equal((await chat(server, b)).status, 200);
+  });
+
+  it('validates limits', async () => {
+    const bad = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: { org: 'acme', name: 'x', limits: { rpm: 0 } } });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.json.error.param, 'limits.rpm');
+  });
+});
+
+describe('limits shared by two instances on Redis', () => {
+  const prefixDb = `redis-${randomBytes(4).toString('hex')}`;
+  let a: TestServer;
+  let b: TestServer;
+  let schema: { url: string; drop(): Promise<void> };
+  before(async () => {
+    const env = { REDIS_URL, SWITCHYARD_ADMIN_KEY: `sk-shared-admin-${prefixDb}` };
+    // Instances that share limits share a database too: PostgreSQL, as in production.
+    schema = await pgSchema();
+    a = await startServer({ env: { ...env, DATABASE_URL: schema.url }, configFile: { name: 'a.json', text: config } });
+    b = await startServer({ env: { ...env, DATABASE_URL: schema.url }, configFile: { name: 'b.json', text: config } });
+  });
+  after(async () => {
+    await a.close();
+    await b.close();
+    await schema.drop();
+  });
+
+  it('counts requests across both instances', async () => {
+    await awayFromMinuteEdge();
+    const key = await keyWith(a, `shared-${prefixDb}`, { rpm: 3 });
+    assert.equal((await chat(a, key)).status, 200);
+    assert.equal((await chat(b, key)).status, 200);
+    assert.equal((await chat(a, key)).status, 200);
+    const fourth = await chat(b, key);
+    assert.equal(fourth.status, 429, 'the 4th request, on the other instance, sees the shared count');
+    const redis = new Redis(REDIS_URL);
+    try {
+      const keys = await redis.keys('switchyard:rpm:key:*');
+      assert.ok(keys.length > 0, 'the counters are in Redis');
+    } finally {
+      await redis.quit();
+    }
+  });
+});
