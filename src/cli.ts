@@ -2,24 +2,63 @@ import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig } from './config.js';
 import { openStore } from './app.js';
 import { createKey } from './core/keys.js';
-import { ORG_ID_PATTERN } from './core/model-spec.js';
+import { LimitsSpec, ORG_ID_PATTERN } from './core/model-spec.js';
 import { serve } from './main.js';
-import type { Store } from './store/store.js';
+import type { Limits, Store, UsageGroup } from './store/store.js';
+import Value from 'typebox/value';
 
 const USAGE = `Usage: switchyard <command>
 
   serve [--port N] [--host H]                    start the server (same as npm start)
-  keys create --org ORG --name NAME [--admin]    create an API key (the organization too, if new)
+  keys create --org ORG --name NAME [--admin] [LIMITS]
+                                                 create an API key (the organization too, if new)
   keys list [--org ORG]                          list keys (never their secrets)
+  keys limits KEY_ID [LIMITS | --clear]          set a key's limits
   keys revoke KEY_ID                             revoke a key
   orgs create ORG [--name "Display name"]        create an organization
+  orgs limits ORG [LIMITS | --clear]             set an organization's limits
   orgs list                                      list organizations
+  usage [--by day|key|org|model] [--org ORG] [--key KEY_ID] [--model ID] [--from YYYY-MM-DD] [--to YYYY-MM-DD]
+                                                 token and cost totals
+
+LIMITS: --rpm N  --tpm N  --budget USD  --budget-period day|month  --models id,id,…
 
 The CLI works on the database directly, with the same configuration as the server
 (SWITCHYARD_CONFIG, SWITCHYARD_DATA_DIR, DATABASE_URL). A running server sees a revocation made
-here within SWITCHYARD_KEY_CACHE_TTL_MS (default 10 s); through the admin API it is immediate.`;
+here within SWITCHYARD_KEY_CACHE_TTL_MS (default 1 s); through the admin API it is immediate.`;
 
 class UsageError extends Error {}
+
+const LIMIT_OPTIONS = {
+  rpm: { type: 'string' }, tpm: { type: 'string' }, budget: { type: 'string' }, 'budget-period': { type: 'string' }, models: { type: 'string' }, clear: { type: 'boolean' },
+} as const;
+
+/** Limits from command-line flags, checked with the same schema as the admin API. */
+function limitsFrom(v: Partial<Record<keyof typeof LIMIT_OPTIONS, string | boolean | undefined>>): Limits | null | undefined {
+  if (v.clear) return null;
+  const out: Record<string, unknown> = {};
+  const num = (name: string, raw: unknown) => {
+    const n = Number(raw);
+    if (raw === undefined) return;
+    if (!Number.isFinite(n)) throw new UsageError(`--${name} must be a number`);
+    out[name.replace('-', '_')] = n;
+  };
+  num('rpm', v.rpm);
+  num('tpm', v.tpm);
+  num('budget', v.budget);
+  if (v['budget-period'] !== undefined) out['budget_period'] = v['budget-period'];
+  if (typeof v.models === 'string') out['models'] = v.models.split(',').map((m) => m.trim()).filter(Boolean);
+  if (Object.keys(out).length === 0) return undefined;
+  const first = Value.Errors(LimitsSpec, out)[0];
+  if (first) throw new UsageError(`invalid limits: ${first.instancePath.slice(1) || 'limits'} ${first.message}`);
+  return out as Limits;
+}
+
+const showLimits = (l: Limits | null | undefined): string => {
+  if (!l) return '-';
+  const parts = [l.rpm && `rpm=${l.rpm}`, l.tpm && `tpm=${l.tpm}`, l.budget !== undefined && `budget=$${l.budget}/${l.budget_period ?? 'month'}`, l.models && `models=${l.models.join(',')}`];
+  return parts.filter(Boolean).join(' ') || '-';
+};
 
 const iso = (s: number | null): string => (s === null ? '-' : new Date(s * 1000).toISOString().replace('.000', ''));
 
@@ -31,12 +70,14 @@ function table(rows: string[][]): string {
 async function keysCommand(store: Store, sub: string | undefined, args: string[]): Promise<number> {
   switch (sub) {
     case 'create': {
-      const { values } = parseArgs({ args, options: { org: { type: 'string' }, name: { type: 'string' }, admin: { type: 'boolean' } } });
+      const { values } = parseArgs({ args, options: { org: { type: 'string' }, name: { type: 'string' }, admin: { type: 'boolean' }, ...LIMIT_OPTIONS } });
       if (!values.org || !values.name) throw new UsageError('keys create needs --org and --name');
       if (!new RegExp(ORG_ID_PATTERN).test(values.org)) throw new UsageError(`--org must match ${ORG_ID_PATTERN}`);
-      const created = await createKey(store, { org: values.org, name: values.name, role: values.admin ? 'admin' : 'inference' });
+      const limits = limitsFrom(values) ?? undefined;
+      const created = await createKey(store, { org: values.org, name: values.name, role: values.admin ? 'admin' : 'inference', limits });
       if (created.orgCreated) console.log(`Created organization ${values.org}.`);
       console.log(`Created ${created.record.role} key ${created.record.id} (${values.name}) for ${values.org}.`);
+      if (limits) console.log(`Limits: ${showLimits(limits)}`);
       console.log('\nThe key is shown only this once; store it now:\n');
       console.log(`  ${created.key}\n`);
       return 0;
@@ -49,9 +90,21 @@ async function keysCommand(store: Store, sub: string | undefined, args: string[]
         return 0;
       }
       console.log(table([
-        ['ID', 'ORG', 'NAME', 'ROLE', 'CREATED', 'REVOKED'],
-        ...keys.map((k) => [k.id, k.org_id, k.name, k.role, iso(k.created_at), iso(k.revoked_at)]),
+        ['ID', 'ORG', 'NAME', 'ROLE', 'CREATED', 'REVOKED', 'LIMITS'],
+        ...keys.map((k) => [k.id, k.org_id, k.name, k.role, iso(k.created_at), iso(k.revoked_at), showLimits(k.limits)]),
       ]));
+      return 0;
+    }
+    case 'limits': {
+      const { values, positionals } = parseArgs({ args, allowPositionals: true, options: LIMIT_OPTIONS });
+      const id = positionals[0];
+      const limits = limitsFrom(values);
+      if (!id || limits === undefined) throw new UsageError('keys limits needs a key id and limits (or --clear)');
+      if (!(await store.setKeyLimits(id, limits))) {
+        console.error(`No key ${id}.`);
+        return 1;
+      }
+      console.log(`Limits of ${id}: ${showLimits(limits)}`);
       return 0;
     }
     case 'revoke': {
@@ -86,12 +139,43 @@ async function orgsCommand(store: Store, sub: string | undefined, args: string[]
     }
     case 'list': {
       const orgs = await store.listOrgs();
-      console.log(table([['ID', 'NAME', 'CREATED'], ...orgs.map((o) => [o.id, o.name, iso(o.created_at)])]));
+      console.log(table([['ID', 'NAME', 'CREATED', 'LIMITS'], ...orgs.map((o) => [o.id, o.name, iso(o.created_at), showLimits(o.limits)])]));
+      return 0;
+    }
+    case 'limits': {
+      const { values, positionals } = parseArgs({ args, allowPositionals: true, options: LIMIT_OPTIONS });
+      const id = positionals[0];
+      const limits = limitsFrom(values);
+      if (!id || limits === undefined) throw new UsageError('orgs limits needs an organization and limits (or --clear)');
+      if (!(await store.setOrgLimits(id, limits))) {
+        console.error(`No organization ${id}.`);
+        return 1;
+      }
+      console.log(`Limits of ${id}: ${showLimits(limits)}`);
       return 0;
     }
     default:
       throw new UsageError(`unknown orgs command '${sub ?? ''}'`);
   }
+}
+
+async function usageCommand(store: Store, args: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args,
+    options: { by: { type: 'string' }, org: { type: 'string' }, key: { type: 'string' }, model: { type: 'string' }, from: { type: 'string' }, to: { type: 'string' } },
+  });
+  const by = (values.by ?? 'day') as UsageGroup;
+  if (!['day', 'key', 'org', 'model'].includes(by)) throw new UsageError('--by must be day, key, org or model');
+  const rows = await store.usageTotals(by, { org: values.org, key: values.key, model: values.model, from: values.from, to: values.to });
+  if (rows.length === 0) {
+    console.log('No usage.');
+    return 0;
+  }
+  console.log(table([
+    [by.toUpperCase(), 'REQUESTS', 'ERRORS', 'INPUT', 'CACHED', 'OUTPUT', 'COST (USD)', 'UNPRICED'],
+    ...rows.map((r) => [r.group, String(r.requests), String(r.errors), String(r.input_tokens), String(r.cached_tokens), String(r.output_tokens), r.cost.toFixed(6), String(r.unpriced_requests)]),
+  ]));
+  return 0;
 }
 
 export async function main(argv: string[]): Promise<number> {
@@ -101,7 +185,7 @@ export async function main(argv: string[]): Promise<number> {
     return cmd === undefined ? 2 : 0;
   }
   if (cmd === 'serve') return serve(argv.slice(1));
-  if (cmd !== 'keys' && cmd !== 'orgs') {
+  if (cmd !== 'keys' && cmd !== 'orgs' && cmd !== 'usage') {
     console.error(`switchyard: unknown command '${cmd}'\n\n${USAGE}`);
     return 2;
   }
@@ -110,6 +194,7 @@ export async function main(argv: string[]): Promise<number> {
     const config = loadConfig();
     store = openStore(config);
     await store.migrate();
+    if (cmd === 'usage') return await usageCommand(store, argv.slice(1));
     return cmd === 'keys' ? await keysCommand(store, sub, rest) : await orgsCommand(store, sub, rest);
   } catch (err) {
     if (err instanceof UsageError || err instanceof ConfigError || (err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {

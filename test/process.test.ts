@@ -92,9 +92,10 @@ describe('the server process', () => {
 
   it('manages keys with the CLI against the same database as a running server', async () => {
     const env = { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_LOG_LEVEL: 'silent' };
-    const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_KEY_CACHE_TTL_MS: '0' });
+    const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_KEY_CACHE_TTL_MS: '0', SWITCHYARD_LEDGER_FLUSH_MS: '20' });
     try {
-      const created = await run(process.execPath, [CLI, 'keys', 'create', '--org', 'acme', '--name', 'ci'], { env });
+      const created = await run(process.execPath, [CLI, 'keys', 'create', '--org', 'acme', '--name', 'ci', '--rpm', '100', '--models', 'local/stories260k'], { env });
+      assert.match(created.stdout, /Limits: rpm=100 models=local\/stories260k/);
       assert.match(created.stdout, /Created organization acme\./);
       const key = /^\s+(sk-sy-\S+)$/m.exec(created.stdout)?.[1];
       assert.ok(key, created.stdout);
@@ -103,7 +104,15 @@ describe('the server process', () => {
       assert.equal((await http(p.url, 'GET', '/v1/models', { key })).status, 200);
 
       const listed = await run(process.execPath, [CLI, 'keys', 'list', '--org', 'acme'], { env });
-      assert.match(listed.stdout, new RegExp(`${id}\\s+acme\\s+ci\\s+inference`));
+      assert.match(listed.stdout, new RegExp(`${id}\\s+acme\\s+ci\\s+inference.*rpm=100`));
+      const chat = await http(p.url, 'POST', '/v1/chat/completions', { key, body: { model: 'local/stories260k', messages: [{ role: 'user', content: 'Once' }], max_tokens: 4 } });
+      assert.equal(chat.status, 200);
+      assert.equal(chat.headers['x-ratelimit-limit-requests'], '100');
+      await new Promise((r) => setTimeout(r, 200));
+      const usage = await run(process.execPath, [CLI, 'usage', '--by', 'key', '--key', id], { env });
+      assert.match(usage.stdout, new RegExp(`${id}\\s+1\\s+0\\s+\\d+\\s+\\d+\\s+4\\s`), usage.stdout);
+      const limited = await run(process.execPath, [CLI, 'keys', 'limits', id, '--rpm', '1'], { env });
+      assert.match(limited.stdout, /rpm=1/);
       assert.doesNotMatch(listed.stdout, /sk-sy-/, 'secrets are never listed');
 
       const viaApi = await http<WireList<WireKey>>(p.url, 'GET', '/admin/keys?org=acme', { key: adminKey });
