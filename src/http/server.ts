@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
 import cors from '@fastify/cors';
+import swagger from '@fastify/swagger';
 import { Ajv } from 'ajv';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { Logger } from 'pino';
@@ -173,6 +174,16 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   // Clients (curl -d, some SDK wrappers) often send JSON without the JSON content type: parse it anyway.
   app.addContentTypeParser('*', { parseAs: 'string' }, app.getDefaultJsonParser('error', 'ignore'));
 
+  // The OpenAPI document is generated from the route schemas that validate requests.
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.0.3',
+      info: { title: 'Switchyard', version: '0.1.0', description: 'OpenAI-compatible model inference service' },
+      components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' }, apiKey: { type: 'apiKey', in: 'header', name: 'x-api-key' } } },
+      security: [{ bearer: [] }, { apiKey: [] }],
+    },
+  });
+
   await app.register(cors, {
     origin: config.corsOrigin === '*' ? '*' : config.corsOrigin.split(',').map((o) => o.trim()),
     exposedHeaders: ['x-request-id', 'retry-after'],
@@ -202,6 +213,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   };
   const ctx: RouteContext = { ...deps, auth, requireKey, requireAdmin };
 
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   registerHealthRoutes(app, ctx);
   registerModelRoutes(app, ctx);
   registerChatRoutes(app, ctx);
@@ -218,6 +230,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     app.route({
       method: others,
       url,
+      schema: { hide: true },
       handler: (req, reply) => sendError(reply, new ApiError('method_not_allowed',
         `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } })),
     });
