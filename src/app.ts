@@ -74,6 +74,17 @@ export async function createService(config: Config, log: Logger = createLogger(c
     const limiter = new Limiter(counters, store, metrics);
     const router = new Router(catalogue, local, upstream, config.deployments, env, log,
       (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }));
+    // Deployments added through the admin API or the CLI live in the database; other instances pick
+    // them up on the catalogue's refresh interval.
+    const reloadDeployments = async () => router.setDeployments((await store.listDeployments()).map((d) => ({
+      id: d.id, model: d.model, baseUrl: d.base_url, apiKeyEnv: d.api_key_env ?? undefined, upstreamModel: d.upstream_model ?? undefined, weight: d.weight, api: d.api,
+    })));
+    await reloadDeployments();
+    if (config.catalogueRefreshMs > 0) {
+      const timer = setInterval(() => reloadDeployments().catch((err: unknown) => log.warn({ err }, 'deployment refresh failed')), config.catalogueRefreshMs);
+      timer.unref();
+      stoppers.push(async () => clearInterval(timer));
+    }
     if (config.localPreload) {
       for (const l of catalogue.localModels()) await local.load(l.file);
     }
@@ -84,7 +95,7 @@ export async function createService(config: Config, log: Logger = createLogger(c
     });
     await responses.start();
     stoppers.push(() => responses.stop());
-    const app = await buildServer({ config, store, catalogue, router, local, responses, ledger, metrics, limiter, log });
+    const app = await buildServer({ config, store, catalogue, router, reloadDeployments, local, responses, ledger, metrics, limiter, log });
     let closed = false;
     return {
       app, store, catalogue, generatedAdminKey: generated,

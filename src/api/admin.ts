@@ -2,6 +2,7 @@ import Type from 'typebox';
 import type { App, RouteContext } from '../http/server.js';
 import { ApiError } from '../http/errors.js';
 import { createKey } from '../core/keys.js';
+import { newId } from '../core/items.js';
 import { LimitsSpec, ModelPatch, ModelSpec, ORG_ID_PATTERN, type Model } from '../core/model-spec.js';
 import type { ApiKeyRecord, Org } from '../store/store.js';
 import { modelIdFromParams, renderModel } from './models.js';
@@ -122,6 +123,44 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
     const groupBy = req.query.group_by ?? 'day';
     const data = await store.usageTotals(groupBy, { org: req.query.org, key: req.query.key, model: req.query.model, from: req.query.from, to: req.query.to });
     return { object: 'list', group_by: groupBy, data };
+  });
+
+  app.get('/admin/deployments', { onRequest: requireAdmin }, async () => ({
+    object: 'list',
+    data: ctx.router.listDeployments().map((d) => ({ ...d, object: 'deployment', source: d.id.startsWith('dep_') ? 'admin' : 'config' })),
+  }));
+
+  app.post('/admin/deployments', {
+    onRequest: requireAdmin,
+    schema: {
+      body: Type.Object({
+        model: ModelSpec.properties.id,
+        base_url: Type.String({ pattern: '^https?://' }),
+        api_key_env: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
+        upstream_model: Type.Optional(Type.String({ minLength: 1 })),
+        weight: Type.Optional(Type.Number({ exclusiveMinimum: 0 })),
+        api: Type.Optional(Type.Enum(['chat', 'responses'])),
+      }),
+    },
+  }, async (req, reply) => {
+    const b = req.body;
+    if (!catalogue.find(b.model)) throw new ApiError('model_not_found', `No model '${b.model}' in the catalogue.`, { param: 'model' });
+    if (catalogue.isLocal(b.model)) throw new ApiError('invalid_value', `'${b.model}' is served from a local file.`, { param: 'model' });
+    const record = {
+      id: newId('dep'), model: b.model, base_url: b.base_url, api_key_env: b.api_key_env ?? null, upstream_model: b.upstream_model ?? null,
+      weight: b.weight ?? 1, api: b.api ?? 'chat', created_at: now(),
+    } as const;
+    await store.createDeployment(record);
+    await ctx.reloadDeployments();
+    return reply.code(201).send({ ...record, object: 'deployment', source: 'admin' });
+  });
+
+  app.delete('/admin/deployments/:id', { onRequest: requireAdmin, schema: { params: Type.Object({ id: Type.String() }) } }, async (req) => {
+    if (!(await store.deleteDeployment(req.params.id))) {
+      throw new ApiError('not_found', `No deployment '${req.params.id}' created through the admin API (config-file deployments change in the config file).`);
+    }
+    await ctx.reloadDeployments();
+    return { id: req.params.id, object: 'deployment.deleted', deleted: true };
   });
 
   app.get('/admin/models', { onRequest: requireAdmin }, async () =>

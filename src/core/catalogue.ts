@@ -5,7 +5,7 @@ import type { Config } from '../config.js';
 import { inspectGguf } from '../engines/local/gguf.js';
 import type { Store } from '../store/store.js';
 import type { Principal } from '../http/auth.js';
-import { resolveModelSpec, type Model, type ModelPatch, type ModelSpec, type ModelType } from './model-spec.js';
+import { resolveModelSpec, type Model, type ModelPatch, type ModelSpec, type ModelStatus, type ModelType } from './model-spec.js';
 
 export interface LocalModel {
   model: Model;
@@ -18,6 +18,14 @@ export interface ListFilter {
 }
 
 const now = (): number => Math.floor(Date.now() / 1000);
+
+/** Allowed status changes (docs/decisions.md); a deleted model comes back as inactive, for review. */
+export const STATUS_MOVES: Readonly<Record<ModelStatus, readonly ModelStatus[]>> = {
+  pending: ['active', 'inactive', 'deleted'],
+  active: ['inactive', 'deleted'],
+  inactive: ['active', 'deleted'],
+  deleted: ['inactive'],
+};
 
 export function localSlug(file: string): string {
   return basename(file).replace(/\.gguf$/i, '').toLowerCase().replace(/[^a-z0-9._-]+/g, '-').replace(/^[^a-z0-9]+/, '') || 'model';
@@ -164,6 +172,9 @@ export class Catalogue {
   async update(id: string, patch: ModelPatch): Promise<Model | string | undefined> {
     const existing = await this.store.getModel(id);
     if (!existing) return undefined;
+    if (patch.status !== undefined && patch.status !== existing.status && !STATUS_MOVES[existing.status].includes(patch.status)) {
+      return `model '${id}' cannot move from ${existing.status} to ${patch.status} (allowed: ${STATUS_MOVES[existing.status].join(', ')})`;
+    }
     const merged: Record<string, unknown> = { ...existing, ...patch };
     const spec: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(merged)) {

@@ -29,30 +29,45 @@ interface Deployment {
  * event (connection refused, 5xx) moves on to the next deployment.
  */
 export class Router {
-  private readonly upstreams = new Map<string, Deployment[]>();
+  private upstreams = new Map<string, Deployment[]>();
 
   constructor(
     private readonly catalogue: Catalogue,
     private readonly local: Engine,
-    upstream: Engine,
-    deployments: readonly DeploymentConfig[],
-    env: NodeJS.ProcessEnv,
+    private readonly upstream: Engine,
+    private readonly configured: readonly DeploymentConfig[],
+    private readonly env: NodeJS.ProcessEnv,
     private readonly log: Logger,
     /** Told about a deployment that failed and was skipped (for metrics). */
     private readonly onDeploymentError?: (deployment: string, code: string) => void,
   ) {
-    deployments.forEach((d, i) => {
+    this.setDeployments([]);
+  }
+
+  /** Config-file deployments plus the given ones (from the admin API); replaces the routing table at once. */
+  setDeployments(stored: readonly DeploymentConfig[]): void {
+    const table = new Map<string, Deployment[]>();
+    [...this.configured, ...stored].forEach((d, i) => {
       const id = d.id ?? `${d.model}#${i}`;
-      const apiKey = d.apiKeyEnv ? env[d.apiKeyEnv] : undefined;
-      if (d.apiKeyEnv && !apiKey) log.warn({ deployment: id, env: d.apiKeyEnv }, 'deployment API key variable is not set');
-      const list = this.upstreams.get(d.model) ?? [];
+      const apiKey = d.apiKeyEnv ? this.env[d.apiKeyEnv] : undefined;
+      if (d.apiKeyEnv && !apiKey) this.log.warn({ deployment: id, env: d.apiKeyEnv }, 'deployment API key variable is not set');
+      const list = table.get(d.model) ?? [];
       list.push({
-        engine: upstream,
+        engine: this.upstream,
         weight: d.weight ?? 1,
         target: { engine: 'upstream', id, baseUrl: d.baseUrl, apiKey, upstreamModel: d.upstreamModel ?? d.model, api: d.api ?? 'chat' },
       });
-      this.upstreams.set(d.model, list);
+      table.set(d.model, list);
     });
+    this.upstreams = table;
+  }
+
+  /** Every deployment now routed to, for the admin API. */
+  listDeployments(): Array<{ id: string; model: string; base_url: string; upstream_model: string; weight: number; api: string }> {
+    return [...this.upstreams.entries()].flatMap(([model, ds]) => ds.map((d) => {
+      const t = d.target as Extract<DeploymentTarget, { engine: 'upstream' }>;
+      return { id: t.id, model, base_url: t.baseUrl, upstream_model: t.upstreamModel, weight: d.weight, api: t.api };
+    }));
   }
 
   /** The model a principal may generate with, or the answer decided in docs/decisions.md. */

@@ -39,6 +39,7 @@ export interface ServerDeps {
   store: Store;
   catalogue: Catalogue;
   router: Router;
+  reloadDeployments: () => Promise<void>;
   local: LocalEngine;
   responses: ResponseService;
   ledger: Ledger;

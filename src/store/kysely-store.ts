@@ -4,7 +4,7 @@ import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type Selectable 
 import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
-import type { ApiKeyRecord, ConversationRecord, ItemPage, KeyRole, Limits, Org, ResponseRecord, Store, UsageFilter, UsageGroup, UsageRecord, UsageTotal } from './store.js';
+import type { ApiKeyRecord, ConversationRecord, DeploymentRecord, ItemPage, KeyRole, Limits, Org, ResponseRecord, Store, UsageFilter, UsageGroup, UsageRecord, UsageTotal } from './store.js';
 import type { Capability, Model, ModelSource, ModelStatus, ModelType, PricingEntry, Visibility } from '../core/model-spec.js';
 
 /** A model row: enums as plain text, arrays as JSON text. */
@@ -25,6 +25,7 @@ interface Database {
   conversations: ConversationRecord;
   conversation_items: { id: string; conversation_id: string; seq: number; item: string; created_at: number };
   settings: { key: string; value: string };
+  deployments: Omit<DeploymentRecord, 'api'> & { api: string };
   usage_records: Omit<UsageRecord, 'stream' | 'price_missing'> & { stream: number; price_missing: number };
 }
 
@@ -363,5 +364,20 @@ export class KyselyStore implements Store {
       cost: Number(r.cost ?? 0),
       unpriced_requests: Number(r.unpriced_requests ?? 0),
     }));
+  }
+
+  async listDeployments(): Promise<DeploymentRecord[]> {
+    const rows = await this.db.selectFrom('deployments').selectAll().orderBy('model').orderBy('id').execute();
+    return rows.map((r) => ({ ...r, weight: Number(r.weight), created_at: Number(r.created_at), api: r.api === 'responses' ? 'responses' : 'chat' }));
+  }
+
+  async createDeployment(d: DeploymentRecord): Promise<boolean> {
+    const res = await this.db.insertInto('deployments').values(d).onConflict((oc) => oc.column('id').doNothing()).executeTakeFirst();
+    return Number(res.numInsertedOrUpdatedRows ?? 0) > 0;
+  }
+
+  async deleteDeployment(id: string): Promise<boolean> {
+    const res = await this.db.deleteFrom('deployments').where('id', '=', id).executeTakeFirst();
+    return Number(res.numDeletedRows) > 0;
   }
 }

@@ -126,6 +126,23 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('orgs').dropColumn('limits').execute();
     },
   },
+  '0005_deployments': {
+    async up(db: Kysely<unknown>) {
+      await db.schema.createTable('deployments')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('model', 'text', (c) => c.notNull())
+        .addColumn('base_url', 'text', (c) => c.notNull())
+        .addColumn('api_key_env', 'text')
+        .addColumn('upstream_model', 'text')
+        .addColumn('weight', 'double precision', (c) => c.notNull())
+        .addColumn('api', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'bigint', (c) => c.notNull())
+        .execute();
+    },
+    async down(db: Kysely<unknown>) {
+      await db.schema.dropTable('deployments').execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

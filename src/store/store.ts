@@ -110,6 +110,19 @@ export interface UsageTotal {
   unpriced_requests: number;
 }
 
+/** An upstream deployment added through the admin API (config-file ones are not stored). */
+export interface DeploymentRecord {
+  id: string;
+  model: string;
+  base_url: string;
+  /** Name of the environment variable with the upstream's key; the key itself is never stored. */
+  api_key_env: string | null;
+  upstream_model: string | null;
+  weight: number;
+  api: 'chat' | 'responses';
+  created_at: number;
+}
+
 /** The one persistence interface; SQLite and PostgreSQL are dialects of the same implementation. */
 export interface Store {
   readonly dialect: 'sqlite' | 'postgres';
@@ -159,6 +172,11 @@ export interface Store {
   allConversationItems(conversationId: string): Promise<string[]>;
   getConversationItem(conversationId: string, itemId: string): Promise<string | undefined>;
   deleteConversationItem(conversationId: string, itemId: string): Promise<boolean>;
+
+  listDeployments(): Promise<DeploymentRecord[]>;
+  /** Returns false when the id is taken. */
+  createDeployment(d: DeploymentRecord): Promise<boolean>;
+  deleteDeployment(id: string): Promise<boolean>;
 
   insertUsage(records: readonly UsageRecord[]): Promise<void>;
   usageTotals(groupBy: UsageGroup, filter: UsageFilter): Promise<UsageTotal[]>;
