@@ -30,7 +30,7 @@ const DeploymentSpec = Type.Object({
   apiKeyEnv: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
   /** The model name the upstream uses; defaults to the catalogue id. */
   upstreamModel: Type.Optional(Type.String({ minLength: 1 })),
-  weight: Type.Optional(Type.Number({ exclusiveMinimum: 0 })),
+  weight: Type.Optional(Type.Number({ minimum: 0.0001 })),
   id: Type.Optional(Type.String({ minLength: 1 })),
   /** `chat` (default): the upstream only speaks chat completions, and Responses requests are translated. */
   api: Type.Optional(Type.Enum(['chat', 'responses'])),
