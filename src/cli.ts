@@ -2,7 +2,9 @@ import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig } from './config.js';
 import { openStore } from './app.js';
 import { createKey } from './core/keys.js';
-import { LimitsSpec, ORG_ID_PATTERN } from './core/model-spec.js';
+import { LimitsSpec, ORG_ID_PATTERN, type ModelStatus } from './core/model-spec.js';
+import { STATUS_MOVES, syncConfiguredModels } from './core/catalogue.js';
+import { newId } from './core/items.js';
 import { serve } from './main.js';
 import type { Limits, Store, UsageGroup } from './store/store.js';
 import Value from 'typebox/value';
@@ -18,6 +20,11 @@ const USAGE = `Usage: switchyard <command>
   orgs create ORG [--name "Display name"]        create an organization
   orgs limits ORG [LIMITS | --clear]             set an organization's limits
   orgs list                                      list organizations
+  models list [--all]                            catalogue entries in the database (--all: deleted too)
+  models status MODEL_ID STATUS                  move a model to pending|active|inactive|deleted
+  deployments list                               upstream deployments added at run time
+  deployments add --model ID --base-url URL [--key-env VAR] [--upstream-model NAME] [--weight W] [--api chat|responses]
+  deployments remove DEPLOYMENT_ID
   usage [--by day|key|org|model] [--org ORG] [--key KEY_ID] [--model ID] [--from YYYY-MM-DD] [--to YYYY-MM-DD]
                                                  token and cost totals
 
@@ -159,6 +166,91 @@ async function orgsCommand(store: Store, sub: string | undefined, args: string[]
   }
 }
 
+async function modelsCommand(store: Store, sub: string | undefined, args: string[]): Promise<number> {
+  switch (sub) {
+    case 'list': {
+      const { values } = parseArgs({ args, options: { all: { type: 'boolean' } } });
+      const models = (await store.listModels()).filter((m) => values.all || m.status !== 'deleted');
+      console.log(table([
+        ['ID', 'TYPE', 'STATUS', 'VISIBILITY', 'OWNER', 'CONTEXT', 'PRICING (USD)'],
+        ...models.map((m) => [m.id, m.model_type, m.status, m.visibility, m.owned_by, m.context_length === null ? '-' : String(m.context_length),
+          m.pricing.map((p) => `${p.metric}=${p.rate}`).join(' ') || '-']),
+      ]));
+      return 0;
+    }
+    case 'status': {
+      const { positionals } = parseArgs({ args, allowPositionals: true });
+      const [id, status] = positionals;
+      if (!id || !status || !(status in STATUS_MOVES)) throw new UsageError('models status needs a model id and one of pending, active, inactive, deleted');
+      const model = await store.getModel(id);
+      if (!model) {
+        console.error(`No model ${id} in the database.`);
+        return 1;
+      }
+      const to = status as ModelStatus;
+      if (to !== model.status && !STATUS_MOVES[model.status].includes(to)) {
+        console.error(`${id} cannot move from ${model.status} to ${to} (allowed: ${STATUS_MOVES[model.status].join(', ')}).`);
+        return 1;
+      }
+      await store.upsertModel({ ...model, status: to });
+      console.log(`${id} is now ${to}.`);
+      return 0;
+    }
+    default:
+      throw new UsageError(`unknown models command '${sub ?? ''}'`);
+  }
+}
+
+async function deploymentsCommand(store: Store, sub: string | undefined, args: string[]): Promise<number> {
+  switch (sub) {
+    case 'list': {
+      const deps = await store.listDeployments();
+      if (deps.length === 0) {
+        console.log('No deployments added at run time (config-file deployments are in the config file).');
+        return 0;
+      }
+      console.log(table([
+        ['ID', 'MODEL', 'BASE URL', 'UPSTREAM MODEL', 'WEIGHT', 'API', 'KEY VARIABLE'],
+        ...deps.map((d) => [d.id, d.model, d.base_url, d.upstream_model ?? d.model, String(d.weight), d.api, d.api_key_env ?? '-']),
+      ]));
+      return 0;
+    }
+    case 'add': {
+      const { values } = parseArgs({
+        args,
+        options: { model: { type: 'string' }, 'base-url': { type: 'string' }, 'key-env': { type: 'string' }, 'upstream-model': { type: 'string' }, weight: { type: 'string' }, api: { type: 'string' } },
+      });
+      const model = values.model;
+      const baseUrl = values['base-url'];
+      if (!model || !baseUrl || !/^https?:\/\//.test(baseUrl)) throw new UsageError('deployments add needs --model and an http(s) --base-url');
+      if (!(await store.getModel(model))) throw new UsageError(`no model ${model} in the catalogue`);
+      const weight = values.weight === undefined ? 1 : Number(values.weight);
+      if (!(weight > 0)) throw new UsageError('--weight must be a positive number');
+      if (values.api !== undefined && values.api !== 'chat' && values.api !== 'responses') throw new UsageError('--api must be chat or responses');
+      const id = newId('dep');
+      await store.createDeployment({
+        id, model, base_url: baseUrl, api_key_env: values['key-env'] ?? null, upstream_model: values['upstream-model'] ?? null,
+        weight, api: values.api === 'responses' ? 'responses' : 'chat', created_at: Math.floor(Date.now() / 1000),
+      });
+      console.log(`Added deployment ${id} of ${model} at ${baseUrl}. Running servers route to it within SWITCHYARD_CATALOGUE_REFRESH_MS.`);
+      return 0;
+    }
+    case 'remove': {
+      const { positionals } = parseArgs({ args, allowPositionals: true });
+      const id = positionals[0];
+      if (!id) throw new UsageError('deployments remove needs a deployment id');
+      if (!(await store.deleteDeployment(id))) {
+        console.error(`No deployment ${id}.`);
+        return 1;
+      }
+      console.log(`Removed deployment ${id}.`);
+      return 0;
+    }
+    default:
+      throw new UsageError(`unknown deployments command '${sub ?? ''}'`);
+  }
+}
+
 async function usageCommand(store: Store, args: string[]): Promise<number> {
   const { values } = parseArgs({
     args,
@@ -185,7 +277,7 @@ export async function main(argv: string[]): Promise<number> {
     return cmd === undefined ? 2 : 0;
   }
   if (cmd === 'serve') return serve(argv.slice(1));
-  if (cmd !== 'keys' && cmd !== 'orgs' && cmd !== 'usage') {
+  if (!['keys', 'orgs', 'usage', 'models', 'deployments'].includes(cmd)) {
     console.error(`switchyard: unknown command '${cmd}'\n\n${USAGE}`);
     return 2;
   }
@@ -194,7 +286,10 @@ export async function main(argv: string[]): Promise<number> {
     const config = loadConfig();
     store = openStore(config);
     await store.migrate();
+    await syncConfiguredModels(store, config);
     if (cmd === 'usage') return await usageCommand(store, argv.slice(1));
+    if (cmd === 'models') return await modelsCommand(store, sub, rest);
+    if (cmd === 'deployments') return await deploymentsCommand(store, sub, rest);
     return cmd === 'keys' ? await keysCommand(store, sub, rest) : await orgsCommand(store, sub, rest);
   } catch (err) {
     if (err instanceof UsageError || err instanceof ConfigError || (err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {

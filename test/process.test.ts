@@ -133,6 +133,24 @@ describe('the server process', () => {
     }
   });
 
+  it('manages the catalogue and deployments with the CLI', async () => {
+    const env = { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_LOG_LEVEL: 'silent' };
+    const cli = (...args: string[]) => run(process.execPath, [CLI, ...args], { env });
+    const listed = await cli('models', 'list');
+    assert.match(listed.stdout, /meta-llama\/llama-3\.1-8b-instruct\s+text_generation\s+active\s+public/);
+    assert.match((await cli('models', 'status', 'qwen/qwen3-8b', 'inactive')).stdout, /now inactive/);
+    await assert.rejects(cli('models', 'status', 'qwen/qwen3-8b', 'pending'), (err: { code?: number; stderr?: string }) => {
+      assert.equal(err.code, 1);
+      assert.match(err.stderr ?? '', /cannot move from inactive to pending/);
+      return true;
+    });
+    const added = await cli('deployments', 'add', '--model', 'qwen/qwen3-8b', '--base-url', 'http://127.0.0.1:8000/v1', '--key-env', 'VLLM_KEY', '--api', 'responses');
+    const id = /deployment (dep_[0-9a-f]+)/.exec(added.stdout)?.[1];
+    assert.ok(id, added.stdout);
+    assert.match((await cli('deployments', 'list')).stdout, new RegExp(`${id}\\s+qwen/qwen3-8b\\s+http://127\\.0\\.0\\.1:8000/v1.*responses\\s+VLLM_KEY`));
+    assert.match((await cli('deployments', 'remove', id)).stdout, /Removed/);
+  });
+
   it('refuses to start on a bad setting, naming it', async () => {
     const child = spawn(process.execPath, [MAIN], { env: { PATH: process.env['PATH'] ?? '', PORT: 'eighty' }, stdio: ['ignore', 'pipe', 'pipe'] });
     let err = '';

@@ -19,6 +19,20 @@ export interface ListFilter {
 
 const now = (): number => Math.floor(Date.now() / 1000);
 
+/**
+ * The config file's (and the shipped) models into the store: the config wins for the fields it
+ * describes, but `status` is run-time state (admin API, CLI) and is kept once the entry exists.
+ */
+export async function syncConfiguredModels(store: Store, config: Config): Promise<void> {
+  const t = now();
+  for (const spec of config.models) {
+    const model = resolveModelSpec(spec, 'config', t);
+    if (typeof model === 'string') throw new Error(`Invalid configuration: ${model}`);
+    const existing = await store.getModel(model.id);
+    await store.upsertModel(existing ? { ...model, status: existing.status } : model);
+  }
+}
+
 /** Allowed status changes (docs/decisions.md); a deleted model comes back as inactive, for review. */
 export const STATUS_MOVES: Readonly<Record<ModelStatus, readonly ModelStatus[]>> = {
   pending: ['active', 'inactive', 'deleted'],
@@ -49,12 +63,7 @@ export class Catalogue {
 
   /** Writes the config file's models into the store, scans the models dir, and loads the snapshot. */
   async init(): Promise<void> {
-    const t = now();
-    for (const spec of this.config.models) {
-      const model = resolveModelSpec(spec, 'config', t);
-      if (typeof model === 'string') throw new Error(`Invalid configuration: ${model}`);
-      await this.store.upsertModel(model);
-    }
+    await syncConfiguredModels(this.store, this.config);
     this.local = await this.scanLocal();
     await this.refresh();
     if (this.config.catalogueRefreshMs > 0) {
