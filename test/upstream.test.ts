@@ -122,7 +122,7 @@ describe('upstream failures', () => {
     const key = (await createKey(a, 'downstream')).key;
     const s = await startServer({
       modelsDir: tempDir(), env: { UP_KEY: key },
-      configFile: { name: 'd.json', text: upstreamConfig([{ baseUrl: await deadUrl(), weight: 1e9 }, { baseUrl: a.baseURL, weight: 1e-9, apiKeyEnv: 'UP_KEY' }]) },
+      configFile: { name: 'd.json', text: upstreamConfig([{ baseUrl: await deadUrl(), weight: 1e6 }, { baseUrl: a.baseURL, weight: 0.001, apiKeyEnv: 'UP_KEY' }]) },
     });
     servers.push(s);
     const ok = await new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 }).chat.completions.create({ model: MODEL, ...ask });
