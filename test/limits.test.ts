@@ -50,6 +50,8 @@ describe('limits', () => {
     assert.equal(fourth.headers['x-ratelimit-remaining-requests'], '0');
     const streamed = await http(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: 'x', max_output_tokens: 2 } });
     assert.equal(streamed.status, 429, 'the Responses API shares the same limit');
+    const metrics = await http(server.url, 'GET', '/metrics');
+    assert.match(metrics.text, /switchyard_rate_limited_total\{limit="rpm"\} [2-9]/);
   });
 
   it('exhausts a tokens-per-minute limit', async () => {
