@@ -74,6 +74,20 @@ function table(rows: string[][]): string {
   return rows.map((r) => r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd()).join('\n');
 }
 
+/** `keys limits` and `orgs limits`: the same flags, a different record. */
+async function setLimits(args: string[], what: 'key' | 'organization', set: (id: string, limits: Limits | null) => Promise<boolean>): Promise<number> {
+  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: LIMIT_OPTIONS });
+  const id = positionals[0];
+  const limits = limitsFrom(values);
+  if (!id || limits === undefined) throw new UsageError(`${what === 'key' ? 'keys' : 'orgs'} limits needs a ${what} id and limits (or --clear)`);
+  if (!(await set(id, limits))) {
+    console.error(`No ${what} ${id}.`);
+    return 1;
+  }
+  console.log(`Limits of ${id}: ${showLimits(limits)}`);
+  return 0;
+}
+
 async function keysCommand(store: Store, sub: string | undefined, args: string[]): Promise<number> {
   switch (sub) {
     case 'create': {
@@ -102,18 +116,8 @@ async function keysCommand(store: Store, sub: string | undefined, args: string[]
       ]));
       return 0;
     }
-    case 'limits': {
-      const { values, positionals } = parseArgs({ args, allowPositionals: true, options: LIMIT_OPTIONS });
-      const id = positionals[0];
-      const limits = limitsFrom(values);
-      if (!id || limits === undefined) throw new UsageError('keys limits needs a key id and limits (or --clear)');
-      if (!(await store.setKeyLimits(id, limits))) {
-        console.error(`No key ${id}.`);
-        return 1;
-      }
-      console.log(`Limits of ${id}: ${showLimits(limits)}`);
-      return 0;
-    }
+    case 'limits':
+      return setLimits(args, 'key', (id, l) => store.setKeyLimits(id, l));
     case 'revoke': {
       const { positionals } = parseArgs({ args, allowPositionals: true });
       const id = positionals[0];
@@ -149,18 +153,8 @@ async function orgsCommand(store: Store, sub: string | undefined, args: string[]
       console.log(table([['ID', 'NAME', 'CREATED', 'LIMITS'], ...orgs.map((o) => [o.id, o.name, iso(o.created_at), showLimits(o.limits)])]));
       return 0;
     }
-    case 'limits': {
-      const { values, positionals } = parseArgs({ args, allowPositionals: true, options: LIMIT_OPTIONS });
-      const id = positionals[0];
-      const limits = limitsFrom(values);
-      if (!id || limits === undefined) throw new UsageError('orgs limits needs an organization and limits (or --clear)');
-      if (!(await store.setOrgLimits(id, limits))) {
-        console.error(`No organization ${id}.`);
-        return 1;
-      }
-      console.log(`Limits of ${id}: ${showLimits(limits)}`);
-      return 0;
-    }
+    case 'limits':
+      return setLimits(args, 'organization', (id, l) => store.setOrgLimits(id, l));
     default:
       throw new UsageError(`unknown orgs command '${sub ?? ''}'`);
   }

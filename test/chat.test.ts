@@ -2,7 +2,7 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { request } from 'undici';
 import OpenAI from 'openai';
-import { createKey, http, startServer, type TestServer } from './helpers/server.js';
+import { createKey, http, startServer, startWithClient, type TestServer } from './helpers/server.js';
 
 const STORIES = 'local/stories260k';
 const RANDOM = 'local/llama-2-tiny-random';
@@ -13,9 +13,7 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
   let key: string;
 
   before(async () => {
-    server = await startServer();
-    key = (await createKey(server, 'acme')).key;
-    client = new OpenAI({ apiKey: key, baseURL: server.baseURL, maxRetries: 0 });
+    ({ server, client, key } = await startWithClient());
   });
   after(() => server.close());
 

@@ -1,7 +1,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { createKey, http, readSse, startServer, type TestServer } from './helpers/server.js';
+import { createKey, http, readSse, startServer, startWithClient, type TestServer } from './helpers/server.js';
 import { checkStream, type Ev, type WireResponse } from './helpers/responses.js';
 
 const STORIES = 'local/stories260k';
@@ -14,9 +14,7 @@ describe('POST /v1/responses with TinyStories', () => {
   let key: string;
 
   before(async () => {
-    server = await startServer();
-    key = (await createKey(server, 'acme')).key;
-    client = new OpenAI({ apiKey: key, baseURL: server.baseURL, maxRetries: 0 });
+    ({ server, client, key } = await startWithClient());
   });
   after(() => server.close());
 

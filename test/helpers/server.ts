@@ -4,6 +4,7 @@ import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { request } from 'undici';
 import pg from 'pg';
+import OpenAI from 'openai';
 import { loadConfig, PACKAGE_ROOT } from '../../src/config.js';
 import { createService, type Service } from '../../src/app.js';
 
@@ -167,4 +168,11 @@ export async function readSse(base: string, method: string, path: string, opts: 
     return { event, data: data.join('\n') };
   });
   return { status: res.statusCode, events };
+}
+
+/** A server, an inference key of `org`, and the official SDK pointed at it. */
+export async function startWithClient(org = 'acme', opts: StartOptions = {}): Promise<{ server: TestServer; key: string; client: OpenAI }> {
+  const server = await startServer(opts);
+  const { key } = await createKey(server, org);
+  return { server, key, client: new OpenAI({ apiKey: key, baseURL: server.baseURL, maxRetries: 0 }) };
 }
