@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { newId as makeId } from '../core/ids.js';
 import type { ServerResponse } from 'node:http';
 import Type, { type Static } from 'typebox';
 import type { App, RouteContext } from '../http/server.js';
@@ -141,7 +141,7 @@ export function renderUsage(u: Usage): Record<string, unknown> {
   return out;
 }
 
-const newId = (): string => `chatcmpl-${randomBytes(12).toString('base64url')}`;
+const newId = (): string => makeId('chatcmpl', '-');
 
 /** Folds the event stream into one chat.completion object. */
 async function completion(first: GenerationEvent, rest: AsyncIterator<GenerationEvent>, model: Model): Promise<Record<string, unknown>> {

@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { newId } from './ids.js';
 import { ApiError } from '../http/errors.js';
 import type { ContentPart, Message, ToolCall } from './canonical.js';
 
@@ -45,7 +45,7 @@ export interface ReasoningItem {
 }
 export type Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem;
 
-export const newId = (prefix: string): string => `${prefix}_${randomBytes(16).toString('hex')}`;
+export { newId };
 
 type Raw = Record<string, unknown>;
 

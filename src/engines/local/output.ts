@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { newId } from '../../core/ids.js';
 import type { ValidateFunction } from 'ajv';
 import type { FunctionTool, GenerationEvent } from '../../core/canonical.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
@@ -23,7 +23,7 @@ export interface Sink {
 }
 
 export const TOOL_TRIGGER = '<tool_call>';
-export const newCallId = (): string => `call_${randomBytes(12).toString('base64url')}`;
+export const newCallId = (): string => newId('call');
 
 /** Second line of defence: the grammar should make this impossible; when it happens it is a bug to see. */
 export interface SchemaCheck {
