@@ -115,7 +115,8 @@ const DEFAULTS = {
   // Revocations and limit changes made elsewhere (another instance, the CLI) apply within a second.
   keyCacheTtlMs: 1_000,
   catalogueRefreshMs: 5_000,
-  corsOrigin: '*',
+  // Closed: browsers are let in only when an operator names their origins (or '*').
+  corsOrigin: '',
   localAuthor: 'local',
   defaultCatalogue: true,
   models: [],

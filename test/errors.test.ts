@@ -95,6 +95,23 @@ describe('error contract', () => {
     assertEnvelope(await http(server.url, 'GET', '/admin/keys'), 401, 'missing_api_key');
   });
 
+  it('keeps CORS closed unless origins are configured', async () => {
+    const preflight = { origin: 'https://app.example', 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, content-type, x-stainless-os' };
+    const closed = await http(server.url, 'OPTIONS', '/v1/chat/completions', { headers: preflight });
+    assert.equal(closed.headers['access-control-allow-origin'], undefined);
+    const open = await startServer({ env: { SWITCHYARD_CORS_ORIGIN: 'https://app.example' } });
+    try {
+      const res = await http(open.url, 'OPTIONS', '/v1/chat/completions', { headers: preflight });
+      assert.equal(res.status, 204);
+      assert.equal(res.headers['access-control-allow-origin'], 'https://app.example');
+      assert.match(String(res.headers['access-control-allow-headers']), /x-stainless-os/);
+      const other = await http(open.url, 'OPTIONS', '/v1/chat/completions', { headers: { ...preflight, origin: 'https://evil.example' } });
+      assert.notEqual(other.headers['access-control-allow-origin'], 'https://evil.example');
+    } finally {
+      await open.close();
+    }
+  });
+
   it('survives a body that never finishes arriving without blocking others', async () => {
     // Declares 1000 bytes, sends 10, then gives up: the server must keep answering everyone else.
     const hang = request(`${server.url}/admin/orgs`, {

@@ -185,11 +185,13 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     },
   });
 
-  await app.register(cors, {
-    origin: config.corsOrigin === '*' ? '*' : config.corsOrigin.split(',').map((o) => o.trim()),
-    exposedHeaders: ['x-request-id', 'retry-after'],
-    maxAge: 600,
-  });
+  if (config.corsOrigin !== '') {
+    await app.register(cors, {
+      origin: config.corsOrigin === '*' ? '*' : config.corsOrigin.split(',').map((o) => o.trim()),
+      exposedHeaders: ['x-request-id', 'retry-after', 'x-ratelimit-limit-requests', 'x-ratelimit-remaining-requests', 'x-ratelimit-reset-requests'],
+      maxAge: 600,
+    });
+  }
 
   app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => sendError(reply, toApiError(err, req.log)));
   app.setNotFoundHandler((req, reply) =>
