@@ -91,6 +91,7 @@ export class ResponseService {
     this.timer = setInterval(() => {
       const ids = [...this.running.keys()];
       this.store.touchResponses(ids, Date.now())
+        .then(() => this.stopCancelledElsewhere(ids))
         .then(() => this.sweep(Date.now() - this.opts.staleAfterMs))
         .catch((err: unknown) => this.log.warn({ err }, 'response heartbeat failed'));
     }, Math.min(HEARTBEAT_MS, Math.max(1000, this.opts.staleAfterMs / 3)));
@@ -106,6 +107,15 @@ export class ResponseService {
     const runs = [...this.running.values()];
     for (const r of runs) if (r.builder.response.background) r.abort.abort();
     await Promise.allSettled(runs.map((r) => r.done));
+  }
+
+  /** A background run cancelled through another instance is stopped here at the next heartbeat. */
+  private async stopCancelledElsewhere(ids: readonly string[]): Promise<void> {
+    for (const id of ids) {
+      const run = this.running.get(id);
+      if (!run?.builder.response.background || run.abort.signal.aborted) continue;
+      if ((await this.store.getResponse(id))?.status === 'cancelled') run.abort.abort();
+    }
   }
 
   private async sweep(before: number): Promise<void> {
