@@ -2,7 +2,7 @@ import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig } from './config.js';
 import { openStore } from './app.js';
 import { createKey } from './core/keys.js';
-import { LimitsSpec, ORG_ID_PATTERN, type ModelStatus } from './core/model-spec.js';
+import { LimitsSpec, ModelSpec, ORG_ID_PATTERN, resolveModelSpec, type Model, type ModelStatus } from './core/model-spec.js';
 import { STATUS_MOVES, syncConfiguredModels } from './core/catalogue.js';
 import { newId } from './core/items.js';
 import { serve } from './main.js';
@@ -22,6 +22,8 @@ const USAGE = `Usage: switchyard <command>
   orgs list                                      list organizations
   models list [--all]                            catalogue entries in the database (--all: deleted too)
   models status MODEL_ID STATUS                  move a model to pending|active|inactive|deleted
+  models create MODEL_ID [MODEL FIELDS]          add a catalogue entry (text models need --context-length)
+  models set MODEL_ID [MODEL FIELDS]             change name, pricing, visibility, owner or context length
   deployments list                               upstream deployments added at run time
   deployments add --model ID --base-url URL [--key-env VAR] [--upstream-model NAME] [--weight W] [--api chat|responses]
   deployments remove DEPLOYMENT_ID
@@ -29,6 +31,8 @@ const USAGE = `Usage: switchyard <command>
                                                  token and cost totals
 
 LIMITS: --rpm N  --tpm N  --budget USD  --budget-period day|month  --models id,id,…
+MODEL FIELDS: --name TEXT  --description TEXT  --type TYPE  --context-length N  --input-price USD/M
+  --output-price USD/M  --visibility public|private  --owner ORG  --output-size WxH,WxH
 
 The CLI works on the database directly, with the same configuration as the server
 (SWITCHYARD_CONFIG, SWITCHYARD_DATA_DIR, DATABASE_URL). A running server sees a revocation made
@@ -160,6 +164,44 @@ async function orgsCommand(store: Store, sub: string | undefined, args: string[]
   }
 }
 
+const MODEL_OPTIONS = {
+  name: { type: 'string' }, description: { type: 'string' }, type: { type: 'string' }, 'context-length': { type: 'string' },
+  'input-price': { type: 'string' }, 'output-price': { type: 'string' }, visibility: { type: 'string' }, owner: { type: 'string' },
+  'output-size': { type: 'string' },
+} as const;
+
+/** Catalogue fields from command-line flags; prices are US dollars per million tokens. */
+function modelFieldsFrom(v: Partial<Record<keyof typeof MODEL_OPTIONS, string>>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  if (v.name !== undefined) out['name'] = v.name;
+  if (v.description !== undefined) out['description'] = v.description;
+  if (v.type !== undefined) out['model_type'] = v.type;
+  if (v['context-length'] !== undefined) out['context_length'] = Number(v['context-length']);
+  if (v.visibility !== undefined) out['visibility'] = v.visibility;
+  if (v.owner !== undefined) out['owned_by'] = v.owner;
+  if (v['output-size'] !== undefined) out['output_size'] = v['output-size'];
+  return out;
+}
+
+/** Existing pricing with the prices given on the command line replacing their metrics. */
+function pricingWith(existing: Model['pricing'], v: Partial<Record<keyof typeof MODEL_OPTIONS, string>>): Model['pricing'] {
+  const given: Model['pricing'] = [];
+  if (v['input-price'] !== undefined) given.push({ metric: 'input_tokens', rate: Number(v['input-price']) });
+  if (v['output-price'] !== undefined) given.push({ metric: 'output_tokens', rate: Number(v['output-price']) });
+  return [...existing.filter((p) => !given.some((g) => g.metric === p.metric)), ...given];
+}
+
+/** A stored model as the spec it could have been written as (for `models set`). */
+function specOf(m: Model): Record<string, unknown> {
+  const spec: Record<string, unknown> = {
+    name: m.name, description: m.description, owned_by: m.owned_by, status: m.status, visibility: m.visibility,
+    pricing: m.pricing, model_type: m.model_type, capabilities: m.capabilities,
+  };
+  if (m.context_length !== null) spec['context_length'] = m.context_length;
+  if (m.output_size !== null) spec['output_size'] = m.output_size;
+  return spec;
+}
+
 async function modelsCommand(store: Store, sub: string | undefined, args: string[]): Promise<number> {
   switch (sub) {
     case 'list': {
@@ -188,6 +230,24 @@ async function modelsCommand(store: Store, sub: string | undefined, args: string
       }
       await store.upsertModel({ ...model, status: to });
       console.log(`${id} is now ${to}.`);
+      return 0;
+    }
+    case 'create':
+    case 'set': {
+      const { values, positionals } = parseArgs({ args, allowPositionals: true, options: MODEL_OPTIONS });
+      const id = positionals[0];
+      if (!id) throw new UsageError(`models ${sub} needs a model id (author/slug)`);
+      const fields = modelFieldsFrom(values);
+      const existing = await store.getModel(id);
+      if (sub === 'create' && existing) throw new UsageError(`model ${id} already exists; use models set`);
+      if (sub === 'set' && !existing) throw new UsageError(`no model ${id} in the catalogue`);
+      const spec = { ...(existing ? specOf(existing) : {}), ...fields, pricing: pricingWith(existing?.pricing ?? [], values), id };
+      const first = Value.Errors(ModelSpec, spec)[0];
+      if (first) throw new UsageError(`invalid model: ${first.instancePath.slice(1) || 'id'} ${first.message}`);
+      const model = resolveModelSpec(spec as ModelSpec, existing?.source ?? 'admin', existing?.created ?? Math.floor(Date.now() / 1000));
+      if (typeof model === 'string') throw new UsageError(model);
+      await store.upsertModel(existing ? { ...model, status: existing.status } : model);
+      console.log(`${sub === 'create' ? 'Created' : 'Updated'} ${id}. Running servers see it within SWITCHYARD_CATALOGUE_REFRESH_MS.`);
       return 0;
     }
     default:

@@ -144,6 +144,10 @@ describe('the server process', () => {
       assert.match(err.stderr ?? '', /cannot move from inactive to pending/);
       return true;
     });
+    assert.match((await cli('models', 'create', 'qwen/house-model', '--context-length', '8192', '--input-price', '0.1', '--output-price', '0.3')).stdout, /Created/);
+    await cli('models', 'set', 'qwen/house-model', '--visibility', 'private', '--owner', 'acme', '--output-price', '0.4');
+    assert.match((await cli('models', 'list')).stdout, /qwen\/house-model\s+text_generation\s+active\s+private\s+acme\s+8192\s+input_tokens=0\.1 output_tokens=0\.4/);
+    await assert.rejects(cli('models', 'create', 'qwen/no-context'), (err: { code?: number; stderr?: string }) => /context_length is required/.test(err.stderr ?? ''));
     const added = await cli('deployments', 'add', '--model', 'qwen/qwen3-8b', '--base-url', 'http://127.0.0.1:8000/v1', '--key-env', 'VLLM_KEY', '--api', 'responses');
     const id = /deployment (dep_[0-9a-f]+)/.exec(added.stdout)?.[1];
     assert.ok(id, added.stdout);
