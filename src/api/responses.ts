@@ -99,7 +99,7 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     const model = ctx.router.resolve(body.model, req.principal!);
     const admission = await ctx.limiter.admit(req.principal!, model.id);
     reply.headers(admission.headers);
-    const { run, firstEvents } = await responses.create(body, req.principal!, { id: req.id, started: req.startedAt, settle: admission.settle });
+    const { run, firstEvents } = await responses.create(body, req.principal!, model, { id: req.id, started: req.startedAt, settle: admission.settle });
     req.modelId = model.id;
     if (body.stream === true) {
       // A foreground stream stops when its client leaves; a background one carries on.

@@ -7,6 +7,7 @@ import { itemsToMessages, newId, normaliseInput, type Item, type ReasoningItem }
 import type { ReasoningSeal } from './reasoning-seal.js';
 import { ResponseBuilder, TERMINAL, eventsOf, type ResponseObject, type ResponseStatus, type WireEvent } from './response-builder.js';
 import type { Router } from './router.js';
+import type { Model } from './model-spec.js';
 import type { Ledger } from './ledger.js';
 import type { Metrics } from './metrics.js';
 import { metered } from './metering.js';
@@ -41,7 +42,6 @@ export class Run {
   readonly listeners = new Set<() => void>();
   readonly abort = new AbortController();
   finished = false;
-  cancelRequested = false;
   done: Promise<void> = Promise.resolve();
 
   constructor(readonly builder: ResponseBuilder, readonly orgId: string) {}
@@ -188,7 +188,6 @@ export class ResponseService {
     if (!rec.background) throw new ApiError('invalid_request', 'Only background responses can be cancelled.', { param: 'response_id' });
     const run = this.running.get(id);
     if (run) {
-      run.cancelRequested = true;
       run.abort.abort();
       await run.done;
       return structuredClone(run.builder.response);
@@ -247,10 +246,11 @@ export class ResponseService {
    * Creates a response. Returns the run (to stream or await) and whether it was started in the
    * background. Problems found before generation starts are thrown as HTTP errors and nothing is stored.
    */
+  /** `model` is the catalogue entry the caller resolved (and admitted through the limits) for `body.model`. */
   async create(
-    body: ResponsesRequest, who: Principal, request: { id: string; started: number; settle?: (tokens: number, cost: number | null) => void },
+    body: ResponsesRequest, who: Principal, model: Model,
+    request: { id: string; started: number; settle?: (tokens: number, cost: number | null) => void },
   ): Promise<{ run: Run; firstEvents: Promise<void> }> {
-    const model = this.router.resolve(body.model, who);
     if (body.previous_response_id && body.conversation) {
       throw new ApiError('invalid_request', 'Send previous_response_id or conversation, not both.', { param: 'conversation' });
     }

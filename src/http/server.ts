@@ -75,7 +75,7 @@ function paramName(pointer: string, extra?: string): string {
   return parts.reduce((acc, p) => (/^\d+$/.test(p) ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
 }
 
-export function validationError(issues: readonly ValidationIssue[], where: string): ApiError {
+function validationError(issues: readonly ValidationIssue[], where: string): ApiError {
   // For unions ajv reports each branch, then the union; the branch that got past the type check
   // (a range, an enum) says what is really wrong.
   const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
@@ -125,7 +125,7 @@ function toApiError(err: FastifyError, log: FastifyBaseLogger): ApiError {
   return new ApiError('internal_error', 'The server had an error while processing your request.');
 }
 
-export function sendError(reply: FastifyReply, e: ApiError): FastifyReply {
+function sendError(reply: FastifyReply, e: ApiError): FastifyReply {
   return reply.code(e.status).headers(e.headers).type('application/json; charset=utf-8').send(e.toBody());
 }
 
