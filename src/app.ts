@@ -10,10 +10,10 @@ import { UpstreamEngine } from './engines/upstream/upstream-engine.js';
 import type { Engine } from './engines/engine.js';
 import { Router } from './core/router.js';
 import { ReasoningSeal } from './core/reasoning-seal.js';
-import { ResponseService } from './core/responses.js';
+import { ResponseService, failAbandonedResponses } from './core/responses.js';
 import { Ledger } from './core/ledger.js';
 import { Metrics } from './core/metrics.js';
-import { Limiter, MemoryCounters, RedisCounters } from './core/limits.js';
+import { Limiter, MemoryCounters, RedisCounters, type Counters } from './core/limits.js';
 import type { Store } from './store/store.js';
 
 export function openStore(config: Config): Store {
@@ -33,8 +33,33 @@ export interface Service {
   close(): Promise<void>;
 }
 
+/**
+ * What a cluster's primary does once before its workers start: migrations, the bootstrap admin key,
+ * the generated reasoning secret, and (SQLite: no other instance can be running) failing responses a
+ * previous run left unfinished.
+ */
+export async function prepareDatabase(config: Config, log: Logger): Promise<{ generatedAdminKey: string | undefined }> {
+  const store = openStore(config);
+  try {
+    await store.migrate();
+    const { generated } = await ensureAdminKey(store, config.adminKey);
+    await ReasoningSeal.open(store, config.secretKey);
+    if (store.dialect === 'sqlite') await failAbandonedResponses(store, Date.now() + 1, log);
+    return { generatedAdminKey: generated };
+  } finally {
+    await store.close();
+  }
+}
+
+export interface ServiceOptions {
+  /** Other processes use the same database (cluster workers): nothing running at start is assumed abandoned. */
+  shared?: boolean;
+  /** Rate-limit counters to use instead of Redis or this process's memory (a cluster primary's). */
+  counters?: Counters;
+}
+
 /** Everything but listening: store and migrations, bootstrap key, catalogue, HTTP routes. */
-export async function createService(config: Config, log: Logger = createLogger(config), env: NodeJS.ProcessEnv = process.env): Promise<Service> {
+export async function createService(config: Config, log: Logger = createLogger(config), env: NodeJS.ProcessEnv = process.env, opts: ServiceOptions = {}): Promise<Service> {
   const store = openStore(config);
   const engines: Engine[] = [];
   const stoppers: Array<() => Promise<void>> = [];
@@ -70,7 +95,7 @@ export async function createService(config: Config, log: Logger = createLogger(c
     });
     const ledger = new Ledger(store, log, config.ledgerFlushMs);
     ledger.start();
-    const counters = config.redisUrl ? new RedisCounters(config.redisUrl) : new MemoryCounters();
+    const counters = config.redisUrl ? new RedisCounters(config.redisUrl) : opts.counters ?? new MemoryCounters();
     const limiter = new Limiter(counters, store, metrics);
     const router = new Router(catalogue, local, upstream, config.deployments, env, log,
       (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }));
@@ -91,7 +116,7 @@ export async function createService(config: Config, log: Logger = createLogger(c
     const seal = await ReasoningSeal.open(store, config.secretKey);
     const responses = new ResponseService(store, router, seal, log, { ledger, metrics }, {
       staleAfterMs: config.responseStaleMs,
-      singleInstance: store.dialect === 'sqlite',
+      singleInstance: store.dialect === 'sqlite' && opts.shared !== true,
     });
     await responses.start();
     stoppers.push(() => responses.stop());

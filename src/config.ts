@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import { resolve, dirname, extname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Type, { type Static } from 'typebox';
@@ -68,6 +69,8 @@ const ConfigSchema = Type.Object({
   /** When set, GET /metrics needs `Authorization: Bearer <metricsToken>`. */
   metricsToken: Type.Optional(Type.String({ minLength: 8 })),
   ledgerFlushMs: Type.Integer({ minimum: 10 }),
+  /** Worker processes serving the port (node:cluster); 1 serves from this process alone. */
+  workers: Type.Integer({ minimum: 1, maximum: 256 }),
 }, { additionalProperties: false });
 
 export type Config = Static<typeof ConfigSchema>;
@@ -99,6 +102,7 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool']> = [
   ['SWITCHYARD_RESPONSE_STALE_MS', 'responseStaleMs', 'int'],
   ['SWITCHYARD_METRICS_TOKEN', 'metricsToken', 'string'],
   ['SWITCHYARD_LEDGER_FLUSH_MS', 'ledgerFlushMs', 'int'],
+  ['SWITCHYARD_WORKERS', 'workers', 'int'],
 ];
 
 export const PACKAGE_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -131,6 +135,7 @@ const DEFAULTS = {
   localPreload: false,
   responseStaleMs: 60_000,
   ledgerFlushMs: 1000,
+  workers: availableParallelism(),
 } satisfies Partial<Config>;
 
 function readStructuredFile(path: string, label: string): Record<string, unknown> {

@@ -1,8 +1,21 @@
 import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig } from './config.js';
-import { createLogger, createService } from './app.js';
+import cluster from 'node:cluster';
+import { createLogger, createService, prepareDatabase } from './app.js';
+import { IpcCounters, runPrimary } from './cluster.js';
 
-/** `npm start [-- --port N --host H]`: serve until SIGTERM or SIGINT, then drain. */
+function showGeneratedKey(key: string | undefined): void {
+  if (!key) return;
+  // Shown once: only its hash is stored.
+  process.stdout.write(
+    `\nNo admin key was configured, so one was generated. It is shown only this once:\n\n  ${key}\n\n` +
+    'Keep it somewhere safe, or set SWITCHYARD_ADMIN_KEY to use your own.\n\n');
+}
+
+/**
+ * `npm start [-- --port N --host H]`: serve until SIGTERM or SIGINT, then drain. With more than one
+ * worker (SWITCHYARD_WORKERS, default: one per core) this process becomes the cluster's primary.
+ */
 export async function serve(argv: string[]): Promise<number> {
   let config;
   try {
@@ -16,21 +29,23 @@ export async function serve(argv: string[]): Promise<number> {
     console.error(err instanceof Error ? err.message : String(err));
     return 2;
   }
-  const log = createLogger(config);
+  const isWorker = cluster.isWorker;
+  const log = isWorker ? createLogger(config).child({ worker: cluster.worker?.id }) : createLogger(config);
+  const clustered = !isWorker && config.workers > 1;
   let service;
   try {
-    service = await createService(config, log);
+    if (clustered) {
+      const { generatedAdminKey } = await prepareDatabase(config, log);
+      showGeneratedKey(generatedAdminKey);
+      return await runPrimary(config, config.workers, log);
+    }
+    service = await createService(config, log, process.env, isWorker ? { shared: true, ...(!config.redisUrl && { counters: new IpcCounters() }) } : {});
   } catch (err) {
     log.fatal({ err }, 'start-up failed');
     console.error(`switchyard: start-up failed: ${(err as Error).message}`);
     return 1;
   }
-  if (service.generatedAdminKey) {
-    // Shown once: only its hash is stored.
-    process.stdout.write(
-      `\nNo admin key was configured, so one was generated. It is shown only this once:\n\n  ${service.generatedAdminKey}\n\n` +
-      'Keep it somewhere safe, or set SWITCHYARD_ADMIN_KEY to use your own.\n\n');
-  }
+  showGeneratedKey(service.generatedAdminKey);
   const address = await service.app.listen({ host: config.host, port: config.port });
   log.info({ address, database: service.store.dialect, models: service.catalogue.all().length }, 'switchyard listening');
 
@@ -54,8 +69,8 @@ export async function serve(argv: string[]): Promise<number> {
         resolveExit(1);
       });
     };
-    process.once('SIGTERM', () => stop('SIGTERM'));
-    process.once('SIGINT', () => stop('SIGINT'));
+    process.on('SIGTERM', () => stop('SIGTERM'));
+    process.on('SIGINT', () => stop('SIGINT'));
   });
 }
 

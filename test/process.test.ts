@@ -1,49 +1,16 @@
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFile, type ChildProcess } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { connect } from 'node:net';
 import { PACKAGE_ROOT } from '../src/config.js';
-import { http, SHARED_MODELS, tempDir, type WireKey, type WireList, type WireModel } from './helpers/server.js';
+import { http, tempDir, type WireKey, type WireList, type WireModel } from './helpers/server.js';
+import { MAIN, startProcess } from './helpers/process.js';
 
-const MAIN = join(PACKAGE_ROOT, 'dist', 'src', 'main.js');
 const CLI = join(PACKAGE_ROOT, 'bin', 'switchyard.js');
 const run = promisify(execFile);
-
-interface Running {
-  child: ChildProcess;
-  url: string;
-  stdout: () => string;
-  exited: Promise<number | null>;
-}
-
-/** Starts `node dist/src/main.js` as npm start does, on a free port, and waits for it to listen. */
-async function startProcess(env: Record<string, string>): Promise<Running> {
-  const child = spawn(process.execPath, [MAIN, '--port', '0'], {
-    env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_MODELS_DIR: SHARED_MODELS, ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let out = '';
-  child.stdout!.on('data', (d: Buffer) => { out += d.toString(); });
-  child.stderr!.on('data', (d: Buffer) => { out += d.toString(); });
-  const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
-  const url = await new Promise<string>((res, rej) => {
-    const timer = setTimeout(() => rej(new Error(`server did not start:\n${out}`)), 20_000);
-    const check = () => {
-      const m = /"address":"(http:\/\/[^"]+)"/.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        child.stdout!.off('data', check);
-        res(m[1]!);
-      }
-    };
-    child.stdout!.on('data', check);
-    void exited.then((code) => rej(new Error(`server exited with ${code}:\n${out}`)));
-  });
-  return { child, url, stdout: () => out, exited };
-}
 
 describe('the server process', () => {
   const dataDir = tempDir();

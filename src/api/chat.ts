@@ -6,8 +6,8 @@ import { ApiError } from '../http/errors.js';
 import type { ContentPart, FinishReason, GenerationEvent, GenerationRequest, Message, ResponseFormat, ToolChoice, Usage } from '../core/canonical.js';
 import type { Model } from '../core/model-spec.js';
 import { MaxOutputTokens, ModelField, NullableBoolean, Penalty, Seed, Stop, Temperature, TopP, nullable } from './limits.js';
-import { writeSse, openSse } from './sse.js';
-import { metered } from '../core/metering.js';
+import { drained, writeSse, openSse } from './sse.js';
+import { MeteredStream } from '../core/metering.js';
 
 const Part = Type.Object({ type: Type.String() });
 const WireToolCall = Type.Object({
@@ -144,13 +144,13 @@ export function renderUsage(u: Usage): Record<string, unknown> {
 const newId = (): string => makeId('chatcmpl', '-');
 
 /** Folds the event stream into one chat.completion object. */
-async function completion(first: GenerationEvent, rest: AsyncIterator<GenerationEvent>, model: Model): Promise<Record<string, unknown>> {
+async function completion(events: MeteredStream, model: Model): Promise<Record<string, unknown>> {
   let text = '';
   let reasoning = '';
   const calls: Array<{ id: string; type: 'function'; function: { name: string; arguments: string } }> = [];
   let usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
   let finish: FinishReason = 'stop';
-  for (let ev: GenerationEvent | undefined = first; ev; ) {
+  for (let ev = await events.next(); ev; ev = await events.next()) {
     switch (ev.type) {
       case 'text.delta': text += ev.text; break;
       case 'reasoning.delta': reasoning += ev.text; break;
@@ -159,8 +159,6 @@ async function completion(first: GenerationEvent, rest: AsyncIterator<Generation
       case 'usage': usage = ev.usage; break;
       case 'finish': finish = ev.reason; break;
     }
-    const next = await rest.next();
-    ev = next.done ? undefined : next.value;
   }
   const message: Record<string, unknown> = { role: 'assistant', content: calls.length && !text ? null : text, refusal: null };
   if (reasoning) message['reasoning_content'] = reasoning;
@@ -176,14 +174,14 @@ async function completion(first: GenerationEvent, rest: AsyncIterator<Generation
 }
 
 /** Renders the event stream as chat.completion.chunk SSE, exactly as the wire doc describes. */
-async function streamChunks(raw: ServerResponse, first: GenerationEvent, rest: AsyncIterator<GenerationEvent>, model: Model, includeUsage: boolean): Promise<void> {
+async function streamChunks(raw: ServerResponse, events: MeteredStream, model: Model, includeUsage: boolean): Promise<void> {
   const head = `{"id":"${newId()}","object":"chat.completion.chunk","created":${Math.floor(Date.now() / 1000)},"model":${JSON.stringify(model.id)},"choices":[`;
   const tail = includeUsage ? '],"usage":null}' : ']}';
   const choice = (delta: string, finish: string | null = null) =>
     `${head}{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${finish === null ? 'null' : `"${finish}"`}}${tail}`;
   let usage: Usage | undefined;
-  await writeSse(raw, choice('{"role":"assistant","content":""}'));
-  for (let ev: GenerationEvent | undefined = first; ev; ) {
+  writeSse(raw, choice('{"role":"assistant","content":""}'));
+  for (let ev = await events.next(); ev; ev = await events.next()) {
     let line: string | undefined;
     switch (ev.type) {
       case 'text.delta': line = choice(`{"content":${JSON.stringify(ev.text)}}`); break;
@@ -195,13 +193,11 @@ async function streamChunks(raw: ServerResponse, first: GenerationEvent, rest: A
       case 'usage': usage = ev.usage; break;
       case 'finish': line = choice('{}', ev.reason === 'error' ? 'stop' : ev.reason); break;
     }
-    if (line !== undefined) await writeSse(raw, line);
+    if (line !== undefined && !writeSse(raw, line)) await drained(raw);
     if (raw.destroyed) return;
-    const next = await rest.next();
-    ev = next.done ? undefined : next.value;
   }
-  if (includeUsage && usage) await writeSse(raw, `${head}],"usage":${JSON.stringify(renderUsage(usage))}}`);
-  await writeSse(raw, '[DONE]');
+  if (includeUsage && usage) writeSse(raw, `${head}],"usage":${JSON.stringify(renderUsage(usage))}}`);
+  writeSse(raw, '[DONE]');
 }
 
 export function registerChatRoutes(app: App, ctx: RouteContext): void {
@@ -218,27 +214,30 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
     req.modelId = model.id;
     const admission = await ctx.limiter.admit(req.principal!, model.id);
     reply.headers(admission.headers);
-    const trace = {};
-    const events = metered(ctx.router.generate(canonical, model, trace), {
-      model, who: req.principal!, endpoint: 'chat.completions', requestId: req.id, stream: body.stream === true, started: req.startedAt, trace,
-      settle: admission.settle,
-    }, ctx.ledger, ctx.metrics)[Symbol.asyncIterator]();
     // Errors before the first event (overflow, overload, upstream down) still get a real status.
-    const first = await events.next();
-    if (first.done) throw new ApiError('internal_error', 'The engine produced no output.');
+    const events = await MeteredStream.open(ctx.router, canonical, {
+      model, who: req.principal!, endpoint: 'chat.completions', requestId: req.id, stream: body.stream === true, started: req.startedAt, trace: {},
+      settle: admission.settle,
+    }, ctx.ledger, ctx.metrics);
 
-    if (body.stream !== true) return completion(first.value, events, model);
+    if (body.stream !== true) {
+      try {
+        return await completion(events, model);
+      } finally {
+        await events.close();
+      }
+    }
 
     openSse(reply);
     try {
-      await streamChunks(reply.raw, first.value, events, model, body.stream_options?.include_usage === true);
+      await streamChunks(reply.raw, events, model, body.stream_options?.include_usage === true);
     } catch (err) {
       const e = err instanceof ApiError ? err : new ApiError('internal_error', 'The stream failed.');
       if (!(err instanceof ApiError)) req.log.error({ err }, 'stream failed');
       // Mid-stream errors: the SDK throws on a data line that carries `error`.
-      if (!reply.raw.destroyed) await writeSse(reply.raw, JSON.stringify(e.toBody()));
+      writeSse(reply.raw, JSON.stringify(e.toBody()));
     } finally {
-      await events.return?.(undefined);
+      await events.close();
       reply.raw.end();
     }
     return reply;

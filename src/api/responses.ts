@@ -5,7 +5,7 @@ import { ApiError } from '../http/errors.js';
 import type { Run } from '../core/responses.js';
 import type { Item } from '../core/items.js';
 import { Instructions, MaxOutputTokens, ModelField, NullableBoolean, Temperature, TopP, nullable } from './limits.js';
-import { openSse, writeSse } from './sse.js';
+import { drained, openSse, writeSse } from './sse.js';
 
 const FunctionTool = Type.Object({
   type: Type.Literal('function'),
@@ -74,12 +74,13 @@ async function streamRun(req: FastifyRequest, reply: FastifyReply, run: Run, onC
   for (;;) {
     while (sent < run.events.length) {
       const ev = run.events[sent++]!;
-      await writeSse(raw, JSON.stringify(ev), ev.type);
+      if (!writeSse(raw, JSON.stringify(ev), ev.type)) await drained(raw);
     }
     if (run.finished || raw.destroyed) break;
     await new Promise<void>((resolve) => {
       const wake = () => {
         run.listeners.delete(wake);
+        raw.off('close', wake);
         resolve();
       };
       run.listeners.add(wake);

@@ -18,9 +18,23 @@ export function openSse(reply: FastifyReply): void {
   reply.raw.socket?.setNoDelay(true);
 }
 
-/** Writes one `data:` event (optionally with an `event:` line), waiting for the socket when it is full. */
-export async function writeSse(raw: ServerResponse, data: string, event?: string): Promise<void> {
-  if (raw.destroyed || raw.writableEnded) return;
-  const ok = raw.write(event === undefined ? `data: ${data}\n\n` : `event: ${event}\ndata: ${data}\n\n`);
-  if (!ok && !raw.destroyed) await Promise.race([once(raw, 'drain'), once(raw, 'close')]);
+const uncork = (raw: ServerResponse): void => raw.uncork();
+
+/** Resolves once a full socket has room again (or the client went away). */
+export async function drained(raw: ServerResponse): Promise<void> {
+  if (!raw.destroyed) await Promise.race([once(raw, 'drain'), once(raw, 'close')]);
+}
+
+/**
+ * Writes one `data:` event (optionally with an `event:` line). Events written in the same tick (an
+ * upstream network read often carries several) leave in one socket write: the response is corked
+ * until the next tick, which adds no wait. Returns false when the socket is full: await drained().
+ */
+export function writeSse(raw: ServerResponse, data: string, event?: string): boolean {
+  if (raw.destroyed || raw.writableEnded) return true;
+  if (raw.writableCorked === 0) {
+    raw.cork();
+    process.nextTick(uncork, raw);
+  }
+  return raw.write(event === undefined ? `data: ${data}\n\n` : `event: ${event}\ndata: ${data}\n\n`);
 }

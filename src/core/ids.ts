@@ -1,4 +1,4 @@
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 
 /**
  * Random ids for objects (responses, items, completions, usage records). randomUUID draws from a
@@ -6,4 +6,22 @@ import { randomUUID } from 'node:crypto';
  */
 export function newId(prefix: string, sep = '_'): string {
   return `${prefix}${sep}${randomUUID().replaceAll('-', '')}`;
+}
+
+const PROCESS_TAG = randomBytes(6).toString('hex');
+let lastMs = 0;
+let counter = 0;
+
+/**
+ * An id that sorts by creation time (milliseconds, then a per-process counter, then a random
+ * per-process tag, so several processes never collide). Rows keyed by it are appended to the end of
+ * the primary-key index: random keys made each usage-record insert several times dearer in SQLite.
+ */
+export function orderedId(prefix: string): string {
+  const now = Date.now();
+  if (now !== lastMs) {
+    lastMs = now;
+    counter = 0;
+  }
+  return `${prefix}_${now.toString(16).padStart(12, '0')}${(counter++).toString(16).padStart(6, '0')}${PROCESS_TAG}`;
 }

@@ -1,4 +1,4 @@
-import { newId } from './ids.js';
+import { orderedId } from './ids.js';
 import type { Logger } from 'pino';
 import type { Store, UsageRecord } from '../store/store.js';
 import type { Usage } from './canonical.js';
@@ -24,7 +24,7 @@ export function costOf(model: Model, u: Usage): { cost: number | null; missing: 
   return { cost: Math.round(dollars * 1e10) / 1e10, missing };
 }
 
-export const newUsageId = (): string => newId('usage');
+export const newUsageId = (): string => orderedId('usage');
 
 /**
  * The usage ledger. Records are queued in memory and written in batches off the request path

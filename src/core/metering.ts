@@ -1,6 +1,6 @@
 import { ApiError } from '../http/errors.js';
 import type { Principal } from '../http/auth.js';
-import type { GenerationEvent } from './canonical.js';
+import type { GenerationEvent, GenerationRequest, Usage } from './canonical.js';
 import { costOf, newUsageId, type Ledger } from './ledger.js';
 import type { Metrics } from './metrics.js';
 import type { Model } from './model-spec.js';
@@ -20,57 +20,125 @@ export interface MeterContext {
   settle?: (tokens: number, cost: number | null) => void;
 }
 
-const dayOf = (ms: number): string => new Date(ms).toISOString().slice(0, 10);
+/** YYYY-MM-DD (UTC) of a time, computed once per day rather than per request. */
+let dayCache = { from: 0, to: 0, day: '' };
+function dayOf(ms: number): string {
+  if (ms < dayCache.from || ms >= dayCache.to) {
+    const from = ms - (ms % 86_400_000);
+    dayCache = { from, to: from + 86_400_000, day: new Date(from).toISOString().slice(0, 10) };
+  }
+  return dayCache.day;
+}
+
+/** Where a metered generation's events come from: the router's open stream. */
+export interface EventSource {
+  open(req: GenerationRequest, model: Model, trace: { deployment?: string }): Promise<{ first: GenerationEvent | undefined; rest: AsyncIterator<GenerationEvent> }>;
+}
 
 /**
- * Passes a generation's events through unchanged but for the usage event, which gets its cost, and
- * writes one ledger record when the generation ends, whether it succeeded, failed or was cancelled.
+ * A generation in progress. Events pass through unchanged but for the usage event, which gets its
+ * cost; one ledger record is written when the generation ends, whether it succeeded, failed or was
+ * cancelled (closed before its end). The API layer reads it with `next()` until it returns undefined.
  */
-export async function* metered(events: AsyncIterable<GenerationEvent>, c: MeterContext, ledger: Ledger, metrics: Metrics): AsyncGenerator<GenerationEvent> {
-  let ttft: number | null = null;
-  let status = 499;
-  let errorCode: string | null = 'cancelled';
-  let usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
-  let cost: number | null = 0;
-  let missing = false;
-  try {
-    for await (const ev of events) {
-      if (ttft === null) {
-        ttft = performance.now() - c.started;
-        metrics.ttft.observe({ route: c.endpoint, model: c.model.id }, ttft / 1000);
-      }
-      if (ev.type === 'usage') {
-        usage = ev.usage;
-        const priced = costOf(c.model, ev.usage);
-        cost = priced.cost;
-        missing = priced.cost === null;
-        yield { type: 'usage', usage: { ...ev.usage, cost: priced.cost } };
-        continue;
-      }
-      if (ev.type === 'finish') {
-        status = 200;
-        errorCode = null;
-      }
-      yield ev;
+export class MeteredStream {
+  private ttft: number | null = null;
+  private status = 499;
+  private errorCode: string | null = 'cancelled';
+  private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
+  private cost: number | null = 0;
+  private missing = false;
+  private ended = false;
+  private first: GenerationEvent | undefined;
+  private rest: AsyncIterator<GenerationEvent> | undefined;
+
+  private constructor(private readonly c: MeterContext, private readonly ledger: Ledger, private readonly metrics: Metrics) {}
+
+  /** Starts the generation: problems before its first event (overflow, overload, upstream down) are thrown here. */
+  static async open(source: EventSource, req: GenerationRequest, c: MeterContext, ledger: Ledger, metrics: Metrics): Promise<MeteredStream> {
+    const s = new MeteredStream(c, ledger, metrics);
+    try {
+      const { first, rest } = await source.open(req, c.model, c.trace);
+      s.rest = rest;
+      if (first === undefined) s.end();
+      else s.first = s.see(first);
+    } catch (err) {
+      s.fail(err);
+      throw err;
     }
-  } catch (err) {
-    status = err instanceof ApiError ? err.status : 500;
-    errorCode = err instanceof ApiError ? err.code : 'internal_error';
+    return s;
+  }
+
+  /** The next event, or undefined once the generation ended; a failure is thrown (and recorded). */
+  async next(): Promise<GenerationEvent | undefined> {
+    const first = this.first;
+    if (first !== undefined) {
+      this.first = undefined;
+      return first;
+    }
+    if (this.ended) return undefined;
+    let r: IteratorResult<GenerationEvent>;
+    try {
+      r = await this.rest!.next();
+    } catch (err) {
+      this.fail(err);
+      throw err;
+    }
+    if (r.done) {
+      this.end();
+      return undefined;
+    }
+    return this.see(r.value);
+  }
+
+  /** Stops the generation if it is still going (recorded as cancelled). Safe to call more than once. */
+  async close(): Promise<void> {
+    if (this.ended) return;
+    this.end();
+    await this.rest?.return?.(undefined).catch(() => undefined);
+  }
+
+  private see(ev: GenerationEvent): GenerationEvent {
+    if (this.ttft === null) {
+      this.ttft = performance.now() - this.c.started;
+      this.metrics.ttft.observe({ route: this.c.endpoint, model: this.c.model.id }, this.ttft / 1000);
+    }
+    if (ev.type === 'usage') {
+      const priced = costOf(this.c.model, ev.usage);
+      this.usage = ev.usage;
+      this.cost = priced.cost;
+      this.missing = priced.cost === null;
+      return { type: 'usage', usage: { ...ev.usage, cost: priced.cost } };
+    }
+    if (ev.type === 'finish') {
+      this.status = 200;
+      this.errorCode = null;
+    }
+    return ev;
+  }
+
+  private fail(err: unknown): void {
+    this.status = err instanceof ApiError ? err.status : 500;
+    this.errorCode = err instanceof ApiError ? err.code : 'internal_error';
     if (err instanceof ApiError && err.code.startsWith('upstream_')) {
-      metrics.upstreamErrors.inc({ deployment: c.trace.deployment ?? 'unknown', code: err.code });
+      this.metrics.upstreamErrors.inc({ deployment: this.c.trace.deployment ?? 'unknown', code: err.code });
     }
-    throw err;
-  } finally {
+    this.end();
+  }
+
+  private end(): void {
+    if (this.ended) return;
+    this.ended = true;
+    const { c, usage, cost, metrics } = this;
     const now = Date.now();
     const m = c.model.id;
-    metrics.tokens.inc({ model: m, kind: 'input' }, usage.input);
-    metrics.tokens.inc({ model: m, kind: 'cached' }, usage.cached);
-    metrics.tokens.inc({ model: m, kind: 'output' }, usage.output);
-    metrics.tokens.inc({ model: m, kind: 'reasoning' }, usage.reasoning);
+    if (usage.input) metrics.tokens.inc({ model: m, kind: 'input' }, usage.input);
+    if (usage.cached) metrics.tokens.inc({ model: m, kind: 'cached' }, usage.cached);
+    if (usage.output) metrics.tokens.inc({ model: m, kind: 'output' }, usage.output);
+    if (usage.reasoning) metrics.tokens.inc({ model: m, kind: 'reasoning' }, usage.reasoning);
     c.settle?.(usage.input + usage.output, cost);
-    if (missing) metrics.priceMissing.inc({ model: m });
+    if (this.missing) metrics.priceMissing.inc({ model: m });
     else if (cost) metrics.cost.inc({ model: m }, cost);
-    ledger.record({
+    this.ledger.record({
       id: newUsageId(),
       at: now,
       day: dayOf(now),
@@ -86,11 +154,11 @@ export async function* metered(events: AsyncIterable<GenerationEvent>, c: MeterC
       output_tokens: usage.output,
       reasoning_tokens: usage.reasoning,
       cost,
-      price_missing: missing,
+      price_missing: this.missing,
       latency_ms: Math.round(performance.now() - c.started),
-      ttft_ms: ttft === null ? null : Math.round(ttft),
-      status,
-      error_code: errorCode,
+      ttft_ms: this.ttft === null ? null : Math.round(this.ttft),
+      status: this.status,
+      error_code: this.errorCode,
     });
   }
 }

@@ -10,7 +10,7 @@ import type { Router } from './router.js';
 import type { Model } from './model-spec.js';
 import type { Ledger } from './ledger.js';
 import type { Metrics } from './metrics.js';
-import { metered } from './metering.js';
+import { MeteredStream } from './metering.js';
 
 /** A validated `POST /v1/responses` body (see api/responses.ts for the schema). */
 export interface ResponsesRequest {
@@ -62,6 +62,19 @@ export interface ResponseServiceOptions {
   staleAfterMs: number;
   /** The embedded SQLite database has one instance: whatever was running at start was this process's. */
   singleInstance: boolean;
+}
+
+/** Responses still queued or running that nobody refreshed since `before` become failed. */
+export async function failAbandonedResponses(store: Store, before: number, log: Logger, isRunningHere: (id: string) => boolean = () => false): Promise<void> {
+  for (const r of await store.staleResponses(['queued', 'in_progress'], before)) {
+    if (isRunningHere(r.id)) continue;
+    const body = JSON.parse(r.body) as ResponseObject;
+    body.status = 'failed';
+    body.error = { code: 'server_error', message: 'The server running this response stopped before it finished.' };
+    if (await store.updateResponse(r.id, ['queued', 'in_progress'], { status: 'failed', body: JSON.stringify(body), updated_at: Date.now() })) {
+      log.warn({ response_id: r.id }, 'marked an abandoned response as failed');
+    }
+  }
 }
 
 /**
@@ -118,16 +131,8 @@ export class ResponseService {
     }
   }
 
-  private async sweep(before: number): Promise<void> {
-    for (const r of await this.store.staleResponses(['queued', 'in_progress'], before)) {
-      if (this.running.has(r.id)) continue;
-      const body = JSON.parse(r.body) as ResponseObject;
-      body.status = 'failed';
-      body.error = { code: 'server_error', message: 'The server running this response stopped before it finished.' };
-      if (await this.store.updateResponse(r.id, ['queued', 'in_progress'], { status: 'failed', body: JSON.stringify(body), updated_at: Date.now() })) {
-        this.log.warn({ response_id: r.id }, 'marked an abandoned response as failed');
-      }
-    }
+  private sweep(before: number): Promise<void> {
+    return failAbandonedResponses(this.store, before, this.log, (id) => this.running.has(id));
   }
 
   // ---- reading
@@ -321,20 +326,19 @@ export class ResponseService {
     if (body.reasoning?.effort != null) req.reasoningEffort = body.reasoning.effort;
 
     this.router.requireCapabilities(model, req);
-    const trace = {};
-    const events = metered(this.router.generate(req, model, trace), {
-      model, who, endpoint: 'responses', requestId: request.id, stream: body.stream === true, started: request.started, trace,
+    const open = () => MeteredStream.open(this.router, req, {
+      model, who, endpoint: 'responses', requestId: request.id, stream: body.stream === true, started: request.started, trace: {},
       ...(request.settle && { settle: request.settle }),
-    }, this.meter.ledger, this.meter.metrics)[Symbol.asyncIterator]();
+    }, this.meter.ledger, this.meter.metrics);
     const persist = async (status: readonly ResponseStatus[]) => {
       if (!store) return;
       await this.store.updateResponse(response.id, status, { status: response.status, body: JSON.stringify(response), updated_at: Date.now() });
     };
 
-    let first: IteratorResult<GenerationEvent> | undefined;
+    let events: MeteredStream | undefined;
     if (!background) {
       // Errors before the first token (context overflow, overload…) are the request's HTTP error.
-      first = await events.next();
+      events = await open();
     }
     if (store) {
       await this.store.createResponse({
@@ -353,9 +357,9 @@ export class ResponseService {
         run.emit(builder.start());
         await persist(['queued', 'in_progress']);
         startedResolve();
-        if (first === undefined) first = await events.next();
-        for (let r = first; !r.done; r = await events.next()) {
-          run.emit(builder.apply(r.value));
+        events ??= await open();
+        for (let ev = await events.next(); ev; ev = await events.next()) {
+          run.emit(builder.apply(ev));
           if (run.abort.signal.aborted) break;
         }
         if (run.abort.signal.aborted && !TERMINAL.includes(response.status)) run.emit(builder.cancel());
@@ -368,7 +372,7 @@ export class ResponseService {
         }
       } finally {
         startedResolve();
-        await events.return?.(undefined).catch(() => undefined);
+        await events?.close();
         try {
           await persist(['queued', 'in_progress']);
           if (conv && (response.status === 'completed' || response.status === 'incomplete')) {

@@ -116,8 +116,12 @@ export class Router {
     return order;
   }
 
-  /** `trace.deployment` is set to the deployment that serves the request. */
-  async *generate(req: GenerationRequest, model: Model, trace: { deployment?: string } = {}): AsyncGenerator<GenerationEvent> {
+  /**
+   * Starts the request on the first deployment that takes it, and hands back its first event and
+   * the rest of its stream (read directly from the engine: no extra async layer per event).
+   * `trace.deployment` is set to the deployment that serves the request.
+   */
+  async open(req: GenerationRequest, model: Model, trace: { deployment?: string } = {}): Promise<{ first: GenerationEvent | undefined; rest: AsyncIterator<GenerationEvent> }> {
     const candidates = this.deployments(model);
     if (candidates.length === 0) {
       throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
@@ -127,10 +131,10 @@ export class Router {
     let lastError: ApiError | undefined;
     for (const d of candidates) {
       trace.deployment = d.target.engine === 'upstream' ? d.target.id : `local:${basename(d.target.file)}`;
-      const it = d.engine.generate(req, d.target)[Symbol.asyncIterator]();
-      let first: IteratorResult<GenerationEvent>;
+      const rest = d.engine.generate(req, d.target)[Symbol.asyncIterator]();
       try {
-        first = await it.next();
+        const first = await rest.next();
+        return { first: first.done ? undefined : first.value, rest };
       } catch (err) {
         if (err instanceof ApiError && err.failover && !req.signal.aborted) {
           lastError = err;
@@ -140,10 +144,6 @@ export class Router {
         }
         throw err;
       }
-      if (first.done) return;
-      yield first.value;
-      yield* { [Symbol.asyncIterator]: () => it };
-      return;
     }
     throw lastError!;
   }

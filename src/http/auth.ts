@@ -42,7 +42,8 @@ export class KeyAuthenticator {
 
   constructor(private readonly store: Store, private readonly ttlMs: number) {}
 
-  async authenticate(headers: IncomingHttpHeaders): Promise<Principal> {
+  /** The principal at once when the key is cached, else a promise of it; a bad key throws (or rejects). */
+  authenticate(headers: IncomingHttpHeaders): Principal | Promise<Principal> {
     const token = extractToken(headers);
     if (token === undefined) {
       throw new ApiError('missing_api_key',
@@ -50,8 +51,13 @@ export class KeyAuthenticator {
     }
     const parsed = token === '' ? undefined : parseKey(token);
     if (!parsed) throw new ApiError('invalid_api_key', 'Malformed API key. Send it as \'Authorization: Bearer <key>\' or as \'x-api-key: <key>\'.');
-    const { record, org } = await this.lookup(parsed.id);
-    if (!record || !secretMatches(parsed.secret, record.hash)) {
+    const hit = this.cache.get(parsed.id);
+    if (hit && hit.expires > Date.now()) return this.check(hit, parsed.secret);
+    return this.lookup(parsed.id).then((entry) => this.check(entry, parsed.secret));
+  }
+
+  private check({ record, org }: CacheEntry, secret: string): Principal {
+    if (!record || !secretMatches(secret, record.hash)) {
       throw new ApiError('invalid_api_key', 'Incorrect API key provided.');
     }
     if (record.revoked_at !== null) throw new ApiError('invalid_api_key', 'This API key has been revoked.');
@@ -69,8 +75,6 @@ export class KeyAuthenticator {
 
   private async lookup(id: string): Promise<CacheEntry> {
     const now = Date.now();
-    const hit = this.cache.get(id);
-    if (hit && hit.expires > now) return hit;
     const record = await this.store.getKey(id);
     const org = record ? await this.store.getOrg(record.org_id) : undefined;
     const entry = { record, org, expires: now + this.ttlMs };

@@ -49,7 +49,7 @@ export interface ServerDeps {
 }
 
 export type App = FastifyInstance<Server, IncomingMessage, ServerResponse, FastifyBaseLogger, TypeBoxTypeProvider>;
-export type AuthHook = (req: FastifyRequest) => Promise<void>;
+export type AuthHook = (req: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void) => void;
 
 export interface RouteContext extends ServerDeps {
   auth: KeyAuthenticator;
@@ -160,16 +160,19 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.decorateRequest('principal', null);
   app.decorateRequest('modelId', null);
   app.decorateRequest('startedAt', 0);
-  app.addHook('onRequest', async (req, reply) => {
+  // Hooks on every request are callback-style: an async hook costs a promise per request.
+  app.addHook('onRequest', (req, reply, done) => {
     req.startedAt = performance.now();
     reply.header('x-request-id', req.id);
+    done();
   });
   const { metrics } = deps;
-  app.addHook('onResponse', async (req, reply) => {
+  app.addHook('onResponse', (req, reply, done) => {
     const labels = { route: req.routeOptions.url ?? 'unmatched', model: req.modelId ?? '', status: String(reply.statusCode) };
     metrics.requests.inc(labels);
     metrics.duration.observe(labels, reply.elapsedTime / 1000);
     req.log.info({ method: req.method, url: req.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
+    done();
   });
 
   // Clients (curl -d, some SDK wrappers) often send JSON without the JSON content type: parse it anyway.
@@ -206,14 +209,24 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   });
 
   const auth = new KeyAuthenticator(deps.store, config.keyCacheTtlMs);
-  const requireKey: AuthHook = async (req) => {
-    req.principal = await auth.authenticate(req.headers);
+  // A key found in the cache is checked without a promise; a miss reads the database.
+  const authHook = (admin: boolean): AuthHook => (req, _reply, done) => {
+    const accept = (who: Principal) => {
+      if (admin && who.role !== 'admin') return done(new ApiError('permission_denied', 'This endpoint needs an admin key.'));
+      req.principal = who;
+      done();
+    };
+    let who: Principal | Promise<Principal>;
+    try {
+      who = auth.authenticate(req.headers);
+    } catch (err) {
+      return done(err as Error);
+    }
+    if (who instanceof Promise) who.then(accept, done);
+    else accept(who);
   };
-  const requireAdmin: AuthHook = async (req) => {
-    const who = await auth.authenticate(req.headers);
-    if (who.role !== 'admin') throw new ApiError('permission_denied', 'This endpoint needs an admin key.');
-    req.principal = who;
-  };
+  const requireKey = authHook(false);
+  const requireAdmin = authHook(true);
   const ctx: RouteContext = { ...deps, auth, requireKey, requireAdmin };
 
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());

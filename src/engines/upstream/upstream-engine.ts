@@ -271,7 +271,25 @@ export class UpstreamEngine implements Engine {
   readonly kind = 'upstream';
   private readonly pools = new Map<string, Pool>();
 
-  constructor(private readonly log: Logger, private readonly connectionsPerOrigin = 128) {}
+  /**
+   * No cap on connections per origin by default: over HTTP/1.1 each open stream holds a connection,
+   * and a cap would queue streams behind long generations (128 held 10,000 idle streams to 128).
+   */
+  constructor(private readonly log: Logger, private readonly connectionsPerOrigin: number | null = null) {}
+
+  private readonly endpoints = new Map<string, { origin: string; path: string }>();
+
+  /** Origin and path of an upstream endpoint, parsed once per deployment URL. */
+  private endpoint(baseUrl: string, route: string): { origin: string; path: string } {
+    const key = `${baseUrl} ${route}`;
+    let e = this.endpoints.get(key);
+    if (!e) {
+      const url = new URL(`${baseUrl.replace(/\/+$/, '')}/${route}`);
+      e = { origin: url.origin, path: url.pathname + url.search };
+      this.endpoints.set(key, e);
+    }
+    return e;
+  }
 
   private pool(origin: string): Pool {
     let p = this.pools.get(origin);
@@ -287,14 +305,14 @@ export class UpstreamEngine implements Engine {
     // A deployment that speaks the Responses API gets it natively (always streamed); others get chat completions.
     const native = target.api === 'responses';
     const stream = native || req.stream;
-    const url = new URL(`${target.baseUrl.replace(/\/+$/, '')}/${native ? 'responses' : 'chat/completions'}`);
+    const url = this.endpoint(target.baseUrl, native ? 'responses' : 'chat/completions');
     const headers: Record<string, string> = { 'content-type': 'application/json', accept: stream ? 'text/event-stream' : 'application/json' };
     if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
     const body = native ? responsesBody(req, target.upstreamModel) : wireBody(req, target.upstreamModel);
     let res;
     try {
       res = await this.pool(url.origin).request({
-        path: url.pathname + url.search,
+        path: url.path,
         method: 'POST',
         headers,
         body: JSON.stringify(body),

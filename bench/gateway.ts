@@ -1,0 +1,150 @@
+/**
+ * Gateway scenarios: throughput at 64 connections, added latency and time to first chunk at one
+ * connection, and memory with many idle streams. Subjects are the fake upstream itself (direct),
+ * the minimal pass-through (reference) and Switchyard.
+ */
+import autocannon from 'autocannon';
+import { Client, request } from 'undici';
+import http from 'node:http';
+import { percentile, sleep, treeRss } from './lib.js';
+
+export interface Subject {
+  name: string;
+  url: string;
+  /** Path of the chat-completions endpoint on this subject. */
+  path: string;
+  headers: Record<string, string>;
+  model: string;
+}
+
+export interface Throughput {
+  rps: number;
+  p50_ms: number;
+  p90_ms: number;
+  p99_ms: number;
+  errors: number;
+  non2xx: number;
+}
+
+const body = (model: string, stream: boolean): string => JSON.stringify({
+  model, stream, max_tokens: 64, temperature: 0.7,
+  messages: [{ role: 'system', content: 'You are a helpful assistant.' }, { role: 'user', content: 'Say hello in one short sentence.' }],
+});
+
+/** Requests per second (2xx only) and latency percentiles, with a warm-up run first. */
+export async function throughput(s: Subject, stream: boolean, connections: number, seconds: number): Promise<Throughput> {
+  const opts = {
+    url: s.url + s.path, method: 'POST' as const, connections, headers: { 'content-type': 'application/json', ...s.headers },
+    body: body(s.model, stream),
+  };
+  await autocannon({ ...opts, duration: Math.max(1, Math.round(seconds / 4)) });
+  const r = await autocannon({ ...opts, duration: seconds });
+  return {
+    rps: Math.round(r['2xx'] / r.duration),
+    p50_ms: r.latency.p50, p90_ms: r.latency.p90, p99_ms: r.latency.p99,
+    errors: r.errors, non2xx: r.non2xx,
+  };
+}
+
+export interface Latency {
+  p50_ms: number;
+  p90_ms: number;
+  p99_ms: number;
+}
+
+/**
+ * One connection, one request at a time, timed here with a microsecond clock: to the end of the
+ * answer (non-stream), or to the first body bytes of a stream (time to first chunk).
+ */
+export async function sequential(s: Subject, stream: boolean, count: number): Promise<Latency> {
+  const client = new Client(s.url, { pipelining: 1, keepAliveTimeout: 60_000 });
+  const payload = body(s.model, stream);
+  const times: number[] = [];
+  try {
+    for (let i = 0; i < count + Math.ceil(count / 5); i++) {
+      const t = process.hrtime.bigint();
+      const res = await client.request({ path: s.path, method: 'POST', headers: { 'content-type': 'application/json', ...s.headers }, body: payload });
+      let elapsed: bigint | undefined;
+      for await (const _ of res.body) {
+        elapsed ??= process.hrtime.bigint() - t;
+        if (!stream) continue;
+      }
+      if (!stream) elapsed = process.hrtime.bigint() - t;
+      if (res.statusCode !== 200) throw new Error(`${s.name}: status ${res.statusCode}`);
+      // The first fifth warms up.
+      if (i >= Math.ceil(count / 5)) times.push(Number(elapsed) / 1e6);
+    }
+  } finally {
+    await client.close();
+  }
+  times.sort((a, b) => a - b);
+  return { p50_ms: percentile(times, 50), p90_ms: percentile(times, 90), p99_ms: percentile(times, 99) };
+}
+
+export interface IdleStreams {
+  streams: number;
+  rss_before_mb: number;
+  rss_mb: number;
+  per_stream_kb: number;
+}
+
+/**
+ * Opens `count` streams of a model whose upstream holds them open after one chunk (the fake's
+ * `hold`), waits until every one has
+ * its first chunk, and reads the resident memory of the server's process tree.
+ */
+export async function idleStreams(s: Subject, pid: number, count: number): Promise<IdleStreams> {
+  const before = treeRss(pid);
+  const requests: http.ClientRequest[] = [];
+  const payload = body(s.model, true);
+  let opened = 0;
+  let failed = 0;
+  const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
+  const target = new URL(s.url + s.path);
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`only ${opened} of ${count} streams opened (${failed} failed)`)), 120_000);
+    const settle = () => {
+      if (opened + failed === count) {
+        clearTimeout(timer);
+        if (failed) reject(new Error(`${failed} of ${count} streams failed`));
+        else resolve();
+      }
+    };
+    let i = 0;
+    // Opened in batches, so the listen backlog is not the thing measured.
+    const batch = () => {
+      for (let j = 0; j < 500 && i < count; j++, i++) {
+        const req = http.request({ host: target.hostname, port: target.port, path: target.pathname, method: 'POST', agent, headers: { 'content-type': 'application/json', ...s.headers } }, (res) => {
+          res.once('data', () => { opened++; settle(); });
+          res.on('error', () => undefined);
+        });
+        req.on('error', () => { failed++; settle(); });
+        req.end(payload);
+        requests.push(req);
+      }
+      if (i < count) setTimeout(batch, 50);
+    };
+    batch();
+  });
+  await sleep(2000);
+  const rss = treeRss(pid);
+  for (const r of requests) r.destroy();
+  agent.destroy();
+  await sleep(1000);
+  return {
+    streams: count,
+    rss_before_mb: Math.round(before / 1048576),
+    rss_mb: Math.round(rss / 1048576),
+    per_stream_kb: Math.round((rss - before) / count / 1024 * 10) / 10,
+  };
+}
+
+/** A stream through the subject, read to its end: checks the setup before timing anything. */
+export async function check(s: Subject): Promise<void> {
+  for (const stream of [false, true]) {
+    const res = await request(s.url + s.path, { method: 'POST', headers: { 'content-type': 'application/json', ...s.headers }, body: body(s.model, stream) });
+    const text = await res.body.text();
+    if (res.statusCode !== 200) throw new Error(`${s.name} answered ${res.statusCode}: ${text.slice(0, 300)}`);
+    if (stream && !text.includes('[DONE]')) throw new Error(`${s.name}: stream did not end with [DONE]`);
+  }
+}

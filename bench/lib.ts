@@ -1,0 +1,142 @@
+/** Process and measurement helpers shared by the benchmark scenarios. */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { request } from 'undici';
+import { PACKAGE_ROOT } from '../src/config.js';
+
+export const DIST = join(PACKAGE_ROOT, 'dist');
+export const ADMIN_KEY = 'sk-bench-admin-key-0123456789';
+
+export interface Proc {
+  child: ChildProcess;
+  port: number;
+  url: string;
+  stop(): Promise<void>;
+}
+
+async function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((r) => child.once('exit', r));
+  child.kill('SIGTERM');
+  const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
+  await exited;
+  clearTimeout(timer);
+}
+
+/** Starts one of the bench's own processes, which prints `ready <port>` once it listens. */
+export async function spawnReady(script: string, args: string[]): Promise<Proc> {
+  const child = spawn(process.execPath, [join(DIST, 'bench', script), ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const port = await new Promise<number>((resolve, reject) => {
+    const lines = createInterface({ input: child.stdout! });
+    lines.on('line', (line) => {
+      const m = /^ready (\d+)$/.exec(line);
+      if (m) resolve(Number(m[1]));
+    });
+    child.once('exit', (code) => reject(new Error(`${script} exited with ${code}`)));
+  });
+  return { child, port, url: `http://127.0.0.1:${port}`, stop: () => stopChild(child) };
+}
+
+export interface SwitchyardOptions {
+  upstream: string;
+  workers: number;
+  port: number;
+  env?: Record<string, string>;
+}
+
+/**
+ * Switchyard as users run it (`node dist/src/main.js`), with a catalogue model deployed on the fake
+ * upstream, its price set (so every request is costed and written to the ledger), and info logging.
+ */
+export async function startSwitchyard(o: SwitchyardOptions): Promise<Proc & { dataDir: string }> {
+  const dataDir = mkdtempSync(join(tmpdir(), 'switchyard-bench-'));
+  const config = join(dataDir, 'bench.json');
+  writeFileSync(config, JSON.stringify({
+    models: [{
+      id: 'openai/bench-fake', name: 'Bench fake', model_type: 'text_generation', context_length: 8192,
+      capabilities: ['function_calling', 'structured_output'],
+      pricing: [{ metric: 'input_tokens', rate: 0.15 }, { metric: 'output_tokens', rate: 0.6 }],
+    }, {
+      id: 'openai/bench-hold', name: 'Bench fake that holds streams open', model_type: 'text_generation', context_length: 8192,
+      pricing: [{ metric: 'input_tokens', rate: 0.15 }, { metric: 'output_tokens', rate: 0.6 }],
+    }],
+    deployments: [
+      { model: 'openai/bench-fake', baseUrl: `${o.upstream}/v1`, upstreamModel: 'fake' },
+      { model: 'openai/bench-hold', baseUrl: `${o.upstream}/v1`, upstreamModel: 'hold' },
+    ],
+  }));
+  const child = spawn(process.execPath, [join(DIST, 'src', 'main.js'), '--port', String(o.port)], {
+    env: {
+      ...process.env, SWITCHYARD_CONFIG: config, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN_KEY,
+      SWITCHYARD_WORKERS: String(o.workers), SWITCHYARD_LOG_LEVEL: 'info', SWITCHYARD_MODELS_DIR: join(dataDir, 'models'), ...o.env,
+    },
+    // Request logs go where an operator's would: a file (here /dev/null), written by pino.
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  const url = `http://127.0.0.1:${o.port}`;
+  for (let i = 0; ; i++) {
+    if (child.exitCode !== null) throw new Error(`switchyard exited with ${child.exitCode}`);
+    const ok = await request(`${url}/readyz`).then((r) => r.body.text().then(() => r.statusCode === 200), () => false);
+    if (ok) break;
+    if (i > 300) throw new Error('switchyard did not become ready');
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return {
+    child, port: o.port, url, dataDir,
+    async stop() {
+      await stopChild(child);
+      rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** An inference key with rate limits set high enough never to bite, so the limit checks run on every request. */
+export async function createBenchKey(url: string): Promise<string> {
+  const res = await request(`${url}/admin/keys`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ org: 'bench', name: 'bench', limits: { rpm: 100_000_000, tpm: 1_000_000_000 } }),
+  });
+  const body = await res.body.json() as { key?: string };
+  if (res.statusCode !== 201 || !body.key) throw new Error(`key creation failed: ${res.statusCode} ${JSON.stringify(body)}`);
+  return body.key;
+}
+
+/** Resident memory of a process and all its descendants (a cluster's primary and workers), in bytes. */
+export function treeRss(pid: number): number {
+  const children = new Map<number, number[]>();
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      children.set(ppid, [...(children.get(ppid) ?? []), Number(name)]);
+    } catch {
+      // the process ended meanwhile
+    }
+  }
+  let total = 0;
+  const walk = (p: number) => {
+    try {
+      const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${p}/status`, 'utf8'));
+      total += m ? Number(m[1]) * 1024 : 0;
+    } catch {
+      return;
+    }
+    for (const c of children.get(p) ?? []) walk(c);
+  };
+  walk(pid);
+  return total;
+}
+
+export function percentile(sorted: readonly number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
+}
+
+export const median = (xs: readonly number[]): number => percentile([...xs].sort((a, b) => a - b), 50);
+
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));

@@ -1,0 +1,122 @@
+/**
+ * `npm run bench`: every scenario in one run, each figure with its ratio to the reference measured
+ * in the same run. Writes bench/results/<date>.json and the table in bench/README.md.
+ * `npm run bench -- --quick` runs every scenario briefly to check that the harness works; it writes
+ * its results to the temp folder and leaves the committed ones alone. `--only=gateway|local`
+ * runs one part.
+ */
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpus, tmpdir, totalmem } from 'node:os';
+import { join } from 'node:path';
+import { createServer, type AddressInfo } from 'node:net';
+import { PACKAGE_ROOT } from '../src/config.js';
+import { createBenchKey, spawnReady, startSwitchyard, type Proc } from './lib.js';
+import { check, idleStreams, sequential, throughput, type Subject } from './gateway.js';
+import { localScenarios, type LocalResult } from './local.js';
+import { renderTable, TARGETS, type Results } from './report.js';
+
+const quick = process.argv.includes('--quick');
+const only = process.argv.find((a) => a.startsWith('--only='))?.slice(7);
+const SECONDS = quick ? 1 : 10;
+const SEQUENTIAL = quick ? 50 : 3000;
+const IDLE_STREAMS = quick ? 100 : 10_000;
+
+async function freePort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
+  const { port } = srv.address() as AddressInfo;
+  await new Promise((r) => srv.close(r));
+  return port;
+}
+
+const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
+
+async function gateway(results: Results): Promise<void> {
+  const procs: Proc[] = [];
+  try {
+    const fake = await spawnReady('fake-upstream.js', ['0']);
+    procs.push(fake);
+    const ref = await spawnReady('reference-proxy.js', ['0', fake.url]);
+    procs.push(ref);
+    const direct: Subject = { name: 'direct', url: fake.url, path: '/v1/chat/completions', headers: {}, model: 'fake' };
+    const reference: Subject = { ...direct, name: 'reference', url: ref.url };
+
+    for (const workers of [1, 2]) {
+      const sy = await startSwitchyard({ upstream: fake.url, workers, port: await freePort() });
+      procs.push(sy);
+      const key = await createBenchKey(sy.url);
+      const switchyard: Subject = { name: `switchyard (${workers} worker${workers > 1 ? 's' : ''})`, url: sy.url, path: '/v1/chat/completions', headers: { authorization: `Bearer ${key}` }, model: 'openai/bench-fake' };
+      await check(switchyard);
+      const w = workers === 1 ? 'workers_1' : 'workers_2';
+      if (workers === 1) {
+        await check(direct);
+        await check(reference);
+        for (const s of [direct, reference, switchyard]) {
+          const name = s === switchyard ? 'switchyard' : s.name as 'direct' | 'reference';
+          log(`${s.name}: throughput`);
+          results.gateway.throughput.non_stream[name] = await throughput(s, false, 64, SECONDS);
+          results.gateway.throughput.stream[name] = await throughput(s, true, 64, SECONDS);
+          log(`${s.name}: one connection`);
+          results.gateway.one_connection.non_stream[name] = await sequential(s, false, SEQUENTIAL);
+          results.gateway.one_connection.first_chunk[name] = await sequential(s, true, SEQUENTIAL);
+        }
+      } else {
+        // 10,000 streams hold 20,000 sockets in the gateway (client and upstream side); this machine
+        // allows 20,000 open files per process, so the streams are spread over two workers.
+        log(`${switchyard.name}: ${IDLE_STREAMS} idle streams`);
+        results.gateway.idle_streams = { workers, ...await idleStreams({ ...switchyard, model: 'openai/bench-hold' }, sy.child.pid!, IDLE_STREAMS) };
+      }
+      log(`${switchyard.name}: throughput`);
+      results.gateway.workers[w] = {
+        non_stream: await throughput(switchyard, false, 64, SECONDS),
+        stream: await throughput(switchyard, true, 64, SECONDS),
+      };
+      await sy.stop();
+      procs.pop();
+    }
+  } finally {
+    for (const p of procs.reverse()) await p.stop();
+  }
+}
+
+async function main(): Promise<void> {
+  const cpu = cpus()[0]?.model ?? 'unknown';
+  const results: Results = {
+    date: new Date().toISOString(),
+    quick,
+    machine: { cpus: cpus().length, cpu, memory_gb: Math.round(totalmem() / 2 ** 30), node: process.version },
+    targets: TARGETS,
+    gateway: { throughput: { non_stream: {}, stream: {} }, one_connection: { non_stream: {}, first_chunk: {} }, workers: {} },
+    local: [] as LocalResult[],
+  };
+  if (only !== 'local') await gateway(results);
+  if (only !== 'gateway') results.local = await localScenarios({ quick, log });
+
+  const table = renderTable(results);
+  process.stdout.write(`${table}\n`);
+  const day = results.date.slice(0, 10);
+  if (quick) {
+    const path = join(tmpdir(), `switchyard-bench-quick-${day}.json`);
+    writeFileSync(path, JSON.stringify(results, null, 2));
+    log(`quick run: results in ${path}; bench/README.md left as it was`);
+  } else {
+    const dir = join(PACKAGE_ROOT, 'bench', 'results');
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, `${day}.json`), `${JSON.stringify(results, null, 2)}\n`);
+    const readme = join(PACKAGE_ROOT, 'bench', 'README.md');
+    const text = readFileSync(readme, 'utf8');
+    const start = '<!-- results:start -->';
+    const end = '<!-- results:end -->';
+    const a = text.indexOf(start);
+    const b = text.indexOf(end);
+    if (a < 0 || b < a) throw new Error('bench/README.md lacks the results markers');
+    writeFileSync(readme, `${text.slice(0, a + start.length)}\n${table}\n${text.slice(b)}`);
+    log(`results in bench/results/${day}.json and bench/README.md`);
+  }
+  process.exit(0);
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});

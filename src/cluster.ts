@@ -1,0 +1,138 @@
+import cluster, { type Worker } from 'node:cluster';
+import type { Logger } from 'pino';
+import type { Config } from './config.js';
+import { MemoryCounters, type Counters } from './core/limits.js';
+
+/**
+ * SWITCHYARD_WORKERS=N: N worker processes serve one port (node:cluster hands connections out). The
+ * primary prepares the database once, restarts a worker that dies, and, without Redis, holds the
+ * rate-limit counters that every worker shares (workers ask it over IPC). Usage and stored responses
+ * go to the shared database from each worker.
+ */
+
+interface CounterCall {
+  sy: 'counters';
+  id: number;
+  op: 'add' | 'get' | 'init';
+  key: string;
+  value: number;
+  ttlMs: number;
+}
+interface CounterReply {
+  sy: 'counters';
+  id: number;
+  value: number | undefined;
+}
+
+const isCall = (m: unknown): m is CounterCall => typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && 'op' in m;
+const isReply = (m: unknown): m is CounterReply => typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && !('op' in m);
+
+/** A worker's view of the primary's counters: every operation is one IPC round trip. */
+export class IpcCounters implements Counters {
+  private seq = 0;
+  private readonly pending = new Map<number, { resolve: (v: number | undefined) => void; reject: (e: Error) => void }>();
+  private readonly onMessage = (m: unknown) => {
+    if (!isReply(m)) return;
+    this.pending.get(m.id)?.resolve(m.value);
+    this.pending.delete(m.id);
+  };
+
+  constructor() {
+    process.on('message', this.onMessage);
+  }
+
+  private call(op: CounterCall['op'], key: string, value: number, ttlMs: number): Promise<number | undefined> {
+    const id = ++this.seq;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      const msg: CounterCall = { sy: 'counters', id, op, key, value, ttlMs };
+      process.send!(msg, undefined, {}, (err: Error | null) => {
+        if (!err) return;
+        this.pending.delete(id);
+        reject(err);
+      });
+    });
+  }
+
+  async add(key: string, amount: number, ttlMs: number): Promise<number> {
+    return (await this.call('add', key, amount, ttlMs)) ?? amount;
+  }
+
+  get(key: string): Promise<number | undefined> {
+    return this.call('get', key, 0, 0);
+  }
+
+  async init(key: string, value: number, ttlMs: number): Promise<number> {
+    return (await this.call('init', key, value, ttlMs)) ?? value;
+  }
+
+  async close(): Promise<void> {
+    process.off('message', this.onMessage);
+    for (const p of this.pending.values()) p.reject(new Error('counters closed'));
+    this.pending.clear();
+  }
+}
+
+async function answer(counters: Counters, worker: Worker, m: CounterCall): Promise<void> {
+  const value = m.op === 'add' ? await counters.add(m.key, m.value, m.ttlMs)
+    : m.op === 'init' ? await counters.init(m.key, m.value, m.ttlMs)
+      : await counters.get(m.key);
+  if (worker.isConnected()) worker.send({ sy: 'counters', id: m.id, value } satisfies CounterReply);
+}
+
+/**
+ * Runs the primary until SIGTERM/SIGINT: forks the workers, serves their counters, restarts any that
+ * die (after a pause, so a worker that cannot start does not spin), and on a signal passes it on and
+ * waits for every worker to drain. Resolves with the exit code.
+ */
+export function runPrimary(config: Config, workers: number, log: Logger): Promise<number> {
+  const counters = config.redisUrl ? undefined : new MemoryCounters();
+  let stopping = false;
+  let failed = false;
+  let announced = false;
+  const fork = () => cluster.fork({ SWITCHYARD_WORKER: '1' });
+
+  cluster.on('message', (worker, m: unknown) => {
+    if (counters && isCall(m)) answer(counters, worker, m).catch((err: unknown) => log.warn({ err }, 'counter call failed'));
+  });
+  cluster.on('listening', (_worker, address) => {
+    if (announced) return;
+    announced = true;
+    log.info({ address: `http://${address.address ?? config.host}:${address.port}`, workers }, 'switchyard listening');
+  });
+  cluster.on('exit', (worker, code, signal) => {
+    if (stopping) return;
+    log.error({ worker: worker.id, code, signal }, 'worker exited; starting another');
+    setTimeout(() => { if (!stopping) fork(); }, 1000).unref();
+  });
+  for (let i = 0; i < workers; i++) fork();
+
+  return new Promise((resolveExit) => {
+    const stop = (signal: NodeJS.Signals) => {
+      if (stopping) return;
+      stopping = true;
+      log.info({ signal, workers }, 'shutting down: workers drain their requests');
+      const live = Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined);
+      let left = live.length;
+      const done = () => {
+        if (--left > 0) return;
+        void counters?.close();
+        log.info(failed ? 'shut down; a worker did not stop cleanly' : 'shut down cleanly');
+        resolveExit(failed ? 1 : 0);
+      };
+      if (left === 0) {
+        left = 1;
+        done();
+      }
+      for (const w of live) {
+        w.once('exit', (code) => {
+          if (code !== 0) failed = true;
+          done();
+        });
+        w.process.kill(signal);
+      }
+    };
+    process.on('SIGTERM', () => stop('SIGTERM'));
+    process.on('SIGINT', () => stop('SIGINT'));
+  });
+}

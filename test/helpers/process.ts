@@ -1,0 +1,39 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { join } from 'node:path';
+import { PACKAGE_ROOT } from '../../src/config.js';
+import { SHARED_MODELS } from './server.js';
+
+export const MAIN = join(PACKAGE_ROOT, 'dist', 'src', 'main.js');
+
+export interface Running {
+  child: ChildProcess;
+  url: string;
+  stdout: () => string;
+  exited: Promise<number | null>;
+}
+
+/** Starts `node dist/src/main.js` as npm start does, on a free port, and waits for it to listen. */
+export async function startProcess(env: Record<string, string>): Promise<Running> {
+  const child = spawn(process.execPath, [MAIN, '--port', '0'], {
+    env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_MODELS_DIR: SHARED_MODELS, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  child.stdout!.on('data', (d: Buffer) => { out += d.toString(); });
+  child.stderr!.on('data', (d: Buffer) => { out += d.toString(); });
+  const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
+  const url = await new Promise<string>((res, rej) => {
+    const timer = setTimeout(() => rej(new Error(`server did not start:\n${out}`)), 20_000);
+    const check = () => {
+      const m = /"address":"(http:\/\/[^"]+)"/.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        child.stdout!.off('data', check);
+        res(m[1]!);
+      }
+    };
+    child.stdout!.on('data', check);
+    void exited.then((code) => rej(new Error(`server exited with ${code}:\n${out}`)));
+  });
+  return { child, url, stdout: () => out, exited };
+}
