@@ -4,6 +4,7 @@ import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
+import { createServer, type AddressInfo } from 'node:net';
 import { request } from 'undici';
 import { PACKAGE_ROOT } from '../src/config.js';
 
@@ -40,57 +41,65 @@ export async function spawnReady(script: string, args: string[]): Promise<Proc> 
   return { child, port, url: `http://127.0.0.1:${port}`, stop: () => stopChild(child) };
 }
 
-export interface SwitchyardOptions {
-  upstream: string;
-  workers: number;
-  port: number;
-  env?: Record<string, string>;
+export async function freePort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
+  const { port } = srv.address() as AddressInfo;
+  await new Promise((r) => srv.close(r));
+  return port;
 }
 
 /**
- * Switchyard as users run it (`node dist/src/main.js`), with a catalogue model deployed on the fake
- * upstream, its price set (so every request is costed and written to the ledger), and info logging.
+ * Switchyard as users run it (`node dist/src/main.js`) on a free port, with its own data dir and the
+ * bench admin key; resolves once /readyz answers. Its stdout (the access log) goes to /dev/null.
  */
-export async function startSwitchyard(o: SwitchyardOptions): Promise<Proc & { dataDir: string }> {
+export async function startMain(env: Record<string, string>, prepare?: (dataDir: string) => Record<string, string>): Promise<Proc & { dataDir: string }> {
   const dataDir = mkdtempSync(join(tmpdir(), 'switchyard-bench-'));
-  const config = join(dataDir, 'bench.json');
-  writeFileSync(config, JSON.stringify({
-    models: [{
-      id: 'openai/bench-fake', name: 'Bench fake', model_type: 'text_generation', context_length: 8192,
-      capabilities: ['function_calling', 'structured_output'],
-      pricing: [{ metric: 'input_tokens', rate: 0.15 }, { metric: 'output_tokens', rate: 0.6 }],
-    }, {
-      id: 'openai/bench-hold', name: 'Bench fake that holds streams open', model_type: 'text_generation', context_length: 8192,
-      pricing: [{ metric: 'input_tokens', rate: 0.15 }, { metric: 'output_tokens', rate: 0.6 }],
-    }],
-    deployments: [
-      { model: 'openai/bench-fake', baseUrl: `${o.upstream}/v1`, upstreamModel: 'fake' },
-      { model: 'openai/bench-hold', baseUrl: `${o.upstream}/v1`, upstreamModel: 'hold' },
-    ],
-  }));
-  const child = spawn(process.execPath, [join(DIST, 'src', 'main.js'), '--port', String(o.port)], {
-    env: {
-      ...process.env, SWITCHYARD_CONFIG: config, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN_KEY,
-      SWITCHYARD_WORKERS: String(o.workers), SWITCHYARD_LOG_LEVEL: 'info', SWITCHYARD_MODELS_DIR: join(dataDir, 'models'), ...o.env,
-    },
-    // Request logs go where an operator's would: a file (here /dev/null), written by pino.
+  const port = await freePort();
+  const child = spawn(process.execPath, [join(DIST, 'src', 'main.js'), '--port', String(port)], {
+    env: { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN_KEY, ...env, ...prepare?.(dataDir) },
     stdio: ['ignore', 'ignore', 'inherit'],
   });
-  const url = `http://127.0.0.1:${o.port}`;
+  const url = `http://127.0.0.1:${port}`;
   for (let i = 0; ; i++) {
     if (child.exitCode !== null) throw new Error(`switchyard exited with ${child.exitCode}`);
     const ok = await request(`${url}/readyz`).then((r) => r.body.text().then(() => r.statusCode === 200), () => false);
     if (ok) break;
-    if (i > 300) throw new Error('switchyard did not become ready');
-    await new Promise((r) => setTimeout(r, 100));
+    if (i > 600) throw new Error('switchyard did not become ready');
+    await sleep(100);
   }
   return {
-    child, port: o.port, url, dataDir,
+    child, port, url, dataDir,
     async stop() {
       await stopChild(child);
       rmSync(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * Switchyard in front of the fake upstream: a catalogue model deployed on it with its price set (so
+ * every request is costed and written to the ledger), and info logging.
+ */
+export function startSwitchyard(o: { upstream: string; workers: number }): Promise<Proc & { dataDir: string }> {
+  return startMain({ SWITCHYARD_WORKERS: String(o.workers), SWITCHYARD_LOG_LEVEL: 'info' }, (dataDir) => {
+    const config = join(dataDir, 'bench.json');
+    writeFileSync(config, JSON.stringify({
+      models: [{
+        id: 'openai/bench-fake', name: 'Bench fake', model_type: 'text_generation', context_length: 8192,
+        capabilities: ['function_calling', 'structured_output'],
+        pricing: [{ metric: 'input_tokens', rate: 0.15 }, { metric: 'output_tokens', rate: 0.6 }],
+      }, {
+        id: 'openai/bench-hold', name: 'Bench fake that holds streams open', model_type: 'text_generation', context_length: 8192,
+        pricing: [{ metric: 'input_tokens', rate: 0.15 }, { metric: 'output_tokens', rate: 0.6 }],
+      }],
+      deployments: [
+        { model: 'openai/bench-fake', baseUrl: `${o.upstream}/v1`, upstreamModel: 'fake' },
+        { model: 'openai/bench-hold', baseUrl: `${o.upstream}/v1`, upstreamModel: 'hold' },
+      ],
+    }));
+    return { SWITCHYARD_CONFIG: config, SWITCHYARD_MODELS_DIR: join(dataDir, 'models') };
+  });
 }
 
 /** An inference key with rate limits set high enough never to bite, so the limit checks run on every request. */

@@ -3,15 +3,13 @@
  * the same model, thread count and prompt, for one stream and for four concurrent ones. The server
  * runs as a child process (as in production); the raw loops run here, alternating with it.
  */
-import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
-import { createServer, type AddressInfo } from 'node:net';
 import { getLlama, LlamaLogLevel, type LlamaContext, type LlamaModel } from 'node-llama-cpp';
 import { request } from 'undici';
 import { PACKAGE_ROOT } from '../src/config.js';
-import { ADMIN_KEY, DIST, median, sleep } from './lib.js';
+import { ADMIN_KEY, median, startMain } from './lib.js';
 import { SMOLLM_135M, TINY, writeFixture, type Shape } from './gguf-fixture.js';
 
 const PROMPT = 'Once upon a time';
@@ -96,37 +94,6 @@ async function api(url: string, id: string, streams: number, tokens: number, str
   return { tps: counts.reduce((a, b) => a + b, 0) / seconds, ttft: firsts.length ? median(firsts) : NaN };
 }
 
-async function startServer(modelsDir: string): Promise<{ url: string; stop(): Promise<void> }> {
-  const dataDir = mkdtempSync(join(tmpdir(), 'switchyard-bench-'));
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
-  const { port } = srv.address() as AddressInfo;
-  await new Promise((r) => srv.close(r));
-  const child = spawn(process.execPath, [join(DIST, 'src', 'main.js'), '--port', String(port)], {
-    env: {
-      ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_MODELS_DIR: modelsDir, SWITCHYARD_ADMIN_KEY: ADMIN_KEY, SWITCHYARD_WORKERS: '1',
-      SWITCHYARD_LOG_LEVEL: 'warn', SWITCHYARD_LOCAL_THREADS: String(THREADS), SWITCHYARD_LOCAL_PARALLEL: String(PARALLEL), SWITCHYARD_LOCAL_PRELOAD: 'true',
-    },
-    stdio: ['ignore', 'ignore', 'inherit'],
-  });
-  const url = `http://127.0.0.1:${port}`;
-  for (let i = 0; ; i++) {
-    if (child.exitCode !== null) throw new Error(`server exited with ${child.exitCode}`);
-    const ok = await request(`${url}/readyz`).then((r) => r.body.text().then(() => r.statusCode === 200), () => false);
-    if (ok) break;
-    if (i > 600) throw new Error('server did not become ready');
-    await sleep(100);
-  }
-  return {
-    url,
-    async stop() {
-      child.kill('SIGTERM');
-      await new Promise((r) => child.on('exit', r));
-      rmSync(dataDir, { recursive: true, force: true });
-    },
-  };
-}
-
 async function measure(file: string, shape: string, tokens: number, rounds: number, log: (m: string) => void): Promise<LocalResult> {
   const modelsDir = mkdtempSync(join(tmpdir(), 'switchyard-bench-models-'));
   symlinkSync(file, join(modelsDir, basename(file)));
@@ -135,7 +102,10 @@ async function measure(file: string, shape: string, tokens: number, rounds: numb
   const model = await llama.loadModel({ modelPath: file });
   // As the engine does: one context of PARALLEL sequences, each with the model's context size.
   const context = await model.createContext({ contextSize: Math.min(model.trainContextSize, 4096), sequences: PARALLEL, threads: THREADS });
-  const server = await startServer(modelsDir);
+  const server = await startMain({
+    SWITCHYARD_MODELS_DIR: modelsDir, SWITCHYARD_WORKERS: '1', SWITCHYARD_LOG_LEVEL: 'warn',
+    SWITCHYARD_LOCAL_THREADS: String(THREADS), SWITCHYARD_LOCAL_PARALLEL: String(PARALLEL), SWITCHYARD_LOCAL_PRELOAD: 'true',
+  });
   const runs: LocalRun[] = [];
   try {
     for (const streams of [1, PARALLEL]) {

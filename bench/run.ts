@@ -8,7 +8,6 @@
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
-import { createServer, type AddressInfo } from 'node:net';
 import { PACKAGE_ROOT } from '../src/config.js';
 import { createBenchKey, spawnReady, startSwitchyard, type Proc } from './lib.js';
 import { check, idleStreams, sequential, throughput, type Subject } from './gateway.js';
@@ -20,14 +19,6 @@ const only = process.argv.find((a) => a.startsWith('--only='))?.slice(7);
 const SECONDS = quick ? 1 : 10;
 const SEQUENTIAL = quick ? 50 : 3000;
 const IDLE_STREAMS = quick ? 100 : 10_000;
-
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
-  const { port } = srv.address() as AddressInfo;
-  await new Promise((r) => srv.close(r));
-  return port;
-}
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
 
@@ -42,7 +33,7 @@ async function gateway(results: Results): Promise<void> {
     const reference: Subject = { ...direct, name: 'reference', url: ref.url };
 
     for (const workers of [1, 2]) {
-      const sy = await startSwitchyard({ upstream: fake.url, workers, port: await freePort() });
+      const sy = await startSwitchyard({ upstream: fake.url, workers });
       procs.push(sy);
       const key = await createBenchKey(sy.url);
       const switchyard: Subject = { name: `switchyard (${workers} worker${workers > 1 ? 's' : ''})`, url: sy.url, path: '/v1/chat/completions', headers: { authorization: `Bearer ${key}` }, model: 'openai/bench-fake' };

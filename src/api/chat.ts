@@ -3,7 +3,7 @@ import type { ServerResponse } from 'node:http';
 import Type, { type Static } from 'typebox';
 import type { App, RouteContext } from '../http/server.js';
 import { ApiError } from '../http/errors.js';
-import type { ContentPart, FinishReason, GenerationEvent, GenerationRequest, Message, ResponseFormat, ToolChoice, Usage } from '../core/canonical.js';
+import type { ContentPart, FinishReason, GenerationRequest, Message, ResponseFormat, ToolChoice, Usage } from '../core/canonical.js';
 import type { Model } from '../core/model-spec.js';
 import { MaxOutputTokens, ModelField, NullableBoolean, Penalty, Seed, Stop, Temperature, TopP, nullable } from './limits.js';
 import { drained, writeSse, openSse } from './sse.js';

@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import { ApiError } from '../http/errors.js';
 import type { Principal } from '../http/auth.js';
 import type { ConversationRecord, ResponseRecord, Store } from '../store/store.js';
-import type { FunctionTool, GenerationEvent, GenerationRequest, ResponseFormat, ToolChoice } from './canonical.js';
+import type { FunctionTool, GenerationRequest, ResponseFormat, ToolChoice } from './canonical.js';
 import { itemsToMessages, newId, normaliseInput, type Item, type ReasoningItem } from './items.js';
 import type { ReasoningSeal } from './reasoning-seal.js';
 import { ResponseBuilder, TERMINAL, eventsOf, type ResponseObject, type ResponseStatus, type WireEvent } from './response-builder.js';
