@@ -9,6 +9,7 @@ import { LocalEngine } from './engines/local/local-engine.js';
 import { UpstreamEngine } from './engines/upstream/upstream-engine.js';
 import type { Engine } from './engines/engine.js';
 import { Router } from './core/router.js';
+import { AddressPolicy } from './engines/upstream/address-policy.js';
 import { ReasoningSeal } from './core/reasoning-seal.js';
 import { ResponseService, failAbandonedResponses } from './core/responses.js';
 import { Ledger } from './core/ledger.js';
@@ -81,7 +82,12 @@ export async function createService(config: Config, log: Logger = createLogger(c
       log,
     });
     engines.push(local);
-    const upstream = new UpstreamEngine(log);
+    const upstream = new UpstreamEngine(log, {
+      connectTimeoutMs: config.upstreamConnectTimeoutMs,
+      firstByteTimeoutMs: config.upstreamFirstByteTimeoutMs,
+      idleTimeoutMs: config.upstreamIdleTimeoutMs,
+      policy: new AddressPolicy(config.upstreamAllow),
+    });
     engines.push(upstream);
     for (const d of config.deployments) {
       if (!catalogue.find(d.model)) log.warn({ model: d.model }, 'deployment names a model that is not in the catalogue');
@@ -97,8 +103,16 @@ export async function createService(config: Config, log: Logger = createLogger(c
     ledger.start();
     const counters = config.redisUrl ? new RedisCounters(config.redisUrl) : opts.counters ?? new MemoryCounters();
     const limiter = new Limiter(counters, store, metrics);
-    const router = new Router(catalogue, local, upstream, config.deployments, env, log,
-      (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }));
+    const router = new Router(catalogue, local, upstream, config.deployments, env, log, {
+      maxAttempts: config.upstreamMaxAttempts,
+      retryBudgetRatio: config.retryBudgetRatio,
+      health: { failures: config.breakerFailures, ejectMs: config.breakerEjectMs, probeIntervalMs: config.healthCheckIntervalMs },
+    }, {
+      onDeploymentError: (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }),
+      onRetry: () => metrics.retries.inc(),
+      onHealthChange: (deployment, up) => metrics.deploymentUp.set({ deployment }, up ? 1 : 0),
+    });
+    stoppers.push(async () => router.close());
     // Deployments added through the admin API or the CLI live in the database; other instances pick
     // them up on the catalogue's refresh interval.
     const reloadDeployments = async () => router.setDeployments((await store.listDeployments()).map((d) => ({

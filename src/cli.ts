@@ -6,6 +6,7 @@ import { LimitsSpec, ModelSpec, ORG_ID_PATTERN, resolveModelSpec, type Model, ty
 import { STATUS_MOVES, syncConfiguredModels } from './core/catalogue.js';
 import { newId } from './core/items.js';
 import { serve } from './main.js';
+import { AddressPolicy } from './engines/upstream/address-policy.js';
 import type { Limits, Store, UsageGroup } from './store/store.js';
 import Value from 'typebox/value';
 
@@ -255,7 +256,7 @@ async function modelsCommand(store: Store, sub: string | undefined, args: string
   }
 }
 
-async function deploymentsCommand(store: Store, sub: string | undefined, args: string[]): Promise<number> {
+async function deploymentsCommand(store: Store, sub: string | undefined, args: string[], policy: AddressPolicy): Promise<number> {
   switch (sub) {
     case 'list': {
       const deps = await store.listDeployments();
@@ -278,6 +279,8 @@ async function deploymentsCommand(store: Store, sub: string | undefined, args: s
       const baseUrl = values['base-url'];
       if (!model || !baseUrl || !/^https?:\/\//.test(baseUrl)) throw new UsageError('deployments add needs --model and an http(s) --base-url');
       if (!(await store.getModel(model))) throw new UsageError(`no model ${model} in the catalogue`);
+      const refused = await policy.check(baseUrl);
+      if (refused) throw new UsageError(`--base-url ${baseUrl} is refused: ${refused}`);
       const weight = values.weight === undefined ? 1 : Number(values.weight);
       if (!(weight > 0)) throw new UsageError('--weight must be a positive number');
       if (values.api !== undefined && values.api !== 'chat' && values.api !== 'responses') throw new UsageError('--api must be chat or responses');
@@ -343,7 +346,7 @@ export async function main(argv: string[]): Promise<number> {
     await syncConfiguredModels(store, config);
     if (cmd === 'usage') return await usageCommand(store, argv.slice(1));
     if (cmd === 'models') return await modelsCommand(store, sub, rest);
-    if (cmd === 'deployments') return await deploymentsCommand(store, sub, rest);
+    if (cmd === 'deployments') return await deploymentsCommand(store, sub, rest, new AddressPolicy(config.upstreamAllow));
     return cmd === 'keys' ? await keysCommand(store, sub, rest) : await orgsCommand(store, sub, rest);
   } catch (err) {
     if (err instanceof UsageError || err instanceof ConfigError || (err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {

@@ -71,6 +71,30 @@ const ConfigSchema = Type.Object({
   ledgerFlushMs: Type.Integer({ minimum: 10 }),
   /** Worker processes serving the port (node:cluster); 1 serves from this process alone. */
   workers: Type.Integer({ minimum: 1, maximum: 256 }),
+  /** Upstream timeouts: opening the connection, waiting for the response head, and silence between body chunks. */
+  upstreamConnectTimeoutMs: Type.Integer({ minimum: 1 }),
+  upstreamFirstByteTimeoutMs: Type.Integer({ minimum: 1 }),
+  upstreamIdleTimeoutMs: Type.Integer({ minimum: 1 }),
+  /** Deployments one request may try (the first plus retries). */
+  upstreamMaxAttempts: Type.Integer({ minimum: 1, maximum: 10 }),
+  /** Retries allowed as a share of requests over the last 10 s (plus 10 per second), so retries never multiply an outage. */
+  retryBudgetRatio: Type.Number({ minimum: 0, maximum: 10 }),
+  /** Consecutive failures that take a deployment out of rotation, and for how long before it is tried again. */
+  breakerFailures: Type.Integer({ minimum: 1 }),
+  breakerEjectMs: Type.Integer({ minimum: 100 }),
+  /** How often an ejected deployment is probed (GET {baseUrl}/models); an answer below 500 brings it back. */
+  healthCheckIntervalMs: Type.Integer({ minimum: 100 }),
+  /**
+   * Hosts or CIDR ranges that deployments stored in the database (admin API, CLI) may reach although
+   * they are internal (loopback, private, link-local); '*' allows all. Config-file deployments are trusted.
+   */
+  upstreamAllow: Type.Array(Type.String({ minLength: 1 })),
+  /** Requests in progress per process above which new ones are shed with 503 and retry-after. */
+  maxInFlight: Type.Integer({ minimum: 1 }),
+  /** Event-loop delay (p99 over the last second, ms) above which new requests are shed; 0 turns it off. */
+  maxEventLoopDelayMs: Type.Integer({ minimum: 0 }),
+  /** Largest request head (request line plus headers) in bytes; larger ones get 431. */
+  maxHeaderBytes: Type.Integer({ minimum: 1024 }),
 }, { additionalProperties: false });
 
 export type Config = Static<typeof ConfigSchema>;
@@ -79,7 +103,7 @@ type ConfigKey = keyof Config;
 export class ConfigError extends Error {}
 
 /** Environment variables and the setting each one sets. */
-const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool']> = [
+const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool' | 'number' | 'list']> = [
   ['HOST', 'host', 'string'],
   ['PORT', 'port', 'int'],
   ['SWITCHYARD_DATA_DIR', 'dataDir', 'string'],
@@ -103,6 +127,18 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool']> = [
   ['SWITCHYARD_METRICS_TOKEN', 'metricsToken', 'string'],
   ['SWITCHYARD_LEDGER_FLUSH_MS', 'ledgerFlushMs', 'int'],
   ['SWITCHYARD_WORKERS', 'workers', 'int'],
+  ['SWITCHYARD_UPSTREAM_CONNECT_TIMEOUT_MS', 'upstreamConnectTimeoutMs', 'int'],
+  ['SWITCHYARD_UPSTREAM_FIRST_BYTE_TIMEOUT_MS', 'upstreamFirstByteTimeoutMs', 'int'],
+  ['SWITCHYARD_UPSTREAM_IDLE_TIMEOUT_MS', 'upstreamIdleTimeoutMs', 'int'],
+  ['SWITCHYARD_UPSTREAM_MAX_ATTEMPTS', 'upstreamMaxAttempts', 'int'],
+  ['SWITCHYARD_RETRY_BUDGET_RATIO', 'retryBudgetRatio', 'number'],
+  ['SWITCHYARD_BREAKER_FAILURES', 'breakerFailures', 'int'],
+  ['SWITCHYARD_BREAKER_EJECT_MS', 'breakerEjectMs', 'int'],
+  ['SWITCHYARD_HEALTH_CHECK_INTERVAL_MS', 'healthCheckIntervalMs', 'int'],
+  ['SWITCHYARD_UPSTREAM_ALLOW', 'upstreamAllow', 'list'],
+  ['SWITCHYARD_MAX_IN_FLIGHT', 'maxInFlight', 'int'],
+  ['SWITCHYARD_MAX_EVENT_LOOP_DELAY_MS', 'maxEventLoopDelayMs', 'int'],
+  ['SWITCHYARD_MAX_HEADER_BYTES', 'maxHeaderBytes', 'int'],
 ];
 
 export const PACKAGE_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -136,6 +172,19 @@ const DEFAULTS = {
   responseStaleMs: 60_000,
   ledgerFlushMs: 1000,
   workers: availableParallelism(),
+  upstreamConnectTimeoutMs: 5_000,
+  // A non-stream upstream sends its head only when the whole answer is ready.
+  upstreamFirstByteTimeoutMs: 300_000,
+  upstreamIdleTimeoutMs: 60_000,
+  upstreamMaxAttempts: 3,
+  retryBudgetRatio: 0.2,
+  breakerFailures: 5,
+  breakerEjectMs: 30_000,
+  healthCheckIntervalMs: 2_000,
+  upstreamAllow: [],
+  maxInFlight: 10_000,
+  maxEventLoopDelayMs: 1_000,
+  maxHeaderBytes: 16 * 1024,
 } satisfies Partial<Config>;
 
 function readStructuredFile(path: string, label: string): Record<string, unknown> {
@@ -189,6 +238,8 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
     const value = env[name];
     if (value === undefined || value === '') continue;
     raw[key] = kind === 'int' && /^-?\d+$/.test(value.trim()) ? Number(value)
+      : kind === 'number' && value.trim() !== '' && Number.isFinite(Number(value)) ? Number(value)
+      : kind === 'list' ? value.split(',').map((v) => v.trim()).filter(Boolean)
       : kind === 'bool' && /^(true|false|1|0)$/.test(value.trim()) ? /^(true|1)$/.test(value.trim()) : value;
     origin.set(key, name);
   }

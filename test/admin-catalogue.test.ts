@@ -10,7 +10,7 @@ describe('administering the catalogue and deployments', () => {
   before(async () => {
     a = await startServer();
     const upstreamKey = (await createKey(a, 'downstream')).key;
-    b = await startServer({ modelsDir: tempDir(), env: { A_KEY: upstreamKey } });
+    b = await startServer({ modelsDir: tempDir(), env: { A_KEY: upstreamKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' } });
   });
   after(async () => {
     await b.close();

@@ -112,7 +112,7 @@ conformance('upstream (OpenAI-compatible, here a Switchyard serving the same mod
   const { key } = await createKey(upstreamServer, 'upstream-user');
   const engine = new UpstreamEngine(log);
   engines.push(engine);
-  return { engine, target: { engine: 'upstream', id: 'test', baseUrl: upstreamServer.baseURL, apiKey: key, upstreamModel: 'local/stories260k', api: 'chat' } };
+  return { engine, target: { engine: 'upstream', id: 'test', baseUrl: upstreamServer.baseURL, apiKey: key, upstreamModel: 'local/stories260k', api: 'chat', guarded: false } };
 });
 
 conformance('upstream speaking the Responses API (a Switchyard again)', async () => {
@@ -120,5 +120,5 @@ conformance('upstream speaking the Responses API (a Switchyard again)', async ()
   const { key } = await createKey(upstreamServer, 'upstream-user-2');
   const engine = new UpstreamEngine(log);
   engines.push(engine);
-  return { engine, target: { engine: 'upstream', id: 'test-responses', baseUrl: upstreamServer.baseURL, apiKey: key, upstreamModel: 'local/stories260k', api: 'responses' } };
+  return { engine, target: { engine: 'upstream', id: 'test-responses', baseUrl: upstreamServer.baseURL, apiKey: key, upstreamModel: 'local/stories260k', api: 'responses', guarded: false } };
 });

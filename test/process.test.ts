@@ -101,7 +101,7 @@ describe('the server process', () => {
   });
 
   it('manages the catalogue and deployments with the CLI', async () => {
-    const env = { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_LOG_LEVEL: 'silent' };
+    const env: NodeJS.ProcessEnv = { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_LOG_LEVEL: 'silent' };
     const cli = (...args: string[]) => run(process.execPath, [CLI, ...args], { env });
     const listed = await cli('models', 'list');
     assert.match(listed.stdout, /meta-llama\/llama-3\.1-8b-instruct\s+text_generation\s+active\s+public/);
@@ -115,7 +115,10 @@ describe('the server process', () => {
     await cli('models', 'set', 'qwen/house-model', '--visibility', 'private', '--owner', 'acme', '--output-price', '0.4');
     assert.match((await cli('models', 'list')).stdout, /qwen\/house-model\s+text_generation\s+active\s+private\s+acme\s+8192\s+input_tokens=0\.1 output_tokens=0\.4/);
     await assert.rejects(cli('models', 'create', 'qwen/no-context'), (err: { code?: number; stderr?: string }) => /context_length is required/.test(err.stderr ?? ''));
-    const added = await cli('deployments', 'add', '--model', 'qwen/qwen3-8b', '--base-url', 'http://127.0.0.1:8000/v1', '--key-env', 'VLLM_KEY', '--api', 'responses');
+    const add = ['deployments', 'add', '--model', 'qwen/qwen3-8b', '--base-url', 'http://127.0.0.1:8000/v1', '--key-env', 'VLLM_KEY', '--api', 'responses'];
+    await assert.rejects(cli(...add), (err: { stderr?: string }) => /refused: .*internal address 127\.0\.0\.1.*SWITCHYARD_UPSTREAM_ALLOW/.test(err.stderr ?? ''));
+    env['SWITCHYARD_UPSTREAM_ALLOW'] = '127.0.0.0/8';
+    const added = await cli(...add);
     const id = /deployment (dep_[0-9a-f]+)/.exec(added.stdout)?.[1];
     assert.ok(id, added.stdout);
     assert.match((await cli('deployments', 'list')).stdout, new RegExp(`${id}\\s+qwen/qwen3-8b\\s+http://127\\.0\\.0\\.1:8000/v1.*responses\\s+VLLM_KEY`));

@@ -1,9 +1,9 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import OpenAI from 'openai';
 import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
+import { chunkFrame, deadUrl, fixture } from './helpers/fixtures.js';
 
 const MODEL = 'meta-llama/tiny-stories';
 
@@ -14,19 +14,6 @@ function upstreamConfig(deployments: Array<{ baseUrl: string; weight?: number; a
     models: [{ id: MODEL, name: 'TinyStories via upstream', context_length: 512 }],
     deployments: deployments.map((d) => ({ model: MODEL, upstreamModel: 'local/stories260k', ...d })),
   });
-}
-
-/** A fixture upstream for failures a real engine cannot produce on demand. */
-async function fixture(handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ url: string; server: Server }> {
-  const server = createServer(handler);
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`, server };
-}
-
-async function deadUrl(): Promise<string> {
-  const f = await fixture(() => undefined);
-  await new Promise((r) => f.server.close(r));
-  return f.url;
 }
 
 const ask = { messages: [{ role: 'user' as const, content: 'Once upon a time' }], max_tokens: 25, temperature: 0 };
@@ -105,7 +92,7 @@ describe('upstream failures', () => {
   }
   async function fixtureServer(handler: (req: IncomingMessage, res: ServerResponse) => void) {
     const f = await fixture(handler);
-    servers.push({ close: () => new Promise<void>((r) => f.server.close(() => r())) });
+    servers.push(f);
     return f.url;
   }
 
@@ -153,9 +140,8 @@ describe('upstream failures', () => {
     const broken = await fixtureServer((req, res) => {
       req.resume();
       res.writeHead(200, { 'content-type': 'text/event-stream' });
-      const chunk = (delta: object) => `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta, finish_reason: null }] })}\n\n`;
-      res.write(chunk({ role: 'assistant', content: '' }));
-      res.write(chunk({ content: 'Once' }));
+      res.write(chunkFrame({ role: 'assistant', content: '' }));
+      res.write(chunkFrame({ content: 'Once' }));
       setTimeout(() => res.socket?.destroy(), 20);
     });
     const { client } = await downstream([{ baseUrl: broken }]);

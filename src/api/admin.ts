@@ -6,6 +6,7 @@ import { newId } from '../core/items.js';
 import { LimitsSpec, ModelPatch, ModelSpec, ORG_ID_PATTERN, type Model } from '../core/model-spec.js';
 import type { ApiKeyRecord, Org } from '../store/store.js';
 import { modelIdFromParams, renderModel } from './models.js';
+import { AddressPolicy } from '../engines/upstream/address-policy.js';
 
 const now = (): number => Math.floor(Date.now() / 1000);
 
@@ -28,6 +29,7 @@ const EncodedModelParams = Type.Object({ id: Type.String() });
  */
 export function registerAdminRoutes(app: App, ctx: RouteContext): void {
   const { store, catalogue, requireAdmin } = ctx;
+  const addresses = new AddressPolicy(ctx.config.upstreamAllow);
 
   app.post('/admin/orgs', {
     onRequest: requireAdmin,
@@ -146,6 +148,8 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
     const b = req.body;
     if (!catalogue.find(b.model)) throw new ApiError('model_not_found', `No model '${b.model}' in the catalogue.`, { param: 'model' });
     if (catalogue.isLocal(b.model)) throw new ApiError('invalid_value', `'${b.model}' is served from a local file.`, { param: 'model' });
+    const refused = await addresses.check(b.base_url);
+    if (refused) throw new ApiError('invalid_value', `base_url is refused: ${refused}.`, { param: 'base_url' });
     const record = {
       id: newId('dep'), model: b.model, base_url: b.base_url, api_key_env: b.api_key_env ?? null, upstream_model: b.upstream_model ?? null,
       weight: b.weight ?? 1, api: b.api ?? 'chat', created_at: now(),

@@ -196,6 +196,8 @@ async function streamChunks(raw: ServerResponse, events: MeteredStream, model: M
     if (line !== undefined && !writeSse(raw, line)) await drained(raw);
     if (raw.destroyed) return;
   }
+  // The stream is complete for the client only with [DONE]: its usage record is stored first.
+  await events.persisted();
   if (includeUsage && usage) writeSse(raw, `${head}],"usage":${JSON.stringify(renderUsage(usage))}}`);
   writeSse(raw, '[DONE]');
 }
@@ -222,7 +224,9 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
 
     if (body.stream !== true) {
       try {
-        return await completion(events, model);
+        const answer = await completion(events, model);
+        await events.persisted();
+        return answer;
       } finally {
         await events.close();
       }

@@ -27,37 +27,56 @@ export function costOf(model: Model, u: Usage): { cost: number | null; missing: 
 export const newUsageId = (): string => orderedId('usage');
 
 /**
- * The usage ledger. Records are queued in memory and written in batches off the request path
- * (every `flushMs`, or at once when `maxBatch` are waiting); `close()` writes everything queued, so
- * a clean shutdown loses nothing. A crash loses at most the records of the last `flushMs`.
+ * The usage ledger. Records are written in group commits: everything recorded during one turn of
+ * the event loop goes into one transaction on the next turn, and `record()` resolves once its
+ * record is in the database. The API answers a request only after that, so a crash never loses the
+ * record of a request whose client got a complete answer. A failed write keeps its records queued
+ * and is retried every `retryMs` (their requests wait for it); `close()` writes everything queued.
  */
 export class Ledger {
   private queue: UsageRecord[] = [];
+  private waiters: Array<() => void> = [];
+  private scheduled = false;
   private timer: NodeJS.Timeout | undefined;
   private flushing: Promise<void> = Promise.resolve();
 
-  constructor(private readonly store: Store, private readonly log: Logger, private readonly flushMs = 1000, private readonly maxBatch = 500) {}
+  constructor(private readonly store: Store, private readonly log: Logger, private readonly retryMs = 1000) {}
 
   start(): void {
-    this.timer = setInterval(() => void this.flush(), this.flushMs);
+    this.timer = setInterval(() => {
+      if (this.queue.length) void this.flush();
+    }, this.retryMs);
     this.timer.unref();
   }
 
-  record(r: UsageRecord): void {
+  /** Queues a record; resolves once it is stored. */
+  record(r: UsageRecord): Promise<void> {
     this.queue.push(r);
-    if (this.queue.length >= this.maxBatch) void this.flush();
+    const written = new Promise<void>((resolve) => this.waiters.push(resolve));
+    if (!this.scheduled) {
+      this.scheduled = true;
+      setImmediate(() => {
+        this.scheduled = false;
+        void this.flush();
+      });
+    }
+    return written;
   }
 
-  /** Writes what is queued; a failed batch is put back and retried on the next flush. */
+  /** Writes what is queued; a failed batch is put back and retried. */
   flush(): Promise<void> {
     this.flushing = this.flushing.then(async () => {
       if (this.queue.length === 0) return;
       const batch = this.queue;
+      const waiters = this.waiters;
       this.queue = [];
+      this.waiters = [];
       try {
         await this.store.insertUsage(batch);
+        for (const w of waiters) w();
       } catch (err) {
         this.queue = batch.concat(this.queue);
+        this.waiters = waiters.concat(this.waiters);
         this.log.error({ err, records: batch.length }, 'usage ledger write failed; will retry');
       }
     });

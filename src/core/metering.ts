@@ -50,6 +50,7 @@ export class MeteredStream {
   private ended = false;
   private first: GenerationEvent | undefined;
   private rest: AsyncIterator<GenerationEvent> | undefined;
+  private written: Promise<void> | undefined;
 
   private constructor(private readonly c: MeterContext, private readonly ledger: Ledger, private readonly metrics: Metrics) {}
 
@@ -97,6 +98,11 @@ export class MeteredStream {
     await this.rest?.return?.(undefined).catch(() => undefined);
   }
 
+  /** Resolves once the ledger record of this (ended) generation is stored: answer only after it. */
+  persisted(): Promise<void> {
+    return this.written ?? Promise.resolve();
+  }
+
   private see(ev: GenerationEvent): GenerationEvent {
     if (this.ttft === null) {
       this.ttft = performance.now() - this.c.started;
@@ -138,7 +144,7 @@ export class MeteredStream {
     c.settle?.(usage.input + usage.output, cost);
     if (this.missing) metrics.priceMissing.inc({ model: m });
     else if (cost) metrics.cost.inc({ model: m }, cost);
-    this.ledger.record({
+    this.written = this.ledger.record({
       id: newUsageId(),
       at: now,
       day: dayOf(now),

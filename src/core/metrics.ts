@@ -20,6 +20,9 @@ export class Metrics {
   readonly priceMissing: Counter<'model'>;
   readonly rateLimited: Counter<'limit'>;
   readonly upstreamErrors: Counter<'deployment' | 'code'>;
+  readonly retries: Counter;
+  readonly deploymentUp: Gauge<'deployment'>;
+  readonly shed: Counter<'reason'>;
 
   constructor(local: () => { models: LocalModelGauge[]; schemaViolations: number }) {
     const registers = [this.registry];
@@ -38,6 +41,9 @@ export class Metrics {
     this.priceMissing = new Counter({ name: 'switchyard_price_missing_total', help: 'Requests whose cost is unknown because the model lacks a price', labelNames: ['model'], registers });
     this.rateLimited = new Counter({ name: 'switchyard_rate_limited_total', help: 'Requests refused by a limit', labelNames: ['limit'], registers });
     this.upstreamErrors = new Counter({ name: 'switchyard_upstream_errors_total', help: 'Upstream failures by deployment and error code', labelNames: ['deployment', 'code'], registers });
+    this.retries = new Counter({ name: 'switchyard_upstream_retries_total', help: 'Requests retried on another (or the same) deployment', registers });
+    this.deploymentUp = new Gauge({ name: 'switchyard_deployment_up', help: '0 while a deployment is ejected by the circuit breaker, else 1', labelNames: ['deployment'], registers });
+    this.shed = new Counter({ name: 'switchyard_shed_total', help: 'Requests refused with 503 because the process was overloaded', labelNames: ['reason'], registers });
     new Gauge({
       name: 'switchyard_local_active_sequences', help: 'Requests generating on a local model', labelNames: ['model'], registers,
       collect() {

@@ -46,11 +46,29 @@ export class Run {
 
   constructor(readonly builder: ResponseBuilder, readonly orgId: string) {}
 
+  private held: WireEvent[] | undefined;
+
+  /** From now on terminal events wait until `release()`: the response and its usage are stored first. */
+  holdTerminal(): void {
+    this.held = [];
+  }
+
+  release(): void {
+    const held = this.held;
+    this.held = undefined;
+    if (held?.length) this.emit(held);
+  }
+
   emit(events: WireEvent[]): void {
-    for (const e of events) this.events.push({ ...e, sequence_number: this.events.length });
+    for (const e of events) {
+      if (this.held && TERMINAL_EVENTS.has(e.type)) this.held.push(e);
+      else this.events.push({ ...e, sequence_number: this.events.length });
+    }
     for (const l of this.listeners) l();
   }
 }
+
+const TERMINAL_EVENTS = new Set(['response.completed', 'response.incomplete', 'response.failed']);
 
 const HEARTBEAT_MS = 10_000;
 const MAX_CHAIN = 1000;
@@ -352,6 +370,7 @@ export class ResponseService {
 
     let startedResolve!: () => void;
     const firstEvents = new Promise<void>((r) => { startedResolve = r; });
+    run.holdTerminal();
     run.done = (async () => {
       try {
         run.emit(builder.start());
@@ -374,6 +393,7 @@ export class ResponseService {
         startedResolve();
         await events?.close();
         try {
+          await events?.persisted();
           await persist(['queued', 'in_progress']);
           if (conv && (response.status === 'completed' || response.status === 'incomplete')) {
             // One contiguous block per response, appended when it ends: concurrent responses on one
@@ -383,6 +403,7 @@ export class ResponseService {
         } catch (err) {
           this.log.error({ err, response_id: response.id }, 'storing the response failed');
         }
+        run.release();
         run.finished = true;
         this.running.delete(response.id);
         for (const l of run.listeners) l();

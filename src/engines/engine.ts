@@ -13,6 +13,8 @@ import type { GenerationEvent, GenerationRequest } from '../core/canonical.js';
 export interface Engine {
   readonly kind: string;
   generate(req: GenerationRequest, target: DeploymentTarget): AsyncIterable<GenerationEvent>;
+  /** Active health check of a deployment (engines without remote targets need none). */
+  probe?(target: DeploymentTarget): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -20,5 +22,8 @@ export interface Engine {
 export type DeploymentTarget =
   /** `reasoning`: the model thinks in `<think>…</think>` before answering; that part becomes reasoning. */
   | { engine: 'local'; file: string; contextLength: number; reasoning: boolean }
-  /** `api`: whether the upstream speaks the Responses API natively or only chat completions. */
-  | { engine: 'upstream'; baseUrl: string; apiKey: string | undefined; upstreamModel: string; id: string; api: 'chat' | 'responses' };
+  /**
+   * `api`: whether the upstream speaks the Responses API natively or only chat completions.
+   * `guarded`: set through the admin API or CLI, so every connection passes the address policy.
+   */
+  | { engine: 'upstream'; baseUrl: string; apiKey: string | undefined; upstreamModel: string; id: string; api: 'chat' | 'responses'; guarded: boolean };

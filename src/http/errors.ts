@@ -30,6 +30,8 @@ export const ERRORS = {
   internal_error: { status: 500, type: 'server_error' },
   upstream_error: { status: 502, type: 'server_error' },
   upstream_unreachable: { status: 502, type: 'server_error' },
+  upstream_timeout: { status: 504, type: 'server_error' },
+  request_header_too_large: { status: 431, type: 'invalid_request_error' },
   no_deployment: { status: 503, type: 'server_error' },
   overloaded: { status: 503, type: 'server_error' },
   model_load_failed: { status: 503, type: 'server_error' },

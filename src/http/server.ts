@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
-import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import { STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
 import cors from '@fastify/cors';
 import swagger from '@fastify/swagger';
@@ -16,6 +17,7 @@ import type { Limiter } from '../core/limits.js';
 import type { LocalEngine } from '../engines/local/local-engine.js';
 import type { Store } from '../store/store.js';
 import { ApiError } from './errors.js';
+import { LoadShedder } from './load-shedder.js';
 import { KeyAuthenticator, type Principal } from './auth.js';
 import { registerModelRoutes } from '../api/models.js';
 import { registerAdminRoutes } from '../api/admin.js';
@@ -56,6 +58,12 @@ export interface RouteContext extends ServerDeps {
   /** onRequest hooks: authentication runs before the body is read. */
   requireKey: AuthHook;
   requireAdmin: AuthHook;
+}
+
+/** A URL for the access log: query values that look like credentials are replaced (clients do put keys there). */
+const SECRET_PARAM = /([?&][^=&]*(?:key|token|secret|password|auth)[^=&]*=)[^&]*/gi;
+function loggableUrl(url: string): string {
+  return url.includes('?') ? url.replace(SECRET_PARAM, '$1[redacted]') : url;
 }
 
 const INBOUND_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -129,6 +137,35 @@ function sendError(reply: FastifyReply, e: ApiError): FastifyReply {
   return reply.code(e.status).headers(e.headers).type('application/json; charset=utf-8').send(e.toBody());
 }
 
+/**
+ * Requests Node's HTTP parser refuses before Fastify sees them (a head over maxHeaderBytes, bad
+ * header bytes, a broken request line) still get the envelope and a request id. The connection is
+ * then closed gently: what the client is still sending is read and dropped for a moment, because
+ * closing with unread bytes makes the kernel reset the connection and the client lose the answer.
+ */
+const answeredSockets = new WeakSet<Duplex>();
+function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed || answeredSockets.has(socket)) return;
+  answeredSockets.add(socket);
+  if (!socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const e = err.code === 'HPE_HEADER_OVERFLOW'
+    ? new ApiError('request_header_too_large', 'The request headers are larger than this server accepts.')
+    : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+      ? new ApiError('invalid_request', 'The request did not arrive in time.')
+      : new ApiError('invalid_request', `The request is not valid HTTP (${err.code ?? 'parse error'}).`);
+  const body = JSON.stringify(e.toBody());
+  const status = err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 408 : e.status;
+  socket.removeAllListeners('data');
+  socket.on('data', () => undefined);
+  socket.once('end', () => socket.destroy());
+  setTimeout(() => socket.destroy(), 2000).unref();
+  socket.end(`HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\n`
+    + `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: req_${randomUUID().replace(/-/g, '')}\r\nconnection: close\r\n\r\n${body}`);
+}
+
 export async function buildServer(deps: ServerDeps): Promise<App> {
   const { config, log } = deps;
   const app = Fastify({
@@ -136,6 +173,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     // One log line per request (onResponse below) rather than Fastify's two.
     logController: new LogController({ disableRequestLogging: true, requestIdLogLabel: 'request_id' }),
     bodyLimit: config.bodyLimit,
+    http: { maxHeaderSize: config.maxHeaderBytes },
+    clientErrorHandler: clientError,
     genReqId: (req) => {
       const inbound = req.headers['x-request-id'];
       return typeof inbound === 'string' && INBOUND_REQUEST_ID.test(inbound) ? inbound : `req_${randomUUID().replace(/-/g, '')}`;
@@ -160,18 +199,33 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.decorateRequest('principal', null);
   app.decorateRequest('modelId', null);
   app.decorateRequest('startedAt', 0);
+  const { metrics } = deps;
+  const shedder = new LoadShedder(config.maxInFlight, config.maxEventLoopDelayMs);
+  app.addHook('onClose', (_app, done) => {
+    shedder.close();
+    done();
+  });
+  const onEnd = () => { shedder.inFlight -= 1; };
   // Hooks on every request are callback-style: an async hook costs a promise per request.
   app.addHook('onRequest', (req, reply, done) => {
     req.startedAt = performance.now();
     reply.header('x-request-id', req.id);
+    // Probes and metrics are answered even under load: they are how operators see it.
+    if (!req.url.startsWith('/v1/') && !req.url.startsWith('/admin/')) return done();
+    const reason = shedder.refuse();
+    if (reason) {
+      metrics.shed.inc({ reason });
+      return done(new ApiError('overloaded', 'The server is overloaded; retry shortly.', { headers: { 'retry-after': '1' } }));
+    }
+    shedder.inFlight += 1;
+    reply.raw.once('close', onEnd);
     done();
   });
-  const { metrics } = deps;
   app.addHook('onResponse', (req, reply, done) => {
     const labels = { route: req.routeOptions.url ?? 'unmatched', model: req.modelId ?? '', status: String(reply.statusCode) };
     metrics.requests.inc(labels);
     metrics.duration.observe(labels, reply.elapsedTime / 1000);
-    req.log.info({ method: req.method, url: req.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
+    req.log.info({ method: req.method, url: loggableUrl(req.url), status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
     done();
   });
 

@@ -1,11 +1,12 @@
 import { StringDecoder } from 'node:string_decoder';
-import { Pool, errors as undiciErrors } from 'undici';
+import { Pool, errors as undiciErrors, type Dispatcher } from 'undici';
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
 import type { Logger } from 'pino';
 import { ApiError, ERRORS, isErrorCode } from '../../http/errors.js';
 import type { FinishReason, GenerationEvent, GenerationRequest, Message, Usage } from '../../core/canonical.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
+import { AddressPolicy } from './address-policy.js';
 
 /** The OpenAI chat-completions body an OpenAI-compatible server takes. */
 function wireMessages(messages: readonly Message[]): Record<string, unknown>[] {
@@ -238,7 +239,9 @@ export function responsesBody(req: GenerationRequest, upstreamModel: string): Re
 }
 
 /** Maps an upstream error reply into our registry; 5xx may fail over to another deployment. */
-function upstreamError(status: number, text: string, where: string, retryAfter: string | undefined): ApiError {
+function upstreamError(status: number, text: string, where: string, retryAfter: string | undefined, secret: string | undefined): ApiError {
+  // Some upstreams quote the key they were sent ("Incorrect API key provided: sk-…"): never pass it on.
+  if (secret) text = text.replaceAll(secret, '[redacted]');
   let message = text.slice(0, 500);
   let code: unknown;
   try {
@@ -254,12 +257,48 @@ function upstreamError(status: number, text: string, where: string, retryAfter: 
   } catch {
     // not JSON: keep the text
   }
-  if (status === 429) return new ApiError('rate_limited', message, { headers: { 'retry-after': retryAfter ?? '1' } });
+  // Another deployment may have room; this one is cooled for retry-after by the router.
+  if (status === 429) return new ApiError('rate_limited', message, { headers: { 'retry-after': retryAfter ?? '1' }, failover: true });
   if (status === 413) return new ApiError('request_too_large', message);
   if (status === 400 || status === 422) {
     return isErrorCode(code) && ERRORS[code].status === 400 ? new ApiError(code, message) : new ApiError('invalid_request', message);
   }
   return new ApiError('upstream_error', `Upstream ${where} answered ${status}: ${message}`, { failover: status >= 500 });
+}
+
+export interface UpstreamOptions {
+  connectTimeoutMs: number;
+  /** Until the response head arrives (for a non-stream upstream: the whole generation). */
+  firstByteTimeoutMs: number;
+  /** Longest silence between two body chunks. */
+  idleTimeoutMs: number;
+  /** Applied to deployments stored in the database (`guarded` targets). */
+  policy: AddressPolicy;
+  /**
+   * Connections per origin; null (the default) is no cap: over HTTP/1.1 each open stream holds a
+   * connection, and a cap would queue streams behind long generations.
+   */
+  connectionsPerOrigin?: number | null;
+}
+
+export const UPSTREAM_DEFAULTS: UpstreamOptions = {
+  connectTimeoutMs: 5_000, firstByteTimeoutMs: 300_000, idleTimeoutMs: 60_000, policy: new AddressPolicy(['*']),
+};
+
+/** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
+function transportError(err: unknown, target: string, o: UpstreamOptions, early: boolean): ApiError {
+  const code = (err as { code?: string }).code;
+  if (code === 'UND_ERR_CONNECT_TIMEOUT') {
+    return new ApiError('upstream_timeout', `The upstream ${target} did not accept a connection within ${o.connectTimeoutMs} ms.`, { failover: early });
+  }
+  if (code === 'UND_ERR_HEADERS_TIMEOUT') {
+    return new ApiError('upstream_timeout', `The upstream ${target} sent nothing within ${o.firstByteTimeoutMs} ms.`, { failover: early });
+  }
+  if (code === 'UND_ERR_BODY_TIMEOUT') {
+    return new ApiError('upstream_timeout', `The upstream ${target} went silent for ${o.idleTimeoutMs} ms mid-answer.`, { failover: early });
+  }
+  return new ApiError(early ? 'upstream_unreachable' : 'upstream_error',
+    early ? `The upstream ${target} could not be reached.` : `The upstream ${target} broke off mid-answer.`, { failover: early });
 }
 
 /**
@@ -270,12 +309,11 @@ function upstreamError(status: number, text: string, where: string, retryAfter: 
 export class UpstreamEngine implements Engine {
   readonly kind = 'upstream';
   private readonly pools = new Map<string, Pool>();
+  private readonly o: UpstreamOptions;
 
-  /**
-   * No cap on connections per origin by default: over HTTP/1.1 each open stream holds a connection,
-   * and a cap would queue streams behind long generations (128 held 10,000 idle streams to 128).
-   */
-  constructor(private readonly log: Logger, private readonly connectionsPerOrigin: number | null = null) {}
+  constructor(private readonly log: Logger, options: Partial<UpstreamOptions> = {}) {
+    this.o = { ...UPSTREAM_DEFAULTS, ...options };
+  }
 
   private readonly endpoints = new Map<string, { origin: string; path: string }>();
 
@@ -291,13 +329,33 @@ export class UpstreamEngine implements Engine {
     return e;
   }
 
-  private pool(origin: string): Pool {
-    let p = this.pools.get(origin);
+  /** Guarded targets get pools of their own whose every connection passes the address policy. */
+  private pool(origin: string, guarded: boolean): Pool {
+    const key = guarded ? `${origin} guarded` : origin;
+    let p = this.pools.get(key);
     if (!p) {
-      p = new Pool(origin, { connections: this.connectionsPerOrigin, keepAliveTimeout: 30_000 });
-      this.pools.set(origin, p);
+      const connect = guarded ? this.o.policy.connector(this.o.connectTimeoutMs) : { timeout: this.o.connectTimeoutMs };
+      p = new Pool(origin, { connections: this.o.connectionsPerOrigin ?? null, keepAliveTimeout: 30_000, connect });
+      this.pools.set(key, p);
     }
     return p;
+  }
+
+  /** Health check: GET {baseUrl}/models. Any answer below 500 means the server is up. */
+  async probe(target: DeploymentTarget): Promise<boolean> {
+    if (target.engine !== 'upstream') return true;
+    const url = this.endpoint(target.baseUrl, 'models');
+    const headers: Record<string, string> = { accept: 'application/json' };
+    if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
+    try {
+      const res = await this.pool(url.origin, target.guarded).request({
+        path: url.path, method: 'GET', headers, headersTimeout: 5_000, bodyTimeout: 5_000,
+      });
+      await res.body.dump();
+      return res.statusCode < 500;
+    } catch {
+      return false;
+    }
   }
 
   async *generate(req: GenerationRequest, target: DeploymentTarget): AsyncGenerator<GenerationEvent> {
@@ -309,26 +367,26 @@ export class UpstreamEngine implements Engine {
     const headers: Record<string, string> = { 'content-type': 'application/json', accept: stream ? 'text/event-stream' : 'application/json' };
     if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
     const body = native ? responsesBody(req, target.upstreamModel) : wireBody(req, target.upstreamModel);
-    let res;
+    let res: Dispatcher.ResponseData;
     try {
-      res = await this.pool(url.origin).request({
+      res = await this.pool(url.origin, target.guarded).request({
         path: url.path,
         method: 'POST',
         headers,
         body: JSON.stringify(body),
         signal: req.signal,
-        headersTimeout: 300_000,
-        bodyTimeout: 300_000,
+        headersTimeout: this.o.firstByteTimeoutMs,
+        bodyTimeout: this.o.idleTimeoutMs,
       });
     } catch (err) {
       if (req.signal.aborted) throw new ApiError('invalid_request', 'The request was cancelled.');
       this.log.warn({ deployment: target.id, err: (err as Error).message }, 'upstream unreachable');
-      throw new ApiError('upstream_unreachable', `The upstream for '${req.model}' could not be reached.`, { failover: true });
+      throw transportError(err, target.id, this.o, true);
     }
     if (res.statusCode >= 400) {
       const text = await res.body.text().catch(() => '');
       const retryAfter = res.headers['retry-after'];
-      throw upstreamError(res.statusCode, text, target.id, typeof retryAfter === 'string' ? retryAfter : undefined);
+      throw upstreamError(res.statusCode, text, target.id, typeof retryAfter === 'string' ? retryAfter : undefined, target.apiKey);
     }
 
     const reader: StreamReader = native ? new ResponsesReader() : new ChatReader();
@@ -337,7 +395,10 @@ export class UpstreamEngine implements Engine {
     // so the usage it reports (and bills) stays exact.
     const stops = native && req.sampling.stop?.length ? new StopMatcher(req.sampling.stop) : undefined;
     let stopped = false;
+    // Until an event has gone out, a failure may still move to another deployment.
+    let early = true;
     const filter = (events: GenerationEvent[]): GenerationEvent[] => {
+      if (events.length) early = false;
       if (!stops) return events;
       const kept: GenerationEvent[] = [];
       for (const ev of events) {
@@ -385,12 +446,14 @@ export class UpstreamEngine implements Engine {
           if (failure) throw failure;
         }
         if (failure) throw failure;
-        if (!done) throw new ApiError('upstream_error', 'The upstream stream ended before it was complete.');
+        if (!done) throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
       }
     } catch (err) {
       if (req.signal.aborted || err instanceof undiciErrors.RequestAbortedError) return;
       if (err instanceof ApiError) throw err;
-      throw new ApiError('upstream_error', `The upstream stream broke: ${(err as Error).message}`);
+      if (err instanceof SyntaxError) throw new ApiError('upstream_error', `The upstream ${target.id} sent a reply that is not JSON.`, { failover: early });
+      this.log.warn({ deployment: target.id, err: (err as Error).message }, 'upstream broke off');
+      throw transportError(err, target.id, this.o, early);
     } finally {
       // A body read to its end leaves the connection reusable; anything else must not.
       if (!res.body.readableEnded) res.body.destroy();

@@ -1,0 +1,110 @@
+import { after, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { rmSync } from 'node:fs';
+import { request } from 'undici';
+import Database from 'better-sqlite3';
+import { tempDir } from './helpers/server.js';
+import { startProcess, type Running } from './helpers/process.js';
+
+const MODEL = 'local/stories260k';
+const ADMIN = 'sk-test-admin-crash-0123456789abcdef';
+
+interface Acknowledged {
+  /** x-request-id of every request whose client got a complete 2xx answer. */
+  requests: Set<string>;
+  /** Stored responses among them. */
+  responses: Set<string>;
+}
+
+/** One request of a mixed load; records it only once the client has the whole answer. */
+async function one(url: string, i: number, ack: Acknowledged): Promise<void> {
+  const kind = i % 4;
+  const path = kind < 2 ? '/v1/chat/completions' : '/v1/responses';
+  const stream = kind % 2 === 1;
+  const body = kind < 2
+    ? { model: MODEL, messages: [{ role: 'user', content: `Once upon a time ${i}` }], max_tokens: 12, stream }
+    : { model: MODEL, input: `Once upon a time ${i}`, max_output_tokens: 12, stream };
+  const res = await request(`${url}${path}`, {
+    method: 'POST', headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' }, body: JSON.stringify(body),
+  });
+  const text = await res.body.text();
+  if (res.statusCode !== 200) return;
+  const id = String(res.headers['x-request-id']);
+  if (kind === 0) {
+    JSON.parse(text);
+    ack.requests.add(id);
+  } else if (kind === 1) {
+    if (text.includes('data: [DONE]')) ack.requests.add(id);
+  } else if (kind === 2) {
+    ack.requests.add(id);
+    ack.responses.add((JSON.parse(text) as { id: string }).id);
+  } else {
+    const done = /event: response\.completed\ndata: (.*)\n/.exec(text);
+    if (done) {
+      ack.requests.add(id);
+      ack.responses.add((JSON.parse(done[1]!) as { response: { id: string } }).response.id);
+    }
+  }
+}
+
+describe('kill -9 under load', () => {
+  const dataDir = tempDir();
+  let proc: Running | undefined;
+  after(() => {
+    proc?.child.kill('SIGKILL');
+    rmSync(dataDir, { recursive: true, force: true });
+  });
+  const env = { SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN, SWITCHYARD_WORKERS: '1', SWITCHYARD_LOG_LEVEL: 'info' };
+
+  it('keeps the usage record and stored response of every acknowledged request, five times over', async () => {
+    const ack: Acknowledged = { requests: new Set(), responses: new Set() };
+    const interrupted: string[] = [];
+    for (let cycle = 0; cycle < 5; cycle++) {
+      proc = await startProcess(env);
+      const url = proc.url;
+      let n = cycle * 10_000;
+      let stop = false;
+      const workers = Array.from({ length: 6 }, async () => {
+        while (!stop) await one(url, n++, ack).catch(() => undefined);
+      });
+      await new Promise((r) => setTimeout(r, 1200));
+      // A long background response is certainly in progress when the process dies.
+      const bg = await request(`${url}/v1/responses`, {
+        method: 'POST', headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: MODEL, input: 'Once upon a time', background: true, max_output_tokens: 400 }),
+      });
+      interrupted.push((await bg.body.json() as { id: string }).id);
+      proc.child.kill('SIGKILL');
+      await proc.exited;
+      stop = true;
+      await Promise.all(workers);
+    }
+    // A restart marks what was running as failed; then every acknowledged request must be on record.
+    proc = await startProcess(env);
+    const db = new Database(join(dataDir, 'switchyard.db'), { readonly: true });
+    try {
+      assert.equal(db.pragma('integrity_check', { simple: true }), 'ok');
+      const recorded = new Map((db.prepare('select request_id, status from usage_records').all() as Array<{ request_id: string; status: number }>).map((r) => [r.request_id, r.status]));
+      const missing = [...ack.requests].filter((id) => recorded.get(id) !== 200);
+      assert.ok(ack.requests.size > 50, `load ran (${ack.requests.size} acknowledged)`);
+      assert.deepEqual(missing, [], `${missing.length} of ${ack.requests.size} acknowledged requests have no 200 usage record`);
+      const dupes = db.prepare('select request_id from usage_records group by request_id having count(*) > 1').all();
+      assert.deepEqual(dupes, []);
+
+      const responses = new Map((db.prepare('select id, status, body from responses').all() as Array<{ id: string; status: string; body: string }>).map((r) => [r.id, r]));
+      const lost = [...ack.responses].filter((id) => responses.get(id)?.status !== 'completed' && responses.get(id)?.status !== 'incomplete');
+      assert.deepEqual(lost, [], 'every acknowledged response is stored as finished');
+      const running = [...responses.values()].filter((r) => r.status === 'queued' || r.status === 'in_progress');
+      assert.deepEqual(running, [], 'nothing is left in progress');
+      for (const id of interrupted) {
+        const r = responses.get(id);
+        assert.equal(r?.status, 'failed', id);
+        const error = (JSON.parse(r.body) as { error: { code: string; message: string } }).error;
+        assert.ok(error.code && error.message.length > 10, JSON.stringify(error));
+      }
+    } finally {
+      db.close();
+    }
+  });
+});
