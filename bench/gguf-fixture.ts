@@ -120,8 +120,22 @@ const sizeOf = (t: Tensor): number => {
 };
 const align = (n: number): number => Math.ceil(n / ALIGNMENT) * ALIGNMENT;
 
+/** Ways to break a fixture on purpose (the hostile-model tests). */
+export interface Damage {
+  /** Metadata keys left out. */
+  drop?: string[];
+  /** Metadata keys written as a string instead of a number. */
+  asString?: string[];
+  /** Metadata keys written as 0. */
+  zero?: string[];
+  /** A ggml type id for the first tensor. */
+  firstTensorType?: number;
+  /** Claimed tensor count, whatever the file holds. */
+  tensorCount?: number;
+}
+
 /** Writes the fixture to `path` unless it is already there; returns the path. */
-export function writeFixture(path: string, shape: Shape, seed = 42): string {
+export function writeFixture(path: string, shape: Shape, seed = 42, damage: Damage = {}): string {
   if (existsSync(path)) return path;
   mkdirSync(dirname(path), { recursive: true });
   const vocab = vocabulary(shape.vocab);
@@ -148,22 +162,25 @@ export function writeFixture(path: string, shape: Shape, seed = 42): string {
     ['tokenizer.ggml.eos_token_id', { t: Kv.U32, v: 2 }],
     ['tokenizer.ggml.unknown_token_id', { t: Kv.U32, v: 0 }],
   ];
+  const edited = meta.filter(([k]) => !damage.drop?.includes(k)).map(([k, v]): [string, Value] =>
+    damage.asString?.includes(k) ? [k, { t: Kv.String, v: String((v as { v: unknown }).v) }]
+      : damage.zero?.includes(k) ? [k, { t: Kv.U32, v: 0 }] : [k, v]);
   const list = tensors(shape);
   const head = new Bytes();
   head.u32(0x46554747);
   head.u32(3);
-  head.u64(list.length);
-  head.u64(meta.length);
-  for (const [key, val] of meta) {
+  head.u64(damage.tensorCount ?? list.length);
+  head.u64(edited.length);
+  for (const [key, val] of edited) {
     head.str(key);
     writeValue(head, val);
   }
   let offset = 0;
-  for (const t of list) {
+  for (const [i, t] of list.entries()) {
     head.str(t.name);
     head.u32(t.dims.length);
     for (const d of t.dims) head.u64(d);
-    head.u32(t.type);
+    head.u32(i === 0 && damage.firstTensorType !== undefined ? damage.firstTensorType : t.type);
     head.u64(offset);
     offset = align(offset + sizeOf(t));
   }

@@ -81,7 +81,7 @@ export async function startMain(env: Record<string, string>, prepare?: (dataDir:
  * Switchyard in front of the fake upstream: a catalogue model deployed on it with its price set (so
  * every request is costed and written to the ledger), and info logging.
  */
-export function startSwitchyard(o: { upstream: string; workers: number }): Promise<Proc & { dataDir: string }> {
+export function startSwitchyard(o: { upstream: string; workers: number; modelsDir?: string }): Promise<Proc & { dataDir: string }> {
   return startMain({ SWITCHYARD_WORKERS: String(o.workers), SWITCHYARD_LOG_LEVEL: 'info' }, (dataDir) => {
     const config = join(dataDir, 'bench.json');
     writeFileSync(config, JSON.stringify({
@@ -98,7 +98,7 @@ export function startSwitchyard(o: { upstream: string; workers: number }): Promi
         { model: 'openai/bench-hold', baseUrl: `${o.upstream}/v1`, upstreamModel: 'hold' },
       ],
     }));
-    return { SWITCHYARD_CONFIG: config, SWITCHYARD_MODELS_DIR: join(dataDir, 'models') };
+    return { SWITCHYARD_CONFIG: config, SWITCHYARD_MODELS_DIR: o.modelsDir ?? join(dataDir, 'models') };
   });
 }
 

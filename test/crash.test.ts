@@ -103,6 +103,7 @@ describe('kill -9 under load', () => {
         const error = (JSON.parse(r.body) as { error: { code: string; message: string } }).error;
         assert.ok(error.code && error.message.length > 10, JSON.stringify(error));
       }
+      console.log(`# crash: 5 × kill -9; ${ack.requests.size} acknowledged requests all recorded, ${ack.responses.size} stored responses all finished, ${interrupted.length} running ones failed on restart`);
     } finally {
       db.close();
     }

@@ -3,31 +3,15 @@ import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import OpenAI from 'openai';
 import { Pool } from 'undici';
-import { http, startServer, tempDir, type TestServer, type WireList } from './helpers/server.js';
-import { chunkFrame, completionBody, fixture } from './helpers/fixtures.js';
+import { http, type TestServer, type WireList } from './helpers/server.js';
+import { GATEWAY_MODEL as MODEL, chunkFrame, closers, completionBody, fixture, startGateway } from './helpers/fixtures.js';
 import { spawnReady, type Proc } from '../bench/lib.js';
 
-const MODEL = 'meta-llama/tiny-stories';
 const ask = { model: MODEL, messages: [{ role: 'user' as const, content: 'Once upon a time' }], max_tokens: 8 };
 
 interface WireDeployment { id: string; health: string }
 interface UsageRow { group: string; requests: number; errors: number }
 
-/** A gateway whose only way to serve MODEL is the given deployments (ids d0, d1, …). */
-async function gateway(deployments: Array<{ baseUrl: string; weight?: number }>, env: Record<string, string> = {}): Promise<TestServer> {
-  return startServer({
-    modelsDir: tempDir(),
-    env,
-    configFile: {
-      name: 'gw.json',
-      text: JSON.stringify({
-        defaultCatalogue: false,
-        models: [{ id: MODEL, name: 'TinyStories via upstream', context_length: 512 }],
-        deployments: deployments.map((d, i) => ({ model: MODEL, id: `d${i}`, ...d })),
-      }),
-    },
-  });
-}
 
 /** A fixture that counts the generation requests it gets and answers them with `answer`. */
 async function counting(answer: (res: ServerResponse, req: IncomingMessage) => void) {
@@ -49,20 +33,15 @@ async function usage(s: TestServer): Promise<UsageRow> {
 }
 
 describe('upstream faults', () => {
-  const closers: Array<() => Promise<void>> = [];
-  after(async () => {
-    for (const c of closers.reverse()) await c();
-  });
-  const keep = <T extends { close(): Promise<void> }>(x: T): T => {
-    closers.push(() => x.close());
-    return x;
-  };
+  const open = closers();
+  after(() => open.closeAll());
+  const keep = open.keep;
 
   it('retries a 503 and a 429 on another deployment, and keeps off a deployment for its retry-after', async () => {
     const failing = keep(await counting((res) => res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"overloaded"}}')));
     const limited = keep(await counting((res) => res.writeHead(429, { 'content-type': 'application/json', 'retry-after': '30' }).end('{"error":{"message":"slow down"}}')));
     const healthy = keep(await counting(ok));
-    const s = keep(await gateway([{ baseUrl: limited.url, weight: 1e9 }, { baseUrl: failing.url, weight: 1e6 }, { baseUrl: healthy.url, weight: 1 }]));
+    const s = keep(await startGateway([{ baseUrl: limited.url, weight: 1e9 }, { baseUrl: failing.url, weight: 1e6 }, { baseUrl: healthy.url, weight: 1 }]));
     const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
 
     const first = await client.chat.completions.create(ask);
@@ -80,7 +59,7 @@ describe('upstream faults', () => {
 
   it('answers 429 with the upstream retry-after while every deployment is cooling, without calling it', async () => {
     const limited = keep(await counting((res) => res.writeHead(429, { 'retry-after': '20' }).end('{"error":{"message":"slow down"}}')));
-    const s = keep(await gateway([{ baseUrl: limited.url }]));
+    const s = keep(await startGateway([{ baseUrl: limited.url }]));
     const r1 = await http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: ask });
     assert.equal(r1.status, 429);
     assert.equal(r1.headers['retry-after'], '20');
@@ -88,6 +67,21 @@ describe('upstream faults', () => {
     assert.equal(r2.status, 429);
     assert.ok(Number(r2.headers['retry-after']) <= 20 && Number(r2.headers['retry-after']) >= 19, String(r2.headers['retry-after']));
     assert.equal(limited.hits.post, 1);
+  });
+
+  it('stops retrying once the retry budget is spent, so an outage is not multiplied', async () => {
+    const down = keep(await counting((res) => res.writeHead(503).end('{"error":{"message":"down"}}')));
+    const s = keep(await startGateway([{ baseUrl: down.url }], { SWITCHYARD_RETRY_BUDGET_RATIO: '0', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '2' }));
+    let next = 0;
+    const worker = async () => {
+      while (next < 150) {
+        next += 1;
+        assert.equal((await http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: ask })).status, 502);
+      }
+    };
+    await Promise.all(Array.from({ length: 10 }, worker));
+    // 150 first tries, and retries only up to the budget's floor of 10 per second over 10 s.
+    assert.equal(down.hits.post, 150 + 100);
   });
 
   it('ejects a deployment after consecutive failures and brings it back when its health check passes', async () => {
@@ -98,7 +92,7 @@ describe('upstream faults', () => {
       else ok(res);
     }));
     const steady = keep(await counting(ok));
-    const s = keep(await gateway([{ baseUrl: flaky.url, weight: 1e9 }, { baseUrl: steady.url, weight: 1 }], {
+    const s = keep(await startGateway([{ baseUrl: flaky.url, weight: 1e9 }, { baseUrl: steady.url, weight: 1 }], {
       SWITCHYARD_BREAKER_FAILURES: '3', SWITCHYARD_HEALTH_CHECK_INTERVAL_MS: '100', SWITCHYARD_BREAKER_EJECT_MS: '60000',
     }));
     for (let i = 0; i < 6; i++) {
@@ -128,7 +122,7 @@ describe('upstream faults', () => {
 
   it('gives up on an upstream that sends nothing within the first-byte timeout, with 504', async () => {
     const silent = keep(await counting(() => undefined));
-    const s = keep(await gateway([{ baseUrl: silent.url }], { SWITCHYARD_UPSTREAM_FIRST_BYTE_TIMEOUT_MS: '300', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' }));
+    const s = keep(await startGateway([{ baseUrl: silent.url }], { SWITCHYARD_UPSTREAM_FIRST_BYTE_TIMEOUT_MS: '300', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' }));
     const started = Date.now();
     const r = await http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: ask });
     assert.equal(r.status, 504);
@@ -143,7 +137,7 @@ describe('upstream faults', () => {
       res.write(chunkFrame({ role: 'assistant', content: '' }));
       res.write(chunkFrame({ content: 'Once' }));
     }));
-    const s = keep(await gateway([{ baseUrl: stalls.url }], { SWITCHYARD_UPSTREAM_IDLE_TIMEOUT_MS: '300' }));
+    const s = keep(await startGateway([{ baseUrl: stalls.url }], { SWITCHYARD_UPSTREAM_IDLE_TIMEOUT_MS: '300' }));
     const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
     let text = '';
     await assert.rejects((async () => {
@@ -162,7 +156,7 @@ describe('upstream faults', () => {
       res.write(chunkFrame({ content: 'Once' }));
       setTimeout(() => res.socket?.destroy(), 20);
     }));
-    const s = keep(await gateway([{ baseUrl: breaks.url }]));
+    const s = keep(await startGateway([{ baseUrl: breaks.url }]));
     const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
     const types: string[] = [];
     let id = '';
@@ -181,10 +175,10 @@ describe('upstream faults', () => {
 
   it('serves 1,000 requests with 0 errors while one of two deployments is killed mid-run', async () => {
     const ups: Proc[] = [await spawnReady('fake-upstream.js', ['0']), await spawnReady('fake-upstream.js', ['0'])];
-    closers.push(async () => { for (const u of ups) await u.stop(); });
-    const s = keep(await gateway(ups.map((u) => ({ baseUrl: `${u.url}/v1` }))));
+    open.add(async () => { for (const u of ups) await u.stop(); });
+    const s = keep(await startGateway(ups.map((u) => ({ baseUrl: `${u.url}/v1` }))));
     const pool = new Pool(s.url, { connections: 16 });
-    closers.push(() => pool.close());
+    open.add(() => pool.close());
     const body = JSON.stringify(ask);
     const statuses = new Map<number, number>();
     let done = 0;
@@ -204,5 +198,7 @@ describe('upstream faults', () => {
     assert.equal(listed.json.data.find((d) => d.id === 'd0')?.health, 'ejected');
     const u = await usage(s);
     assert.deepEqual([u.requests, u.errors], [1000, 0]);
+    const retries = /switchyard_upstream_retries_total (\d+)/.exec((await http(s.url, 'GET', '/metrics')).text)?.[1];
+    console.log(`# failover: 1,000 requests, ${statuses.get(200)} × 200, deployment d0 killed after 300, ${retries} retries`);
   });
 });

@@ -2,7 +2,7 @@ import { readdir } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
-import { inspectGguf } from '../engines/local/gguf.js';
+import { inspectGgufIsolated } from '../engines/local/gguf.js';
 import type { Store } from '../store/store.js';
 import type { Principal } from '../http/auth.js';
 import { resolveModelSpec, type Model, type ModelPatch, type ModelSpec, type ModelStatus, type ModelType } from './model-spec.js';
@@ -108,7 +108,7 @@ export class Catalogue {
     for (const f of files) {
       const path = join(dir, f);
       try {
-        const info = await inspectGguf(path);
+        const info = await inspectGgufIsolated(path);
         const named = this.config.localModels[f] ?? {};
         const spec: ModelSpec = {
           id: named.id ?? `${this.config.localAuthor}/${localSlug(f)}`,

@@ -1,5 +1,42 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { startServer, tempDir, type TestServer } from './server.js';
+
+/** The catalogue model a gateway serves only through its upstream deployments. */
+export const GATEWAY_MODEL = 'meta-llama/tiny-stories';
+
+/** A Switchyard whose only way to serve GATEWAY_MODEL is the given deployments (ids d0, d1, …). */
+export function startGateway(deployments: Array<{ baseUrl: string; weight?: number }>, env: Record<string, string> = {}): Promise<TestServer> {
+  return startServer({
+    modelsDir: tempDir(),
+    env,
+    configFile: {
+      name: 'gw.json',
+      text: JSON.stringify({
+        defaultCatalogue: false,
+        models: [{ id: GATEWAY_MODEL, name: 'TinyStories via upstream', context_length: 512 }],
+        deployments: deployments.map((d, i) => ({ model: GATEWAY_MODEL, id: `d${i}`, ...d })),
+      }),
+    },
+  });
+}
+
+/** Things a suite opened, closed in reverse order by `closeAll` (in an after hook). */
+export function closers(): { keep<T extends { close(): Promise<void> }>(x: T): T; add(fn: () => Promise<void>): void; closeAll(): Promise<void> } {
+  const list: Array<() => Promise<void>> = [];
+  return {
+    keep(x) {
+      list.push(() => x.close());
+      return x;
+    },
+    add(fn) {
+      list.push(fn);
+    },
+    async closeAll() {
+      for (const c of list.reverse()) await c();
+    },
+  };
+}
 
 /** A fixture upstream, only for failures a real engine cannot produce on demand. */
 export async function fixture(handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ url: string; server: Server; close(): Promise<void> }> {

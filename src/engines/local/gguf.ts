@@ -1,4 +1,5 @@
 import { stat } from 'node:fs/promises';
+import { Worker } from 'node:worker_threads';
 import { readGgufFileInfo } from 'node-llama-cpp';
 
 /**
@@ -41,6 +42,32 @@ const positive = (v: unknown): boolean =>
   (typeof v === 'number' && Number.isFinite(v) && v > 0) ||
   (Array.isArray(v) && v.length > 0 && v.every((x) => typeof x === 'number' && x >= 0));
 
+/**
+ * inspectGguf in a worker thread with a time and memory limit. A hostile file can make the GGUF
+ * reader itself spin (a 22-byte file that starts with the magic grew one to 400 MB in 3 s): the
+ * worker is then terminated and the file rejected, and the server goes on.
+ */
+export function inspectGgufIsolated(path: string, timeoutMs = 5_000): Promise<GgufSummary> {
+  return new Promise((resolve, reject) => {
+    const worker = new Worker(new URL('./gguf-worker.js', import.meta.url), {
+      workerData: path, resourceLimits: { maxOldGenerationSizeMb: 256 }, stdout: true, stderr: true,
+    });
+    let settled = false;
+    const settle = (fn: () => void) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      void worker.terminate();
+      fn();
+    };
+    const timer = setTimeout(() => settle(() => reject(new GgufValidationError(`reading its metadata did not finish within ${timeoutMs} ms`))), timeoutMs);
+    worker.once('message', (m: { ok: true; summary: GgufSummary } | { ok: false; message: string }) =>
+      settle(() => (m.ok ? resolve(m.summary) : reject(new GgufValidationError(m.message)))));
+    worker.once('error', (err) => settle(() => reject(new GgufValidationError(`reading its metadata failed: ${err.message}`))));
+    worker.once('exit', (code) => settle(() => reject(new GgufValidationError(`reading its metadata stopped (exit ${code})`))));
+  });
+}
+
 export async function inspectGguf(path: string): Promise<GgufSummary> {
   const fileSize = (await stat(path)).size;
   let info: Awaited<ReturnType<typeof readGgufFileInfo>>;
@@ -61,8 +88,9 @@ export async function inspectGguf(path: string): Promise<GgufSummary> {
   if (tensors.length === 0) throw new GgufValidationError('the file holds no tensors');
   for (const t of tensors) {
     const traits = GGML_TYPE_SIZE[t.ggmlType];
+    if (!traits) throw new GgufValidationError(`tensor ${t.name} has ggml type ${t.ggmlType}, which this server does not know`);
     const elements = t.dimensions.reduce<number>((a, d) => a * Number(d), 1);
-    const bytes = traits ? Math.ceil(elements / traits[1]) * traits[0] : 0;
+    const bytes = Math.ceil(elements / traits[1]) * traits[0];
     if (Number(t.fileOffset) + bytes > fileSize) {
       throw new GgufValidationError(`tensor ${t.name} extends past the end of the file (truncated download?)`);
     }

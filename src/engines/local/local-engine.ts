@@ -4,7 +4,7 @@ import { ApiError } from '../../http/errors.js';
 import type { FunctionTool, GenerationEvent, GenerationRequest } from '../../core/canonical.js';
 import { Channel } from '../../core/channel.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
-import { inspectGguf } from './gguf.js';
+import { inspectGgufIsolated } from './gguf.js';
 import { PromptRenderer } from './prompt.js';
 import { AutoSink, CallSink, ChoiceSink, JsonSink, TextSink, type Push, type SchemaCheck, type Sink } from './output.js';
 import { SchemaGrammars, type CompiledSchema } from './schema-grammar.js';
@@ -137,7 +137,7 @@ export class LocalEngine implements Engine {
 
   private async doLoad(file: string): Promise<LoadedModel> {
     const { log } = this.opts;
-    const info = await inspectGguf(file);
+    const info = await inspectGgufIsolated(file);
     const llama = await this.getLlama();
     const started = Date.now();
     let lastLogged = -1;
