@@ -154,10 +154,10 @@ function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
   const e = err.code === 'HPE_HEADER_OVERFLOW'
     ? new ApiError('request_header_too_large', 'The request headers are larger than this server accepts.')
     : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-      ? new ApiError('invalid_request', 'The request did not arrive in time.')
+      ? new ApiError('request_timeout', 'The request did not arrive in time.')
       : new ApiError('invalid_request', `The request is not valid HTTP (${err.code ?? 'parse error'}).`);
   const body = JSON.stringify(e.toBody());
-  const status = err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 408 : e.status;
+  const status = e.status;
   socket.removeAllListeners('data');
   socket.on('data', () => undefined);
   socket.once('end', () => socket.destroy());
