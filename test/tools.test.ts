@@ -214,30 +214,21 @@ describe('Responses function calls, local and through chat-only and Responses-sp
     await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', () => r()));
     const proxyUrl = `http://127.0.0.1:${(proxy.address() as AddressInfo).port}/v1`;
     const upstreamKey = (await createKey(a, 'downstream')).key;
-    b = await startServer({
+    // The same remote model, served through a chat-only upstream (b) or a Responses-speaking one (c).
+    const remote = (baseUrl: string, api: 'chat' | 'responses') => startServer({
       modelsDir: tempDir(),
       env: { UPSTREAM_KEY: upstreamKey },
       configFile: {
-        name: 'b.json',
+        name: `${api}.json`,
         text: JSON.stringify({
           defaultCatalogue: false,
           models: [{ id: 'meta-llama/stories-remote', context_length: 512, capabilities: ['streaming', 'function_calling', 'structured_output'] }],
-          deployments: [{ model: 'meta-llama/stories-remote', baseUrl: a.baseURL, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: STORIES }],
+          deployments: [{ model: 'meta-llama/stories-remote', baseUrl, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: STORIES, api }],
         }),
       },
     });
-    c = await startServer({
-      modelsDir: tempDir(),
-      env: { UPSTREAM_KEY: upstreamKey },
-      configFile: {
-        name: 'c.json',
-        text: JSON.stringify({
-          defaultCatalogue: false,
-          models: [{ id: 'meta-llama/stories-remote', context_length: 512, capabilities: ['streaming', 'function_calling', 'structured_output'] }],
-          deployments: [{ model: 'meta-llama/stories-remote', baseUrl: proxyUrl, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: STORIES, api: 'responses' }],
-        }),
-      },
-    });
+    b = await remote(a.baseURL, 'chat');
+    c = await remote(proxyUrl, 'responses');
   });
   after(async () => {
     await c.close();
