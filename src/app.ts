@@ -1,6 +1,6 @@
 import { basename, resolve } from 'node:path';
 import pino, { type Logger } from 'pino';
-import type { Config } from './config.js';
+import { routingPolicy, schemaLimits, upstreamOptions, type Config } from './config.js';
 import { Catalogue } from './core/catalogue.js';
 import { ensureAdminKey } from './core/keys.js';
 import { buildServer, type App } from './http/server.js';
@@ -9,13 +9,20 @@ import { LocalEngine } from './engines/local/local-engine.js';
 import { UpstreamEngine } from './engines/upstream/upstream-engine.js';
 import type { Engine } from './engines/engine.js';
 import { Router } from './core/router.js';
+import { fileDeployment, storedDeployment } from './core/deployments.js';
+import { AdminService } from './core/admin.js';
+import { KeyAuthenticator } from './core/principal.js';
+import type { LocalStatus } from './api/context.js';
 import { AddressPolicy } from './engines/upstream/address-policy.js';
 import { ReasoningSeal } from './core/reasoning-seal.js';
-import { ResponseService, failAbandonedResponses } from './core/responses.js';
+import { ResponseService, failAbandonedResponses } from './core/responses/service.js';
+import { ConversationService } from './core/responses/conversations.js';
+import { responsesFormat } from './protocols/responses/resource.js';
 import { Ledger } from './core/ledger.js';
 import { Metrics } from './core/metrics.js';
 import { Limiter, MemoryCounters, RedisCounters, type Counters } from './core/limits.js';
 import type { Store } from './store/store.js';
+import { GenerationPipeline } from './core/generation.js';
 
 export function openStore(config: Config): Store {
   return new KyselyStore({ databaseUrl: config.databaseUrl, sqlitePath: resolve(config.dataDir, 'switchyard.db') });
@@ -45,7 +52,7 @@ export async function prepareDatabase(config: Config, log: Logger): Promise<{ ge
     await store.migrate();
     const { generated } = await ensureAdminKey(store, config.adminKey);
     await ReasoningSeal.open(store, config.secretKey);
-    if (store.dialect === 'sqlite') await failAbandonedResponses(store, Date.now() + 1, log);
+    if (store.dialect === 'sqlite') await failAbandonedResponses(store, responsesFormat, Date.now() + 1, log);
     return { generatedAdminKey: generated };
   } finally {
     await store.close();
@@ -75,6 +82,8 @@ export async function createService(config: Config, log: Logger = createLogger(c
       queueSize: config.localQueueSize,
       memoryBudgetBytes: config.localMemoryBudgetMb * 1024 * 1024,
       gpu: config.localGpu,
+      schemaCacheSize: config.schemaCacheSize,
+      schemaCompileTimeoutMs: config.schemaCompileTimeoutMs,
       templates: new Map(catalogue.localModels().flatMap((l) => {
         const t = config.localModels[basename(l.file)]?.chatTemplate;
         return t ? [[l.file, t] as const] : [];
@@ -82,32 +91,27 @@ export async function createService(config: Config, log: Logger = createLogger(c
       log,
     });
     engines.push(local);
-    const upstream = new UpstreamEngine(log, {
-      connectTimeoutMs: config.upstreamConnectTimeoutMs,
-      firstByteTimeoutMs: config.upstreamFirstByteTimeoutMs,
-      idleTimeoutMs: config.upstreamIdleTimeoutMs,
-      policy: new AddressPolicy(config.upstreamAllow),
-    });
+    // Metrics first: engines and the ledger report into them.
+    const metrics: Metrics = new Metrics(() => {
+      const byFile = new Map(catalogue.localModels().map((l) => [l.file, metrics.modelLabel(l.model)]));
+      return {
+        models: local.status().map((st) => ({ model: byFile.get(st.file) ?? 'unknown', active: st.active, queued: st.queued })),
+        schemaViolations: local.schemaViolations,
+      };
+    }, config.metricsToken !== undefined);
+    const upstream = new UpstreamEngine(log, upstreamOptions(config), { onInvalidUsage: (deployment) => metrics.upstreamUsageInvalid.inc({ deployment }) });
     engines.push(upstream);
     for (const d of config.deployments) {
       if (!catalogue.find(d.model)) log.warn({ model: d.model }, 'deployment names a model that is not in the catalogue');
     }
-    const metrics = new Metrics(() => {
-      const byFile = new Map(catalogue.localModels().map((l) => [l.file, l.model.id]));
-      return {
-        models: local.status().map((st) => ({ model: byFile.get(st.file) ?? st.file, active: st.active, queued: st.queued })),
-        schemaViolations: local.schemaViolations,
-      };
+    const ledger = new Ledger(store, log, config.ledgerFlushMs, {
+      onQuarantine: () => metrics.ledgerQuarantined.inc(),
+      onWritable: (ok) => metrics.ledgerWritable.set(ok ? 1 : 0),
     });
-    const ledger = new Ledger(store, log, config.ledgerFlushMs);
     ledger.start();
     const counters = config.redisUrl ? new RedisCounters(config.redisUrl) : opts.counters ?? new MemoryCounters();
     const limiter = new Limiter(counters, store, metrics);
-    const router = new Router(catalogue, local, upstream, config.deployments, env, log, {
-      maxAttempts: config.upstreamMaxAttempts,
-      retryBudgetRatio: config.retryBudgetRatio,
-      health: { failures: config.breakerFailures, ejectMs: config.breakerEjectMs, probeIntervalMs: config.healthCheckIntervalMs },
-    }, {
+    const router = new Router(catalogue, local, upstream, config.deployments.map(fileDeployment), env, log, routingPolicy(config), {
       onDeploymentError: (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }),
       onRetry: () => metrics.retries.inc(),
       onHealthChange: (deployment, up) => metrics.deploymentUp.set({ deployment }, up ? 1 : 0),
@@ -115,9 +119,7 @@ export async function createService(config: Config, log: Logger = createLogger(c
     stoppers.push(async () => router.close());
     // Deployments added through the admin API or the CLI live in the database; other instances pick
     // them up on the catalogue's refresh interval.
-    const reloadDeployments = async () => router.setDeployments((await store.listDeployments()).map((d) => ({
-      id: d.id, model: d.model, baseUrl: d.base_url, apiKeyEnv: d.api_key_env ?? undefined, upstreamModel: d.upstream_model ?? undefined, weight: d.weight, api: d.api,
-    })));
+    const reloadDeployments = async () => router.setDeployments((await store.listDeployments()).map(storedDeployment));
     await reloadDeployments();
     if (config.catalogueRefreshMs > 0) {
       const timer = setInterval(() => reloadDeployments().catch((err: unknown) => log.warn({ err }, 'deployment refresh failed')), config.catalogueRefreshMs);
@@ -128,13 +130,29 @@ export async function createService(config: Config, log: Logger = createLogger(c
       for (const l of catalogue.localModels()) await local.load(l.file);
     }
     const seal = await ReasoningSeal.open(store, config.secretKey);
-    const responses = new ResponseService(store, router, seal, log, { ledger, metrics }, {
+    const pipeline = new GenerationPipeline(router, limiter, ledger, metrics, schemaLimits(config));
+    const responses = new ResponseService(store, responsesFormat, pipeline, seal, log, {
       staleAfterMs: config.responseStaleMs,
       singleInstance: store.dialect === 'sqlite' && opts.shared !== true,
     });
     await responses.start();
     stoppers.push(() => responses.stop());
-    const app = await buildServer({ config, store, catalogue, router, reloadDeployments, local, responses, ledger, metrics, limiter, log });
+    const conversations = new ConversationService(store);
+    const auth = new KeyAuthenticator(store, config.keyCacheTtlMs);
+    const admin = new AdminService(store, catalogue, new AddressPolicy(config.upstreamAllow), config.upstreamKeyVars, {
+      keyChanged: (id) => auth.invalidate(id),
+      orgChanged: (id) => auth.invalidateOrg(id),
+      deploymentsChanged: reloadDeployments,
+    });
+    const localStatus = (): LocalStatus => {
+      const byFile = new Map(catalogue.localModels().map((l) => [l.file, l.model.id]));
+      return {
+        models: local.status().map((st) => ({ model: byFile.get(st.file) ?? null, ...st })),
+        schemaViolations: local.schemaViolations,
+        cachedSchemas: local.cachedSchemas,
+      };
+    };
+    const app = await buildServer({ config, store, catalogue, router, admin, auth, localStatus, responses, conversations, ledger, metrics, limiter, pipeline, log });
     let closed = false;
     return {
       app, store, catalogue, generatedAdminKey: generated,
@@ -142,8 +160,11 @@ export async function createService(config: Config, log: Logger = createLogger(c
         if (closed) return;
         closed = true;
         catalogue.stop();
+        // Keep-alive connections go as soon as their last answer is out: closing only the ones idle
+        // at the start would leave the rest open until their keep-alive timeout.
+        const sweep = setInterval(() => app.server.closeIdleConnections(), 100);
         // Stop accepting, and meanwhile end background work, so streams that follow it can finish.
-        await Promise.all([app.close(), ...stoppers.map((stop) => stop())]);
+        await Promise.all([app.close(), ...stoppers.map((stop) => stop())]).finally(() => clearInterval(sweep));
         // Every acknowledged request's usage record is written before the database closes.
         await ledger.close();
         await counters.close();

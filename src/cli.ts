@@ -1,14 +1,15 @@
 import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig } from './config.js';
-import { openStore } from './app.js';
-import { createKey } from './core/keys.js';
-import { LimitsSpec, ModelSpec, ORG_ID_PATTERN, resolveModelSpec, type Model, type ModelStatus } from './core/model-spec.js';
-import { STATUS_MOVES, syncConfiguredModels } from './core/catalogue.js';
-import { newId } from './core/items.js';
+import { createLogger, openStore } from './app.js';
+import { ApiError } from './core/errors.js';
+import { AdminService } from './core/admin.js';
+import { LimitsSpec, ModelPatch, ModelSpec, ORG_ID_PATTERN, type Model, type ModelStatus } from './core/model-spec.js';
+import { Catalogue, STATUS_MOVES } from './core/catalogue.js';
 import { serve } from './main.js';
 import { AddressPolicy } from './engines/upstream/address-policy.js';
 import type { Limits, Store, UsageGroup } from './store/store.js';
 import Value from 'typebox/value';
+import type { TSchema } from 'typebox';
 
 const USAGE = `Usage: switchyard <command>
 
@@ -80,27 +81,24 @@ function table(rows: string[][]): string {
 }
 
 /** `keys limits` and `orgs limits`: the same flags, a different record. */
-async function setLimits(args: string[], what: 'key' | 'organization', set: (id: string, limits: Limits | null) => Promise<boolean>): Promise<number> {
+async function setLimits(args: string[], what: 'key' | 'organization', set: (id: string, limits: Limits | null) => Promise<unknown>): Promise<number> {
   const { values, positionals } = parseArgs({ args, allowPositionals: true, options: LIMIT_OPTIONS });
   const id = positionals[0];
   const limits = limitsFrom(values);
   if (!id || limits === undefined) throw new UsageError(`${what === 'key' ? 'keys' : 'orgs'} limits needs a ${what} id and limits (or --clear)`);
-  if (!(await set(id, limits))) {
-    console.error(`No ${what} ${id}.`);
-    return 1;
-  }
+  await set(id, limits);
   console.log(`Limits of ${id}: ${showLimits(limits)}`);
   return 0;
 }
 
-async function keysCommand(store: Store, sub: string | undefined, args: string[]): Promise<number> {
+async function keysCommand(admin: AdminService, sub: string | undefined, args: string[]): Promise<number> {
   switch (sub) {
     case 'create': {
       const { values } = parseArgs({ args, options: { org: { type: 'string' }, name: { type: 'string' }, admin: { type: 'boolean' }, ...LIMIT_OPTIONS } });
       if (!values.org || !values.name) throw new UsageError('keys create needs --org and --name');
       if (!new RegExp(ORG_ID_PATTERN).test(values.org)) throw new UsageError(`--org must match ${ORG_ID_PATTERN}`);
       const limits = limitsFrom(values) ?? undefined;
-      const created = await createKey(store, { org: values.org, name: values.name, role: values.admin ? 'admin' : 'inference', limits });
+      const created = await admin.createKey(values.org, values.name, values.admin ? 'admin' : 'inference', limits);
       if (created.orgCreated) console.log(`Created organization ${values.org}.`);
       console.log(`Created ${created.record.role} key ${created.record.id} (${values.name}) for ${values.org}.`);
       if (limits) console.log(`Limits: ${showLimits(limits)}`);
@@ -110,7 +108,7 @@ async function keysCommand(store: Store, sub: string | undefined, args: string[]
     }
     case 'list': {
       const { values } = parseArgs({ args, options: { org: { type: 'string' } } });
-      const keys = await store.listKeys(values.org);
+      const keys = await admin.listKeys(values.org);
       if (keys.length === 0) {
         console.log('No keys.');
         return 0;
@@ -122,15 +120,12 @@ async function keysCommand(store: Store, sub: string | undefined, args: string[]
       return 0;
     }
     case 'limits':
-      return setLimits(args, 'key', (id, l) => store.setKeyLimits(id, l));
+      return setLimits(args, 'key', (id, l) => admin.setKeyLimits(id, l));
     case 'revoke': {
       const { positionals } = parseArgs({ args, allowPositionals: true });
       const id = positionals[0];
       if (!id) throw new UsageError('keys revoke needs a key id (see keys list)');
-      if (!(await store.revokeKey(id, Math.floor(Date.now() / 1000)))) {
-        console.error(`No key ${id}.`);
-        return 1;
-      }
+      await admin.revokeKey(id);
       console.log(`Revoked key ${id}.`);
       return 0;
     }
@@ -139,27 +134,23 @@ async function keysCommand(store: Store, sub: string | undefined, args: string[]
   }
 }
 
-async function orgsCommand(store: Store, sub: string | undefined, args: string[]): Promise<number> {
+async function orgsCommand(admin: AdminService, sub: string | undefined, args: string[]): Promise<number> {
   switch (sub) {
     case 'create': {
       const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { name: { type: 'string' } } });
       const id = positionals[0];
       if (!id || !new RegExp(ORG_ID_PATTERN).test(id)) throw new UsageError(`orgs create needs an id matching ${ORG_ID_PATTERN}`);
-      if (await store.getOrg(id)) {
-        console.error(`Organization ${id} already exists.`);
-        return 1;
-      }
-      await store.createOrg({ id, name: values.name ?? id, created_at: Math.floor(Date.now() / 1000) });
+      await admin.createOrg(id, values.name, null);
       console.log(`Created organization ${id}.`);
       return 0;
     }
     case 'list': {
-      const orgs = await store.listOrgs();
+      const orgs = await admin.listOrgs();
       console.log(table([['ID', 'NAME', 'CREATED', 'LIMITS'], ...orgs.map((o) => [o.id, o.name, iso(o.created_at), showLimits(o.limits)])]));
       return 0;
     }
     case 'limits':
-      return setLimits(args, 'organization', (id, l) => store.setOrgLimits(id, l));
+      return setLimits(args, 'organization', (id, l) => admin.setOrgLimits(id, l));
     default:
       throw new UsageError(`unknown orgs command '${sub ?? ''}'`);
   }
@@ -192,22 +183,18 @@ function pricingWith(existing: Model['pricing'], v: Partial<Record<keyof typeof 
   return [...existing.filter((p) => !given.some((g) => g.metric === p.metric)), ...given];
 }
 
-/** A stored model as the spec it could have been written as (for `models set`). */
-function specOf(m: Model): Record<string, unknown> {
-  const spec: Record<string, unknown> = {
-    name: m.name, description: m.description, owned_by: m.owned_by, status: m.status, visibility: m.visibility,
-    pricing: m.pricing, model_type: m.model_type, capabilities: m.capabilities,
-  };
-  if (m.context_length !== null) spec['context_length'] = m.context_length;
-  if (m.output_size !== null) spec['output_size'] = m.output_size;
-  return spec;
+/** Checks command-line input with the admin API's own schema, so both refuse the same things. */
+function checked<T>(schema: TSchema, value: unknown, what: string): T {
+  const first = Value.Errors(schema, value)[0];
+  if (first) throw new UsageError(`invalid ${what}: ${first.instancePath.slice(1) || 'id'} ${first.message}`);
+  return value as T;
 }
 
-async function modelsCommand(store: Store, sub: string | undefined, args: string[]): Promise<number> {
+async function modelsCommand(admin: AdminService, sub: string | undefined, args: string[]): Promise<number> {
   switch (sub) {
     case 'list': {
       const { values } = parseArgs({ args, options: { all: { type: 'boolean' } } });
-      const models = (await store.listModels()).filter((m) => values.all || m.status !== 'deleted');
+      const models = admin.listModels().filter((m) => values.all || m.status !== 'deleted');
       console.log(table([
         ['ID', 'TYPE', 'STATUS', 'VISIBILITY', 'OWNER', 'CONTEXT', 'PRICING (USD)'],
         ...models.map((m) => [m.id, m.model_type, m.status, m.visibility, m.owned_by, m.context_length === null ? '-' : String(m.context_length),
@@ -219,36 +206,27 @@ async function modelsCommand(store: Store, sub: string | undefined, args: string
       const { positionals } = parseArgs({ args, allowPositionals: true });
       const [id, status] = positionals;
       if (!id || !status || !(status in STATUS_MOVES)) throw new UsageError('models status needs a model id and one of pending, active, inactive, deleted');
-      const model = await store.getModel(id);
-      if (!model) {
-        console.error(`No model ${id} in the database.`);
-        return 1;
-      }
-      const to = status as ModelStatus;
-      if (to !== model.status && !STATUS_MOVES[model.status].includes(to)) {
-        console.error(`${id} cannot move from ${model.status} to ${to} (allowed: ${STATUS_MOVES[model.status].join(', ')}).`);
-        return 1;
-      }
-      await store.upsertModel({ ...model, status: to });
-      console.log(`${id} is now ${to}.`);
+      await admin.updateModel(id, { status: status as ModelStatus });
+      console.log(`${id} is now ${status}.`);
       return 0;
     }
-    case 'create':
+    case 'create': {
+      const { values, positionals } = parseArgs({ args, allowPositionals: true, options: MODEL_OPTIONS });
+      const id = positionals[0];
+      if (!id) throw new UsageError('models create needs a model id (author/slug)');
+      const spec = checked<ModelSpec>(ModelSpec, { ...modelFieldsFrom(values), pricing: pricingWith([], values), id }, 'model');
+      await admin.createModel(spec);
+      console.log(`Created ${id}. Running servers see it within SWITCHYARD_CATALOGUE_REFRESH_MS.`);
+      return 0;
+    }
     case 'set': {
       const { values, positionals } = parseArgs({ args, allowPositionals: true, options: MODEL_OPTIONS });
       const id = positionals[0];
-      if (!id) throw new UsageError(`models ${sub} needs a model id (author/slug)`);
-      const fields = modelFieldsFrom(values);
-      const existing = await store.getModel(id);
-      if (sub === 'create' && existing) throw new UsageError(`model ${id} already exists; use models set`);
-      if (sub === 'set' && !existing) throw new UsageError(`no model ${id} in the catalogue`);
-      const spec = { ...(existing ? specOf(existing) : {}), ...fields, pricing: pricingWith(existing?.pricing ?? [], values), id };
-      const first = Value.Errors(ModelSpec, spec)[0];
-      if (first) throw new UsageError(`invalid model: ${first.instancePath.slice(1) || 'id'} ${first.message}`);
-      const model = resolveModelSpec(spec as ModelSpec, existing?.source ?? 'admin', existing?.created ?? Math.floor(Date.now() / 1000));
-      if (typeof model === 'string') throw new UsageError(model);
-      await store.upsertModel(existing ? { ...model, status: existing.status } : model);
-      console.log(`${sub === 'create' ? 'Created' : 'Updated'} ${id}. Running servers see it within SWITCHYARD_CATALOGUE_REFRESH_MS.`);
+      if (!id) throw new UsageError('models set needs a model id (author/slug)');
+      const existing = admin.getModel(id);
+      const patch = checked<ModelPatch>(ModelPatch, { ...modelFieldsFrom(values), pricing: pricingWith(existing.pricing, values) }, 'model');
+      await admin.updateModel(id, patch);
+      console.log(`Updated ${id}. Running servers see it within SWITCHYARD_CATALOGUE_REFRESH_MS.`);
       return 0;
     }
     default:
@@ -256,17 +234,17 @@ async function modelsCommand(store: Store, sub: string | undefined, args: string
   }
 }
 
-async function deploymentsCommand(store: Store, sub: string | undefined, args: string[], policy: AddressPolicy): Promise<number> {
+async function deploymentsCommand(admin: AdminService, sub: string | undefined, args: string[]): Promise<number> {
   switch (sub) {
     case 'list': {
-      const deps = await store.listDeployments();
+      const deps = await admin.listStoredDeployments();
       if (deps.length === 0) {
         console.log('No deployments added at run time (config-file deployments are in the config file).');
         return 0;
       }
       console.log(table([
         ['ID', 'MODEL', 'BASE URL', 'UPSTREAM MODEL', 'WEIGHT', 'API', 'KEY VARIABLE'],
-        ...deps.map((d) => [d.id, d.model, d.base_url, d.upstream_model ?? d.model, String(d.weight), d.api, d.api_key_env ?? '-']),
+        ...deps.map((d) => [d.id, d.model, d.baseUrl, d.upstreamModel ?? d.model, String(d.weight), d.api, d.apiKeyEnv ?? '-']),
       ]));
       return 0;
     }
@@ -278,28 +256,19 @@ async function deploymentsCommand(store: Store, sub: string | undefined, args: s
       const model = values.model;
       const baseUrl = values['base-url'];
       if (!model || !baseUrl || !/^https?:\/\//.test(baseUrl)) throw new UsageError('deployments add needs --model and an http(s) --base-url');
-      if (!(await store.getModel(model))) throw new UsageError(`no model ${model} in the catalogue`);
-      const refused = await policy.check(baseUrl);
-      if (refused) throw new UsageError(`--base-url ${baseUrl} is refused: ${refused}`);
-      const weight = values.weight === undefined ? 1 : Number(values.weight);
-      if (!(weight > 0)) throw new UsageError('--weight must be a positive number');
       if (values.api !== undefined && values.api !== 'chat' && values.api !== 'responses') throw new UsageError('--api must be chat or responses');
-      const id = newId('dep');
-      await store.createDeployment({
-        id, model, base_url: baseUrl, api_key_env: values['key-env'] ?? null, upstream_model: values['upstream-model'] ?? null,
-        weight, api: values.api === 'responses' ? 'responses' : 'chat', created_at: Math.floor(Date.now() / 1000),
+      const d = await admin.addDeployment({
+        model, baseUrl, apiKeyEnv: values['key-env'], upstreamModel: values['upstream-model'],
+        weight: values.weight === undefined ? undefined : Number(values.weight), api: values.api,
       });
-      console.log(`Added deployment ${id} of ${model} at ${baseUrl}. Running servers route to it within SWITCHYARD_CATALOGUE_REFRESH_MS.`);
+      console.log(`Added deployment ${d.id} of ${model} at ${baseUrl}. Running servers route to it within SWITCHYARD_CATALOGUE_REFRESH_MS.`);
       return 0;
     }
     case 'remove': {
       const { positionals } = parseArgs({ args, allowPositionals: true });
       const id = positionals[0];
       if (!id) throw new UsageError('deployments remove needs a deployment id');
-      if (!(await store.deleteDeployment(id))) {
-        console.error(`No deployment ${id}.`);
-        return 1;
-      }
+      await admin.removeDeployment(id);
       console.log(`Removed deployment ${id}.`);
       return 0;
     }
@@ -308,14 +277,14 @@ async function deploymentsCommand(store: Store, sub: string | undefined, args: s
   }
 }
 
-async function usageCommand(store: Store, args: string[]): Promise<number> {
+async function usageCommand(admin: AdminService, args: string[]): Promise<number> {
   const { values } = parseArgs({
     args,
     options: { by: { type: 'string' }, org: { type: 'string' }, key: { type: 'string' }, model: { type: 'string' }, from: { type: 'string' }, to: { type: 'string' } },
   });
   const by = (values.by ?? 'day') as UsageGroup;
   if (!['day', 'key', 'org', 'model'].includes(by)) throw new UsageError('--by must be day, key, org or model');
-  const rows = await store.usageTotals(by, { org: values.org, key: values.key, model: values.model, from: values.from, to: values.to });
+  const rows = await admin.usageTotals(by, { org: values.org, key: values.key, model: values.model, from: values.from, to: values.to });
   if (rows.length === 0) {
     console.log('No usage.');
     return 0;
@@ -339,22 +308,33 @@ export async function main(argv: string[]): Promise<number> {
     return 2;
   }
   let store: Store | undefined;
+  let catalogue: Catalogue | undefined;
   try {
     const config = loadConfig();
     store = openStore(config);
     await store.migrate();
-    await syncConfiguredModels(store, config);
-    if (cmd === 'usage') return await usageCommand(store, argv.slice(1));
-    if (cmd === 'models') return await modelsCommand(store, sub, rest);
-    if (cmd === 'deployments') return await deploymentsCommand(store, sub, rest, new AddressPolicy(config.upstreamAllow));
-    return cmd === 'keys' ? await keysCommand(store, sub, rest) : await orgsCommand(store, sub, rest);
+    // The same catalogue the server builds (the config file's models, the local files), so that the
+    // use cases validate here exactly as in the admin API; no refresh timer in a one-shot command.
+    catalogue = new Catalogue(store, { ...config, catalogueRefreshMs: 0 }, createLogger({ ...config, logLevel: 'warn' }));
+    await catalogue.init();
+    const admin = new AdminService(store, catalogue, new AddressPolicy(config.upstreamAllow), config.upstreamKeyVars);
+    if (cmd === 'usage') return await usageCommand(admin, argv.slice(1));
+    if (cmd === 'models') return await modelsCommand(admin, sub, rest);
+    if (cmd === 'deployments') return await deploymentsCommand(admin, sub, rest);
+    return cmd === 'keys' ? await keysCommand(admin, sub, rest) : await orgsCommand(admin, sub, rest);
   } catch (err) {
+    // What the use cases refuse (a conflict, an unknown id, a refused URL) is the command's failure.
+    if (err instanceof ApiError) {
+      console.error(`switchyard: ${err.message}`);
+      return 1;
+    }
     if (err instanceof UsageError || err instanceof ConfigError || (err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
       console.error(`switchyard: ${(err as Error).message}\n\n${USAGE}`);
       return 2;
     }
     throw err;
   } finally {
+    catalogue?.stop();
     await store?.close();
   }
 }

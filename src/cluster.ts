@@ -89,14 +89,17 @@ export function runPrimary(config: Config, workers: number, log: Logger): Promis
   const counters = config.redisUrl ? undefined : new MemoryCounters();
   let stopping = false;
   let failed = false;
+  // Announced once every worker listens, so "listening" means the whole service is up.
+  const listening = new Set<number>();
   let announced = false;
-  const fork = () => cluster.fork({ SWITCHYARD_WORKER: '1' });
+  const fork = () => cluster.fork();
 
   cluster.on('message', (worker, m: unknown) => {
     if (counters && isCall(m)) answer(counters, worker, m).catch((err: unknown) => log.warn({ err }, 'counter call failed'));
   });
-  cluster.on('listening', (_worker, address) => {
-    if (announced) return;
+  cluster.on('listening', (worker, address) => {
+    listening.add(worker.id);
+    if (announced || listening.size < workers) return;
     announced = true;
     log.info({ address: `http://${address.address ?? config.host}:${address.port}`, workers }, 'switchyard listening');
   });
@@ -125,12 +128,25 @@ export function runPrimary(config: Config, workers: number, log: Logger): Promis
         done();
       }
       for (const w of live) {
-        w.once('exit', (code) => {
-          if (code !== 0) failed = true;
+        w.once('exit', (code, exitSignal) => {
+          // A worker stopped by this signal before it ever listened had no requests to drain (it may
+          // not even have loaded the code that handles the signal): that is a clean stop too.
+          const unstarted = exitSignal === signal && !listening.has(w.id);
+          if (code !== 0 && !unstarted) failed = true;
           done();
         });
         w.process.kill(signal);
       }
+      // A worker drains for shutdownTimeoutMs and then exits on its own; one that cannot (its event
+      // loop blocked by something) is killed shortly after, so a stop never waits for ever.
+      setTimeout(() => {
+        for (const w of live) {
+          if (w.isDead()) continue;
+          log.error({ worker: w.id }, 'worker did not stop within the shutdown timeout; killing it');
+          failed = true;
+          w.process.kill('SIGKILL');
+        }
+      }, config.shutdownTimeoutMs + 2_000).unref();
     };
     process.on('SIGTERM', () => stop('SIGTERM'));
     process.on('SIGINT', () => stop('SIGINT'));

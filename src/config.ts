@@ -6,6 +6,10 @@ import Type, { type Static } from 'typebox';
 import Value from 'typebox/value';
 import { parse as parseYaml } from 'yaml';
 import { ModelSpec, SLUG_PATTERN, PricingEntry } from './core/model-spec.js';
+import { AddressPolicy } from './engines/upstream/address-policy.js';
+import type { RoutingPolicy } from './core/router.js';
+import type { SchemaLimits } from './core/schema-limits.js';
+import type { UpstreamOptions } from './engines/upstream/upstream-engine.js';
 
 const LocalModelSpec = Type.Object({
   id: Type.Optional(ModelSpec.properties.id),
@@ -95,6 +99,30 @@ const ConfigSchema = Type.Object({
   maxEventLoopDelayMs: Type.Integer({ minimum: 0 }),
   /** Largest request head (request line plus headers) in bytes; larger ones get 431. */
   maxHeaderBytes: Type.Integer({ minimum: 1024 }),
+  /** How long a client may take to send its whole request (head and body); 408 after that. */
+  bodyTimeoutMs: Type.Integer({ minimum: 100 }),
+  /** Caps on what an upstream may send: a non-stream answer, one line of a stream, an error body. */
+  upstreamMaxBodyBytes: Type.Integer({ minimum: 1024 }),
+  upstreamMaxLineBytes: Type.Integer({ minimum: 1024 }),
+  upstreamMaxErrorBytes: Type.Integer({ minimum: 256 }),
+  /** Time allowed for all of one request's attempts (failover included) to get an upstream's answer started. */
+  upstreamAttemptsTimeoutMs: Type.Integer({ minimum: 1 }),
+  /**
+   * Environment variables that deployments added through the admin API or the CLI may name as their
+   * key (`api_key_env`), besides those starting with UPSTREAM_KEY_.
+   */
+  upstreamKeyVars: Type.Array(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
+  /** Bounds on a JSON schema in a request (structured output, tool parameters); each is a 400 beyond. */
+  schemaMaxBytes: Type.Integer({ minimum: 1024 }),
+  schemaMaxDepth: Type.Integer({ minimum: 2, maximum: 1000 }),
+  schemaMaxNodes: Type.Integer({ minimum: 10 }),
+  schemaMaxEnum: Type.Integer({ minimum: 1 }),
+  /** Largest minItems / minLength / minProperties / minContains: each forces that much output. */
+  schemaMaxMinCount: Type.Integer({ minimum: 1, maximum: 1900 }),
+  /** Compiled schemas (grammar and validator) kept for reuse. */
+  schemaCacheSize: Type.Integer({ minimum: 1 }),
+  /** How long compiling one schema may take (in a worker thread) before the request is refused. */
+  schemaCompileTimeoutMs: Type.Integer({ minimum: 10 }),
 }, { additionalProperties: false });
 
 export type Config = Static<typeof ConfigSchema>;
@@ -139,6 +167,19 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool' | 'number
   ['SWITCHYARD_MAX_IN_FLIGHT', 'maxInFlight', 'int'],
   ['SWITCHYARD_MAX_EVENT_LOOP_DELAY_MS', 'maxEventLoopDelayMs', 'int'],
   ['SWITCHYARD_MAX_HEADER_BYTES', 'maxHeaderBytes', 'int'],
+  ['SWITCHYARD_BODY_TIMEOUT_MS', 'bodyTimeoutMs', 'int'],
+  ['SWITCHYARD_UPSTREAM_MAX_BODY_BYTES', 'upstreamMaxBodyBytes', 'int'],
+  ['SWITCHYARD_UPSTREAM_MAX_LINE_BYTES', 'upstreamMaxLineBytes', 'int'],
+  ['SWITCHYARD_UPSTREAM_MAX_ERROR_BYTES', 'upstreamMaxErrorBytes', 'int'],
+  ['SWITCHYARD_UPSTREAM_ATTEMPTS_TIMEOUT_MS', 'upstreamAttemptsTimeoutMs', 'int'],
+  ['SWITCHYARD_UPSTREAM_KEY_VARS', 'upstreamKeyVars', 'list'],
+  ['SWITCHYARD_SCHEMA_MAX_BYTES', 'schemaMaxBytes', 'int'],
+  ['SWITCHYARD_SCHEMA_MAX_DEPTH', 'schemaMaxDepth', 'int'],
+  ['SWITCHYARD_SCHEMA_MAX_NODES', 'schemaMaxNodes', 'int'],
+  ['SWITCHYARD_SCHEMA_MAX_ENUM', 'schemaMaxEnum', 'int'],
+  ['SWITCHYARD_SCHEMA_MAX_MIN_COUNT', 'schemaMaxMinCount', 'int'],
+  ['SWITCHYARD_SCHEMA_CACHE_SIZE', 'schemaCacheSize', 'int'],
+  ['SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS', 'schemaCompileTimeoutMs', 'int'],
 ];
 
 export const PACKAGE_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -185,6 +226,24 @@ const DEFAULTS = {
   maxInFlight: 10_000,
   maxEventLoopDelayMs: 1_000,
   maxHeaderBytes: 16 * 1024,
+  // Slowloris: a request that has not fully arrived in 30 s holds a slot for nothing.
+  bodyTimeoutMs: 30_000,
+  // A long non-stream answer is well under a megabyte of JSON; these leave room and bound memory.
+  upstreamMaxBodyBytes: 8 * 1024 * 1024,
+  upstreamMaxLineBytes: 4 * 1024 * 1024,
+  upstreamMaxErrorBytes: 64 * 1024,
+  // As long as one attempt may wait: a hung upstream costs this once, not once per attempt.
+  upstreamAttemptsTimeoutMs: 300_000,
+  upstreamKeyVars: [],
+  // Every one of the 320 real-world schemas in shared/schemas fits these with room to spare
+  // (largest 392 KB, depth 20, 2,309 subschemas, 251 enum values, minItems 15).
+  schemaMaxBytes: 1024 * 1024,
+  schemaMaxDepth: 64,
+  schemaMaxNodes: 20_000,
+  schemaMaxEnum: 1000,
+  schemaMaxMinCount: 1000,
+  schemaCacheSize: 256,
+  schemaCompileTimeoutMs: 5_000,
 } satisfies Partial<Config>;
 
 function readStructuredFile(path: string, label: string): Record<string, unknown> {
@@ -285,4 +344,33 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
     }
   }
   return config;
+}
+
+// The settings each component takes, read from the one set of defaults above (components keep no
+// defaults of their own).
+
+export function upstreamOptions(config: Config): UpstreamOptions {
+  return {
+    connectTimeoutMs: config.upstreamConnectTimeoutMs,
+    firstByteTimeoutMs: config.upstreamFirstByteTimeoutMs,
+    idleTimeoutMs: config.upstreamIdleTimeoutMs,
+    policy: new AddressPolicy(config.upstreamAllow),
+    maxBodyBytes: config.upstreamMaxBodyBytes,
+    maxLineBytes: config.upstreamMaxLineBytes,
+    maxErrorBytes: config.upstreamMaxErrorBytes,
+  };
+}
+
+export function routingPolicy(config: Config): RoutingPolicy {
+  return {
+    maxAttempts: config.upstreamMaxAttempts,
+    attemptsTimeoutMs: config.upstreamAttemptsTimeoutMs,
+    retryBudgetRatio: config.retryBudgetRatio,
+    keyVars: config.upstreamKeyVars,
+    health: { failures: config.breakerFailures, ejectMs: config.breakerEjectMs, probeIntervalMs: config.healthCheckIntervalMs },
+  };
+}
+
+export function schemaLimits(config: Config): SchemaLimits {
+  return { maxBytes: config.schemaMaxBytes, maxDepth: config.schemaMaxDepth, maxNodes: config.schemaMaxNodes, maxEnum: config.schemaMaxEnum, maxMinCount: config.schemaMaxMinCount };
 }

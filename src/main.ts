@@ -29,6 +29,17 @@ export async function serve(argv: string[]): Promise<number> {
     console.error(err instanceof Error ? err.message : String(err));
     return 2;
   }
+  // A signal that arrives while starting up (a worker being forked as the service stops, a container
+  // stopped right after it started) is held and acted on once start-up is done, so the process still
+  // drains and exits 0 rather than dying half-started by the default handler.
+  let early: NodeJS.Signals | undefined;
+  const hold = (signal: NodeJS.Signals) => { early ??= signal; };
+  process.on('SIGTERM', hold);
+  process.on('SIGINT', hold);
+  const release = () => {
+    process.off('SIGTERM', hold);
+    process.off('SIGINT', hold);
+  };
   const isWorker = cluster.isWorker;
   const log = isWorker ? createLogger(config).child({ worker: cluster.worker?.id }) : createLogger(config);
   const clustered = !isWorker && config.workers > 1;
@@ -37,17 +48,22 @@ export async function serve(argv: string[]): Promise<number> {
     if (clustered) {
       const { generatedAdminKey } = await prepareDatabase(config, log);
       showGeneratedKey(generatedAdminKey);
+      release();
+      if (early) return 0;
       return await runPrimary(config, config.workers, log);
     }
     service = await createService(config, log, process.env, isWorker ? { shared: true, ...(!config.redisUrl && { counters: new IpcCounters() }) } : {});
   } catch (err) {
+    release();
     log.fatal({ err }, 'start-up failed');
     console.error(`switchyard: start-up failed: ${(err as Error).message}`);
     return 1;
   }
   showGeneratedKey(service.generatedAdminKey);
-  const address = await service.app.listen({ host: config.host, port: config.port });
-  log.info({ address, database: service.store.dialect, models: service.catalogue.all().length }, 'switchyard listening');
+  if (!early) {
+    const address = await service.app.listen({ host: config.host, port: config.port });
+    log.info({ address, database: service.store.dialect, models: service.catalogue.all().length }, 'switchyard listening');
+  }
 
   return new Promise<number>((resolveExit) => {
     let stopping = false;
@@ -71,6 +87,8 @@ export async function serve(argv: string[]): Promise<number> {
     };
     process.on('SIGTERM', () => stop('SIGTERM'));
     process.on('SIGINT', () => stop('SIGINT'));
+    release();
+    if (early) stop(early);
   });
 }
 

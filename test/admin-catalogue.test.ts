@@ -10,7 +10,7 @@ describe('administering the catalogue and deployments', () => {
   before(async () => {
     a = await startServer();
     const upstreamKey = (await createKey(a, 'downstream')).key;
-    b = await startServer({ modelsDir: tempDir(), env: { A_KEY: upstreamKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' } });
+    b = await startServer({ modelsDir: tempDir(), env: { UPSTREAM_KEY_A: upstreamKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' } });
   });
   after(async () => {
     await b.close();
@@ -27,7 +27,7 @@ describe('administering the catalogue and deployments', () => {
     assert.equal((await ask('meta-llama/tiny-remote')).status, 503, 'no deployment yet');
 
     const dep = await http<WireDeployment>(b.url, 'POST', '/admin/deployments', {
-      key: b.adminKey, body: { model: 'meta-llama/tiny-remote', base_url: a.baseURL, api_key_env: 'A_KEY', upstream_model: 'local/stories260k' },
+      key: b.adminKey, body: { model: 'meta-llama/tiny-remote', base_url: a.baseURL, api_key_env: 'UPSTREAM_KEY_A', upstream_model: 'local/stories260k' },
     });
     assert.equal(dep.status, 201, dep.text);
     assert.match(dep.json.id, /^dep_/);

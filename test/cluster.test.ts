@@ -4,6 +4,7 @@ import { rmSync } from 'node:fs';
 import { Client } from 'undici';
 import { http, tempDir, type WireKey } from './helpers/server.js';
 import { startProcess } from './helpers/process.js';
+import { eventually } from './helpers/wait.js';
 
 const ADMIN = 'sk-test-cluster-admin-0123456789';
 
@@ -16,10 +17,7 @@ describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
   it('shares rate limits across workers and records every request once', async () => {
     const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN, SWITCHYARD_WORKERS: '2', SWITCHYARD_LEDGER_FLUSH_MS: '20' });
     try {
-      // Both workers listen before the connections are handed out.
-      for (let i = 0; i < 100 && (p.stdout().match(/"database":"sqlite".*"msg":"switchyard listening"/g) ?? []).length < 2; i++) {
-        await new Promise((r) => setTimeout(r, 100));
-      }
+      // The primary announces the service once both workers listen.
       assert.match(p.stdout(), /"workers":2,"msg":"switchyard listening"/);
       assert.equal(p.stdout().match(/"worker":\d,"address".*"msg":"switchyard listening"/g)?.length, 2, p.stdout());
       const created = await http<WireKey>(p.url, 'POST', '/admin/keys', { key: ADMIN, body: { org: 'acme', name: 'limited', limits: { rpm: 4 } } });
@@ -43,10 +41,12 @@ describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
       assert.deepEqual(statuses.filter((s) => s === 429).length, 4, `statuses ${statuses.join(',')}`);
 
       // Every worker writes its own usage records to the shared database.
-      await new Promise((r) => setTimeout(r, 300));
-      const usage = await http<{ data: UsageRow[] }>(p.url, 'GET', `/admin/usage?group_by=key&key=${created.json.id}`, { key: ADMIN });
-      assert.equal(usage.status, 200, usage.text);
-      assert.equal(usage.json.data[0]?.requests, 4);
+      const usage = await eventually(async () => {
+        const u = await http<{ data: UsageRow[] }>(p.url, 'GET', `/admin/usage?group_by=key&key=${created.json.id}`, { key: ADMIN });
+        assert.equal(u.status, 200, u.text);
+        assert.equal(u.json.data[0]?.requests, 4);
+        return u;
+      });
       assert.equal(usage.json.data[0]?.output_tokens, 12);
     } finally {
       p.child.kill('SIGTERM');

@@ -6,6 +6,7 @@ import { request } from 'undici';
 import Database from 'better-sqlite3';
 import { tempDir } from './helpers/server.js';
 import { startProcess, type Running } from './helpers/process.js';
+import { eventually } from './helpers/wait.js';
 
 const MODEL = 'local/stories260k';
 const ADMIN = 'sk-test-admin-crash-0123456789abcdef';
@@ -68,7 +69,9 @@ describe('kill -9 under load', () => {
       const workers = Array.from({ length: 6 }, async () => {
         while (!stop) await one(url, n++, ack).catch(() => undefined);
       });
-      await new Promise((r) => setTimeout(r, 1200));
+      // Load until this cycle has had some requests acknowledged (not for a fixed time).
+      const before = ack.requests.size;
+      await eventually(() => assert.ok(ack.requests.size >= before + 20, `cycle ${cycle}: ${ack.requests.size - before} acknowledged`), 60_000);
       // A long background response is certainly in progress when the process dies.
       const bg = await request(`${url}/v1/responses`, {
         method: 'POST', headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },

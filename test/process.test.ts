@@ -8,6 +8,7 @@ import { connect } from 'node:net';
 import { PACKAGE_ROOT } from '../src/config.js';
 import { http, tempDir, type WireKey, type WireList, type WireModel } from './helpers/server.js';
 import { MAIN, startProcess } from './helpers/process.js';
+import { eventually } from './helpers/wait.js';
 
 const CLI = join(PACKAGE_ROOT, 'bin', 'switchyard.js');
 const run = promisify(execFile);
@@ -35,15 +36,62 @@ describe('the server process', () => {
     let response = '';
     socket.on('data', (d: Buffer) => { response += d.toString(); });
     socket.write(`POST /admin/orgs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${adminKey}\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\nconnection: close\r\n\r\n${body.slice(0, 5)}`);
+    // Nothing to observe for "the server has read the partial body": give it a moment (were it not
+    // read yet, the request would still be in flight, which is what this test needs anyway).
     await new Promise((r) => setTimeout(r, 100));
     p.child.kill('SIGTERM');
-    await new Promise((r) => setTimeout(r, 200));
+    await eventually(() => assert.match(p.stdout(), /shutting down/));
     socket.write(body.slice(5));
     await new Promise<void>((res) => socket.once('close', () => res()));
     assert.match(response, /^HTTP\/1\.1 201/, response);
     assert.equal(await p.exited, 0, p.stdout());
     assert.match(p.stdout(), /shut down cleanly/);
   });
+
+  for (const [label, command, args] of [
+    ['npm start (the README\'s command)', 'npm', ['start', '--', '--port', '0']],
+    ['node dist/src/main.js (what a service manager or container runs)', process.execPath, [MAIN, '--port', '0']],
+  ] as const) {
+    it(`stops every process of ${label} on SIGTERM to the one it started`, async () => {
+      const dir = tempDir();
+      const child = spawn(command, args, {
+        cwd: PACKAGE_ROOT,
+        env: { PATH: process.env['PATH'] ?? '', HOME: process.env['HOME'] ?? dir, SWITCHYARD_DATA_DIR: dir, SWITCHYARD_WORKERS: '2', SWITCHYARD_ADMIN_KEY: 'sk-test-admin-npm-start-0123456789' },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let out = '';
+      child.stdout.on('data', (d: Buffer) => { out += d.toString(); });
+      child.stderr.on('data', (d: Buffer) => { out += d.toString(); });
+      const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
+      try {
+        const url = await new Promise<string>((res, rej) => {
+          const timer = setTimeout(() => rej(new Error(`did not start:\n${out}`)), 90_000);
+          child.stdout.on('data', () => {
+            const m = /"address":"(http:\/\/[^"]+)","workers"/.exec(out);
+            if (m) {
+              clearTimeout(timer);
+              res(m[1]!);
+            }
+          });
+        });
+        // Both workers answer before the stop.
+        assert.equal((await http(url, 'GET', '/healthz')).status, 200);
+        child.kill('SIGTERM');
+        assert.equal(await exited, 0, out);
+        // Nothing is left serving the port (a worker orphaned by its parent would still answer).
+        const refused = await new Promise<boolean>((res) => {
+          const socket = connect(Number(new URL(url).port), '127.0.0.1');
+          socket.once('connect', () => { socket.destroy(); res(false); });
+          socket.once('error', () => res(true));
+        });
+        assert.ok(refused, `the port still answers after SIGTERM:\n${out}`);
+        assert.match(out, /shut down cleanly/);
+      } finally {
+        child.kill('SIGKILL');
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
+  }
 
   it('keeps keys and data across a restart and prints no new key', async () => {
     const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir });
@@ -75,9 +123,11 @@ describe('the server process', () => {
       const chat = await http(p.url, 'POST', '/v1/chat/completions', { key, body: { model: 'local/stories260k', messages: [{ role: 'user', content: 'Once' }], max_tokens: 4 } });
       assert.equal(chat.status, 200);
       assert.equal(chat.headers['x-ratelimit-limit-requests'], '100');
-      await new Promise((r) => setTimeout(r, 200));
-      const usage = await run(process.execPath, [CLI, 'usage', '--by', 'key', '--key', id], { env });
-      assert.match(usage.stdout, new RegExp(`${id}\\s+1\\s+0\\s+\\d+\\s+\\d+\\s+4\\s`), usage.stdout);
+      // The usage record is written by the ledger's next flush.
+      await eventually(async () => {
+        const usage = await run(process.execPath, [CLI, 'usage', '--by', 'key', '--key', id], { env });
+        assert.match(usage.stdout, new RegExp(`${id}\\s+1\\s+0\\s+\\d+\\s+\\d+\\s+4\\s`), usage.stdout);
+      });
       const limited = await run(process.execPath, [CLI, 'keys', 'limits', id, '--rpm', '1'], { env });
       assert.match(limited.stdout, /rpm=1/);
       assert.doesNotMatch(listed.stdout, /sk-sy-/, 'secrets are never listed');
@@ -115,14 +165,39 @@ describe('the server process', () => {
     await cli('models', 'set', 'qwen/house-model', '--visibility', 'private', '--owner', 'acme', '--output-price', '0.4');
     assert.match((await cli('models', 'list')).stdout, /qwen\/house-model\s+text_generation\s+active\s+private\s+acme\s+8192\s+input_tokens=0\.1 output_tokens=0\.4/);
     await assert.rejects(cli('models', 'create', 'qwen/no-context'), (err: { code?: number; stderr?: string }) => /context_length is required/.test(err.stderr ?? ''));
-    const add = ['deployments', 'add', '--model', 'qwen/qwen3-8b', '--base-url', 'http://127.0.0.1:8000/v1', '--key-env', 'VLLM_KEY', '--api', 'responses'];
+    const add = ['deployments', 'add', '--model', 'qwen/qwen3-8b', '--base-url', 'http://127.0.0.1:8000/v1', '--key-env', 'UPSTREAM_KEY_VLLM', '--api', 'responses'];
     await assert.rejects(cli(...add), (err: { stderr?: string }) => /refused: .*internal address 127\.0\.0\.1.*SWITCHYARD_UPSTREAM_ALLOW/.test(err.stderr ?? ''));
     env['SWITCHYARD_UPSTREAM_ALLOW'] = '127.0.0.0/8';
     const added = await cli(...add);
     const id = /deployment (dep_[0-9a-f]+)/.exec(added.stdout)?.[1];
     assert.ok(id, added.stdout);
-    assert.match((await cli('deployments', 'list')).stdout, new RegExp(`${id}\\s+qwen/qwen3-8b\\s+http://127\\.0\\.0\\.1:8000/v1.*responses\\s+VLLM_KEY`));
+    assert.match((await cli('deployments', 'list')).stdout, new RegExp(`${id}\\s+qwen/qwen3-8b\\s+http://127\\.0\\.0\\.1:8000/v1.*responses\\s+UPSTREAM_KEY_VLLM`));
     assert.match((await cli('deployments', 'remove', id)).stdout, /Removed/);
+  });
+
+  it('stops cleanly (exit 0) on a SIGTERM that arrives while its workers are still starting', async () => {
+    const dir = tempDir();
+    const child = spawn(process.execPath, [MAIN, '--port', '0'], {
+      env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_DATA_DIR: dir, SWITCHYARD_WORKERS: '2', SWITCHYARD_MODELS_DIR: join(dir, 'none'), SWITCHYARD_ADMIN_KEY: 'sk-test-admin-early-stop-0123456789' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    child.stderr.on('data', (d: Buffer) => { out += d.toString(); });
+    const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
+    try {
+      // The first line any worker logs comes before it listens: stop the service right then.
+      child.stdout.on('data', (d: Buffer) => {
+        const first = out.length === 0 || !/"worker":/.test(out);
+        out += d.toString();
+        if (first && /"worker":/.test(out)) child.kill('SIGTERM');
+      });
+      assert.equal(await exited, 0, out);
+      assert.match(out, /shut down cleanly/);
+      assert.doesNotMatch(out, /did not stop cleanly/);
+    } finally {
+      child.kill('SIGKILL');
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('refuses to start on a bad setting, naming it', async () => {

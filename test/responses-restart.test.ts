@@ -7,6 +7,7 @@ import OpenAI from 'openai';
 import { PACKAGE_ROOT } from '../src/config.js';
 import { createKey, http, SHARED_MODELS, startServer, tempDir } from './helpers/server.js';
 import type { WireResponse } from './helpers/responses.js';
+import { eventually } from './helpers/wait.js';
 
 describe('stored responses across restarts', () => {
   const dataDir = tempDir();
@@ -57,7 +58,8 @@ describe('stored responses across restarts', () => {
     });
     assert.equal(started.status, 200, started.text);
     const id = started.json.id;
-    await new Promise((r) => setTimeout(r, 100));
+    // Killed while it is generating.
+    await eventually(async () => assert.equal((await http<WireResponse>(url, 'GET', `/v1/responses/${id}`, { key: adminKey })).json.status, 'in_progress'));
     child.kill('SIGKILL');
     await exited;
 

@@ -1,8 +1,9 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { createKey, http, readSse, startServer, startWithClient, type TestServer } from './helpers/server.js';
+import { createKey, http, readSse, startWithClient, type TestServer } from './helpers/server.js';
 import { checkStream, type Ev, type WireResponse } from './helpers/responses.js';
+import { eventually } from './helpers/wait.js';
 
 const STORIES = 'local/stories260k';
 const roleOf = (i: { type: string; role?: unknown }): string => (i.type === 'message' ? String(i.role) : i.type);
@@ -53,9 +54,21 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.ok(r.usage!.input_tokens > 12);
   });
 
-  it('completes when the output ends within max_output_tokens', async () => {
+  it('is completed when the output ends within max_output_tokens, and incomplete when the limit cuts it', async () => {
+    // A schema-constrained answer ends where its JSON does, well inside the limit.
+    const ended = await client.responses.create({
+      model: STORIES, input: 'Once upon a time', temperature: 0, max_output_tokens: 60,
+      text: { format: { type: 'json_schema', name: 'flag', strict: true, schema: { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false } } },
+    });
+    assert.equal(ended.status, 'completed', JSON.stringify(ended.incomplete_details));
+    assert.equal(ended.incomplete_details, null);
+    assert.equal(typeof (JSON.parse(ended.output_text) as { ok: unknown }).ok, 'boolean');
+    assert.ok(ended.usage!.output_tokens < 60);
+
     const r = await client.responses.create({ model: STORIES, input: 'Once upon a time', temperature: 0, max_output_tokens: 60, text: { format: { type: 'text' } } });
     assert.equal(r.status, 'incomplete');
+    assert.equal(r.incomplete_details?.reason, 'max_output_tokens');
+    assert.equal(r.usage!.output_tokens, 60);
     const stopped = await http<WireResponse>(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input: 'Once upon a time', temperature: 0 } });
     assert.equal(stopped.json.status, 'incomplete', 'TinyStories fills its context: incomplete, not completed');
   });
@@ -185,12 +198,11 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal((await client.responses.cancel(r.id)).status, 'cancelled', 'cancelling twice is harmless');
 
     const quick = await client.responses.create({ model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true, temperature: 0 });
-    let done = await client.responses.retrieve(quick.id);
-    for (let i = 0; i < 100 && (done.status === 'queued' || done.status === 'in_progress'); i++) {
-      await new Promise((res) => setTimeout(res, 20));
-      done = await client.responses.retrieve(quick.id);
-    }
-    assert.equal(done.status, 'incomplete');
+    const done = await eventually(async () => {
+      const d = await client.responses.retrieve(quick.id);
+      assert.equal(d.status, 'incomplete');
+      return d;
+    });
     assert.match(done.output_text, /there/);
     await assert.rejects(client.responses.cancel(quick.id), (e: unknown) => e instanceof OpenAI.BadRequestError, 'a finished response cannot be cancelled');
     const foreground = await client.responses.create({ model: STORIES, input: 'x', max_output_tokens: 1 });

@@ -4,7 +4,8 @@ import { rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { http, tempDir, type WireKey } from './helpers/server.js';
 import { startProcess, type Running } from './helpers/process.js';
-import { fixture } from './helpers/fixtures.js';
+import SqliteDatabase from 'better-sqlite3';
+import { chunkFrame, fixture } from './helpers/fixtures.js';
 
 const ADMIN = 'sk-test-admin-secret-logs-0123456789';
 const UPSTREAM_SECRET = 'sk-upstream-credential-5f3a9c1e7b';
@@ -75,5 +76,156 @@ describe('secrets never reach logs or error bodies', () => {
       for (const b of bodies) assert.ok(!b.includes(secret) || b === created.text, `a secret (${secret.slice(0, 12)}…) is in an answer: ${b.slice(0, 200)}`);
     }
     assert.match(logs, /api_key=\[redacted\]&type=text_generation/);
+  });
+
+  it('scrubs an upstream key it is sent back in any form, restricts key variables, and keeps private ids off /metrics', async () => {
+    const KEY = 'sk-upstream-quoted-9d8c7b6a5f4e3d2c1b0a';
+    const escaped = [...KEY].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`).join('');
+    const basic = Buffer.from(`user:${KEY}`).toString('base64');
+    let lastAuthorization: string | undefined;
+    // Each upstream model quotes the key it was sent in another way.
+    const upstream = await fixture((req, res) => {
+      let raw = '';
+      req.on('data', (c: Buffer) => { raw += c.toString(); });
+      req.on('end', () => {
+        lastAuthorization = req.headers.authorization;
+        const sent = String(req.headers.authorization ?? '').slice(7);
+        const { model, stream } = JSON.parse(raw) as { model: string; stream?: boolean };
+        const sse = () => res.writeHead(200, { 'content-type': 'text/event-stream' });
+        switch (model) {
+          case 'err200':
+            res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { message: `bad key ${sent}` } }));
+            break;
+          case 'errframe':
+            sse();
+            res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+            res.end(`data: ${JSON.stringify({ error: { message: `stream failed for ${sent}` } })}\n\n`);
+            break;
+          case 'escaped401':
+            res.writeHead(401, { 'content-type': 'application/json' }).end(`{"error":{"message":"Incorrect API key provided: ${escaped}"}}`);
+            break;
+          case 'percent':
+            res.writeHead(401, { 'content-type': 'text/plain' }).end(`denied: ${encodeURIComponent(sent).replace(/-/g, '%2D')}`);
+            break;
+          case 'echo': {
+            // The key split across deltas, and base64 as Basic auth would carry it.
+            sse();
+            const cut = [sent.slice(0, 7), sent.slice(7, 19), sent.slice(19)];
+            res.write(chunkFrame({ role: 'assistant', content: 'your key is ' }));
+            for (const part of cut) res.write(chunkFrame({ content: part }));
+            res.write(chunkFrame({ content: ` and Basic ${basic} bye` }, 'stop'));
+            res.end('data: [DONE]\n\n');
+            break;
+          }
+          default:
+            if (stream) {
+              sse();
+              res.end(`${chunkFrame({ role: 'assistant', content: 'fine' }, 'stop')}data: [DONE]\n\n`);
+            } else {
+              res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
+                choices: [{ index: 0, message: { role: 'assistant', content: 'fine' }, finish_reason: 'stop' }], usage: { prompt_tokens: 1, completion_tokens: 1 },
+              }));
+            }
+        }
+      });
+    });
+    closers.push(() => upstream.close());
+    const dir = tempDir();
+    closers.push(async () => rmSync(dir, { recursive: true, force: true }));
+    const kinds = ['err200', 'errframe', 'escaped401', 'percent', 'echo', 'plain'];
+    const config = join(dir, 'config.json');
+    writeFileSync(config, JSON.stringify({
+      defaultCatalogue: false,
+      models: [
+        ...kinds.map((k) => ({ id: `meta-llama/${k}`, context_length: 512 })),
+        { id: 'meta-llama/acme-secret-finetune', context_length: 512, visibility: 'private', owned_by: 'acme' },
+      ],
+      deployments: [
+        ...kinds.map((k) => ({ model: `meta-llama/${k}`, baseUrl: upstream.url, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: k })),
+        { model: 'meta-llama/acme-secret-finetune', baseUrl: upstream.url, upstreamModel: 'plain' },
+      ],
+    }));
+    const admin = 'sk-test-admin-scrub-logs-0123456789';
+    const p = await startProcess({
+      SWITCHYARD_DATA_DIR: dir, SWITCHYARD_ADMIN_KEY: admin, SWITCHYARD_WORKERS: '1', SWITCHYARD_LOG_LEVEL: 'trace', SWITCHYARD_CONFIG: config,
+      UPSTREAM_KEY: KEY, SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1', SWITCHYARD_CATALOGUE_REFRESH_MS: '200', SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1',
+    });
+    closers.push(async () => { p.child.kill('SIGKILL'); });
+    const ask = (k: string, stream = false) => http(p.url, 'POST', '/v1/chat/completions', {
+      key: admin, body: { model: `meta-llama/${k}`, messages: [{ role: 'user', content: 'hi' }], stream },
+    });
+    const bodies: string[] = [];
+    for (const k of ['err200', 'escaped401', 'percent']) {
+      const r = await ask(k);
+      assert.ok(r.status >= 400, `${k}: ${r.text}`);
+      assert.match(r.text, /\[redacted\]/, k);
+      bodies.push(r.text);
+    }
+    for (const k of ['errframe', 'echo']) {
+      const r = await ask(k, true);
+      bodies.push(r.text);
+    }
+    assert.match(bodies[4]!, /your key is /);
+    assert.match(bodies[4]!, /\[redacted\]/);
+    assert.match(bodies[4]!, / bye/);
+    // Stored with a background response, and read back.
+    const bg = await http<{ id: string }>(p.url, 'POST', '/v1/responses', { key: admin, body: { model: 'meta-llama/errframe', input: 'hi', background: true } });
+    let stored = await http<{ status: string }>(p.url, 'GET', `/v1/responses/${bg.json.id}`, { key: admin });
+    for (const deadline = Date.now() + 5000; stored.json.status !== 'failed' && Date.now() < deadline;) stored = await http(p.url, 'GET', `/v1/responses/${bg.json.id}`, { key: admin });
+    assert.equal(stored.json.status, 'failed');
+    bodies.push(stored.text);
+    for (const b of bodies) {
+      assert.ok(!b.includes(KEY), `the upstream key reached a client: ${b.slice(0, 300)}`);
+      assert.ok(!b.includes(basic.slice(4, -4)), 'the key reached a client in base64');
+      assert.ok(!b.includes(escaped.slice(0, 30)) && !b.includes(encodeURIComponent(KEY).replace(/-/g, '%2D')), 'the key reached a client escaped');
+    }
+    const sqlite = new SqliteDatabase(join(dir, 'switchyard.db'), { readonly: true });
+    const rows = sqlite.prepare('select body from responses').all() as Array<{ body: string }>;
+    sqlite.close();
+    assert.ok(rows.length > 0 && rows.every((r) => !r.body.includes(KEY)), 'the key is not in the database');
+
+    // api_key_env may only name variables meant for upstream keys.
+    for (const name of ['SWITCHYARD_ADMIN_KEY', 'DATABASE_URL', 'PATH', 'UPSTREAM_KEY']) {
+      const r = await http(p.url, 'POST', '/admin/deployments', { key: admin, body: { model: 'meta-llama/plain', base_url: upstream.url, api_key_env: name } });
+      assert.equal(r.status, 400, `${name}: ${r.text}`);
+      assert.equal(r.json.error.param, 'api_key_env');
+    }
+    const okDep = await http(p.url, 'POST', '/admin/deployments', { key: admin, body: { model: 'meta-llama/plain', base_url: upstream.url, api_key_env: 'UPSTREAM_KEY_PLAIN' } });
+    assert.equal(okDep.status, 201, okDep.text);
+    // A row written some other way that names the admin key gets no key at all.
+    const rw = new SqliteDatabase(join(dir, 'switchyard.db'));
+    rw.prepare("insert into deployments (id, model, base_url, api_key_env, upstream_model, weight, api, created_at) values ('dep_sneaky', 'meta-llama/err200', ?, 'SWITCHYARD_ADMIN_KEY', 'plain', 1000000, 'chat', 1)").run(upstream.url);
+    rw.close();
+    const deadline = Date.now() + 5000;
+    let sawSneaky = false;
+    while (!sawSneaky && Date.now() < deadline) {
+      const list = await http<{ data: Array<{ id: string }> }>(p.url, 'GET', '/admin/deployments', { key: admin });
+      sawSneaky = list.json.data.some((d) => d.id === 'dep_sneaky');
+    }
+    assert.ok(sawSneaky);
+    lastAuthorization = 'unset';
+    for (let i = 0; i < 5 && lastAuthorization !== undefined; i++) await ask('err200');
+    assert.equal(lastAuthorization, undefined, 'no authorization header: the admin key was not sent');
+
+    // Credential-shaped values in URLs, wherever they are.
+    const created = await http<WireKey>(p.url, 'POST', '/admin/keys', { key: admin, body: { org: 'acme', name: 'urls' } });
+    const userKey = created.json.key!;
+    for (const path of [`/v1/models?k=${userKey}`, `/v1/models?${userKey}`, `/v1/models/${userKey}`, `/v1/models?q=${encodeURIComponent(userKey)}`]) {
+      await http(p.url, 'GET', path, { key: userKey });
+    }
+
+    // Private models: the owner uses it, an unauthenticated scrape never sees its id.
+    const own = await http(p.url, 'POST', '/v1/chat/completions', { key: userKey, body: { model: 'meta-llama/acme-secret-finetune', messages: [{ role: 'user', content: 'hi' }] } });
+    assert.equal(own.status, 200, own.text);
+    const scrape = (await http(p.url, 'GET', '/metrics')).text;
+    assert.ok(!scrape.includes('acme-secret-finetune'), 'a private model id is on the open /metrics');
+    assert.match(scrape, /switchyard_requests_total\{route="\/v1\/chat\/completions",model="private",status="200"\}/);
+
+    p.child.kill('SIGTERM');
+    await p.exited;
+    const logs = p.stdout();
+    for (const secret of [KEY, userKey, admin]) assert.ok(!logs.includes(secret), `a secret (${secret.slice(0, 12)}…) is in the logs`);
+    assert.ok(!logs.includes(encodeURIComponent(userKey)) || !userKey.includes('-'), 'escaped key in the logs');
+    assert.ok(!logs.includes(userKey.slice(6, 30)), 'part of a key is in the logs');
   });
 });

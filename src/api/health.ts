@@ -1,5 +1,5 @@
-import type { App, RouteContext } from '../http/server.js';
-import { ApiError } from '../http/errors.js';
+import type { App, RouteContext } from './context.js';
+import { ApiError } from '../core/errors.js';
 
 export function registerHealthRoutes(app: App, ctx: RouteContext): void {
   /** The process is alive and serving HTTP. */
@@ -19,13 +19,16 @@ export function registerHealthRoutes(app: App, ctx: RouteContext): void {
     return ctx.metrics.registry.metrics();
   });
 
-  /** Ready to serve: the database answers. */
+  /** Ready to serve: the database answers, and the usage ledger can write to it (answers wait for their record). */
   app.get('/readyz', async () => {
     try {
       await ctx.store.ping();
     } catch (err) {
       app.log.warn({ err }, 'readiness check failed');
-      throw new ApiError('service_unavailable', 'The database is not reachable.', { headers: { 'retry-after': '5' } });
+      throw new ApiError('service_unavailable', 'The database is not reachable.', { retryAfterMs: 5000 });
+    }
+    if (!ctx.ledger.writable) {
+      throw new ApiError('service_unavailable', 'The usage ledger cannot write to the database; generation answers are held until it can.', { retryAfterMs: 5000 });
     }
     return { status: 'ready', database: ctx.store.dialect };
   });

@@ -1,7 +1,7 @@
 import Type from 'typebox';
-import type { App, RouteContext } from '../http/server.js';
-import { modelNotFound } from '../http/errors.js';
-import type { Principal } from '../http/auth.js';
+import type { App, RouteContext } from './context.js';
+import { modelNotFound } from '../core/errors.js';
+import type { Principal } from '../core/principal.js';
 import { MODEL_TYPES, type Model, type ModelType } from '../core/model-spec.js';
 
 /** `text_to_text` is what usage guides send; it means text generation. */
@@ -12,8 +12,12 @@ function normaliseType(t: TypeValue | undefined): ModelType | undefined {
   return t === 'text_to_text' ? 'text_generation' : t;
 }
 
-/** The OpenAI model object with the catalogue's fields added; absent fields are left out, not null. */
-export function renderModel(m: Model): Record<string, unknown> {
+/**
+ * The OpenAI model object with the catalogue's fields added; absent fields are left out, not null.
+ * `available` says whether this server can generate with the model now (it has a local file or an
+ * upstream deployment): a catalogue entry describes a model, not a promise to serve it.
+ */
+export function renderModel(m: Model, available: boolean): Record<string, unknown> {
   const out: Record<string, unknown> = {
     id: m.id,
     object: 'model',
@@ -28,6 +32,7 @@ export function renderModel(m: Model): Record<string, unknown> {
     pricing: m.pricing,
     model_type: m.model_type,
     capabilities: m.capabilities,
+    available,
   };
   if (m.context_length !== null) out['context_length'] = m.context_length;
   if (m.output_size !== null) out['output_size'] = m.output_size;
@@ -60,7 +65,7 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
 
   app.get('/v1/models', { onRequest: ctx.requireKey, schema: { querystring: ListQuery } }, async (req) => {
     const type = normaliseType(req.query.type) ?? 'text_generation';
-    const data = catalogue.list({ type, author: req.query.author }, req.principal!).map(renderModel);
+    const data = catalogue.list({ type, author: req.query.author }, req.principal!).map((m) => renderModel(m, ctx.router.canServe(m)));
     return { object: 'list', data };
   });
 
@@ -70,7 +75,7 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
     // The id is unique, so `type` only narrows when it is given explicitly.
     const type = normaliseType(typeParam);
     if (!model || (type !== undefined && model.model_type !== type)) throw modelNotFound(id);
-    return renderModel(model);
+    return renderModel(model, ctx.router.canServe(model));
   };
   app.get('/v1/models/:author/:slug', {
     onRequest: ctx.requireKey,

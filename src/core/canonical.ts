@@ -66,9 +66,11 @@ export interface GenerationRequest {
   /** Whether the client reads a stream; engines may use it to pick their own transport. */
   stream: boolean;
   signal: AbortSignal;
+  /** Kept current by the engine serving the request (reset by the router for each attempt). */
+  tally: UsageTally;
 }
 
-export type FinishReason = 'stop' | 'length' | 'tool_calls' | 'content_filter' | 'error';
+export type FinishReason = 'stop' | 'length' | 'tool_calls' | 'content_filter';
 
 export interface Usage {
   input: number;
@@ -77,7 +79,24 @@ export interface Usage {
   reasoning: number;
   /** US dollars, added by metering; null when the model lacks a price. */
   cost?: number | null;
+  /** The counts are Switchyard's estimate (the upstream reported none, or nonsense), not the engine's own. */
+  estimated?: boolean;
 }
+
+/**
+ * What a generation has used so far. Engines keep it current as they go, so a generation that
+ * stops before its usage event (the client left, the upstream broke off) is still billed for what
+ * it produced. `exact` is false while the counts are estimates (see engines/upstream).
+ */
+export interface UsageTally {
+  input: number;
+  cached: number;
+  output: number;
+  reasoning: number;
+  exact: boolean;
+}
+
+export const newTally = (): UsageTally => ({ input: 0, cached: 0, output: 0, reasoning: 0, exact: true });
 
 export type GenerationEvent =
   | { type: 'text.delta'; text: string }
@@ -85,4 +104,4 @@ export type GenerationEvent =
   | { type: 'tool_call.start'; index: number; id: string; name: string }
   | { type: 'tool_call.delta'; index: number; arguments: string }
   | { type: 'usage'; usage: Usage }
-  | { type: 'finish'; reason: FinishReason; error?: { message: string; code: string } };
+  | { type: 'finish'; reason: FinishReason };

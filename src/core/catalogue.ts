@@ -4,7 +4,9 @@ import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import { inspectGgufIsolated } from '../engines/local/gguf.js';
 import type { Store } from '../store/store.js';
-import type { Principal } from '../http/auth.js';
+import type { Principal } from './principal.js';
+import { ApiError } from './errors.js';
+import { nowSeconds } from './ids.js';
 import { resolveModelSpec, type Model, type ModelPatch, type ModelSpec, type ModelStatus, type ModelType } from './model-spec.js';
 
 export interface LocalModel {
@@ -17,14 +19,13 @@ export interface ListFilter {
   author?: string | undefined;
 }
 
-const now = (): number => Math.floor(Date.now() / 1000);
 
 /**
  * The config file's (and the shipped) models into the store: the config wins for the fields it
  * describes, but `status` is run-time state (admin API, CLI) and is kept once the entry exists.
  */
-export async function syncConfiguredModels(store: Store, config: Config): Promise<void> {
-  const t = now();
+async function syncConfiguredModels(store: Store, config: Config): Promise<void> {
+  const t = nowSeconds();
   for (const spec of config.models) {
     const model = resolveModelSpec(spec, 'config', t);
     if (typeof model === 'string') throw new Error(`Invalid configuration: ${model}`);
@@ -104,7 +105,7 @@ export class Catalogue {
       return [];
     }
     const out: LocalModel[] = [];
-    const t = now();
+    const t = nowSeconds();
     for (const f of files) {
       const path = join(dir, f);
       try {
@@ -169,20 +170,27 @@ export class Catalogue {
     return this.local.some((l) => l.model.id === id);
   }
 
-  async create(spec: ModelSpec): Promise<Model | string> {
-    const model = resolveModelSpec(spec, 'admin', now());
-    if (typeof model === 'string') return model;
-    if (this.byId.has(model.id) || !(await this.store.insertModel(model))) return `model '${model.id}' already exists`;
+  /** Adds an entry (through the admin API or the CLI); its author must be one of the catalogue's. */
+  async create(spec: ModelSpec): Promise<Model> {
+    const author = spec.id.slice(0, spec.id.indexOf('/'));
+    if (!this.authors.includes(author)) {
+      throw new ApiError('invalid_value', `Unknown author '${author}'; authors are ${this.authors.join(', ')}.`, { param: 'id' });
+    }
+    const model = resolveModelSpec(spec, 'admin', nowSeconds());
+    if (typeof model === 'string') throw new ApiError('invalid_value', model, { param: 'id' });
+    if (this.byId.has(model.id) || !(await this.store.insertModel(model))) {
+      throw new ApiError('conflict', `Model '${model.id}' already exists.`, { param: 'id' });
+    }
     await this.refresh();
     return model;
   }
 
-  /** Returns undefined for an unknown id, a message when the result would be inconsistent. */
-  async update(id: string, patch: ModelPatch): Promise<Model | string | undefined> {
+  /** Changes an entry; a status move must be one of STATUS_MOVES. */
+  async update(id: string, patch: ModelPatch): Promise<Model> {
     const existing = await this.store.getModel(id);
-    if (!existing) return undefined;
+    if (!existing) throw new ApiError('model_not_found', `No model '${id}'.`, { param: 'model' });
     if (patch.status !== undefined && patch.status !== existing.status && !STATUS_MOVES[existing.status].includes(patch.status)) {
-      return `model '${id}' cannot move from ${existing.status} to ${patch.status} (allowed: ${STATUS_MOVES[existing.status].join(', ')})`;
+      throw new ApiError('invalid_value', `Model '${id}' cannot move from ${existing.status} to ${patch.status} (allowed: ${STATUS_MOVES[existing.status].join(', ')}).`, { param: 'status' });
     }
     const merged: Record<string, unknown> = { ...existing, ...patch };
     const spec: Record<string, unknown> = {};
@@ -190,7 +198,7 @@ export class Catalogue {
       if (v !== null && k !== 'author' && k !== 'slug' && k !== 'source') spec[k] = v;
     }
     const model = resolveModelSpec(spec as ModelSpec, existing.source, existing.created);
-    if (typeof model === 'string') return model;
+    if (typeof model === 'string') throw new ApiError('invalid_value', model);
     await this.store.upsertModel(model);
     await this.refresh();
     return model;

@@ -1,5 +1,8 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 
+/** Unix seconds, as API objects carry them (`created`, `created_at`). */
+export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
+
 /**
  * Random ids for objects (responses, items, completions, usage records). randomUUID draws from a
  * pre-filled entropy cache; randomBytes per call was a measurable share of the request hot path.

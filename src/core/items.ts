@@ -1,11 +1,11 @@
-import { newId } from './ids.js';
-import { ApiError } from '../http/errors.js';
+import { ApiError } from './errors.js';
 import type { ContentPart, Message, ToolCall } from './canonical.js';
 
 /**
- * Responses-API items as they are stored and served: the input a client sent (normalised, with
- * ids) and the output a response produced. Conversations and `previous_response_id` chains are
- * lists of these.
+ * Conversation items: the canonical record of a turn's parts (messages, function calls and their
+ * outputs, reasoning), as responses produce and conversations keep them. Their shape is the one the
+ * Responses API serves (it was modelled on it), so the Responses protocol renders them as they are;
+ * parsing what a client sends into them is the protocol's (protocols/responses/items.ts).
  */
 export type InputContent =
   | { type: 'input_text'; text: string }
@@ -45,90 +45,34 @@ export interface ReasoningItem {
 }
 export type Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem;
 
-export { newId };
 
-type Raw = Record<string, unknown>;
+/** An input item as a client may send it: an item, or a reference to one stored earlier. */
+export type InputItem = Item | { type: 'item_reference'; id: string; param: string };
 
-function contentParts(raw: unknown, role: string, where: string): InputContent[] {
-  if (typeof raw === 'string') {
-    return [role === 'assistant' ? { type: 'output_text', text: raw, annotations: [] } : { type: 'input_text', text: raw }];
-  }
-  if (!Array.isArray(raw)) throw new ApiError('invalid_value', `${where}.content must be a string or an array of parts.`, { param: `${where}.content` });
-  return raw.map((p: Raw, j) => {
-    const at = `${where}.content[${j}]`;
-    switch (p['type']) {
-      case 'input_text':
-      case 'text':
-        if (typeof p['text'] !== 'string') throw new ApiError('invalid_value', `${at}.text must be a string.`, { param: at });
-        return { type: 'input_text', text: p['text'] };
-      case 'output_text':
-        if (typeof p['text'] !== 'string') throw new ApiError('invalid_value', `${at}.text must be a string.`, { param: at });
-        return { type: 'output_text', text: p['text'], annotations: [] };
-      case 'refusal':
-        return { type: 'refusal', refusal: String(p['refusal'] ?? '') };
-      case 'input_image':
-        return {
-          type: 'input_image',
-          ...(typeof p['image_url'] === 'string' && { image_url: p['image_url'] }),
-          ...(typeof p['file_id'] === 'string' && { file_id: p['file_id'] }),
-          ...(typeof p['detail'] === 'string' && { detail: p['detail'] }),
-        };
-      default:
-        throw new ApiError('unsupported_content', `Content part type '${String(p['type'])}' is not supported.`, { param: `${at}.type` });
-    }
+/**
+ * Input items with references replaced by what they refer to (items of the conversation, of the
+ * previous responses, or of any stored response of the caller); an unknown reference is a 400.
+ */
+export function resolveInput(input: readonly InputItem[], lookup: (id: string) => Item | undefined): Item[] {
+  return input.map((it) => {
+    if (it.type !== 'item_reference') return it;
+    const found = lookup(it.id);
+    if (!found) throw new ApiError('invalid_value', `Item '${it.id}' was not found.`, { param: it.param });
+    return found;
   });
 }
 
-const str = (v: unknown, where: string): string => {
-  if (typeof v !== 'string') throw new ApiError('invalid_value', `${where} must be a string.`, { param: where });
-  return v;
-};
-
 /**
- * Normalises `input` into items with ids. `item_reference`s are resolved with `lookup` (items of the
- * conversation or of the previous responses); an unknown reference is a 400.
+ * Item ids are unique within a conversation: an id sent twice in one request, or one the
+ * conversation already holds, is a 400 naming the item (never a silently lost turn).
  */
-export function normaliseInput(input: string | Raw[], lookup: (id: string) => Item | undefined): Item[] {
-  if (typeof input === 'string') return [{ id: newId('msg'), type: 'message', role: 'user', content: [{ type: 'input_text', text: input }] }];
-  return input.map((raw, i): Item => {
-    const where = `input[${i}]`;
-    const type = raw['type'] ?? 'message';
-    switch (type) {
-      case 'message': {
-        const role = raw['role'];
-        if (role !== 'user' && role !== 'system' && role !== 'developer' && role !== 'assistant') {
-          throw new ApiError('invalid_value', `${where}.role must be one of 'user', 'system', 'developer', 'assistant'.`, { param: `${where}.role` });
-        }
-        return { id: typeof raw['id'] === 'string' ? raw['id'] : newId('msg'), type: 'message', role, content: contentParts(raw['content'], role, where) };
-      }
-      case 'function_call':
-        return {
-          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fc'), type: 'function_call',
-          call_id: str(raw['call_id'], `${where}.call_id`), name: str(raw['name'], `${where}.name`), arguments: str(raw['arguments'], `${where}.arguments`),
-        };
-      case 'function_call_output': {
-        const output = raw['output'];
-        return {
-          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fco'), type: 'function_call_output',
-          call_id: str(raw['call_id'], `${where}.call_id`), output: typeof output === 'string' ? output : JSON.stringify(output ?? ''),
-        };
-      }
-      case 'reasoning': {
-        const summary = Array.isArray(raw['summary']) ? (raw['summary'] as Raw[]).map((s) => ({ type: 'summary_text' as const, text: String(s['text'] ?? '') })) : [];
-        const item: ReasoningItem = { id: typeof raw['id'] === 'string' ? raw['id'] : newId('rs'), type: 'reasoning', summary };
-        if (Array.isArray(raw['content'])) item.content = (raw['content'] as Raw[]).map((c) => ({ type: 'reasoning_text', text: String(c['text'] ?? '') }));
-        if (typeof raw['encrypted_content'] === 'string') item.encrypted_content = raw['encrypted_content'];
-        return item;
-      }
-      case 'item_reference': {
-        const id = str(raw['id'], `${where}.id`);
-        const found = lookup(id);
-        if (!found) throw new ApiError('invalid_value', `Item '${id}' was not found.`, { param: `${where}.id` });
-        return found;
-      }
-      default:
-        throw new ApiError('unsupported_content', `Input item type '${String(type)}' is not supported.`, { param: `${where}.type` });
+export function checkNewItemIds(items: readonly Item[], existing: ReadonlySet<string>, param: (i: number) => string): void {
+  const seen = new Set<string>();
+  items.forEach((it, i) => {
+    if (seen.has(it.id) || existing.has(it.id)) {
+      throw new ApiError('invalid_value', `An item with id '${it.id}' is already in this conversation; item ids must be unique within it.`, { param: param(i) });
     }
+    seen.add(it.id);
   });
 }
 

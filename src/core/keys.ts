@@ -1,5 +1,6 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { ApiKeyRecord, KeyRole, Limits, Store } from '../store/store.js';
+import { nowSeconds } from './ids.js';
 
 /**
  * Keys look like `sk-sy-<16 hex id>_<43 chars secret>`. The id is not secret: it is what the
@@ -52,13 +53,11 @@ export interface CreatedKey {
 export const ADMIN_ORG = 'admin';
 export const BOOTSTRAP_KEY_NAME = 'bootstrap';
 
-const now = (): number => Math.floor(Date.now() / 1000);
-
 /** Creates the key, and its organization when that does not exist yet. */
 export async function createKey(store: Store, opts: { org: string; name: string; role: KeyRole; limits?: Limits | undefined }): Promise<CreatedKey> {
   let orgCreated = false;
   if (!(await store.getOrg(opts.org))) {
-    await store.createOrg({ id: opts.org, name: opts.org, created_at: now() });
+    await store.createOrg({ id: opts.org, name: opts.org, created_at: nowSeconds() });
     orgCreated = true;
   }
   const { token, parsed } = generateKey();
@@ -68,7 +67,7 @@ export async function createKey(store: Store, opts: { org: string; name: string;
     name: opts.name,
     role: opts.role,
     hash: sha256Hex(parsed.secret),
-    created_at: now(),
+    created_at: nowSeconds(),
     revoked_at: null,
     limits: opts.limits ?? null,
   };
@@ -83,19 +82,19 @@ export async function createKey(store: Store, opts: { org: string; name: string;
  */
 export async function ensureAdminKey(store: Store, configured: string | undefined): Promise<{ generated?: string }> {
   if (!(await store.getOrg(ADMIN_ORG))) {
-    await store.createOrg({ id: ADMIN_ORG, name: 'Operators', created_at: now() });
+    await store.createOrg({ id: ADMIN_ORG, name: 'Operators', created_at: nowSeconds() });
   }
   if (configured !== undefined) {
     const parsed = parseKey(configured);
     if (!parsed) throw new Error('SWITCHYARD_ADMIN_KEY must be 16 to 512 printable characters without spaces');
     const existing = await store.getKey(parsed.id);
     for (const k of await store.listKeys(ADMIN_ORG)) {
-      if (k.name === BOOTSTRAP_KEY_NAME && k.id !== parsed.id && k.revoked_at === null) await store.revokeKey(k.id, now());
+      if (k.name === BOOTSTRAP_KEY_NAME && k.id !== parsed.id && k.revoked_at === null) await store.revokeKey(k.id, nowSeconds());
     }
     if (!existing) {
       await store.createKey({
         id: parsed.id, org_id: ADMIN_ORG, name: BOOTSTRAP_KEY_NAME, role: 'admin',
-        hash: sha256Hex(parsed.secret), created_at: now(), revoked_at: null,
+        hash: sha256Hex(parsed.secret), created_at: nowSeconds(), revoked_at: null,
       });
     } else if (existing.revoked_at !== null || !secretMatches(parsed.secret, existing.hash)) {
       throw new Error('SWITCHYARD_ADMIN_KEY names a key that was revoked; choose a new value');

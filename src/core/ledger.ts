@@ -1,6 +1,6 @@
 import { orderedId } from './ids.js';
 import type { Logger } from 'pino';
-import type { Store, UsageRecord } from '../store/store.js';
+import type { QuarantinedUsage, Store, UsageRecord } from '../store/store.js';
 import type { Usage } from './canonical.js';
 import type { Model } from './model-spec.js';
 
@@ -10,46 +10,90 @@ import type { Model } from './model-spec.js';
  * the request used that the model has no price for makes the cost unknown (null), never $0; a free
  * model states a rate of 0.
  */
-export function costOf(model: Model, u: Usage): { cost: number | null; missing: string[] } {
+export function costOf(model: Model, u: Pick<Usage, 'input' | 'cached' | 'output'>): number | null {
   const rate = (metric: string) => model.pricing.find((p) => p.metric === metric)?.rate;
-  const missing: string[] = [];
   const input = rate('input_tokens');
   const output = rate('output_tokens');
   const cachedRate = rate('cached_input_tokens') ?? input;
-  if (input === undefined && u.input > 0) missing.push('input_tokens');
-  if (output === undefined && u.output > 0) missing.push('output_tokens');
-  if (missing.length) return { cost: null, missing };
+  if ((input === undefined && u.input > 0) || (output === undefined && u.output > 0)) return null;
   const uncached = Math.max(0, u.input - u.cached);
   const dollars = (uncached * (input ?? 0) + u.cached * (cachedRate ?? 0) + u.output * (output ?? 0)) / 1_000_000;
-  return { cost: Math.round(dollars * 1e10) / 1e10, missing };
+  return Math.round(dollars * 1e10) / 1e10;
 }
 
 export const newUsageId = (): string => orderedId('usage');
+
+/** Refused records held in memory while the quarantine table cannot be written; past this they go to the log. */
+const MAX_SET_ASIDE = 10_000;
+
+const INTEGER_FIELDS = ['at', 'input_tokens', 'cached_tokens', 'output_tokens', 'reasoning_tokens', 'latency_ms', 'status'] as const;
+
+/** Why a record cannot be stored as it is, or undefined. Checked before the database sees it. */
+function malformed(r: UsageRecord): string | undefined {
+  for (const f of INTEGER_FIELDS) {
+    const v: unknown = r[f];
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) return `${f} is ${JSON.stringify(v)}`;
+  }
+  if (r.cost !== null && (typeof r.cost !== 'number' || !Number.isFinite(r.cost) || r.cost < 0)) return `cost is ${JSON.stringify(r.cost)}`;
+  if (r.ttft_ms !== null && (typeof r.ttft_ms !== 'number' || !Number.isSafeInteger(r.ttft_ms))) return `ttft_ms is ${JSON.stringify(r.ttft_ms)}`;
+  return undefined;
+}
+
+function quarantined(r: UsageRecord, error: string): QuarantinedUsage {
+  let record: string;
+  try {
+    record = JSON.stringify(r);
+  } catch {
+    record = String(r.id);
+  }
+  return { id: String(r.id), at: Date.now(), record, error: error.slice(0, 2000) };
+}
+
+export interface LedgerHooks {
+  /** A record the database refused was set aside. */
+  onQuarantine?: () => void;
+  /** The ledger could (true) or could not (false) write; /readyz follows it. */
+  onWritable?: (writable: boolean) => void;
+}
 
 /**
  * The usage ledger. Records are written in group commits: everything recorded during one turn of
  * the event loop goes into one transaction on the next turn, and `record()` resolves once its
  * record is in the database. The API answers a request only after that, so a crash never loses the
- * record of a request whose client got a complete answer. A failed write keeps its records queued
- * and is retried every `retryMs` (their requests wait for it); `close()` writes everything queued.
+ * record of a request whose client got a complete answer.
+ *
+ * Two kinds of failure, told apart by the store:
+ * - the database cannot be written (down, busy, full): the batch stays queued and is retried every
+ *   `retryMs`; its requests wait, and `writable` is false (readiness turns 503) until a write works;
+ * - the database refuses a record for what it holds: the batch is written record by record and each
+ *   refused one is quarantined (kept as JSON in its own table, logged, counted), so one bad record
+ *   never holds up the others.
  */
 export class Ledger {
   private queue: UsageRecord[] = [];
   private waiters: Array<() => void> = [];
+  /** Refused records not yet stored in the quarantine table (it could not be written either). */
+  private setAside: QuarantinedUsage[] = [];
   private scheduled = false;
   private timer: NodeJS.Timeout | undefined;
   private flushing: Promise<void> = Promise.resolve();
+  private canWrite = true;
 
-  constructor(private readonly store: Store, private readonly log: Logger, private readonly retryMs = 1000) {}
+  constructor(private readonly store: Store, private readonly log: Logger, private readonly retryMs = 1000, private readonly hooks: LedgerHooks = {}) {}
+
+  /** False while the last write failed because the database could not be written. */
+  get writable(): boolean {
+    return this.canWrite;
+  }
 
   start(): void {
     this.timer = setInterval(() => {
-      if (this.queue.length) void this.flush();
+      if (this.queue.length || this.setAside.length) void this.flush();
     }, this.retryMs);
     this.timer.unref();
   }
 
-  /** Queues a record; resolves once it is stored. */
+  /** Queues a record; resolves once it is stored (or quarantined). */
   record(r: UsageRecord): Promise<void> {
     this.queue.push(r);
     const written = new Promise<void>((resolve) => this.waiters.push(resolve));
@@ -63,24 +107,84 @@ export class Ledger {
     return written;
   }
 
-  /** Writes what is queued; a failed batch is put back and retried. */
+  /** Writes what is queued. */
   flush(): Promise<void> {
-    this.flushing = this.flushing.then(async () => {
-      if (this.queue.length === 0) return;
-      const batch = this.queue;
-      const waiters = this.waiters;
-      this.queue = [];
-      this.waiters = [];
-      try {
-        await this.store.insertUsage(batch);
-        for (const w of waiters) w();
-      } catch (err) {
-        this.queue = batch.concat(this.queue);
-        this.waiters = waiters.concat(this.waiters);
-        this.log.error({ err, records: batch.length }, 'usage ledger write failed; will retry');
-      }
-    });
+    this.flushing = this.flushing.then(() => this.writeQueued());
     return this.flushing;
+  }
+
+  private setWritable(ok: boolean): void {
+    if (ok === this.canWrite) return;
+    this.canWrite = ok;
+    this.hooks.onWritable?.(ok);
+    if (ok) this.log.info('usage ledger writes again');
+  }
+
+  private async writeQueued(): Promise<void> {
+    if (this.setAside.length) await this.storeQuarantine();
+    if (this.queue.length === 0) return;
+    const batch = this.queue;
+    const waiters = this.waiters;
+    this.queue = [];
+    this.waiters = [];
+    const good: UsageRecord[] = [];
+    for (const r of batch) {
+      const why = malformed(r);
+      if (why) this.quarantine(r, why);
+      else good.push(r);
+    }
+    let done = 0;
+    try {
+      try {
+        await this.store.insertUsage(good);
+        done = good.length;
+      } catch (err) {
+        if (!this.store.isDataError(err)) throw err;
+        // Something in the batch was refused: find it by writing one record at a time.
+        for (const r of good) {
+          try {
+            await this.store.insertUsage([r]);
+          } catch (one) {
+            if (!this.store.isDataError(one)) throw one;
+            this.quarantine(r, (one as Error).message);
+          }
+          done++;
+        }
+      }
+      this.setWritable(true);
+      if (this.setAside.length) await this.storeQuarantine();
+      for (const w of waiters) w();
+    } catch (err) {
+      // The database cannot be written: what was not written waits at the head of the queue.
+      this.queue = good.slice(done).concat(this.queue);
+      this.waiters = waiters.concat(this.waiters);
+      this.setWritable(false);
+      this.log.error({ err, records: good.length - done }, 'usage ledger cannot write; will retry');
+    }
+  }
+
+  private quarantine(r: UsageRecord, error: string): void {
+    this.setAside.push(quarantined(r, error));
+    this.hooks.onQuarantine?.();
+    this.log.error({ usage_id: r.id, request_id: r.request_id, error }, 'usage record refused by the database; kept in usage_quarantine');
+  }
+
+  /** Stores set-aside records; false when the database cannot take them now (they stay in memory). */
+  private async storeQuarantine(): Promise<boolean> {
+    const list = this.setAside;
+    this.setAside = [];
+    try {
+      await this.store.quarantineUsage(list);
+      return true;
+    } catch (err) {
+      this.setAside = list.concat(this.setAside);
+      if (this.setAside.length > MAX_SET_ASIDE) {
+        const lost = this.setAside.splice(0, this.setAside.length - MAX_SET_ASIDE);
+        this.log.error({ records: lost.map((q) => q.record) }, 'quarantined usage records dropped from memory (the quarantine table cannot be written)');
+      }
+      this.log.error({ err, records: list.length }, 'cannot store quarantined usage records; will retry');
+      return false;
+    }
   }
 
   async close(): Promise<void> {

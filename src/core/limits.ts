@@ -1,5 +1,5 @@
 import { Redis } from 'ioredis';
-import { ApiError } from '../http/errors.js';
+import { ApiError } from './errors.js';
 import type { Limits, Store } from '../store/store.js';
 import type { Metrics } from './metrics.js';
 
@@ -89,9 +89,14 @@ export interface Limited {
 export interface Admission {
   /** x-ratelimit-* headers for the reply (the tighter of the key's and the organization's). */
   headers: Record<string, string>;
-  /** Called once the request ended, with what it used. */
+  /**
+   * Called once the request ended, with what it used (later calls are ignored): tokens and spend are
+   * counted, and the budget reservation made at admission is given back.
+   */
   settle(tokens: number, cost: number | null): void;
 }
+
+const NO_LIMITS: Admission = { headers: {}, settle: () => undefined };
 
 const MINUTE = 60_000;
 
@@ -106,60 +111,91 @@ function periodEnd(period: 'day' | 'month', start: number): number {
   return period === 'day' ? start + 86_400_000 : Date.UTC(d.getUTCFullYear(), d.getUTCMonth() + 1, 1);
 }
 
+interface Scope {
+  scope: 'key' | 'org';
+  id: string;
+  limits: Limits;
+}
+
 /**
  * Per-key and per-organization limits: requests and tokens per minute (fixed one-minute windows),
  * a spend budget per day or month, and an allowed-models list. Requests are counted when admitted;
- * tokens and spend when the request ends (they are not known before).
+ * tokens when the request ends (they are not known before). Spend is reserved at admission at the
+ * request's worst case and settled to what it really cost when it ends.
  */
 export class Limiter {
   constructor(private readonly counters: Counters, private readonly store: Store, private readonly metrics: Metrics) {}
 
-  async admit(who: Limited, model: string): Promise<Admission> {
-    const scopes = [
-      { scope: 'key' as const, id: who.keyId, limits: who.keyLimits },
-      { scope: 'org' as const, id: who.orgId, limits: who.orgLimits },
-    ].filter((s): s is { scope: 'key' | 'org'; id: string; limits: Limits } => s.limits !== null);
-    const headers: Record<string, string> = {};
-    if (scopes.length === 0) return { headers, settle: () => undefined };
+  /**
+   * `worstCase` gives the most the request can cost (its input and its largest possible output at
+   * the model's prices; null when unpriced); it is asked only when a budget applies. That amount is
+   * added to the spend counters at admission, so concurrent requests see each other's spend before
+   * it happens: a budget is overshot at most by the worst cases of requests admitted while it still
+   * had room, instead of by everything in flight.
+   */
+  async admit(who: Limited, model: string, worstCase: () => number | null = () => null): Promise<Admission> {
+    if (who.keyLimits === null && who.orgLimits === null) return NO_LIMITS;
+    const scopes: Scope[] = [];
+    if (who.keyLimits) scopes.push({ scope: 'key', id: who.keyId, limits: who.keyLimits });
+    if (who.orgLimits) scopes.push({ scope: 'org', id: who.orgId, limits: who.orgLimits });
+    for (const { scope, limits } of scopes) {
+      if (limits.models && !limits.models.includes(model)) {
+        throw new ApiError('model_not_allowed', `This ${scope === 'key' ? 'API key' : 'organization'} may not use the model '${model}'.`, { param: 'model' });
+      }
+    }
 
     const now = Date.now();
     const minute = Math.floor(now / MINUTE);
     const resetS = Math.max(1, Math.ceil(((minute + 1) * MINUTE - now) / 1000));
     let tightestRequests: { limit: number; remaining: number } | undefined;
     let tightestTokens: { limit: number; remaining: number } | undefined;
+    const reserve = scopes.some((s) => s.limits.budget !== undefined) ? Math.max(0, worstCase() ?? 0) : 0;
+    /** Budget counters that hold this request's reservation, with their time to live. */
+    const reserved: Array<{ key: string; ttlMs: number }> = [];
+    const giveBack = (amount: number) => {
+      for (const r of reserved) if (amount !== 0) void this.counters.add(r.key, amount, r.ttlMs).catch(() => undefined);
+    };
 
-    for (const { scope, id, limits } of scopes) {
-      if (limits.models && !limits.models.includes(model)) {
-        throw new ApiError('model_not_allowed', `This ${scope === 'key' ? 'API key' : 'organization'} may not use the model '${model}'.`, { param: 'model' });
-      }
-    }
-    for (const { scope, id, limits } of scopes) {
-      if (limits.rpm !== undefined) {
-        const n = await this.counters.add(`rpm:${scope}:${id}:${minute}`, 1, 2 * MINUTE);
-        const remaining = Math.max(0, limits.rpm - n);
-        if (!tightestRequests || remaining < tightestRequests.remaining) tightestRequests = { limit: limits.rpm, remaining };
-        if (n > limits.rpm) this.reject('requests', scope, limits.rpm, resetS, { 'x-ratelimit-limit-requests': String(limits.rpm), 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': `${resetS}s` });
-      }
-      if (limits.tpm !== undefined) {
-        const used = (await this.counters.get(`tpm:${scope}:${id}:${minute}`)) ?? 0;
-        const remaining = Math.max(0, limits.tpm - used);
-        if (!tightestTokens || remaining < tightestTokens.remaining) tightestTokens = { limit: limits.tpm, remaining };
-        if (used >= limits.tpm) this.reject('tokens', scope, limits.tpm, resetS, { 'x-ratelimit-limit-tokens': String(limits.tpm), 'x-ratelimit-remaining-tokens': '0', 'x-ratelimit-reset-tokens': `${resetS}s` });
-      }
-      if (limits.budget !== undefined) {
-        const period = limits.budget_period ?? 'month';
-        const start = periodStart(period, new Date(now));
-        const end = periodEnd(period, start);
-        const key = `spend:${scope}:${id}:${start}`;
-        const spent = (await this.counters.get(key)) ?? await this.counters.init(key, await this.store.spentSince(scope, id, start), end - now);
-        if (spent >= limits.budget) {
-          this.metrics.rateLimited.inc({ limit: 'budget' });
-          throw new ApiError('budget_exceeded', `The ${scope === 'key' ? 'API key' : 'organization'} has used its budget of $${limits.budget} for this ${period}.`, {
-            headers: { 'retry-after': String(Math.ceil((end - now) / 1000)), 'x-should-retry': 'false' },
-          });
+    try {
+      for (const { scope, id, limits } of scopes) {
+        if (limits.rpm !== undefined) {
+          const n = await this.counters.add(`rpm:${scope}:${id}:${minute}`, 1, 2 * MINUTE);
+          const remaining = Math.max(0, limits.rpm - n);
+          if (!tightestRequests || remaining < tightestRequests.remaining) tightestRequests = { limit: limits.rpm, remaining };
+          if (n > limits.rpm) this.reject('requests', scope, limits.rpm, resetS, { 'x-ratelimit-limit-requests': String(limits.rpm), 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': `${resetS}s` });
+        }
+        if (limits.tpm !== undefined) {
+          const used = (await this.counters.get(`tpm:${scope}:${id}:${minute}`)) ?? 0;
+          const remaining = Math.max(0, limits.tpm - used);
+          if (!tightestTokens || remaining < tightestTokens.remaining) tightestTokens = { limit: limits.tpm, remaining };
+          if (used >= limits.tpm) this.reject('tokens', scope, limits.tpm, resetS, { 'x-ratelimit-limit-tokens': String(limits.tpm), 'x-ratelimit-remaining-tokens': '0', 'x-ratelimit-reset-tokens': `${resetS}s` });
+        }
+        if (limits.budget !== undefined) {
+          const period = limits.budget_period ?? 'month';
+          const start = periodStart(period, new Date(now));
+          const end = periodEnd(period, start);
+          const key = `spend:${scope}:${id}:${start}`;
+          let spent = (await this.counters.get(key)) ?? await this.counters.init(key, await this.store.spentSince(scope, id, start), end - now);
+          if (spent < limits.budget && reserve > 0) {
+            // The counter's value before this add is what was spent and reserved by others.
+            const total = await this.counters.add(key, reserve, end - now);
+            reserved.push({ key, ttlMs: end - now });
+            spent = total - reserve;
+          }
+          if (spent >= limits.budget) {
+            this.metrics.rateLimited.inc({ limit: 'budget' });
+            throw new ApiError('budget_exceeded', `The ${scope === 'key' ? 'API key' : 'organization'} has used its budget of $${limits.budget} for this ${period}.`, {
+              retryAfterMs: end - now, final: true,
+            });
+          }
         }
       }
+    } catch (err) {
+      giveBack(-reserve);
+      throw err;
     }
+
+    const headers: Record<string, string> = {};
     if (tightestRequests) {
       headers['x-ratelimit-limit-requests'] = String(tightestRequests.limit);
       headers['x-ratelimit-remaining-requests'] = String(tightestRequests.remaining);
@@ -170,12 +206,17 @@ export class Limiter {
       headers['x-ratelimit-remaining-tokens'] = String(tightestTokens.remaining);
       headers['x-ratelimit-reset-tokens'] = `${resetS}s`;
     }
+    let settled = false;
     return {
       headers,
       settle: (tokens, cost) => {
+        if (settled) return;
+        settled = true;
+        // The reservation becomes what the request really cost (an unpriced request costs nothing here).
+        giveBack((cost ?? 0) - reserve);
         for (const { scope, id, limits } of scopes) {
           if (limits.tpm !== undefined && tokens > 0) void this.counters.add(`tpm:${scope}:${id}:${minute}`, tokens, 2 * MINUTE).catch(() => undefined);
-          if (limits.budget !== undefined && cost) {
+          if (limits.budget !== undefined && cost && reserve === 0) {
             const period = limits.budget_period ?? 'month';
             const start = periodStart(period, new Date(now));
             void this.counters.add(`spend:${scope}:${id}:${start}`, cost, periodEnd(period, start) - Date.now()).catch(() => undefined);
@@ -188,7 +229,7 @@ export class Limiter {
   private reject(kind: 'requests' | 'tokens', scope: string, limit: number, resetS: number, headers: Record<string, string>): never {
     this.metrics.rateLimited.inc({ limit: kind === 'requests' ? 'rpm' : 'tpm' });
     throw new ApiError('rate_limit_exceeded', `Rate limit reached for ${scope === 'key' ? 'this API key' : 'this organization'}: ${limit} ${kind} per minute. Try again in ${resetS}s.`, {
-      headers: { 'retry-after': String(resetS), ...headers },
+      retryAfterMs: resetS * 1000, headers,
     });
   }
 }

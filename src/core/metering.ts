@@ -1,12 +1,13 @@
-import { ApiError } from '../http/errors.js';
-import type { Principal } from '../http/auth.js';
-import type { GenerationEvent, GenerationRequest, Usage } from './canonical.js';
+import { ApiError } from './errors.js';
+import type { Principal } from './principal.js';
+import type { GenerationEvent, GenerationRequest, Usage, UsageTally } from './canonical.js';
 import { costOf, newUsageId, type Ledger } from './ledger.js';
 import type { Metrics } from './metrics.js';
 import type { Model } from './model-spec.js';
 import type { UsageRecord } from '../store/store.js';
 
-export interface MeterContext {
+/** One generation request, as metering records it. */
+export interface GenerationStart {
   model: Model;
   who: Principal;
   endpoint: UsageRecord['endpoint'];
@@ -14,9 +15,12 @@ export interface MeterContext {
   stream: boolean;
   /** When the request arrived (performance.now()). */
   started: number;
+}
+
+export interface MeterContext extends GenerationStart {
   /** Filled by the router with the deployment that served the request. */
   trace: { deployment?: string };
-  /** Told what the request used once it ended (rate limits and budgets count it). */
+  /** Told what the request used once it ended (rate limits and budgets count it); called once. */
   settle?: (tokens: number, cost: number | null) => void;
 }
 
@@ -44,26 +48,26 @@ export class MeteredStream {
   private ttft: number | null = null;
   private status = 499;
   private errorCode: string | null = 'cancelled';
-  private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
-  private cost: number | null = 0;
-  private missing = false;
+  /** The engine's usage event, when one came; otherwise the request's tally is what it used. */
+  private usage: Usage | undefined;
   private ended = false;
   private first: GenerationEvent | undefined;
   private rest: AsyncIterator<GenerationEvent> | undefined;
   private written: Promise<void> | undefined;
 
-  private constructor(private readonly c: MeterContext, private readonly ledger: Ledger, private readonly metrics: Metrics) {}
+  private constructor(private readonly c: MeterContext, private readonly tally: UsageTally, private readonly ledger: Ledger, private readonly metrics: Metrics) {}
 
   /** Starts the generation: problems before its first event (overflow, overload, upstream down) are thrown here. */
   static async open(source: EventSource, req: GenerationRequest, c: MeterContext, ledger: Ledger, metrics: Metrics): Promise<MeteredStream> {
-    const s = new MeteredStream(c, ledger, metrics);
+    const s = new MeteredStream(c, req.tally, ledger, metrics);
     try {
       const { first, rest } = await source.open(req, c.model, c.trace);
       s.rest = rest;
       if (first === undefined) s.end();
       else s.first = s.see(first);
     } catch (err) {
-      s.fail(err);
+      // The router has counted this one against its deployment already.
+      s.fail(err, false);
       throw err;
     }
     return s;
@@ -81,7 +85,7 @@ export class MeteredStream {
     try {
       r = await this.rest!.next();
     } catch (err) {
-      this.fail(err);
+      this.fail(err, true);
       throw err;
     }
     if (r.done) {
@@ -106,14 +110,11 @@ export class MeteredStream {
   private see(ev: GenerationEvent): GenerationEvent {
     if (this.ttft === null) {
       this.ttft = performance.now() - this.c.started;
-      this.metrics.ttft.observe({ route: this.c.endpoint, model: this.c.model.id }, this.ttft / 1000);
+      this.metrics.ttft.observe({ route: this.c.endpoint, model: this.metrics.modelLabel(this.c.model) }, this.ttft / 1000);
     }
     if (ev.type === 'usage') {
-      const priced = costOf(this.c.model, ev.usage);
-      this.usage = ev.usage;
-      this.cost = priced.cost;
-      this.missing = priced.cost === null;
-      return { type: 'usage', usage: { ...ev.usage, cost: priced.cost } };
+      this.usage = { ...ev.usage, cost: costOf(this.c.model, ev.usage) };
+      return { type: 'usage', usage: this.usage };
     }
     if (ev.type === 'finish') {
       this.status = 200;
@@ -122,10 +123,11 @@ export class MeteredStream {
     return ev;
   }
 
-  private fail(err: unknown): void {
+  /** `midStream`: after the first event, where only this sees the failure (the router saw the earlier ones). */
+  private fail(err: unknown, midStream: boolean): void {
     this.status = err instanceof ApiError ? err.status : 500;
     this.errorCode = err instanceof ApiError ? err.code : 'internal_error';
-    if (err instanceof ApiError && err.code.startsWith('upstream_')) {
+    if (midStream && err instanceof ApiError && err.code.startsWith('upstream_')) {
       this.metrics.upstreamErrors.inc({ deployment: this.c.trace.deployment ?? 'unknown', code: err.code });
     }
     this.end();
@@ -134,15 +136,19 @@ export class MeteredStream {
   private end(): void {
     if (this.ended) return;
     this.ended = true;
-    const { c, usage, cost, metrics } = this;
+    const { c, metrics, tally } = this;
+    // No usage event (cancelled, failed mid-way): bill what the engine counted so far.
+    const usage: Usage = this.usage ?? { input: tally.input, cached: tally.cached, output: tally.output, reasoning: tally.reasoning, estimated: !tally.exact };
+    const cost = this.usage ? this.usage.cost ?? null : costOf(c.model, usage);
+    const missing = cost === null;
     const now = Date.now();
-    const m = c.model.id;
+    const m = metrics.modelLabel(c.model);
     if (usage.input) metrics.tokens.inc({ model: m, kind: 'input' }, usage.input);
     if (usage.cached) metrics.tokens.inc({ model: m, kind: 'cached' }, usage.cached);
     if (usage.output) metrics.tokens.inc({ model: m, kind: 'output' }, usage.output);
     if (usage.reasoning) metrics.tokens.inc({ model: m, kind: 'reasoning' }, usage.reasoning);
     c.settle?.(usage.input + usage.output, cost);
-    if (this.missing) metrics.priceMissing.inc({ model: m });
+    if (missing) metrics.priceMissing.inc({ model: m });
     else if (cost) metrics.cost.inc({ model: m }, cost);
     this.written = this.ledger.record({
       id: newUsageId(),
@@ -151,7 +157,7 @@ export class MeteredStream {
       request_id: c.requestId,
       key_id: c.who.keyId,
       org_id: c.who.orgId,
-      model: m,
+      model: c.model.id,
       deployment: c.trace.deployment ?? null,
       endpoint: c.endpoint,
       stream: c.stream,
@@ -160,7 +166,8 @@ export class MeteredStream {
       output_tokens: usage.output,
       reasoning_tokens: usage.reasoning,
       cost,
-      price_missing: this.missing,
+      price_missing: missing,
+      estimated: usage.estimated === true,
       latency_ms: Math.round(performance.now() - c.started),
       ttft_ms: this.ttft === null ? null : Math.round(this.ttft),
       status: this.status,

@@ -1,4 +1,5 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { Model } from './model-spec.js';
 
 export interface LocalModelGauge {
   model: string;
@@ -12,6 +13,12 @@ export interface LocalModelGauge {
  */
 export class Metrics {
   readonly registry = new Registry();
+
+  /** The `model` label for a catalogue model (see the constructor). */
+  modelLabel(model: Pick<Model, 'id' | 'visibility'>): string {
+    return model.visibility === 'private' && !this.revealPrivate ? 'private' : model.id;
+  }
+
   readonly requests: Counter<'route' | 'model' | 'status'>;
   readonly duration: Histogram<'route' | 'model' | 'status'>;
   readonly ttft: Histogram<'route' | 'model'>;
@@ -23,8 +30,16 @@ export class Metrics {
   readonly retries: Counter;
   readonly deploymentUp: Gauge<'deployment'>;
   readonly shed: Counter<'reason'>;
+  readonly upstreamUsageInvalid: Counter<'deployment'>;
+  readonly ledgerQuarantined: Counter;
+  readonly ledgerWritable: Gauge;
 
-  constructor(local: () => { models: LocalModelGauge[]; schemaViolations: number }) {
+  /**
+   * `revealPrivate`: the metrics endpoint needs a token, so private model ids may appear in labels.
+   * Without one, anybody who can reach /metrics can read it, and private models are labelled
+   * `private`: their ids are visible only to their owners.
+   */
+  constructor(local: () => { models: LocalModelGauge[]; schemaViolations: number }, private readonly revealPrivate = false) {
     const registers = [this.registry];
     collectDefaultMetrics({ register: this.registry, prefix: 'switchyard_process_' });
     this.requests = new Counter({ name: 'switchyard_requests_total', help: 'HTTP requests by route, model and status', labelNames: ['route', 'model', 'status'], registers });
@@ -44,6 +59,12 @@ export class Metrics {
     this.retries = new Counter({ name: 'switchyard_upstream_retries_total', help: 'Requests retried on another (or the same) deployment', registers });
     this.deploymentUp = new Gauge({ name: 'switchyard_deployment_up', help: '0 while a deployment is ejected by the circuit breaker, else 1', labelNames: ['deployment'], registers });
     this.shed = new Counter({ name: 'switchyard_shed_total', help: 'Requests refused with 503 because the process was overloaded', labelNames: ['reason'], registers });
+    this.upstreamUsageInvalid = new Counter({
+      name: 'switchyard_upstream_usage_invalid_total', help: 'Upstream answers whose usage was not a count of tokens (billed by estimate instead)', labelNames: ['deployment'], registers,
+    });
+    this.ledgerQuarantined = new Counter({ name: 'switchyard_ledger_quarantined_total', help: 'Usage records the database refused, kept in usage_quarantine', registers });
+    this.ledgerWritable = new Gauge({ name: 'switchyard_ledger_writable', help: '1 while the usage ledger can write to the database, else 0', registers });
+    this.ledgerWritable.set(1);
     new Gauge({
       name: 'switchyard_local_active_sequences', help: 'Requests generating on a local model', labelNames: ['model'], registers,
       collect() {
@@ -62,6 +83,16 @@ export class Metrics {
       name: 'switchyard_schema_violations', help: 'Grammar-constrained outputs that failed the JSON-schema check (a bug if not 0)', registers,
       collect() {
         this.set(local().schemaViolations);
+      },
+    });
+  }
+
+  /** Reads the number of API requests in progress (probes and metrics are not counted) at each scrape. */
+  trackInFlight(read: () => number): void {
+    new Gauge({
+      name: 'switchyard_in_flight_requests', help: 'API requests in progress (SWITCHYARD_MAX_IN_FLIGHT bounds it)', registers: [this.registry],
+      collect() {
+        this.set(read());
       },
     });
   }

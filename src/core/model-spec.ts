@@ -1,17 +1,8 @@
 import Type, { type Static } from 'typebox';
+import { CAPABILITIES, MODEL_STATUSES, MODEL_TYPES, VISIBILITIES, type Capability, type Model, type ModelSource } from '../store/model-record.js';
 
-/** The catalogue's vocabulary (spec §2.6, §4.3). */
-export const MODEL_TYPES = ['text_generation', 'image_generation', 'speech_to_text', 'text_to_speech', 'moderation'] as const;
-export type ModelType = (typeof MODEL_TYPES)[number];
-export const MODEL_STATUSES = ['pending', 'active', 'inactive', 'deleted'] as const;
-export type ModelStatus = (typeof MODEL_STATUSES)[number];
-export const VISIBILITIES = ['private', 'public'] as const;
-export type Visibility = (typeof VISIBILITIES)[number];
-/** `image_generation` is outside the spec's capability enum but is what image models carry. */
-export const CAPABILITIES = [
-  'streaming', 'vision', 'function_calling', 'structured_output', 'reasoning', 'image_editing', 'image_generation',
-] as const;
-export type Capability = (typeof CAPABILITIES)[number];
+export { CAPABILITIES, MODEL_STATUSES, MODEL_TYPES, VISIBILITIES } from '../store/model-record.js';
+export type { Capability, Model, ModelSource, ModelStatus, ModelType, Visibility } from '../store/model-record.js';
 
 export const SLUG_PATTERN = '^[a-z0-9][a-z0-9._-]*$';
 export const MODEL_ID_PATTERN = '^[a-z0-9][a-z0-9-]*/[a-zA-Z0-9][a-zA-Z0-9._:+-]*$';
@@ -68,27 +59,6 @@ export const ModelPatch = Type.Object({
   output_size: Type.Optional(Type.Union([modelFields.output_size, Type.Null()])),
 }, { additionalProperties: false });
 export type ModelPatch = Static<typeof ModelPatch>;
-
-/** A catalogue entry with every field resolved, as stored and served. */
-export interface Model {
-  id: string;
-  author: string;
-  slug: string;
-  name: string;
-  description: string;
-  created: number;
-  owned_by: string;
-  status: ModelStatus;
-  visibility: Visibility;
-  pricing: PricingEntry[];
-  context_length: number | null;
-  model_type: ModelType;
-  capabilities: Capability[];
-  output_size: string | null;
-  /** Where the entry came from: the config file, the admin API, or a GGUF file in the models dir. */
-  source: ModelSource;
-}
-export type ModelSource = 'config' | 'admin' | 'local';
 
 export function splitModelId(id: string): { author: string; slug: string } {
   const at = id.indexOf('/');

@@ -1,39 +1,33 @@
 import { basename } from 'node:path';
 import type { Logger } from 'pino';
-import { ApiError, modelNotFound } from '../http/errors.js';
-import type { Principal } from '../http/auth.js';
+import { ApiError, CancelledError, modelNotFound } from './errors.js';
+import type { Principal } from './principal.js';
 import type { Catalogue } from './catalogue.js';
-import type { GenerationEvent, GenerationRequest } from './canonical.js';
-import type { Capability, Model } from './model-spec.js';
+import { newTally, type GenerationEvent, type GenerationRequest } from './canonical.js';
+import type { Model } from './model-spec.js';
 import type { DeploymentTarget, Engine } from '../engines/engine.js';
+import { keyVarRefusal } from './upstream-keys.js';
+import type { Deployment } from './deployments.js';
 import { DeploymentHealth, RetryBudget, type HealthPolicy, type Standing } from './deployment-health.js';
 
-export interface DeploymentConfig {
-  model: string;
-  baseUrl: string;
-  apiKeyEnv?: string | undefined;
-  upstreamModel?: string | undefined;
-  weight?: number | undefined;
-  id?: string | undefined;
-  api?: 'chat' | 'responses' | undefined;
-}
-
-interface Deployment {
+/** A deployment as the router uses it: the engine that serves it and the engine's view of it. */
+interface Route {
   target: DeploymentTarget;
   engine: Engine;
   weight: number;
+  deployment: Deployment | undefined;
 }
 
 export interface RoutingPolicy {
-  /** Deployments one request may try, the first included. */
+  /** Tries one request may make, the first included (each deployment once; a lone deployment twice). */
   maxAttempts: number;
+  /** Time allowed for all of one request's tries to get an answer started (a hung upstream costs it once). */
+  attemptsTimeoutMs: number;
   retryBudgetRatio: number;
   health: HealthPolicy;
+  /** Extra variables stored deployments may name as their key (see core/upstream-keys.ts). */
+  keyVars: readonly string[];
 }
-
-export const ROUTING_DEFAULTS: RoutingPolicy = {
-  maxAttempts: 3, retryBudgetRatio: 0.2, health: { failures: 5, ejectMs: 30_000, probeIntervalMs: 2_000 },
-};
 
 export interface RouterHooks {
   /** A deployment failed and was skipped (for metrics). */
@@ -42,7 +36,7 @@ export interface RouterHooks {
   onHealthChange?: (deployment: string, up: boolean) => void;
 }
 
-const upstreamId = (d: Deployment): string | undefined => (d.target.engine === 'upstream' ? d.target.id : undefined);
+const upstreamId = (d: Route): string | undefined => (d.target.engine === 'upstream' ? d.target.id : undefined);
 
 /**
  * Model → deployments. A local GGUF file is served by the local engine; catalogue models with
@@ -51,8 +45,8 @@ const upstreamId = (d: Deployment): string | undefined => (d.target.engine === '
  * budget; deployments that keep failing are ejected until a health check brings them back.
  */
 export class Router {
-  private upstreams = new Map<string, Deployment[]>();
-  private byId = new Map<string, Deployment>();
+  private upstreams = new Map<string, Route[]>();
+  private byId = new Map<string, Route>();
   private readonly health: DeploymentHealth;
   private readonly budget: RetryBudget;
 
@@ -60,10 +54,11 @@ export class Router {
     private readonly catalogue: Catalogue,
     private readonly local: Engine,
     private readonly upstream: Engine,
-    private readonly configured: readonly DeploymentConfig[],
+    /** Deployments from the config file; those in the database come through setDeployments. */
+    private readonly fromFile: readonly Deployment[],
     private readonly env: NodeJS.ProcessEnv,
     private readonly log: Logger,
-    private readonly policy: RoutingPolicy = ROUTING_DEFAULTS,
+    private readonly policy: RoutingPolicy,
     private readonly hooks: RouterHooks = {},
   ) {
     this.budget = new RetryBudget(policy.retryBudgetRatio);
@@ -74,25 +69,26 @@ export class Router {
     this.setDeployments([]);
   }
 
-  /** Config-file deployments plus the given ones (from the admin API); replaces the routing table at once. */
-  setDeployments(stored: readonly DeploymentConfig[]): void {
-    const table = new Map<string, Deployment[]>();
-    const byId = new Map<string, Deployment>();
-    const fromFile = this.configured.length;
-    [...this.configured, ...stored].forEach((d, i) => {
-      const id = d.id ?? `${d.model}#${i}`;
-      const apiKey = d.apiKeyEnv ? this.env[d.apiKeyEnv] : undefined;
-      if (d.apiKeyEnv && !apiKey) this.log.warn({ deployment: id, env: d.apiKeyEnv }, 'deployment API key variable is not set');
-      const list = table.get(d.model) ?? [];
-      const deployment: Deployment = {
+  /** The config file's deployments plus these (from the database); replaces the routing table at once. */
+  setDeployments(stored: readonly Deployment[]): void {
+    const table = new Map<string, Route[]>();
+    const byId = new Map<string, Route>();
+    for (const d of [...this.fromFile, ...stored]) {
+      const guarded = d.source === 'database';
+      // A stored row naming another variable (written before this rule, or by hand) gets no key at all.
+      const refused = guarded && d.apiKeyEnv ? keyVarRefusal(d.apiKeyEnv, this.policy.keyVars) : undefined;
+      if (refused) this.log.error({ deployment: d.id, env: d.apiKeyEnv }, `deployment key variable refused: ${refused}`);
+      const apiKey = d.apiKeyEnv && !refused ? this.env[d.apiKeyEnv] : undefined;
+      if (d.apiKeyEnv && !refused && !apiKey) this.log.warn({ deployment: d.id, env: d.apiKeyEnv }, 'deployment API key variable is not set');
+      const route: Route = {
         engine: this.upstream,
-        weight: d.weight ?? 1,
-        target: { engine: 'upstream', id, baseUrl: d.baseUrl, apiKey, upstreamModel: d.upstreamModel ?? d.model, api: d.api ?? 'chat', guarded: i >= fromFile },
+        weight: d.weight,
+        deployment: d,
+        target: { engine: 'upstream', id: d.id, baseUrl: d.baseUrl, apiKey, upstreamModel: d.upstreamModel ?? d.model, api: d.api, guarded },
       };
-      list.push(deployment);
-      byId.set(id, deployment);
-      table.set(d.model, list);
-    });
+      table.set(d.model, [...(table.get(d.model) ?? []), route]);
+      byId.set(d.id, route);
+    }
     this.upstreams = table;
     this.byId = byId;
     this.health.retain(new Set(byId.keys()));
@@ -102,12 +98,15 @@ export class Router {
     this.health.close();
   }
 
-  /** Every deployment now routed to, for the admin API. */
-  listDeployments(): Array<{ id: string; model: string; base_url: string; upstream_model: string; weight: number; api: string; health: Standing }> {
-    return [...this.upstreams.entries()].flatMap(([model, ds]) => ds.map((d) => {
-      const t = d.target as Extract<DeploymentTarget, { engine: 'upstream' }>;
-      return { id: t.id, model, base_url: t.baseUrl, upstream_model: t.upstreamModel, weight: d.weight, api: t.api, health: this.health.standing(t.id) };
-    }));
+  /** Every deployment now routed to, with its health, for the admin API. */
+  listDeployments(): Array<{ deployment: Deployment; health: Standing }> {
+    return [...this.byId.values()].flatMap((r) => (r.deployment ? [{ deployment: r.deployment, health: this.health.standing(r.deployment.id) }] : []));
+  }
+
+  /** Whether this server has an engine for the model: a local file, or at least one upstream deployment. */
+  canServe(model: Model): boolean {
+    if (model.model_type !== 'text_generation') return false;
+    return (this.upstreams.get(model.id)?.length ?? 0) > 0 || this.catalogue.isLocal(model.id);
   }
 
   /** The model a principal may generate with, or the answer decided in docs/decisions.md. */
@@ -116,7 +115,7 @@ export class Router {
     if (!model) throw modelNotFound(id);
     if (model.status === 'inactive') throw new ApiError('model_inactive', `The model '${id}' is inactive.`, { param: 'model' });
     if (model.status === 'pending') {
-      throw new ApiError('model_not_ready', `The model '${id}' is not ready yet.`, { param: 'model', headers: { 'retry-after': '30' } });
+      throw new ApiError('model_not_ready', `The model '${id}' is not ready yet.`, { param: 'model', retryAfterMs: 30_000 });
     }
     if (model.model_type !== 'text_generation') {
       throw new ApiError('invalid_value', `The model '${id}' is a ${model.model_type} model; this endpoint needs a text_generation model.`, { param: 'model' });
@@ -124,21 +123,10 @@ export class Router {
     return model;
   }
 
-  /** A request that needs what the model does not advertise gets a 400 naming the capability. */
-  requireCapabilities(model: Model, req: Pick<GenerationRequest, 'tools' | 'toolChoice' | 'responseFormat'>): void {
-    const need = (cap: Capability, param: string) => {
-      if (!model.capabilities.includes(cap)) {
-        throw new ApiError('missing_capability', `The model '${model.id}' does not support ${cap}.`, { param });
-      }
-    };
-    if (req.tools?.length && req.toolChoice !== 'none') need('function_calling', 'tools');
-    if (req.responseFormat && req.responseFormat.type !== 'text') need('structured_output', 'response_format');
-  }
-
-  private deployments(model: Model): Deployment[] {
+  private deployments(model: Model): Route[] {
     const local = this.catalogue.localModels().find((l) => l.model.id === model.id);
     if (local) {
-      return [{ engine: this.local, weight: 1, target: {
+      return [{ engine: this.local, weight: 1, deployment: undefined, target: {
         engine: 'local', file: local.file, contextLength: model.context_length ?? Infinity, reasoning: model.capabilities.includes('reasoning'),
       } }];
     }
@@ -146,7 +134,7 @@ export class Router {
     if (ups.length <= 1) return ups;
     // Weighted random first pick; the others follow as failover candidates.
     const pool = [...ups];
-    const order: Deployment[] = [];
+    const order: Route[] = [];
     while (pool.length) {
       const total = pool.reduce((a, d) => a + d.weight, 0);
       let r = Math.random() * total;
@@ -158,19 +146,19 @@ export class Router {
 
   /**
    * Healthy deployments in weighted order, then ejected ones as a last resort; deployments cooling
-   * after a 429 are left out. With fewer deployments than attempts the list repeats, so a single
-   * deployment still gets a second try (a stale keep-alive connection, a restart).
+   * after a 429 are left out. Each deployment is tried once, but a lone deployment gets a second try
+   * (a stale keep-alive connection, a restart); never more than maxAttempts in all.
    */
-  private attempts(model: Model): Deployment[] {
+  private attempts(model: Model): Route[] {
     const order = this.deployments(model);
     if (order.length === 0) {
       throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
-        param: 'model', headers: { 'x-should-retry': 'false' },
+        param: 'model', final: true,
       });
     }
     const now = Date.now();
-    const up: Deployment[] = [];
-    const out: Deployment[] = [];
+    const up: Route[] = [];
+    const out: Route[] = [];
     let wait = Infinity;
     for (const d of order) {
       const id = upstreamId(d);
@@ -180,11 +168,11 @@ export class Router {
     }
     const usable = [...up, ...out];
     if (usable.length === 0) {
-      const seconds = String(Math.max(1, Math.ceil(wait / 1000)));
-      throw new ApiError('rate_limited', `Every deployment of '${model.id}' is rate limited upstream; retry after ${seconds} s.`, { headers: { 'retry-after': seconds } });
+      throw new ApiError('rate_limited', `Every deployment of '${model.id}' is rate limited upstream; retry after ${Math.max(1, Math.ceil(wait / 1000))} s.`, { retryAfterMs: wait });
     }
     if (usable[0]!.target.engine === 'local') return usable;
-    return Array.from({ length: Math.max(usable.length, this.policy.maxAttempts) }, (_, i) => usable[i % usable.length]!).slice(0, this.policy.maxAttempts);
+    const tries = usable.length === 1 ? [usable[0]!, usable[0]!] : usable;
+    return tries.slice(0, this.policy.maxAttempts);
   }
 
   /**
@@ -195,31 +183,40 @@ export class Router {
   async open(req: GenerationRequest, model: Model, trace: { deployment?: string } = {}): Promise<{ first: GenerationEvent | undefined; rest: AsyncIterator<GenerationEvent> }> {
     const tries = this.attempts(model);
     this.budget.request();
+    const deadline = Date.now() + this.policy.attemptsTimeoutMs;
     let lastError: ApiError | undefined;
     for (let attempt = 0; attempt < tries.length; attempt++) {
       const d = tries[attempt]!;
       const id = upstreamId(d);
       if (attempt > 0) {
-        // Cooled earlier in this request (429), or the budget is spent: the last error stands.
+        // Cooled earlier in this request (429), or the budget or the time is spent: the last error stands.
         if (id !== undefined && this.health.standing(id) === 'cooling') continue;
+        if (Date.now() >= deadline) break;
         if (!this.budget.tryRetry()) break;
         this.hooks.onRetry?.();
         // The same deployment again: give it a moment.
-        if (tries.indexOf(d) < attempt) await new Promise((r) => setTimeout(r, 50 * attempt));
+        if (tries.indexOf(d) < attempt) await new Promise((r) => setTimeout(r, 50));
         if (req.signal.aborted) break;
       }
       trace.deployment = id ?? `local:${basename((d.target as { file: string }).file)}`;
-      const rest = d.engine.generate(req, d.target)[Symbol.asyncIterator]();
+      // Each try starts from nothing: what a failed one counted was not produced for the client.
+      Object.assign(req.tally, newTally());
+      const rest = d.engine.generate(req, d.target, { deadline, outputCap: req.maxOutputTokens ?? model.context_length ?? undefined })[Symbol.asyncIterator]();
       try {
         const first = await rest.next();
         if (id !== undefined) this.health.success(id);
         return { first: first.done ? undefined : first.value, rest };
       } catch (err) {
-        if (err instanceof ApiError && err.failover && !req.signal.aborted && id !== undefined) {
+        // Every failed attempt on a deployment is counted once, here (metering counts only the
+        // failures after a stream started).
+        const failed = err instanceof ApiError && id !== undefined && !req.signal.aborted && (err.failover || err.code.startsWith('upstream_'));
+        if (failed) this.hooks.onDeploymentError?.(id, err.code);
+        if (failed && err.failover) {
           lastError = err;
-          if (err.code === 'rate_limited') this.health.rateLimited(id, retryAfterMs(err.headers['retry-after']));
+          if (err.code === 'rate_limited') this.health.rateLimited(id, err.retryAfterMs ?? 1000);
           else this.health.failure(id);
-          this.hooks.onDeploymentError?.(id, err.code);
+          // A timed-out try spent the time allowed for all of them.
+          if (err.code === 'upstream_timeout' && Date.now() >= deadline) break;
           this.log.warn({ model: model.id, deployment: id, error: err.message }, 'deployment failed; trying the next');
           continue;
         }
@@ -227,14 +224,6 @@ export class Router {
       }
     }
     if (lastError) throw lastError;
-    throw new ApiError('invalid_request', 'The request was cancelled.');
+    throw new CancelledError();
   }
-}
-
-/** retry-after as seconds or an HTTP date; capped at a minute so one answer cannot park a deployment. */
-function retryAfterMs(value: string | undefined): number {
-  if (!value) return 1000;
-  const seconds = Number(value);
-  const ms = Number.isFinite(seconds) ? seconds * 1000 : Date.parse(value) - Date.now();
-  return Math.min(60_000, Math.max(0, Number.isFinite(ms) ? ms : 1000));
 }

@@ -12,10 +12,18 @@ import type { GenerationEvent, GenerationRequest } from '../core/canonical.js';
  */
 export interface Engine {
   readonly kind: string;
-  generate(req: GenerationRequest, target: DeploymentTarget): AsyncIterable<GenerationEvent>;
+  generate(req: GenerationRequest, target: DeploymentTarget, attempt?: Attempt): AsyncIterable<GenerationEvent>;
   /** Active health check of a deployment (engines without remote targets need none). */
   probe?(target: DeploymentTarget): Promise<boolean>;
   close(): Promise<void>;
+}
+
+/** What the router tells an engine about one try of a request. */
+export interface Attempt {
+  /** Epoch ms by which the answer must have started, whatever the engine's own timeouts. */
+  deadline: number;
+  /** Output tokens the answer may have (the request's max, else the model's context): an engine cuts what goes past it. */
+  outputCap?: number | undefined;
 }
 
 /** Where a request goes inside an engine: a local file, or an upstream model. */

@@ -1,24 +1,15 @@
 import { randomUUID } from 'node:crypto';
-import { STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyBodyParser, type FastifyError, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
 import cors from '@fastify/cors';
 import swagger from '@fastify/swagger';
 import { Ajv } from 'ajv';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import type { Logger } from 'pino';
-import type { Config } from '../config.js';
-import type { Catalogue } from '../core/catalogue.js';
-import type { Router } from '../core/router.js';
-import type { ResponseService } from '../core/responses.js';
-import type { Ledger } from '../core/ledger.js';
-import type { Metrics } from '../core/metrics.js';
-import type { Limiter } from '../core/limits.js';
-import type { LocalEngine } from '../engines/local/local-engine.js';
-import type { Store } from '../store/store.js';
-import { ApiError } from './errors.js';
+import { ApiError } from '../core/errors.js';
 import { LoadShedder } from './load-shedder.js';
-import { KeyAuthenticator, type Principal } from './auth.js';
+import { extractToken } from './auth.js';
+import type { Principal } from '../core/principal.js';
 import { registerModelRoutes } from '../api/models.js';
 import { registerAdminRoutes } from '../api/admin.js';
 import { registerHealthRoutes } from '../api/health.js';
@@ -26,44 +17,56 @@ import { registerChatRoutes } from '../api/chat.js';
 import { registerResponseRoutes } from '../api/responses.js';
 import { registerConversationRoutes } from '../api/conversations.js';
 
+import type { App, AuthHook, RouteContext, ServerDeps } from '../api/context.js';
+
+export type { App, RouteContext, ServerDeps };
+
 declare module 'fastify' {
   interface FastifyRequest {
     principal: Principal | null;
-    /** The catalogue model a generation request used, for metrics. */
-    modelId: string | null;
+    /** The `model` label of a generation request's metrics (see Metrics.modelLabel). */
+    metricsModel: string | null;
     /** performance.now() when the request arrived. */
     startedAt: number;
   }
 }
 
-export interface ServerDeps {
-  config: Config;
-  store: Store;
-  catalogue: Catalogue;
-  router: Router;
-  reloadDeployments: () => Promise<void>;
-  local: LocalEngine;
-  responses: ResponseService;
-  ledger: Ledger;
-  metrics: Metrics;
-  limiter: Limiter;
-  log: Logger;
-}
-
-export type App = FastifyInstance<Server, IncomingMessage, ServerResponse, FastifyBaseLogger, TypeBoxTypeProvider>;
-export type AuthHook = (req: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void) => void;
-
-export interface RouteContext extends ServerDeps {
-  auth: KeyAuthenticator;
-  /** onRequest hooks: authentication runs before the body is read. */
-  requireKey: AuthHook;
-  requireAdmin: AuthHook;
-}
-
-/** A URL for the access log: query values that look like credentials are replaced (clients do put keys there). */
+/** Query parameters whose names say they hold a credential. */
 const SECRET_PARAM = /([?&][^=&]*(?:key|token|secret|password|auth)[^=&]*=)[^&]*/gi;
-function loggableUrl(url: string): string {
-  return url.includes('?') ? url.replace(SECRET_PARAM, '$1[redacted]') : url;
+/**
+ * Values shaped like credentials wherever they stand (a bare `?sk-…`, a key in the path, an
+ * oddly named parameter): provider-style keys (`sk-…`, `sk_live_…`, ours are `sk-sy-…`), JWTs, and
+ * long opaque tokens that mix letters and digits and are not one of our own ids.
+ */
+const SECRET_SHAPE = /(?:\b(?:sk|pk|rk|ak)[-_][A-Za-z0-9_-]{8,}|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_.-]{8,}|[A-Za-z0-9_~+-]{32,})/g;
+const OUR_ID = /^(?:[a-z]+[_-])?[0-9a-f]{16,}$/;
+const MIXED = /[0-9]/;
+const LETTER = /[A-Za-z]/;
+const PROVIDER_KEY = /^(?:sk|pk|rk|ak)[-_]/;
+function redactShapes(text: string): string {
+  return text.replace(SECRET_SHAPE, (m) => {
+    if (PROVIDER_KEY.test(m) || m.startsWith('eyJ')) return '[redacted]';
+    // A long token: a credential unless it is one of our ids or has no mix of letters and digits.
+    return OUR_ID.test(m) || !MIXED.test(m) || !LETTER.test(m) ? m : '[redacted]';
+  });
+}
+
+/** A URL for the access log, with anything that looks like a credential replaced (clients do put keys in URLs). */
+export function loggableUrl(url: string, knownSecret?: string): string {
+  let out = url.includes('?') ? url.replace(SECRET_PARAM, '$1[redacted]') : url;
+  if (knownSecret && out.includes(knownSecret)) out = out.split(knownSecret).join('[redacted]');
+  if (out.length < 20) return out;
+  let decoded = out;
+  if (out.includes('%')) {
+    try {
+      decoded = decodeURIComponent(out);
+    } catch {
+      // a malformed escape: match the URL as it is
+    }
+  }
+  // The decoded form is logged only when it had something to hide (a key written %-escaped).
+  const redacted = redactShapes(decoded);
+  return redacted !== decoded ? redacted : out;
 }
 
 const INBOUND_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -133,8 +136,13 @@ function toApiError(err: FastifyError, log: FastifyBaseLogger): ApiError {
   return new ApiError('internal_error', 'The server had an error while processing your request.');
 }
 
+/** The HTTP form of an error: its status, the envelope, and the headers its options ask for. */
 function sendError(reply: FastifyReply, e: ApiError): FastifyReply {
-  return reply.code(e.status).headers(e.headers).type('application/json; charset=utf-8').send(e.toBody());
+  reply.code(e.status).headers(e.headers);
+  if (e.retryAfterMs !== undefined) reply.header('retry-after', String(Math.max(1, Math.ceil(e.retryAfterMs / 1000))));
+  // The OpenAI SDKs honour this: retrying cannot help until configuration or a budget changes.
+  if (e.final) reply.header('x-should-retry', 'false');
+  return reply.type('application/json; charset=utf-8').send(e.toBody());
 }
 
 /**
@@ -173,7 +181,14 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     // One log line per request (onResponse below) rather than Fastify's two.
     logController: new LogController({ disableRequestLogging: true, requestIdLogLabel: 'request_id' }),
     bodyLimit: config.bodyLimit,
-    http: { maxHeaderSize: config.maxHeaderBytes },
+    // A client that sends part of a request and stalls (slowloris, a chunked body that never ends)
+    // gets 408 after bodyTimeoutMs instead of holding its slot forever; checked every second.
+    requestTimeout: config.bodyTimeoutMs,
+    http: {
+      maxHeaderSize: config.maxHeaderBytes,
+      headersTimeout: Math.min(60_000, config.bodyTimeoutMs),
+      connectionsCheckingInterval: Math.min(1_000, Math.max(100, Math.floor(config.bodyTimeoutMs / 4))),
+    },
     clientErrorHandler: clientError,
     genReqId: (req) => {
       const inbound = req.headers['x-request-id'];
@@ -197,10 +212,11 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? bodyAjv : textAjv).compile(schema));
 
   app.decorateRequest('principal', null);
-  app.decorateRequest('modelId', null);
+  app.decorateRequest('metricsModel', null);
   app.decorateRequest('startedAt', 0);
   const { metrics } = deps;
   const shedder = new LoadShedder(config.maxInFlight, config.maxEventLoopDelayMs);
+  metrics.trackInFlight(() => shedder.inFlight);
   app.addHook('onClose', (_app, done) => {
     shedder.close();
     done();
@@ -215,22 +231,28 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     const reason = shedder.refuse();
     if (reason) {
       metrics.shed.inc({ reason });
-      return done(new ApiError('overloaded', 'The server is overloaded; retry shortly.', { headers: { 'retry-after': '1' } }));
+      return done(new ApiError('overloaded', 'The server is overloaded; retry shortly.', { retryAfterMs: 1000 }));
     }
     shedder.inFlight += 1;
     reply.raw.once('close', onEnd);
     done();
   });
   app.addHook('onResponse', (req, reply, done) => {
-    const labels = { route: req.routeOptions.url ?? 'unmatched', model: req.modelId ?? '', status: String(reply.statusCode) };
+    const labels = { route: req.routeOptions.url ?? 'unmatched', model: req.metricsModel ?? '', status: String(reply.statusCode) };
     metrics.requests.inc(labels);
     metrics.duration.observe(labels, reply.elapsedTime / 1000);
-    req.log.info({ method: req.method, url: loggableUrl(req.url), status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
+    req.log.info({ method: req.method, url: loggableUrl(req.url, config.adminKey), status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
     done();
   });
 
   // Clients (curl -d, some SDK wrappers) often send JSON without the JSON content type: parse it anyway.
-  app.addContentTypeParser('*', { parseAs: 'string' }, app.getDefaultJsonParser('error', 'ignore'));
+  // An empty body is no body (the OpenAI SDKs send `content-type: application/json` with an empty
+  // POST for cancel and with DELETE); routes that need one say so through their schema.
+  const json = app.getDefaultJsonParser('error', 'ignore');
+  const parseJson: FastifyBodyParser<string> = (req, body, done) => (body.trim() === '' ? done(null, undefined) : json(req, body, done));
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
+  app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
 
   // The OpenAPI document is generated from the route schemas that validate requests.
   await app.register(swagger, {
@@ -250,7 +272,13 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     });
   }
 
-  app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => sendError(reply, toApiError(err, req.log)));
+  app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => {
+    // A route that needs a body got none: say so, rather than "body must be object".
+    if (err.validation && err.validationContext === 'body' && req.body === undefined) {
+      return sendError(reply, new ApiError('invalid_json', 'The request body is empty; send a JSON object.'));
+    }
+    return sendError(reply, toApiError(err, req.log));
+  });
   app.setNotFoundHandler((req, reply) =>
     sendError(reply, new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)));
 
@@ -262,7 +290,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     methodsByPath.set(route.url, set);
   });
 
-  const auth = new KeyAuthenticator(deps.store, config.keyCacheTtlMs);
+  const { auth } = deps;
   // A key found in the cache is checked without a promise; a miss reads the database.
   const authHook = (admin: boolean): AuthHook => (req, _reply, done) => {
     const accept = (who: Principal) => {
@@ -272,7 +300,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     };
     let who: Principal | Promise<Principal>;
     try {
-      who = auth.authenticate(req.headers);
+      who = auth.authenticate(extractToken(req.headers));
     } catch (err) {
       return done(err as Error);
     }
@@ -281,7 +309,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   };
   const requireKey = authHook(false);
   const requireAdmin = authHook(true);
-  const ctx: RouteContext = { ...deps, auth, requireKey, requireAdmin };
+  const ctx: RouteContext = { ...deps, requireKey, requireAdmin };
 
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   registerHealthRoutes(app, ctx);

@@ -4,8 +4,8 @@ import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type Selectable 
 import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
-import type { ApiKeyRecord, ConversationRecord, DeploymentRecord, ItemPage, KeyRole, Limits, Org, ResponseRecord, Store, UsageFilter, UsageGroup, UsageRecord, UsageTotal } from './store.js';
-import type { Capability, Model, ModelSource, ModelStatus, ModelType, PricingEntry, Visibility } from '../core/model-spec.js';
+import type { ApiKeyRecord, ConversationRecord, DeploymentRecord, ItemPage, KeyRole, Limits, Org, QuarantinedUsage, ResponseRecord, Store, UsageFilter, UsageGroup, UsageRecord, UsageTotal } from './store.js';
+import type { Capability, Model, ModelSource, ModelStatus, ModelType, Price, Visibility } from './model-record.js';
 
 /** A model row: enums as plain text, arrays as JSON text. */
 type ModelsTable = Omit<Model, 'pricing' | 'capabilities' | 'status' | 'visibility' | 'model_type' | 'source'> & {
@@ -26,7 +26,8 @@ interface Database {
   conversation_items: { id: string; conversation_id: string; seq: number; item: string; created_at: number };
   settings: { key: string; value: string };
   deployments: Omit<DeploymentRecord, 'api'> & { api: string };
-  usage_records: Omit<UsageRecord, 'stream' | 'price_missing'> & { stream: number; price_missing: number };
+  usage_records: Omit<UsageRecord, 'stream' | 'price_missing' | 'estimated'> & { stream: number; price_missing: number; estimated: number };
+  usage_quarantine: QuarantinedUsage;
 }
 
 function rowToResponse(r: Selectable<Database['responses']>): ResponseRecord {
@@ -48,7 +49,7 @@ function rowToModel(r: Selectable<ModelsTable>): Model {
     owned_by: r.owned_by,
     status: r.status as ModelStatus,
     visibility: r.visibility as Visibility,
-    pricing: JSON.parse(r.pricing) as PricingEntry[],
+    pricing: JSON.parse(r.pricing) as Price[],
     context_length: r.context_length === null ? null : Number(r.context_length),
     model_type: r.model_type as ModelType,
     capabilities: JSON.parse(r.capabilities) as Capability[],
@@ -77,8 +78,16 @@ const INT8_OID = 20;
 
 const USAGE_COLUMNS: ReadonlyArray<keyof UsageRecord> = [
   'id', 'at', 'day', 'request_id', 'key_id', 'org_id', 'model', 'deployment', 'endpoint', 'stream', 'input_tokens', 'cached_tokens',
-  'output_tokens', 'reasoning_tokens', 'cost', 'price_missing', 'latency_ms', 'ttft_ms', 'status', 'error_code',
+  'output_tokens', 'reasoning_tokens', 'cost', 'price_missing', 'estimated', 'latency_ms', 'ttft_ms', 'status', 'error_code',
 ];
+const FLAG_COLUMNS = new Set<keyof UsageRecord>(['stream', 'price_missing', 'estimated']);
+
+/**
+ * SQLite result codes and PostgreSQL SQLSTATE classes that mean "this row is wrong" (a type, range
+ * or constraint problem) rather than "the database cannot take writes now".
+ */
+const SQLITE_DATA_CODES = /^SQLITE_(CONSTRAINT|MISMATCH|TOOBIG|RANGE)/;
+const PG_DATA_CLASSES = new Set(['22', '23']);
 
 export interface StoreOptions {
   /** `postgres://…` selects PostgreSQL; anything else (or nothing) selects SQLite. */
@@ -123,7 +132,12 @@ export class KyselyStore implements Store {
   }
 
   async migrate(): Promise<void> {
-    const migrator = new Migrator({ db: this.db, provider: migrationProvider });
+    // Kysely looks for its own tables in every schema of a PostgreSQL database: name ours, so two
+    // Switchyards in two schemas of one database (tests do that) each keep their own migrations.
+    const schema = this.dialect === 'postgres'
+      ? (await sql<{ schema: string }>`select current_schema() as schema`.execute(this.db)).rows[0]?.schema
+      : undefined;
+    const migrator = new Migrator({ db: this.db, provider: migrationProvider, ...(schema && { migrationTableSchema: schema }) });
     const { error, results } = await migrator.migrateToLatest();
     const failed = results?.find((r) => r.status === 'Error');
     if (error || failed) {
@@ -319,6 +333,13 @@ export class KyselyStore implements Store {
     return row?.item;
   }
 
+  async conversationItemsIn(conversationId: string, itemIds: readonly string[]): Promise<string[]> {
+    if (itemIds.length === 0) return [];
+    const rows = await this.db.selectFrom('conversation_items').select('id')
+      .where('conversation_id', '=', conversationId).where('id', 'in', [...itemIds]).execute();
+    return rows.map((r) => r.id);
+  }
+
   async deleteConversationItem(conversationId: string, itemId: string): Promise<boolean> {
     const res = await this.db.deleteFrom('conversation_items').where('conversation_id', '=', conversationId).where('id', '=', itemId).executeTakeFirst();
     return Number(res.numDeletedRows) > 0;
@@ -344,7 +365,7 @@ export class KyselyStore implements Store {
       return;
     }
     await this.db.insertInto('usage_records')
-      .values(records.map((r) => ({ ...r, stream: r.stream ? 1 : 0, price_missing: r.price_missing ? 1 : 0 })))
+      .values(records.map((r) => ({ ...r, stream: r.stream ? 1 : 0, price_missing: r.price_missing ? 1 : 0, estimated: r.estimated ? 1 : 0 })))
       .onConflict((oc) => oc.column('id').doNothing())
       .execute();
   }
@@ -353,8 +374,25 @@ export class KyselyStore implements Store {
     const columns = USAGE_COLUMNS.join(', ');
     const stmt = db.prepare(`INSERT OR IGNORE INTO usage_records (${columns}) VALUES (${USAGE_COLUMNS.map(() => '?').join(', ')})`);
     return db.transaction((records: readonly UsageRecord[]) => {
-      for (const r of records) stmt.run(USAGE_COLUMNS.map((c) => (c === 'stream' || c === 'price_missing' ? (r[c] ? 1 : 0) : r[c])));
+      for (const r of records) stmt.run(USAGE_COLUMNS.map((c) => (FLAG_COLUMNS.has(c) ? (r[c] ? 1 : 0) : r[c])));
     });
+  }
+
+  isDataError(err: unknown): boolean {
+    if (err instanceof TypeError || err instanceof RangeError) return true;
+    const code = (err as { code?: unknown }).code;
+    if (typeof code !== 'string') return false;
+    return this.dialect === 'sqlite' ? SQLITE_DATA_CODES.test(code) : code.length === 5 && PG_DATA_CLASSES.has(code.slice(0, 2));
+  }
+
+  async quarantineUsage(records: readonly QuarantinedUsage[]): Promise<void> {
+    if (records.length === 0) return;
+    await this.db.insertInto('usage_quarantine').values([...records]).onConflict((oc) => oc.column('id').doNothing()).execute();
+  }
+
+  async listQuarantinedUsage(): Promise<QuarantinedUsage[]> {
+    const rows = await this.db.selectFrom('usage_quarantine').selectAll().orderBy('at').execute();
+    return rows.map((r) => ({ ...r, at: Number(r.at) }));
   }
 
   async usageTotals(groupBy: UsageGroup, f: UsageFilter): Promise<UsageTotal[]> {
@@ -369,6 +407,7 @@ export class KyselyStore implements Store {
       eb.fn.sum<number | string>('reasoning_tokens').as('reasoning_tokens'),
       eb.fn.sum<number | string | null>('cost').as('cost'),
       eb.fn.sum<number | string>('price_missing').as('unpriced_requests'),
+      eb.fn.sum<number | string>('estimated').as('estimated_requests'),
     ]);
     if (f.org !== undefined) q = q.where('org_id', '=', f.org);
     if (f.key !== undefined) q = q.where('key_id', '=', f.key);
@@ -386,6 +425,7 @@ export class KyselyStore implements Store {
       reasoning_tokens: Number(r.reasoning_tokens ?? 0),
       cost: Number(r.cost ?? 0),
       unpriced_requests: Number(r.unpriced_requests ?? 0),
+      estimated_requests: Number(r.estimated_requests ?? 0),
     }));
   }
 

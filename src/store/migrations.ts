@@ -1,9 +1,12 @@
-import type { Kysely, Migration, MigrationProvider } from 'kysely';
+import { sql, type Kysely, type Migration, type MigrationProvider } from 'kysely';
 
 /**
  * Migrations are code, named in order; Kysely's migrator records what ran and takes a lock, so
  * several instances starting together on PostgreSQL do not race. Only portable column types are
- * used so one list serves both dialects: JSON is kept as text, times as unix seconds.
+ * used so one list serves both dialects: JSON is kept as text, times as integers. Times shown to
+ * clients (`created_at`, `created`, `revoked_at`) are unix seconds, as the wire formats have them;
+ * times used for ordering and expiry (`usage_records.at`, `responses.updated_at`, the quarantine's
+ * `at`) are unix milliseconds. `day` is the UTC date of `at`, for grouping.
  */
 const migrations: Record<string, Migration> = {
   '0001_foundation': {
@@ -141,6 +144,44 @@ const migrations: Record<string, Migration> = {
     },
     async down(db: Kysely<unknown>) {
       await db.schema.dropTable('deployments').execute();
+    },
+  },
+  '0006_usage_estimates': {
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable('usage_records').addColumn('estimated', 'integer', (c) => c.notNull().defaultTo(0)).execute();
+      await db.schema.createTable('usage_quarantine')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('at', 'bigint', (c) => c.notNull())
+        .addColumn('record', 'text', (c) => c.notNull())
+        .addColumn('error', 'text', (c) => c.notNull())
+        .execute();
+    },
+    async down(db: Kysely<unknown>) {
+      await db.schema.dropTable('usage_quarantine').execute();
+      await db.schema.alterTable('usage_records').dropColumn('estimated').execute();
+    },
+  },
+  '0007_conversation_item_scope': {
+    // Item ids were one global primary key: a client reusing an id inside a conversation lost the
+    // turn, and another organization's id gave a 500 (and told the caller it existed). Ids are now
+    // unique per conversation only.
+    async up(db: Kysely<unknown>) {
+      await db.schema.createTable('conversation_items_v2')
+        .addColumn('conversation_id', 'text', (c) => c.notNull().references('conversations.id').onDelete('cascade'))
+        .addColumn('id', 'text', (c) => c.notNull())
+        .addColumn('seq', 'integer', (c) => c.notNull())
+        .addColumn('item', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'bigint', (c) => c.notNull())
+        .addPrimaryKeyConstraint('conversation_items_v2_pk', ['conversation_id', 'id'])
+        .execute();
+      await sql`insert into conversation_items_v2 (conversation_id, id, seq, item, created_at)
+        select conversation_id, id, seq, item, created_at from conversation_items`.execute(db);
+      await db.schema.dropTable('conversation_items').execute();
+      await db.schema.alterTable('conversation_items_v2').renameTo('conversation_items').execute();
+      await db.schema.createIndex('conversation_items_order').on('conversation_items').columns(['conversation_id', 'seq']).unique().execute();
+    },
+    async down() {
+      throw new Error('0007_conversation_item_scope cannot be undone');
     },
   },
 };

@@ -1,4 +1,4 @@
-import type { Model } from '../core/model-spec.js';
+import type { Model } from './model-record.js';
 
 /** Limits a key or an organization can carry; absent fields mean no limit. */
 export interface Limits {
@@ -80,6 +80,8 @@ export interface UsageRecord {
   /** US dollars; null when the model lacks a price for something it used (see price_missing). */
   cost: number | null;
   price_missing: boolean;
+  /** The token counts are an estimate: the upstream reported no usage (or an invalid one), or the request stopped before it did. */
+  estimated: boolean;
   latency_ms: number;
   ttft_ms: number | null;
   status: number;
@@ -108,6 +110,16 @@ export interface UsageTotal {
   cost: number;
   /** Requests whose cost is unknown because a price is missing: `cost` leaves them out. */
   unpriced_requests: number;
+  /** Requests whose token counts are Switchyard's estimate rather than the engine's own. */
+  estimated_requests: number;
+}
+
+/** A usage record the database refused (kept as JSON, never silently dropped). */
+export interface QuarantinedUsage {
+  id: string;
+  at: number;
+  record: string;
+  error: string;
 }
 
 /** An upstream deployment added through the admin API (config-file ones are not stored). */
@@ -171,6 +183,8 @@ export interface Store {
   listConversationItems(conversationId: string, opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' }): Promise<ItemPage>;
   allConversationItems(conversationId: string): Promise<string[]>;
   getConversationItem(conversationId: string, itemId: string): Promise<string | undefined>;
+  /** Which of these item ids the conversation already holds (ids are unique per conversation). */
+  conversationItemsIn(conversationId: string, itemIds: readonly string[]): Promise<string[]>;
   deleteConversationItem(conversationId: string, itemId: string): Promise<boolean>;
 
   listDeployments(): Promise<DeploymentRecord[]>;
@@ -179,6 +193,14 @@ export interface Store {
   deleteDeployment(id: string): Promise<boolean>;
 
   insertUsage(records: readonly UsageRecord[]): Promise<void>;
+  /**
+   * True when a failed write was refused because of the data it carried (a type, range or
+   * constraint error) rather than because the database could not be written (down, busy, full).
+   */
+  isDataError(err: unknown): boolean;
+  /** Keeps records the database refused, as JSON text. */
+  quarantineUsage(records: readonly QuarantinedUsage[]): Promise<void>;
+  listQuarantinedUsage(): Promise<QuarantinedUsage[]>;
   usageTotals(groupBy: UsageGroup, filter: UsageFilter): Promise<UsageTotal[]>;
 
   getSetting(key: string): Promise<string | undefined>;

@@ -5,8 +5,11 @@ import { startServer, tempDir, type TestServer } from './server.js';
 /** The catalogue model a gateway serves only through its upstream deployments. */
 export const GATEWAY_MODEL = 'meta-llama/tiny-stories';
 
-/** A Switchyard whose only way to serve GATEWAY_MODEL is the given deployments (ids d0, d1, …). */
-export function startGateway(deployments: Array<{ baseUrl: string; weight?: number }>, env: Record<string, string> = {}): Promise<TestServer> {
+/**
+ * A Switchyard whose only way to serve GATEWAY_MODEL is the given deployments (ids d0, d1, …).
+ * `model` adds to (or overrides) the catalogue entry, e.g. its context length or pricing.
+ */
+export function startGateway(deployments: Array<{ baseUrl: string; weight?: number }>, env: Record<string, string> = {}, model: Record<string, unknown> = {}): Promise<TestServer> {
   return startServer({
     modelsDir: tempDir(),
     env,
@@ -14,7 +17,7 @@ export function startGateway(deployments: Array<{ baseUrl: string; weight?: numb
       name: 'gw.json',
       text: JSON.stringify({
         defaultCatalogue: false,
-        models: [{ id: GATEWAY_MODEL, name: 'TinyStories via upstream', context_length: 512 }],
+        models: [{ id: GATEWAY_MODEL, name: 'TinyStories via upstream', context_length: 512, ...model }],
         deployments: deployments.map((d, i) => ({ model: GATEWAY_MODEL, id: `d${i}`, ...d })),
       }),
     },

@@ -201,3 +201,71 @@ export function encode(r: FuzzRequest): Buffer {
   if (r.body.length || r.method === 'POST') head.push(`content-length: ${r.body.length}`);
   return Buffer.concat([Buffer.from(`${head.join('\r\n')}\r\n\r\n`, 'latin1'), r.body]);
 }
+
+/** Values a schema keyword may be given by a careless or hostile client. */
+const oddValue = fc.oneof(
+  fc.integer({ min: -5, max: 50 }), fc.constantFrom(-1, 0, 1.5, 1e9, 100_000, 2 ** 53, Number.MAX_SAFE_INTEGER), fc.boolean(), fc.constant(null),
+  fc.string({ maxLength: 12 }), fc.constantFrom('integer', 'number', 'string', 'object', 'array', 'boolean', 'null', 'date-time', 'email', '#', '#/$defs/a', '#/definitions/b', 'http://x/y#'),
+);
+
+/**
+ * JSON schemas, valid and not: every keyword the grammar compiler knows (and some it refuses),
+ * nested, with values of the wrong type, dangling and recursive references, huge counts.
+ */
+export const schemaArb: fc.Arbitrary<unknown> = fc.letrec<{ schema: unknown }>((tie) => ({
+  schema: fc.oneof(
+    { depthSize: 'small', withCrossShrink: true },
+    fc.constantFrom<unknown>(true, false, {}, { type: 'string' }, { type: 'integer' }, { type: 'boolean' }, { type: 'null' }, { type: 'number' }, { $ref: '#' }),
+    fc.record({
+      type: fc.oneof(fc.constantFrom('object', 'array', 'string', 'integer', 'number', 'boolean', 'null', 'nope'), fc.constant(['string', 'null']), oddValue),
+      properties: fc.dictionary(fc.string({ minLength: 1, maxLength: 6 }), tie('schema'), { maxKeys: 4 }),
+      required: fc.oneof(fc.array(fc.string({ maxLength: 6 }), { maxLength: 3 }), oddValue),
+      additionalProperties: fc.oneof(fc.boolean(), tie('schema'), oddValue),
+      items: fc.oneof(tie('schema'), fc.array(tie('schema'), { maxLength: 3 })),
+      prefixItems: fc.array(tie('schema'), { maxLength: 3 }),
+      enum: fc.oneof(fc.array(fc.jsonValue({ maxDepth: 2 }), { maxLength: 5 }), oddValue),
+      const: fc.jsonValue({ maxDepth: 2 }),
+      anyOf: fc.array(tie('schema'), { maxLength: 3 }),
+      oneOf: fc.array(tie('schema'), { maxLength: 3 }),
+      allOf: fc.array(tie('schema'), { maxLength: 3 }),
+      $ref: fc.constantFrom('#', '#/$defs/a', '#/definitions/a', '#/properties/x', '#/nowhere', 'other.json', '#/$defs/%zz'),
+      $defs: fc.dictionary(fc.constantFrom('a', 'b'), tie('schema'), { maxKeys: 2 }),
+      definitions: fc.dictionary(fc.constantFrom('a', 'b'), tie('schema'), { maxKeys: 2 }),
+      minItems: oddValue, maxItems: oddValue, minLength: oddValue, maxLength: oddValue, minProperties: oddValue, maxProperties: oddValue,
+      format: fc.constantFrom('date', 'time', 'date-time', 'email', 'uuid', 'made-up'),
+      pattern: fc.constantFrom('^[a-z]+$', '(', '.*'),
+      minimum: oddValue, nullable: fc.boolean(), description: fc.string({ maxLength: 20 }), unknownKeyword: fc.jsonValue({ maxDepth: 1 }),
+    }, { requiredKeys: [] }),
+  ),
+})).schema;
+
+/**
+ * How a misbehaving upstream may answer a chat-completions request. (Not 429: its retry-after cools
+ * the deployment, and the next requests would never reach the upstream; that path has its own tests.)
+ */
+export interface UpstreamBehaviour {
+  status: number;
+  /** The reply body, or, for `sse`, the frames (each written as its own network chunk). */
+  body: string;
+  sse: string[] | undefined;
+  label: string;
+}
+
+const chunk = (delta: unknown, extra: Record<string, unknown> = {}): string =>
+  `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: null }], ...extra })}\n\n`;
+
+export const upstreamBehaviourArb: fc.Arbitrary<UpstreamBehaviour> = fc.oneof(
+  fc.record({ status: fc.constantFrom(200), body: fc.jsonValue({ maxDepth: 4 }).map((v) => JSON.stringify(v)), sse: fc.constant(undefined), label: fc.constant('random JSON answer') }),
+  fc.record({ status: fc.constantFrom(200, 400, 401, 404, 413, 422, 500, 502, 503), body: fc.string({ maxLength: 300 }), sse: fc.constant(undefined), label: fc.constant('random text') }),
+  fc.record({
+    status: fc.constant(200), body: fc.constant(''),
+    sse: fc.array(fc.oneof(
+      fc.jsonValue({ maxDepth: 3 }).map((v) => `data: ${JSON.stringify(v)}\n\n`),
+      fc.anything({ maxDepth: 2 }).map((d) => chunk(d)),
+      fc.record({ content: fc.oneof(fc.string(), oddValue), tool_calls: fc.oneof(fc.array(fc.record({ index: oddValue, id: oddValue, function: fc.record({ name: oddValue, arguments: oddValue }) }), { maxLength: 2 }), oddValue) }, { requiredKeys: [] }).map((d) => chunk(d)),
+      fc.record({ prompt_tokens: oddValue, completion_tokens: oddValue, prompt_tokens_details: fc.record({ cached_tokens: oddValue }) }, { requiredKeys: [] }).map((u) => `data: ${JSON.stringify({ choices: [], usage: u })}\n\n`),
+      fc.constantFrom('data: [DONE]\n\n', 'data: {"error":{"message":"boom"}}\n\n', 'data: {broken\n\n', ': comment\n\n', 'event: x\n', 'data:', '\n\n\n', `data: ${'z'.repeat(5000)}`),
+    ), { maxLength: 8 }),
+    label: fc.constant('random stream'),
+  }),
+);

@@ -24,12 +24,16 @@ export async function startProcess(env: Record<string, string>): Promise<Running
   const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
   const url = await new Promise<string>((res, rej) => {
     const timer = setTimeout(() => rej(new Error(`server did not start:\n${out}`)), 20_000);
+    // The service's own announcement: the primary's with several workers (after every worker
+    // listens), the process's own otherwise; a single worker's line does not count.
     const check = () => {
-      const m = /"address":"(http:\/\/[^"]+)"/.exec(out);
-      if (m) {
+      for (const line of out.split('\n')) {
+        if (!line.includes('"switchyard listening"') || line.includes('"worker":')) continue;
+        const m = /"address":"(http:\/\/[^"]+)"/.exec(line);
+        if (!m) continue;
         clearTimeout(timer);
         child.stdout!.off('data', check);
-        res(m[1]!);
+        return res(m[1]!);
       }
     };
     child.stdout!.on('data', check);

@@ -1,6 +1,7 @@
+import { randomInt } from 'node:crypto';
 import { getLlama, LlamaGrammarEvaluationState, LlamaLogLevel, type Llama, type LlamaGrammar, type LlamaContext, type LlamaContextSequence, type LlamaModel, type Token } from 'node-llama-cpp';
 import type { Logger } from 'pino';
-import { ApiError } from '../../http/errors.js';
+import { ApiError, CancelledError } from '../../core/errors.js';
 import type { FunctionTool, GenerationEvent, GenerationRequest } from '../../core/canonical.js';
 import { Channel } from '../../core/channel.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
@@ -20,6 +21,10 @@ export interface LocalEngineOptions {
   gpu: 'auto' | false;
   /** Chat templates configured per file, overriding the GGUF's. */
   templates: ReadonlyMap<string, string>;
+  /** Compiled JSON schemas (grammar and validator) kept for reuse. */
+  schemaCacheSize: number;
+  /** How long compiling one schema may take before the request is refused. */
+  schemaCompileTimeoutMs: number;
   log: Logger;
 }
 
@@ -112,11 +117,18 @@ export class LocalEngine implements Engine {
   private llama: Promise<Llama> | undefined;
   private readonly loaded = new Map<string, LoadedModel>();
   private readonly loading = new Map<string, Promise<LoadedModel>>();
-  private readonly grammars = new SchemaGrammars(() => this.getLlama());
+  private readonly grammars: SchemaGrammars;
   /** Outputs that failed schema validation although a grammar constrained them: should stay 0. */
   schemaViolations = 0;
 
-  constructor(private readonly opts: LocalEngineOptions) {}
+  constructor(private readonly opts: LocalEngineOptions) {
+    this.grammars = new SchemaGrammars(() => this.getLlama(), { cacheSize: opts.schemaCacheSize, compileTimeoutMs: opts.schemaCompileTimeoutMs, log: opts.log });
+  }
+
+  /** Schemas compiled and kept now (bounded by schemaCacheSize). */
+  get cachedSchemas(): number {
+    return this.grammars.size;
+  }
 
   private getLlama(): Promise<Llama> {
     this.llama ??= getLlama({ gpu: this.opts.gpu, logLevel: LlamaLogLevel.error });
@@ -185,7 +197,7 @@ export class LocalEngine implements Engine {
     const slot = m.take(prompt);
     if (slot) return Promise.resolve(slot);
     if (m.waiters.length >= this.opts.queueSize) {
-      return Promise.reject(new ApiError('overloaded', 'The model is busy and its queue is full; retry shortly.', { headers: { 'retry-after': '1' } }));
+      return Promise.reject(new ApiError('overloaded', 'The model is busy and its queue is full; retry shortly.', { retryAfterMs: 1000 }));
     }
     return new Promise<Slot>((resolve, reject) => {
       const waiter: Waiter = {
@@ -198,7 +210,7 @@ export class LocalEngine implements Engine {
       const onAbort = () => {
         const i = m.waiters.indexOf(waiter);
         if (i >= 0) m.waiters.splice(i, 1);
-        reject(new ApiError('invalid_request', 'The request was cancelled while it waited.'));
+        reject(new CancelledError('The request was cancelled while it waited.'));
       };
       signal.addEventListener('abort', onAbort, { once: true });
       m.waiters.push(waiter);
@@ -257,7 +269,7 @@ export class LocalEngine implements Engine {
       this.schemaViolations++;
       this.opts.log.error({ model: req.model, what, errors }, 'output failed schema validation despite the grammar (bug)');
     };
-    const checkOf = (c: CompiledSchema): SchemaCheck => ({ validate: c.validate, onViolation });
+    const checkOf = (c: CompiledSchema): SchemaCheck => ({ check: c.check, onViolation });
     const tools = req.toolChoice === 'none' ? [] : req.tools ?? [];
     const fmt = req.responseFormat;
     const wantsJson = fmt !== undefined && fmt.type !== 'text';
@@ -283,8 +295,8 @@ export class LocalEngine implements Engine {
       return { grammar: c.grammar, lazy: false, tools: [], make: (push) => new JsonSink(push, checkOf(c)) };
     }
     if (fmt?.type === 'json_object') {
-      const c = await this.grammars.forSchema({ type: 'object' }, 'response_format');
-      return { grammar: await this.grammars.anyJson(), lazy: false, tools: [], make: (push) => new JsonSink(push, checkOf(c)) };
+      const c = await this.grammars.anyObject();
+      return { grammar: c.grammar, lazy: false, tools: [], make: (push) => new JsonSink(push, checkOf(c)) };
     }
     return { lazy: false, tools: [], make: (push) => new TextSink(push, stop, reasoning) };
   }
@@ -307,10 +319,16 @@ export class LocalEngine implements Engine {
       // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
       const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
       if (seq.nextTokenIndex > shared) await seq.eraseContextTokenRanges([{ start: shared, end: seq.nextTokenIndex }]);
+      const tally = req.tally;
+      tally.input = prompt.length;
+      tally.cached = shared;
+      tally.exact = true;
       tokens = seq.evaluate(prompt.slice(shared), {
         temperature: s.temperature ?? 1,
         topP: s.topP ?? 1,
-        ...(s.seed !== undefined && { seed: s.seed }),
+        // node-llama-cpp's default seed is the current second: without one of our own, every request
+        // in the same second would sample the same text.
+        seed: s.seed ?? randomInt(0x1_0000_0000),
         ...(grammarState && {
           // A lazy grammar (tool_choice auto) applies only once the model has opened a tool call.
           grammarEvaluationState: plan.lazy ? () => ((sink as AutoSink).triggered ? grammarState : undefined) : grammarState,
@@ -328,6 +346,7 @@ export class LocalEngine implements Engine {
         if (req.signal.aborted || out.isCancelled) return;
         if (model.isEogToken(token)) break;
         generated.push(token);
+        req.tally.output = generated.length;
         pending.push(token);
         const text = model.detokenize(pending, false, lastTokens(prompt, generated, pending.length));
         // A character split across tokens decodes as U+FFFD until its last byte arrives.
@@ -338,7 +357,7 @@ export class LocalEngine implements Engine {
           if (full) await full;
           if (sink.stopped) break;
         }
-        if (sink.thinking) reasoningTokens++;
+        if (sink.thinking) req.tally.reasoning = ++reasoningTokens;
         if (generated.length >= maxOut) {
           finish = 'length';
           break;
@@ -366,6 +385,7 @@ export class LocalEngine implements Engine {
   }
 
   async close(): Promise<void> {
+    await this.grammars.close();
     for (const m of this.loaded.values()) {
       await m.context.dispose();
       await m.model.dispose();

@@ -1,5 +1,4 @@
 import { newId } from '../../core/ids.js';
-import type { ValidateFunction } from 'ajv';
 import type { FunctionTool, GenerationEvent } from '../../core/canonical.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
 import { ThinkSplitter } from '../../core/think-splitter.js';
@@ -27,20 +26,15 @@ export const newCallId = (): string => newId('call');
 
 /** Second line of defence: the grammar should make this impossible; when it happens it is a bug to see. */
 export interface SchemaCheck {
-  validate: ValidateFunction;
+  /** Validates against the original schema (in the schema worker); `valid` is undefined when it could not be checked. */
+  check(text: string): Promise<{ valid: boolean | undefined; errors?: string | undefined }>;
   onViolation(what: string, errors: unknown): void;
 }
 
-function check(text: string, c: SchemaCheck | undefined, what: string): void {
+async function check(text: string, c: SchemaCheck | undefined, what: string): Promise<void> {
   if (!c) return;
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch (err) {
-    c.onViolation(what, (err as Error).message);
-    return;
-  }
-  if (!c.validate(value)) c.onViolation(what, c.validate.errors);
+  const verdict = await c.check(text);
+  if (verdict.valid === false) c.onViolation(what, verdict.errors);
 }
 
 export class TextSink implements Sink {
@@ -92,7 +86,7 @@ export class JsonSink implements Sink {
   }
 
   async end(reason: 'stop' | 'length'): Promise<'stop' | 'length'> {
-    if (reason === 'stop') check(this.buf, this.schema, 'structured output');
+    if (reason === 'stop') await check(this.buf, this.schema, 'structured output');
     return reason;
   }
 }
@@ -117,7 +111,7 @@ export class CallSink implements Sink {
 
   async end(reason: 'stop' | 'length'): Promise<'length' | 'tool_calls'> {
     if (reason === 'length') return 'length';
-    check(this.args, this.schema, `arguments of ${this.tool.name}`);
+    await check(this.args, this.schema, `arguments of ${this.tool.name}`);
     return 'tool_calls';
   }
 }
@@ -150,7 +144,7 @@ export class ChoiceSink implements Sink {
     }
     const name = String(call.name);
     const args = JSON.stringify(call.arguments ?? {});
-    check(args, this.schemas.get(name), `arguments of ${name}`);
+    await check(args, this.schemas.get(name), `arguments of ${name}`);
     await this.push({ type: 'tool_call.start', index: 0, id: newCallId(), name });
     await this.push({ type: 'tool_call.delta', index: 0, arguments: args });
     return 'tool_calls';

@@ -56,10 +56,6 @@ export class PromptRenderer {
     this.wrapper = template ? new JinjaTemplateChatWrapper({ template, convertUnsupportedSystemMessagesToUserMessages: 'auto' }) : undefined;
   }
 
-  get usesTemplate(): boolean {
-    return this.wrapper !== undefined;
-  }
-
   render(input: readonly Message[], tools: readonly FunctionTool[] = []): Token[] {
     const messages: readonly Message[] = tools.length ? [{ role: 'system', content: toolsText(tools) }, ...input] : input;
     if (!this.wrapper) {

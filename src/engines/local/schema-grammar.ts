@@ -1,126 +1,266 @@
-import { Ajv, type ValidateFunction } from 'ajv';
+import { createHash } from 'node:crypto';
+import { Worker } from 'node:worker_threads';
 import { LlamaGrammar, type Llama } from 'node-llama-cpp';
-import { ApiError } from '../../http/errors.js';
+import type { Logger } from 'pino';
+import { ApiError } from '../../core/errors.js';
+import { anyObjectGbnf } from './schema-gbnf.js';
+import type { SchemaWorkerCall, SchemaWorkerReply, SchemaWorkerRequest } from './schema-protocol.js';
 
-/**
- * JSON schema → llama.cpp grammar, for decoding that cannot produce invalid JSON. node-llama-cpp's
- * grammar generator understands a subset of JSON Schema; anything outside it is refused with a 400
- * naming the feature, because silently dropping a constraint would break the guarantee.
- */
-const STRUCTURAL = new Set([
-  'type', 'const', 'enum', 'oneOf', 'anyOf', 'properties', 'additionalProperties', 'required', 'minProperties', 'maxProperties',
-  'items', 'prefixItems', 'minItems', 'maxItems', 'minLength', 'maxLength', 'format', '$defs', '$ref',
-]);
-/** Keywords that only describe and constrain nothing. */
-const ANNOTATIONS = new Set(['description', 'title', 'default', 'examples', '$schema', '$id', '$comment', 'deprecated', 'readOnly', 'writeOnly', 'strict', 'nullable']);
-const FORMATS = new Set(['date-time', 'time', 'date']);
-
-type Schema = Record<string, unknown>;
-
-/** Rewrites what has an exact equivalent (anyOf → oneOf, definitions → $defs) and refuses the rest. */
-export function toGrammarSchema(schema: unknown, param: string, path = ''): Schema {
-  if (schema === true || schema === undefined) return {};
-  if (typeof schema !== 'object' || schema === null || Array.isArray(schema)) {
-    throw new ApiError('unsupported_schema', `The schema at '${path || '/'}' must be an object.`, { param });
-  }
-  const out: Schema = {};
-  for (const [k, v] of Object.entries(schema as Schema)) {
-    const at = `${path}/${k}`;
-    const key = k === 'anyOf' ? 'oneOf' : k === 'definitions' ? '$defs' : k;
-    if (ANNOTATIONS.has(key)) {
-      if (key === 'description') out[key] = v;
-      continue;
-    }
-    if (!STRUCTURAL.has(key)) {
-      throw new ApiError('unsupported_schema', `JSON schema keyword '${k}' (at '${at}') cannot be enforced by the local engine's grammar; remove it or use another model.`, { param });
-    }
-    switch (key) {
-      case 'properties':
-      case '$defs':
-        out[key] = Object.fromEntries(Object.entries(v as Schema).map(([name, sub]) => [name, toGrammarSchema(sub, param, `${at}/${name}`)]));
-        break;
-      case 'oneOf':
-      case 'prefixItems':
-        out[key] = (v as unknown[]).map((sub, i) => toGrammarSchema(sub, param, `${at}/${i}`));
-        break;
-      case 'items':
-        out[key] = toGrammarSchema(v, param, at);
-        break;
-      case 'additionalProperties':
-        out[key] = typeof v === 'boolean' ? v : toGrammarSchema(v, param, at);
-        break;
-      case 'format':
-        if (!FORMATS.has(String(v))) {
-          throw new ApiError('unsupported_schema', `String format '${String(v)}' (at '${at}') cannot be enforced by the local engine's grammar.`, { param });
-        }
-        out[key] = v;
-        break;
-      case '$ref': {
-        const ref = String(v).replace('#/definitions/', '#/$defs/');
-        if (!ref.startsWith('#/$defs/')) throw new ApiError('unsupported_schema', `Only local '#/$defs/…' references are supported (at '${at}').`, { param });
-        out[key] = ref;
-        break;
-      }
-      default:
-        out[key] = v;
-    }
-  }
-  // An object without declared properties is any object.
-  if (out['type'] === 'object' && out['properties'] === undefined && out['additionalProperties'] === undefined) out['additionalProperties'] = true;
-  return out;
-}
-
-/**
- * Two corrections to node-llama-cpp's generated GBNF:
- * - its root ends with forced newlines and then any number more, which a small model fills until the
- *   context runs out; without them the grammar is complete at the closing brace, and llama.cpp then
- *   allows only the end-of-sequence token;
- * - its integers accept an exponent, so `-30e-2` (not an integer) could be produced.
- */
-export function adjustGrammar(gbnf: string): string {
-  return gbnf
-    .replace(/^(root ::= .*?) "(\\n)+" \[\\n\]\*$/m, '$1')
-    .replace(/^integer-number-rule ::= .*$/m, 'integer-number-rule ::= "-"? ("0" | [1-9] [0-9]{0,15})');
+/** What the output check found: valid, invalid (with Ajv's errors), or unknown (the worker was restarted). */
+export interface Verdict {
+  valid: boolean | undefined;
+  errors?: string | undefined;
 }
 
 export interface CompiledSchema {
   grammar: LlamaGrammar;
-  validate: ValidateFunction;
+  /** Validates a generated document against the original schema (off the main thread). */
+  check(text: string): Promise<Verdict>;
 }
 
-/** Grammars and validators are compiled once per distinct schema and reused. */
+export interface SchemaGrammarOptions {
+  /** Compiled schemas kept (grammars here, validators in the worker). */
+  cacheSize: number;
+  /** A compile that takes longer is stopped (the worker is replaced) and the request refused. */
+  compileTimeoutMs: number;
+  log: Logger;
+}
+
+/** Cached schemas may hold at most this much JSON between them, however many there are. */
+const MAX_CACHED_BYTES = 64 * 1024 * 1024;
+/** A grammar this large would take llama.cpp's parser more than a few ms on the main thread. */
+const MAX_GRAMMAR_BYTES = 4 * 1024 * 1024;
+
+type Reply = Exclude<SchemaWorkerReply, { started: true }>;
+interface Pending {
+  msg: SchemaWorkerCall;
+  resolve: (r: Reply) => void;
+  reject: (e: Error) => void;
+  timeoutMs: number | undefined;
+  timer: NodeJS.Timeout | undefined;
+  /** Times it was sent; a call that was in a worker that died twice is given up (it may be the cause). */
+  tries: number;
+}
+
+/** A compile overran its time limit. */
+class SchemaTimeout extends Error {}
+
+/**
+ * The schema worker thread. A compile that overruns its time limit (counted from when the worker
+ * starts on it, not from when it was queued) is the only thing that makes the worker be replaced;
+ * the calls it held are then sent again to the new one.
+ */
+class SchemaWorker {
+  private worker: Worker | undefined;
+  private seq = 0;
+  private readonly pending = new Map<number, Pending>();
+  private closed = false;
+
+  constructor(private readonly cacheSize: number, private readonly log: Logger) {}
+
+  private start(): Worker {
+    const w = new Worker(new URL('./schema-worker.js', import.meta.url), {
+      workerData: { cacheSize: this.cacheSize }, resourceLimits: { maxOldGenerationSizeMb: 512 },
+    });
+    w.on('message', (m: SchemaWorkerReply) => {
+      const p = this.pending.get(m.id);
+      if (!p) return;
+      if ('started' in m) {
+        if (p.timeoutMs !== undefined) p.timer = setTimeout(() => this.overrun(w, m.id), p.timeoutMs);
+        return;
+      }
+      this.pending.delete(m.id);
+      if (p.timer) clearTimeout(p.timer);
+      p.resolve(m);
+    });
+    const lost = (why: string) => {
+      if (this.worker !== w) return;
+      this.worker = undefined;
+      this.log.error({ reason: why }, 'schema worker stopped; starting another');
+      this.resend(true);
+    };
+    w.on('error', (err) => lost(err.message));
+    w.on('exit', (code) => lost(`exit ${code}`));
+    w.unref();
+    return w;
+  }
+
+  /** A compile ran past its limit: only terminating the thread stops it; the rest is sent again. */
+  private overrun(w: Worker, id: number): void {
+    const p = this.pending.get(id);
+    if (!p || this.worker !== w) return;
+    this.pending.delete(id);
+    this.log.warn({ timeout_ms: p.timeoutMs }, 'schema compile overran its time limit; replacing the schema worker');
+    this.worker = undefined;
+    void w.terminate();
+    p.reject(new SchemaTimeout());
+    this.resend(false);
+  }
+
+  /** Sends what the lost worker held to a new one; `crashed`: it died on its own, and counts against each call. */
+  private resend(crashed: boolean): void {
+    const calls = [...this.pending.values()];
+    this.pending.clear();
+    for (const p of calls) {
+      if (p.timer) clearTimeout(p.timer);
+      if (crashed && p.tries >= 2) p.reject(new Error('the schema worker stopped twice while holding this call'));
+      else this.post(p.msg, p.timeoutMs, p.resolve, p.reject, p.tries + (crashed ? 1 : 0));
+    }
+  }
+
+  private post(msg: SchemaWorkerCall, timeoutMs: number | undefined, resolve: (r: Reply) => void, reject: (e: Error) => void, tries = 1): void {
+    if (this.closed) {
+      reject(new Error('the schema worker is closed'));
+      return;
+    }
+    this.worker ??= this.start();
+    const id = ++this.seq;
+    this.pending.set(id, { msg, resolve, reject, timeoutMs, timer: undefined, tries });
+    this.worker.postMessage({ ...msg, id } as SchemaWorkerRequest);
+  }
+
+  call(msg: SchemaWorkerCall, timeoutMs?: number): Promise<Reply> {
+    return new Promise<Reply>((resolve, reject) => this.post(msg, timeoutMs, resolve, reject));
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    const calls = [...this.pending.values()];
+    this.pending.clear();
+    for (const p of calls) {
+      if (p.timer) clearTimeout(p.timer);
+      p.reject(new Error('the schema worker is closed'));
+    }
+    const w = this.worker;
+    this.worker = undefined;
+    await w?.terminate();
+  }
+}
+
+interface Entry {
+  compiled: Promise<CompiledSchema>;
+  schema: Record<string, unknown>;
+  bytes: number;
+}
+
+/**
+ * Grammars and validators, compiled once per distinct schema in a worker thread and kept in a
+ * bounded least-recently-used cache (count and bytes): a stream of distinct schemas cannot grow
+ * memory. Only the llama.cpp grammar object is made on the main thread, from the finished grammar text.
+ */
 export class SchemaGrammars {
-  private readonly cache = new Map<string, Promise<CompiledSchema>>();
-  private readonly ajv = new Ajv({ strict: false, allErrors: false });
-  private json: Promise<LlamaGrammar> | undefined;
+  private readonly cache = new Map<string, Entry>();
+  private bytes = 0;
+  private readonly worker: SchemaWorker;
+  private anyObjectGrammar: Promise<CompiledSchema> | undefined;
 
-  constructor(private readonly llama: () => Promise<Llama>) {}
+  constructor(private readonly llama: () => Promise<Llama>, private readonly opts: SchemaGrammarOptions) {
+    this.worker = new SchemaWorker(opts.cacheSize, opts.log);
+  }
 
-  /** The generic JSON grammar, for `json_object`. */
-  anyJson(): Promise<LlamaGrammar> {
-    this.json ??= this.llama().then((l) => l.getGrammarFor('json'));
-    return this.json;
+  /** Cached entries now, for tests and operators. */
+  get size(): number {
+    return this.cache.size;
+  }
+
+  /** `json_object`: any JSON object; checked to be an object. */
+  anyObject(): Promise<CompiledSchema> {
+    this.anyObjectGrammar ??= (async () => {
+      const grammar = new LlamaGrammar(await this.llama(), { grammar: anyObjectGbnf() });
+      return {
+        grammar,
+        check: async (text: string): Promise<Verdict> => {
+          try {
+            const v: unknown = JSON.parse(text);
+            return typeof v === 'object' && v !== null && !Array.isArray(v) ? { valid: true } : { valid: false, errors: 'not an object' };
+          } catch (err) {
+            return { valid: false, errors: (err as Error).message };
+          }
+        },
+      };
+    })();
+    return this.anyObjectGrammar;
   }
 
   forSchema(schema: Record<string, unknown>, param: string): Promise<CompiledSchema> {
-    const grammarSchema = toGrammarSchema(schema, param);
-    const key = JSON.stringify(schema);
-    let hit = this.cache.get(key);
-    if (!hit) {
-      let validate: ValidateFunction;
-      try {
-        validate = this.ajv.compile(schema);
-      } catch (err) {
-        throw new ApiError('invalid_value', `The JSON schema is invalid: ${(err as Error).message}`, { param });
-      }
-      hit = this.llama().then(async (l) => {
-        const generated = await l.createGrammarForJsonSchema(grammarSchema as Parameters<Llama['createGrammarForJsonSchema']>[0]);
-        return { grammar: new LlamaGrammar(l, { grammar: adjustGrammar(generated.grammar) }), validate };
-      });
-      hit.catch(() => this.cache.delete(key));
-      if (this.cache.size > 256) this.cache.delete(this.cache.keys().next().value!);
+    const json = JSON.stringify(schema);
+    const key = createHash('sha256').update(json).digest('base64url');
+    const hit = this.cache.get(key);
+    if (hit) {
+      this.cache.delete(key);
       this.cache.set(key, hit);
+      return hit.compiled;
     }
-    return hit;
+    const compiled = this.compile(key, schema, param);
+    const entry: Entry = { compiled, schema, bytes: json.length };
+    this.cache.set(key, entry);
+    this.bytes += entry.bytes;
+    compiled.catch(() => this.evict(key, entry));
+    while (this.cache.size > this.opts.cacheSize || this.bytes > MAX_CACHED_BYTES) {
+      const [oldKey, old] = this.cache.entries().next().value!;
+      this.evict(oldKey, old);
+      if (oldKey === key) break;
+    }
+    return compiled;
+  }
+
+  private evict(key: string, entry: Entry): void {
+    if (this.cache.get(key) !== entry) return;
+    this.cache.delete(key);
+    this.bytes -= entry.bytes;
+    this.worker.call({ op: 'forget', key }).catch(() => undefined);
+  }
+
+  private async compile(key: string, schema: Record<string, unknown>, param: string): Promise<CompiledSchema> {
+    let reply: Reply;
+    try {
+      reply = await this.worker.call({ op: 'compile', key, schema }, this.opts.compileTimeoutMs);
+    } catch (err) {
+      if (err instanceof SchemaTimeout) {
+        throw new ApiError('schema_too_large', `The JSON schema took longer than ${this.opts.compileTimeoutMs} ms to compile (SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS); simplify it.`, { param });
+      }
+      throw new ApiError('unsupported_schema', `The JSON schema could not be compiled (${(err as Error).message}).`, { param });
+    }
+    if (!reply.ok) {
+      if (reply.kind === 'unsupported') throw new ApiError('unsupported_schema', `${capitalise(reply.message)}; remove it or use another model.`, { param });
+      throw new ApiError('invalid_value', `The JSON schema is invalid: ${reply.message}`, { param });
+    }
+    const gbnf = reply.gbnf ?? '';
+    if (gbnf.length > MAX_GRAMMAR_BYTES) {
+      throw new ApiError('schema_too_large', `The JSON schema makes a grammar of ${gbnf.length} bytes; the limit is ${MAX_GRAMMAR_BYTES}.`, { param });
+    }
+    let grammar: LlamaGrammar;
+    try {
+      grammar = new LlamaGrammar(await this.llama(), { grammar: gbnf });
+    } catch (err) {
+      throw new ApiError('unsupported_schema', `The JSON schema could not be turned into a grammar (${(err as Error).message}).`, { param });
+    }
+    return { grammar, check: (text) => this.validate(key, schema, text) };
+  }
+
+  private async validate(key: string, schema: Record<string, unknown>, text: string, again = true): Promise<Verdict> {
+    let reply: Reply;
+    try {
+      reply = await this.worker.call({ op: 'validate', key, text });
+    } catch {
+      return { valid: undefined };
+    }
+    if (reply.ok) return { valid: reply.valid, errors: reply.errors };
+    if (reply.kind === 'missing' && again) {
+      // Evicted (or the worker was replaced) while the request ran: compile the validator again.
+      try {
+        await this.worker.call({ op: 'compile', key, schema }, this.opts.compileTimeoutMs);
+      } catch {
+        return { valid: undefined };
+      }
+      return this.validate(key, schema, text, false);
+    }
+    return { valid: undefined };
+  }
+
+  close(): Promise<void> {
+    return this.worker.close();
   }
 }
+
+const capitalise = (s: string): string => s.charAt(0).toUpperCase() + s.slice(1);

@@ -2,19 +2,66 @@ import { BlockList, isIP } from 'node:net';
 import { lookup as dnsLookup, type LookupAddress, type LookupAllOptions, type LookupOneOptions } from 'node:dns';
 import { buildConnector } from 'undici';
 
-/** Addresses a server should not be talked into reaching for someone else (SSRF). */
-const INTERNAL = new BlockList();
+/** IPv4 addresses a server should not be talked into reaching for someone else (SSRF). */
+const INTERNAL_V4 = new BlockList();
 for (const [net, bits] of [
   ['0.0.0.0', 8], ['10.0.0.0', 8], ['100.64.0.0', 10], ['127.0.0.0', 8], ['169.254.0.0', 16], ['172.16.0.0', 12],
   ['192.0.0.0', 24], ['192.168.0.0', 16], ['198.18.0.0', 15], ['224.0.0.0', 4], ['240.0.0.0', 4],
-] as const) INTERNAL.addSubnet(net, bits, 'ipv4');
-for (const [net, bits] of [['::', 128], ['::1', 128], ['fc00::', 7], ['fe80::', 10], ['ff00::', 8]] as const) INTERNAL.addSubnet(net, bits, 'ipv6');
+] as const) INTERNAL_V4.addSubnet(net, bits, 'ipv4');
 
-/** `::ffff:10.0.0.1` is 10.0.0.1. */
-function plain(address: string): { address: string; type: 'ipv4' | 'ipv6' } {
-  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
-  if (mapped) return { address: mapped[1]!, type: 'ipv4' };
-  return { address, type: isIP(address) === 6 ? 'ipv6' : 'ipv4' };
+/** IPv6 ranges that are internal in themselves: unspecified, loopback, unique-local, link-local, site-local, multicast, discard, local-use NAT64. */
+const INTERNAL_V6: ReadonlyArray<[prefix: number[], bits: number]> = [
+  [[], 128], [[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 128], [[0xfc], 7], [[0xfe, 0x80], 10], [[0xfe, 0xc0], 10],
+  [[0xff], 8], [[0x01, 0x00, 0, 0, 0, 0, 0, 0], 64], [[0x00, 0x64, 0xff, 0x9b, 0x00, 0x01], 48],
+];
+
+/** The 16 bytes of an IPv6 address (with an optional dotted IPv4 tail), or undefined. */
+function v6Bytes(address: string): number[] | undefined {
+  let text = address.replace(/%.*$/, '');
+  const tail: number[] = [];
+  const dotted = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(text);
+  if (dotted) {
+    tail.push(...dotted.slice(1, 5).map(Number));
+    text = `${text.slice(0, dotted.index)}0:0`;
+  }
+  const halves = text.split('::');
+  if (halves.length > 2) return undefined;
+  const words = (part: string | undefined) => (part ? part.split(':').map((w) => parseInt(w, 16)) : []);
+  const head = words(halves[0]);
+  const rest = halves.length === 2 ? words(halves[1]) : [];
+  const fill = 8 - head.length - rest.length;
+  if (fill < 0 || (halves.length === 1 && fill !== 0)) return undefined;
+  const all = [...head, ...Array<number>(fill).fill(0), ...rest];
+  if (all.some((w) => !(w >= 0 && w <= 0xffff))) return undefined;
+  const bytes = all.flatMap((w) => [w >> 8, w & 0xff]);
+  if (tail.length) bytes.splice(12, 4, ...tail);
+  return bytes;
+}
+
+const inPrefix = (bytes: number[], prefix: number[], bits: number): boolean => {
+  for (let i = 0; i < bits; i++) {
+    const p = (prefix[i >> 3] ?? 0) >> (7 - (i & 7)) & 1;
+    if (((bytes[i >> 3]! >> (7 - (i & 7))) & 1) !== p) return false;
+  }
+  return true;
+};
+const v4 = (b: number[]): string => b.join('.');
+
+/**
+ * IPv4 addresses an IPv6 address carries, which routers and NAT64 gateways may deliver to: the
+ * IPv4-compatible (::a.b.c.d), -mapped (::ffff:a.b.c.d) and -translated (::ffff:0:a.b.c.d) forms,
+ * NAT64 (64:ff9b::/96), 6to4 (2002::/16) and Teredo (2001::/32, server and client).
+ */
+function embeddedV4(b: number[]): string[] {
+  const zero = (from: number, to: number) => b.slice(from, to).every((x) => x === 0);
+  const low = v4(b.slice(12, 16));
+  if (zero(0, 12)) return [low];
+  if (zero(0, 10) && b[10] === 0xff && b[11] === 0xff) return [low];
+  if (zero(0, 8) && b[8] === 0xff && b[9] === 0xff && zero(10, 12)) return [low];
+  if (b[0] === 0x00 && b[1] === 0x64 && b[2] === 0xff && b[3] === 0x9b && zero(4, 12)) return [low];
+  if (b[0] === 0x20 && b[1] === 0x02) return [v4(b.slice(2, 6))];
+  if (b[0] === 0x20 && b[1] === 0x01 && b[2] === 0 && b[3] === 0) return [v4(b.slice(4, 8)), v4(b.slice(12, 16).map((x) => x ^ 0xff))];
+  return [];
 }
 
 type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void;
@@ -33,19 +80,26 @@ export class AddressPolicy {
   constructor(allow: readonly string[]) {
     this.allowAll = allow.includes('*');
     for (const entry of allow) {
-      const [net, bits] = entry.split('/');
-      const ip = net ? plain(net) : undefined;
-      if (ip && isIP(ip.address) && bits !== undefined) this.nets.addSubnet(ip.address, Number(bits), ip.type);
-      else if (ip && isIP(ip.address)) this.nets.addAddress(ip.address, ip.type);
+      const [net = '', bits] = entry.split('/');
+      const type = isIP(net) === 6 ? 'ipv6' : 'ipv4';
+      if (isIP(net) && bits !== undefined) this.nets.addSubnet(net, Number(bits), type);
+      else if (isIP(net)) this.nets.addAddress(net, type);
       else this.hosts.add(entry.toLowerCase());
     }
   }
 
-  /** True when this address may not be reached. */
+  private allowed(address: string): boolean {
+    return this.nets.check(address, isIP(address) === 6 ? 'ipv6' : 'ipv4');
+  }
+
+  /** True when this address may not be reached: it is internal, or carries an internal IPv4 address. */
   refuses(address: string): boolean {
-    if (this.allowAll) return false;
-    const ip = plain(address);
-    return INTERNAL.check(ip.address, ip.type) && !this.nets.check(ip.address, ip.type);
+    if (this.allowAll || this.allowed(address)) return false;
+    if (isIP(address) === 4) return INTERNAL_V4.check(address, 'ipv4');
+    const bytes = v6Bytes(address);
+    if (!bytes) return true;
+    if (INTERNAL_V6.some(([prefix, bits]) => inPrefix(bytes, prefix, bits))) return true;
+    return embeddedV4(bytes).some((a) => INTERNAL_V4.check(a, 'ipv4') && !this.allowed(a));
   }
 
   private hostAllowed(hostname: string): boolean {

@@ -2,263 +2,47 @@ import { StringDecoder } from 'node:string_decoder';
 import { Pool, errors as undiciErrors, type Dispatcher } from 'undici';
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
 import type { Logger } from 'pino';
-import { ApiError, ERRORS, isErrorCode } from '../../http/errors.js';
-import type { FinishReason, GenerationEvent, GenerationRequest, Message, Usage } from '../../core/canonical.js';
-import type { DeploymentTarget, Engine } from '../engine.js';
+import { ApiError, CancelledError, ERRORS, isErrorCode } from '../../core/errors.js';
+import type { GenerationEvent, GenerationRequest, Usage, UsageTally } from '../../core/canonical.js';
+import { obj, str, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
+import { ChatReader, encodeChatRequest } from '../../protocols/chat/client.js';
+import { ResponsesReader, encodeResponsesRequest } from '../../protocols/responses/client.js';
+import { estimateInputTokens, MAX_CHARS_PER_TOKEN, tokensForChars } from '../../core/estimate.js';
+import { Scrubber, type StreamScrubber } from './scrubber.js';
+import type { Attempt, DeploymentTarget, Engine } from '../engine.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
 import { AddressPolicy } from './address-policy.js';
 
-/** The OpenAI chat-completions body an OpenAI-compatible server takes. */
-function wireMessages(messages: readonly Message[]): Record<string, unknown>[] {
-  return messages.map((m) => {
-    const out: Record<string, unknown> = { role: m.role };
-    out['content'] = typeof m.content === 'string' || m.content === null ? m.content
-      : m.content.map((p) => (p.type === 'text' ? { type: 'text', text: p.text } : { type: 'image_url', image_url: { url: p.url, ...(p.detail && { detail: p.detail }) } }));
-    if (m.name !== undefined) out['name'] = m.name;
-    if (m.toolCallId !== undefined) out['tool_call_id'] = m.toolCallId;
-    if (m.reasoning) out['reasoning_content'] = m.reasoning;
-    if (m.toolCalls?.length) {
-      out['tool_calls'] = m.toolCalls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
-    }
-    return out;
-  });
-}
-
-export function wireBody(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
-  const s = req.sampling;
-  const body: Record<string, unknown> = { model: upstreamModel, messages: wireMessages(req.messages), stream: req.stream };
-  if (req.stream) body['stream_options'] = { include_usage: true };
-  if (s.temperature !== undefined) body['temperature'] = s.temperature;
-  if (s.topP !== undefined) body['top_p'] = s.topP;
-  if (s.seed !== undefined) body['seed'] = s.seed;
-  if (s.presencePenalty !== undefined) body['presence_penalty'] = s.presencePenalty;
-  if (s.frequencyPenalty !== undefined) body['frequency_penalty'] = s.frequencyPenalty;
-  if (s.stop?.length) body['stop'] = s.stop;
-  if (req.maxOutputTokens !== undefined) body['max_tokens'] = req.maxOutputTokens;
-  if (req.tools?.length) {
-    body['tools'] = req.tools.map((t) => ({ type: 'function', function: t }));
-    if (req.toolChoice !== undefined) {
-      body['tool_choice'] = typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', function: { name: req.toolChoice.name } };
-    }
-    if (req.parallelToolCalls !== undefined) body['parallel_tool_calls'] = req.parallelToolCalls;
-  }
-  if (req.responseFormat && req.responseFormat.type !== 'text') {
-    const f = req.responseFormat;
-    body['response_format'] = f.type === 'json_schema'
-      ? { type: 'json_schema', json_schema: { name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) } }
-      : { type: 'json_object' };
-  }
-  if (req.reasoningEffort !== undefined) body['reasoning_effort'] = req.reasoningEffort;
-  return body;
-}
-
-interface WireUsage {
-  prompt_tokens?: number;
-  completion_tokens?: number;
-  prompt_tokens_details?: { cached_tokens?: number } | null;
-  completion_tokens_details?: { reasoning_tokens?: number } | null;
-}
-interface WireToolCallDelta {
-  index?: number;
-  id?: string;
-  function?: { name?: string; arguments?: string };
-}
-interface WireDelta {
-  content?: string | null;
-  reasoning_content?: string | null;
-  reasoning?: string | null;
-  tool_calls?: WireToolCallDelta[];
-}
-interface WireChoice {
-  delta?: WireDelta;
-  message?: WireDelta;
-  finish_reason?: string | null;
-}
-interface WireChunk {
-  choices?: WireChoice[];
-  usage?: WireUsage | null;
-  error?: { message?: string; code?: string };
-}
-
-const FINISH: Record<string, FinishReason> = { stop: 'stop', length: 'length', tool_calls: 'tool_calls', function_call: 'tool_calls', content_filter: 'content_filter' };
-
-function toUsage(u: WireUsage): Usage {
-  return {
-    input: u.prompt_tokens ?? 0,
-    cached: u.prompt_tokens_details?.cached_tokens ?? 0,
-    output: u.completion_tokens ?? 0,
-    reasoning: u.completion_tokens_details?.reasoning_tokens ?? 0,
-  };
-}
-
-/** What a protocol reader does with the upstream's stream: canonical events out, and when it ended. */
-interface StreamReader {
-  /** One parsed SSE data payload (or a whole non-stream reply). Returns true at the end of the stream. */
-  read(data: unknown, out: GenerationEvent[]): boolean;
-  readonly usage: Usage | undefined;
-  readonly finish: FinishReason;
-}
-
-/** Chat completions chunks (or a whole non-stream reply); tracks tool-call starts. */
-class ChatReader implements StreamReader {
-  finish: FinishReason = 'stop';
-  usage: Usage | undefined;
-  private readonly started = new Set<number>();
-
-  read(data: unknown, out: GenerationEvent[]): boolean {
-    const chunk = data as WireChunk;
-    if (chunk.error) throw new ApiError('upstream_error', `Upstream error: ${chunk.error.message ?? 'unknown'}`);
-    if (chunk.usage) this.usage = toUsage(chunk.usage);
-    const choice = chunk.choices?.[0];
-    if (!choice) return false;
-    const d = choice.delta ?? choice.message;
-    if (d) {
-      const reasoning = d.reasoning_content ?? d.reasoning;
-      if (reasoning) out.push({ type: 'reasoning.delta', text: reasoning });
-      if (d.content) out.push({ type: 'text.delta', text: d.content });
-      d.tool_calls?.forEach((c, i) => {
-        const index = c.index ?? i;
-        if (!this.started.has(index)) {
-          this.started.add(index);
-          out.push({ type: 'tool_call.start', index, id: c.id ?? `call_${index}`, name: c.function?.name ?? '' });
-        }
-        if (c.function?.arguments) out.push({ type: 'tool_call.delta', index, arguments: c.function.arguments });
-      });
-    }
-    if (choice.finish_reason) this.finish = FINISH[choice.finish_reason] ?? 'stop';
-    return false;
-  }
-}
-
-interface ResponsesEvent {
-  type?: string;
-  delta?: string;
-  item_id?: string;
-  item?: { id?: string; type?: string; call_id?: string; name?: string };
-  response?: {
-    status?: string;
-    incomplete_details?: { reason?: string } | null;
-    error?: { message?: string } | null;
-    usage?: { input_tokens?: number; output_tokens?: number; input_tokens_details?: { cached_tokens?: number }; output_tokens_details?: { reasoning_tokens?: number } } | null;
-  };
-  message?: string;
-}
-
-/** Responses API stream events, for deployments that speak it natively. */
-class ResponsesReader implements StreamReader {
-  finish: FinishReason = 'stop';
-  usage: Usage | undefined;
-  private readonly calls = new Map<string, number>();
-  private readonly rawReasoning = new Set<string>();
-
-  read(data: unknown, out: GenerationEvent[]): boolean {
-    const ev = data as ResponsesEvent;
-    switch (ev.type) {
-      case 'response.output_text.delta':
-        if (ev.delta) out.push({ type: 'text.delta', text: ev.delta });
-        return false;
-      case 'response.reasoning_text.delta':
-        this.rawReasoning.add(ev.item_id ?? '');
-        if (ev.delta) out.push({ type: 'reasoning.delta', text: ev.delta });
-        return false;
-      case 'response.reasoning_summary_text.delta':
-        // A summary only stands in for reasoning the upstream did not send in full.
-        if (ev.delta && !this.rawReasoning.has(ev.item_id ?? '')) out.push({ type: 'reasoning.delta', text: ev.delta });
-        return false;
-      case 'response.output_item.added':
-        if (ev.item?.type === 'function_call') {
-          const index = this.calls.size;
-          this.calls.set(ev.item.id ?? String(index), index);
-          out.push({ type: 'tool_call.start', index, id: ev.item.call_id ?? `call_${index}`, name: ev.item.name ?? '' });
-        }
-        return false;
-      case 'response.function_call_arguments.delta': {
-        const index = this.calls.get(ev.item_id ?? '');
-        if (index !== undefined && ev.delta) out.push({ type: 'tool_call.delta', index, arguments: ev.delta });
-        return false;
-      }
-      case 'response.completed':
-      case 'response.incomplete': {
-        const r = ev.response ?? {};
-        const u = r.usage;
-        if (u) {
-          this.usage = {
-            input: u.input_tokens ?? 0, cached: u.input_tokens_details?.cached_tokens ?? 0,
-            output: u.output_tokens ?? 0, reasoning: u.output_tokens_details?.reasoning_tokens ?? 0,
-          };
-        }
-        if (ev.type === 'response.incomplete') this.finish = r.incomplete_details?.reason === 'content_filter' ? 'content_filter' : 'length';
-        else this.finish = this.calls.size > 0 ? 'tool_calls' : 'stop';
-        return true;
-      }
-      case 'response.failed':
-        throw new ApiError('upstream_error', `Upstream error: ${ev.response?.error?.message ?? 'the response failed'}`);
-      case 'error':
-        throw new ApiError('upstream_error', `Upstream error: ${ev.message ?? 'unknown'}`);
-      default:
-        return false;
-    }
-  }
-}
-
-/** Canonical messages as Responses input items. */
-function responsesInput(messages: readonly Message[]): Record<string, unknown>[] {
-  const items: Record<string, unknown>[] = [];
-  for (const m of messages) {
-    if (m.role === 'tool') {
-      items.push({ type: 'function_call_output', call_id: m.toolCallId ?? '', output: typeof m.content === 'string' ? m.content : '' });
-      continue;
-    }
-    const content = typeof m.content === 'string' || m.content === null ? m.content
-      : m.content.map((p) => (p.type === 'text'
-        ? { type: m.role === 'assistant' ? 'output_text' : 'input_text', text: p.text }
-        : { type: 'input_image', image_url: p.url, ...(p.detail && { detail: p.detail }) }));
-    if (content !== null && content !== '') items.push({ role: m.role, content });
-    for (const c of m.toolCalls ?? []) items.push({ type: 'function_call', call_id: c.id, name: c.name, arguments: c.arguments });
-  }
-  return items;
-}
-
-export function responsesBody(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
-  const s = req.sampling;
-  const body: Record<string, unknown> = { model: upstreamModel, input: responsesInput(req.messages), stream: true, store: false };
-  if (s.temperature !== undefined) body['temperature'] = s.temperature;
-  if (s.topP !== undefined) body['top_p'] = s.topP;
-  if (req.maxOutputTokens !== undefined) body['max_output_tokens'] = req.maxOutputTokens;
-  if (req.tools?.length) {
-    body['tools'] = req.tools.map((t) => ({ type: 'function', ...t }));
-    if (req.toolChoice !== undefined) body['tool_choice'] = typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', name: req.toolChoice.name };
-    if (req.parallelToolCalls !== undefined) body['parallel_tool_calls'] = req.parallelToolCalls;
-  }
-  const f = req.responseFormat;
-  if (f && f.type !== 'text') {
-    body['text'] = { format: f.type === 'json_schema' ? { type: 'json_schema', name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) } : { type: 'json_object' } };
-  }
-  if (req.reasoningEffort !== undefined) body['reasoning'] = { effort: req.reasoningEffort };
-  return body;
+/** retry-after as seconds or an HTTP date; capped at a minute so one answer cannot park a deployment. */
+export function retryAfterMs(value: string | undefined): number {
+  if (!value) return 1000;
+  const seconds = Number(value);
+  const ms = Number.isFinite(seconds) ? seconds * 1000 : Date.parse(value) - Date.now();
+  return Math.min(60_000, Math.max(0, Number.isFinite(ms) ? ms : 1000));
 }
 
 /** Maps an upstream error reply into our registry; 5xx may fail over to another deployment. */
-function upstreamError(status: number, text: string, where: string, retryAfter: string | undefined, secret: string | undefined): ApiError {
-  // Some upstreams quote the key they were sent ("Incorrect API key provided: sk-…"): never pass it on.
-  if (secret) text = text.replaceAll(secret, '[redacted]');
-  let message = text.slice(0, 500);
+function upstreamError(status: number, text: string, where: string, retryAfter: string | undefined, scrub: Scrubber): ApiError {
+  let message = text;
   let code: unknown;
   try {
-    const parsed = JSON.parse(text) as { error?: { message?: string; code?: string } | string; message?: string };
-    if (typeof parsed.error === 'object' && parsed.error) {
-      message = parsed.error.message ?? message;
-      code = parsed.error.code;
-    } else if (typeof parsed.error === 'string') {
-      message = parsed.error;
-    } else if (parsed.message) {
-      message = parsed.message;
+    const parsed = obj(JSON.parse(text));
+    const error = parsed?.['error'];
+    if (obj(error)) {
+      message = str(obj(error)!['message']) ?? message;
+      code = obj(error)!['code'];
+    } else if (typeof error === 'string') {
+      message = error;
+    } else if (typeof parsed?.['message'] === 'string') {
+      message = parsed['message'];
     }
   } catch {
     // not JSON: keep the text
   }
+  // Some upstreams quote the key they were sent ("Incorrect API key provided: sk-…"), possibly escaped: never pass it on.
+  message = scrub.text(message.slice(0, 500));
   // Another deployment may have room; this one is cooled for retry-after by the router.
-  if (status === 429) return new ApiError('rate_limited', message, { headers: { 'retry-after': retryAfter ?? '1' }, failover: true });
+  if (status === 429) return new ApiError('rate_limited', message, { retryAfterMs: retryAfterMs(retryAfter), failover: true });
   if (status === 413) return new ApiError('request_too_large', message);
   if (status === 400 || status === 422) {
     return isErrorCode(code) && ERRORS[code].status === 400 ? new ApiError(code, message) : new ApiError('invalid_request', message);
@@ -274,6 +58,10 @@ export interface UpstreamOptions {
   idleTimeoutMs: number;
   /** Applied to deployments stored in the database (`guarded` targets). */
   policy: AddressPolicy;
+  /** Largest non-stream answer, stream line (or event), and error body read from an upstream; 502 beyond. */
+  maxBodyBytes: number;
+  maxLineBytes: number;
+  maxErrorBytes: number;
   /**
    * Connections per origin; null (the default) is no cap: over HTTP/1.1 each open stream holds a
    * connection, and a cap would queue streams behind long generations.
@@ -281,18 +69,14 @@ export interface UpstreamOptions {
   connectionsPerOrigin?: number | null;
 }
 
-export const UPSTREAM_DEFAULTS: UpstreamOptions = {
-  connectTimeoutMs: 5_000, firstByteTimeoutMs: 300_000, idleTimeoutMs: 60_000, policy: new AddressPolicy(['*']),
-};
-
 /** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
-function transportError(err: unknown, target: string, o: UpstreamOptions, early: boolean): ApiError {
+function transportError(err: unknown, target: string, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
   const code = (err as { code?: string }).code;
   if (code === 'UND_ERR_CONNECT_TIMEOUT') {
     return new ApiError('upstream_timeout', `The upstream ${target} did not accept a connection within ${o.connectTimeoutMs} ms.`, { failover: early });
   }
   if (code === 'UND_ERR_HEADERS_TIMEOUT') {
-    return new ApiError('upstream_timeout', `The upstream ${target} sent nothing within ${o.firstByteTimeoutMs} ms.`, { failover: early });
+    return new ApiError('upstream_timeout', `The upstream ${target} sent nothing within ${headersTimeoutMs} ms.`, { failover: early });
   }
   if (code === 'UND_ERR_BODY_TIMEOUT') {
     return new ApiError('upstream_timeout', `The upstream ${target} went silent for ${o.idleTimeoutMs} ms mid-answer.`, { failover: early });
@@ -301,19 +85,78 @@ function transportError(err: unknown, target: string, o: UpstreamOptions, early:
     early ? `The upstream ${target} could not be reached.` : `The upstream ${target} broke off mid-answer.`, { failover: early });
 }
 
+class TooLarge extends Error {}
+
+/** Waits shorter than this are timed by Switchyard itself (see generate). */
+const EXACT_TIMEOUT_BELOW_MS = 10_000;
+
+/** Reads a body up to `limit` bytes; past it the body is destroyed (the connection is not reused). */
+async function readCapped(body: Dispatcher.ResponseData['body'], limit: number): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > limit) {
+      body.destroy();
+      throw new TooLarge();
+    }
+    parts.push(chunk);
+  }
+  return Buffer.concat(parts, size);
+}
+
+/**
+ * Holds one answer to what the request allows: output past `cap` tokens (counted as content-bearing
+ * deltas, each at least one token, or by characters at most MAX_CHARS_PER_TOKEN a token) is cut, and
+ * the answer ends with `length`. Counts what it lets through, for the usage estimate.
+ */
+class OutputGuard {
+  deltas = 0;
+  chars = 0;
+  reasoningChars = 0;
+  capped = false;
+  private readonly maxChars: number;
+
+  constructor(private readonly cap: number) {
+    this.maxChars = cap * MAX_CHARS_PER_TOKEN;
+  }
+
+  /** The text of a delta that may pass ('' once capped). */
+  admit(text: string, reasoning: boolean): string {
+    if (this.capped || text === '') return this.capped ? '' : text;
+    if (this.deltas + 1 > this.cap) {
+      this.capped = true;
+      return '';
+    }
+    this.deltas++;
+    let out = text;
+    if (this.chars + text.length > this.maxChars) {
+      out = text.slice(0, Math.max(0, this.maxChars - this.chars));
+      this.capped = true;
+    }
+    this.chars += out.length;
+    if (reasoning) this.reasoningChars += out.length;
+    return out;
+  }
+
+  /** Output tokens by estimate: at least one per delta, at least a token per CHARS_PER_TOKEN characters. */
+  get outputTokens(): number {
+    return Math.min(this.cap, Math.max(this.deltas, tokensForChars(this.chars)));
+  }
+}
+
 /**
  * Any OpenAI-compatible server (vLLM, SGLang, llama.cpp server, Ollama, LM Studio, hosted APIs, or
  * another Switchyard). One undici Pool per origin; streams are parsed as SSE and re-emitted as
- * canonical events chunk by chunk, with nothing held back.
+ * canonical events chunk by chunk, with nothing held back. Everything read from an upstream is
+ * bounded: the answer, each stream line, the error body, and the output (at the request's limit).
  */
 export class UpstreamEngine implements Engine {
   readonly kind = 'upstream';
   private readonly pools = new Map<string, Pool>();
-  private readonly o: UpstreamOptions;
+  private readonly scrubbers = new Map<string, Scrubber>();
 
-  constructor(private readonly log: Logger, options: Partial<UpstreamOptions> = {}) {
-    this.o = { ...UPSTREAM_DEFAULTS, ...options };
-  }
+  constructor(private readonly log: Logger, private readonly o: UpstreamOptions, private readonly hooks: { onInvalidUsage?: (deployment: string) => void } = {}) {}
 
   private readonly endpoints = new Map<string, { origin: string; path: string }>();
 
@@ -327,6 +170,16 @@ export class UpstreamEngine implements Engine {
       this.endpoints.set(key, e);
     }
     return e;
+  }
+
+  private scrubber(secret: string | undefined): Scrubber {
+    const key = secret ?? '';
+    let s = this.scrubbers.get(key);
+    if (!s) {
+      s = new Scrubber(secret);
+      this.scrubbers.set(key, s);
+    }
+    return s;
   }
 
   /** Guarded targets get pools of their own whose every connection passes the address policy. */
@@ -351,14 +204,14 @@ export class UpstreamEngine implements Engine {
       const res = await this.pool(url.origin, target.guarded).request({
         path: url.path, method: 'GET', headers, headersTimeout: 5_000, bodyTimeout: 5_000,
       });
-      await res.body.dump();
+      await res.body.dump({ limit: 64 * 1024 });
       return res.statusCode < 500;
     } catch {
       return false;
     }
   }
 
-  async *generate(req: GenerationRequest, target: DeploymentTarget): AsyncGenerator<GenerationEvent> {
+  async *generate(req: GenerationRequest, target: DeploymentTarget, attempt?: Attempt): AsyncGenerator<GenerationEvent> {
     if (target.engine !== 'upstream') throw new Error('upstream engine given a non-upstream target');
     // A deployment that speaks the Responses API gets it natively (always streamed); others get chat completions.
     const native = target.api === 'responses';
@@ -366,7 +219,31 @@ export class UpstreamEngine implements Engine {
     const url = this.endpoint(target.baseUrl, native ? 'responses' : 'chat/completions');
     const headers: Record<string, string> = { 'content-type': 'application/json', accept: stream ? 'text/event-stream' : 'application/json' };
     if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
-    const body = native ? responsesBody(req, target.upstreamModel) : wireBody(req, target.upstreamModel);
+    const body = native ? encodeResponsesRequest(req, target.upstreamModel) : encodeChatRequest(req, target.upstreamModel);
+    const scrub = this.scrubber(target.apiKey);
+    const tally = req.tally;
+    const headersTimeout = Math.max(1, Math.min(this.o.firstByteTimeoutMs, (attempt?.deadline ?? Infinity) - Date.now()));
+    // undici checks its timeouts on a coarse clock (up to a second late). Where that second matters
+    // (a short wait, a deadline near), the wait is timed here and the request aborted on time;
+    // otherwise undici's own timeout is used, at no extra cost per request.
+    const exact = headersTimeout < EXACT_TIMEOUT_BELOW_MS;
+    let signal: AbortSignal = req.signal;
+    let cancel: (() => void) | undefined;
+    let timer: NodeJS.Timeout | undefined;
+    let timedOut = false;
+    if (exact) {
+      const abort = new AbortController();
+      cancel = () => abort.abort();
+      req.signal.addEventListener('abort', cancel, { once: true });
+      timer = setTimeout(() => {
+        timedOut = true;
+        abort.abort();
+      }, headersTimeout);
+      signal = abort.signal;
+    }
+    const forget = () => {
+      if (cancel) req.signal.removeEventListener('abort', cancel);
+    };
     let res: Dispatcher.ResponseData;
     try {
       res = await this.pool(url.origin, target.guarded).request({
@@ -374,54 +251,123 @@ export class UpstreamEngine implements Engine {
         method: 'POST',
         headers,
         body: JSON.stringify(body),
-        signal: req.signal,
-        headersTimeout: this.o.firstByteTimeoutMs,
+        signal,
+        headersTimeout: exact ? headersTimeout + 2_000 : headersTimeout,
         bodyTimeout: this.o.idleTimeoutMs,
       });
     } catch (err) {
-      if (req.signal.aborted) throw new ApiError('invalid_request', 'The request was cancelled.');
+      forget();
+      if (req.signal.aborted) throw new CancelledError();
       this.log.warn({ deployment: target.id, err: (err as Error).message }, 'upstream unreachable');
-      throw transportError(err, target.id, this.o, true);
+      throw transportError(timedOut ? { code: 'UND_ERR_HEADERS_TIMEOUT' } : err, target.id, this.o, true, headersTimeout);
+    } finally {
+      if (timer) clearTimeout(timer);
     }
     if (res.statusCode >= 400) {
-      const text = await res.body.text().catch(() => '');
+      forget();
+      let text: string;
+      try {
+        text = (await readCapped(res.body, this.o.maxErrorBytes)).toString('utf8');
+      } catch (err) {
+        text = err instanceof TooLarge ? `(an error body over ${this.o.maxErrorBytes} bytes, not read)` : '';
+      }
       const retryAfter = res.headers['retry-after'];
-      throw upstreamError(res.statusCode, text, target.id, typeof retryAfter === 'string' ? retryAfter : undefined, target.apiKey);
+      throw upstreamError(res.statusCode, text, target.id, typeof retryAfter === 'string' ? retryAfter : undefined, scrub);
     }
 
-    const reader: StreamReader = native ? new ResponsesReader() : new ChatReader();
+    // The upstream took the request: from here it is billed, by estimate until the upstream reports usage.
+    tally.input = estimateInputTokens(req);
+    tally.exact = false;
+    const clean = (text: string): string => scrub.text(text);
+    const reader: StreamReader = native ? new ResponsesReader(clean) : new ChatReader(clean);
     const out: GenerationEvent[] = [];
     // The Responses API has no `stop`: it is applied here. The upstream is read to its end anyway,
     // so the usage it reports (and bills) stays exact.
     const stops = native && req.sampling.stop?.length ? new StopMatcher(req.sampling.stop) : undefined;
     let stopped = false;
+    const guard = new OutputGuard(attempt?.outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER);
+    // One scrubber per text channel (a key split across deltas is still found); none without a key.
+    const textScrub = scrub.active ? scrub.stream() : undefined;
+    const reasoningScrub = scrub.active ? scrub.stream() : undefined;
+    const argScrubs = scrub.active ? new Map<number, StreamScrubber>() : undefined;
     // Until an event has gone out, a failure may still move to another deployment.
     let early = true;
-    const filter = (events: GenerationEvent[]): GenerationEvent[] => {
-      if (events.length) early = false;
-      if (!stops) return events;
-      const kept: GenerationEvent[] = [];
+    /**
+     * Applies the output limit, stop strings and scrubbing to a batch of events, in place (an event
+     * whose text is unchanged is passed on as it is), and keeps the usage tally current.
+     */
+    const see = (events: GenerationEvent[]): GenerationEvent[] => {
+      let n = 0;
       for (const ev of events) {
-        if (stopped && (ev.type === 'text.delta' || ev.type.startsWith('tool_call'))) continue;
-        if (ev.type !== 'text.delta') {
-          kept.push(ev);
-          continue;
+        switch (ev.type) {
+          case 'text.delta': {
+            // Counted even after a stop string, so an upstream that goes on is still cut at the limit.
+            let text = guard.admit(ev.text, false);
+            if (stopped) continue;
+            if (stops && text) {
+              const r = stops.push(text);
+              text = r.emit;
+              stopped ||= r.stopped;
+            }
+            if (textScrub) text = textScrub.push(text);
+            if (text) events[n++] = text === ev.text ? ev : { type: 'text.delta', text };
+            continue;
+          }
+          case 'reasoning.delta': {
+            let text = guard.admit(ev.text, true);
+            if (reasoningScrub) text = reasoningScrub.push(text);
+            if (text) events[n++] = text === ev.text ? ev : { type: 'reasoning.delta', text };
+            continue;
+          }
+          case 'tool_call.start':
+            if (!stopped && !guard.capped) events[n++] = ev;
+            continue;
+          case 'tool_call.delta': {
+            if (stopped) continue;
+            let text = guard.admit(ev.arguments, false);
+            if (argScrubs) {
+              let sc = argScrubs.get(ev.index);
+              if (!sc) argScrubs.set(ev.index, sc = scrub.stream());
+              text = sc.push(text);
+            }
+            if (text) events[n++] = text === ev.arguments ? ev : { type: 'tool_call.delta', index: ev.index, arguments: text };
+            continue;
+          }
+          default:
+            events[n++] = ev;
         }
-        const r = stops.push(ev.text);
-        if (r.emit) kept.push({ type: 'text.delta', text: r.emit });
-        stopped ||= r.stopped;
       }
-      return kept;
+      events.length = n;
+      tally.output = guard.outputTokens;
+      tally.reasoning = Math.min(tally.output, tokensForChars(guard.reasoningChars));
+      if (n) early = false;
+      return events;
     };
     try {
       if (!stream) {
-        reader.read(await res.body.json(), out);
-        yield* filter(out);
+        // A declared length within the cap is read by undici's own (faster) path; anything else is counted as it comes.
+        const declared = Number(res.headers['content-length']);
+        const tooLarge = () => new ApiError('upstream_error', `The upstream ${target.id} sent an answer larger than ${this.o.maxBodyBytes} bytes.`, { failover: true });
+        if (declared > this.o.maxBodyBytes) throw tooLarge();
+        let answer: unknown;
+        if (declared >= 0) {
+          answer = await res.body.json();
+        } else {
+          try {
+            answer = JSON.parse((await readCapped(res.body, this.o.maxBodyBytes)).toString('utf8'));
+          } catch (err) {
+            throw err instanceof TooLarge ? tooLarge() : err;
+          }
+        }
+        reader.read(answer, out);
+        yield* see(out);
       } else {
         let done = false;
         let failure: unknown;
+        let sinceEvent = 0;
         const parser = createParser({
           onEvent: (ev: EventSourceMessage) => {
+            sinceEvent = -1;
             if (done) return;
             if (ev.data === '[DONE]') {
               done = true;
@@ -438,30 +384,72 @@ export class UpstreamEngine implements Engine {
         // A UTF-8 character may be split across network chunks.
         const decoder = new StringDecoder('utf8');
         for await (const chunk of res.body as AsyncIterable<Buffer>) {
+          const before = sinceEvent;
+          sinceEvent = 0;
           parser.feed(decoder.write(chunk));
+          // Bytes held for an event not yet complete: what came after the last newline of this
+          // chunk if an event ended in it, else everything since the last event.
+          sinceEvent = sinceEvent === -1 ? chunk.length - chunk.lastIndexOf(10) - 1 : before + chunk.length;
+          if (sinceEvent > this.o.maxLineBytes) {
+            throw new ApiError('upstream_error', `The upstream ${target.id} sent a stream event larger than ${this.o.maxLineBytes} bytes.`, { failover: early });
+          }
           if (out.length) {
-            yield* filter(out);
+            yield* see(out);
             out.length = 0;
           }
           if (failure) throw failure;
+          // At the request's output limit: stop reading (the upstream is told by the connection closing).
+          if (guard.capped) break;
         }
         if (failure) throw failure;
-        if (!done) throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
+        if (!done && !guard.capped && !stopped) throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
       }
     } catch (err) {
       if (req.signal.aborted || err instanceof undiciErrors.RequestAbortedError) return;
       if (err instanceof ApiError) throw err;
       if (err instanceof SyntaxError) throw new ApiError('upstream_error', `The upstream ${target.id} sent a reply that is not JSON.`, { failover: early });
       this.log.warn({ deployment: target.id, err: (err as Error).message }, 'upstream broke off');
-      throw transportError(err, target.id, this.o, early);
+      throw transportError(err, target.id, this.o, early, headersTimeout);
     } finally {
+      forget();
       // A body read to its end leaves the connection reusable; anything else must not.
       if (!res.body.readableEnded) res.body.destroy();
     }
     const rest = stops && !stopped ? stops.flush() : '';
-    if (rest) yield { type: 'text.delta', text: rest };
-    yield { type: 'usage', usage: reader.usage ?? { input: 0, cached: 0, output: 0, reasoning: 0 } };
-    yield { type: 'finish', reason: stopped ? 'stop' : reader.finish };
+    const tailText = textScrub ? textScrub.push(rest) + textScrub.flush() : rest;
+    if (tailText) yield { type: 'text.delta', text: tailText };
+    const tailReasoning = reasoningScrub?.flush();
+    if (tailReasoning) yield { type: 'reasoning.delta', text: tailReasoning };
+    for (const [index, sc] of argScrubs ?? []) {
+      const tail = sc.flush();
+      if (tail) yield { type: 'tool_call.delta', index, arguments: tail };
+    }
+    yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
+    yield { type: 'finish', reason: guard.capped ? 'length' : stopped ? 'stop' : reader.finish };
+  }
+
+  /**
+   * The usage to bill: the upstream's own counts where they are valid, the estimate for the rest
+   * (flagged). A capped answer was cut by Switchyard, so the upstream's report (if any) is not it.
+   */
+  private usage(r: ReportedUsage | undefined, tally: UsageTally, capped: boolean, deployment: string): Usage {
+    if (r?.invalid) {
+      this.hooks.onInvalidUsage?.(deployment);
+      this.log.warn({ deployment }, 'upstream reported usage that is not a count of tokens; using an estimate');
+    }
+    const use = capped ? undefined : r;
+    const input = use?.input ?? tally.input;
+    const output = use?.output ?? tally.output;
+    const estimated = use === undefined || use.invalid || use.input === undefined || use.output === undefined;
+    const usage: Usage = {
+      input,
+      cached: Math.min(input, use?.cached ?? 0),
+      output,
+      reasoning: Math.min(output, use?.reasoning ?? (use?.output === undefined ? tally.reasoning : 0)),
+      ...(estimated && { estimated: true }),
+    };
+    Object.assign(tally, { input: usage.input, cached: usage.cached, output: usage.output, reasoning: usage.reasoning, exact: !estimated });
+    return usage;
   }
 
   async close(): Promise<void> {

@@ -1,6 +1,7 @@
 /**
- * The one registry of error codes. Every non-2xx reply is built from an entry here, so the
- * HTTP status, the OpenAI-style `type` and the `code` can never drift apart.
+ * The one registry of error codes. Every error Switchyard raises, in any layer, is an ApiError with
+ * one of these codes; the HTTP layer turns it into a reply, so the status, the OpenAI-style `type`
+ * and the `code` can never drift apart.
  */
 export const ERRORS = {
   invalid_json: { status: 400, type: 'invalid_request_error' },
@@ -13,6 +14,7 @@ export const ERRORS = {
   unsupported_parameter: { status: 400, type: 'invalid_request_error' },
   unsupported_content: { status: 400, type: 'invalid_request_error' },
   unsupported_schema: { status: 400, type: 'invalid_request_error' },
+  schema_too_large: { status: 400, type: 'invalid_request_error' },
   missing_capability: { status: 400, type: 'invalid_request_error' },
   missing_api_key: { status: 401, type: 'authentication_error' },
   invalid_api_key: { status: 401, type: 'authentication_error' },
@@ -38,6 +40,8 @@ export const ERRORS = {
   model_load_failed: { status: 503, type: 'server_error' },
   model_not_ready: { status: 503, type: 'server_error' },
   service_unavailable: { status: 503, type: 'server_error' },
+  // The client went away or cancelled: nobody reads the answer (nginx's 499), but the ledger records it.
+  cancelled: { status: 499, type: 'invalid_request_error' },
 } as const satisfies Record<string, { status: number; type: string }>;
 
 export type ErrorCode = keyof typeof ERRORS;
@@ -50,29 +54,50 @@ export interface ErrorBody {
   error: { message: string; type: string; param: string | null; code: string | null };
 }
 
+export interface ApiErrorOptions {
+  param?: string | null;
+  /** Another deployment of the same model may succeed (an upstream 5xx, a connection failure, a 429). */
+  failover?: boolean;
+  /** How long to wait before trying again (an upstream's retry-after, a rate-limit window), in ms. */
+  retryAfterMs?: number;
+  /** Retrying cannot help (configuration or a spent budget must change): clients are told not to. */
+  final?: boolean;
+  /** Extra reply headers the protocol defines (rate-limit state, `allow`). */
+  headers?: Record<string, string>;
+}
+
 export class ApiError extends Error {
   readonly status: number;
   readonly type: string;
   readonly code: ErrorCode;
   readonly param: string | null;
-  /** Extra reply headers, e.g. `retry-after` or `allow`. */
-  readonly headers: Readonly<Record<string, string>>;
-  /** Another deployment of the same model may succeed (an upstream 5xx or connection failure). */
   readonly failover: boolean;
+  readonly retryAfterMs: number | undefined;
+  readonly final: boolean;
+  readonly headers: Readonly<Record<string, string>>;
 
-  constructor(code: ErrorCode, message: string, opts: { param?: string | null; headers?: Record<string, string>; failover?: boolean } = {}) {
+  constructor(code: ErrorCode, message: string, opts: ApiErrorOptions = {}) {
     super(message);
     const entry = ERRORS[code];
     this.status = entry.status;
     this.type = entry.type;
     this.code = code;
     this.param = opts.param ?? null;
-    this.headers = opts.headers ?? {};
     this.failover = opts.failover ?? false;
+    this.retryAfterMs = opts.retryAfterMs;
+    this.final = opts.final ?? false;
+    this.headers = opts.headers ?? {};
   }
 
   toBody(): ErrorBody {
     return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
+  }
+}
+
+/** The request was cancelled (its client left, or a cancel call): not a failure of the request. */
+export class CancelledError extends ApiError {
+  constructor(message = 'The request was cancelled.') {
+    super('cancelled', message);
   }
 }
 

@@ -1,5 +1,15 @@
-import type { GenerationEvent, Usage } from './canonical.js';
-import { newId, type Item } from './items.js';
+import type { GenerationEvent, Usage } from '../../core/canonical.js';
+import { newId, nowSeconds } from '../../core/ids.js';
+import type { Item, ReasoningItem } from '../../core/items.js';
+import { TERMINAL, type NewResponse, type ResponseEvent, type ResponseFold, type ResponsesFormat, type ResponseStatus, type StoredResponse } from '../../core/responses/format.js';
+import type { ResponsesRequest } from './request.js';
+
+/**
+ * The Responses API's response object and stream events: how canonical events become the object a
+ * client reads and the `response.*` events it streams, in the documented order. The stored response
+ * and the streamed one are the same fold, and replay re-renders the stored one through it, so they
+ * cannot disagree.
+ */
 
 /** The Response object as served (wire doc, Responses section). */
 export interface ResponseObject {
@@ -30,9 +40,6 @@ export interface ResponseObject {
   user: string | null;
   metadata: Record<string, string>;
 }
-
-export type ResponseStatus = 'queued' | 'in_progress' | 'completed' | 'failed' | 'cancelled' | 'incomplete';
-export const TERMINAL: readonly ResponseStatus[] = ['completed', 'failed', 'cancelled', 'incomplete'];
 
 /** One server-sent event, before its sequence number is given. */
 export type WireEvent = { type: string } & Record<string, unknown>;
@@ -65,6 +72,8 @@ export function renderResponseUsage(u: Usage): Record<string, unknown> {
     total_tokens: u.input + u.output,
   };
   if (u.cost !== undefined) out['cost'] = u.cost;
+  // Also an extension: the counts are Switchyard's estimate (the engine reported none, or nonsense).
+  if (u.estimated) out['estimated'] = true;
   return out;
 }
 
@@ -75,17 +84,30 @@ type Open =
 
 const copy = <T>(v: T): T => structuredClone(v);
 
-/**
- * Folds canonical events into a Response and renders the Responses stream events on the way, in
- * the documented order. The stored response and the streamed one are the same fold, and replay
- * re-renders the stored one through this class, so they cannot disagree.
- */
-export class ResponseBuilder {
+/** Folds canonical events into a Response and renders the Responses stream events on the way. */
+export class ResponseBuilder implements ResponseFold {
   private open: Open | undefined;
   private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
   private ids = 0;
 
   constructor(readonly response: ResponseObject, private readonly opts: BuilderOptions) {}
+
+  get resource(): Readonly<Record<string, unknown>> {
+    return this.response as unknown as Record<string, unknown>;
+  }
+
+  get status(): ResponseStatus {
+    return this.response.status;
+  }
+
+  get output(): readonly Item[] {
+    return this.response.output;
+  }
+
+  /** `response.queued`: a background response waiting to start. */
+  queued(): WireEvent[] {
+    return [{ type: 'response.queued', response: copy(this.response) }];
+  }
 
   private id(kind: 'msg' | 'rs' | 'fc'): string {
     return this.opts.idFor ? this.opts.idFor(kind, this.ids++) : newId(kind);
@@ -139,7 +161,7 @@ export class ResponseBuilder {
         this.close(out, incomplete ? 'incomplete' : 'completed');
         const r = this.response;
         r.usage = renderResponseUsage(this.usage);
-        r.completed_at = Math.floor(Date.now() / 1000);
+        r.completed_at = nowSeconds();
         if (incomplete) {
           r.status = 'incomplete';
           r.incomplete_details = { reason: ev.reason === 'length' ? 'max_output_tokens' : 'content_filter' };
@@ -261,3 +283,85 @@ export function eventsOf(r: ResponseObject): GenerationEvent[] {
   });
   return events;
 }
+
+const TERMINAL_EVENTS = new Set(['response.completed', 'response.incomplete', 'response.failed']);
+
+/** The response object for a new request: what core decided, and the request's own fields echoed. */
+function newResource(r: NewResponse<ResponsesRequest>): ResponseObject {
+  const body = r.echo;
+  return {
+    id: r.id,
+    object: 'response',
+    created_at: r.createdAt,
+    status: r.background ? 'queued' : 'in_progress',
+    completed_at: null,
+    background: r.background,
+    error: null,
+    incomplete_details: null,
+    instructions: body.instructions ?? null,
+    max_output_tokens: body.max_output_tokens ?? null,
+    model: r.model,
+    output: [],
+    parallel_tool_calls: body.parallel_tool_calls ?? true,
+    previous_response_id: r.previousResponseId,
+    conversation: r.conversationId === null ? null : { id: r.conversationId },
+    reasoning: { effort: body.reasoning?.effort ?? null, summary: body.reasoning?.summary ?? null },
+    store: r.store,
+    temperature: body.temperature ?? 1,
+    text: { format: body.text?.format ?? { type: 'text' } },
+    tool_choice: body.tool_choice ?? 'auto',
+    tools: (body.tools ?? []).map((t) => ({ type: 'function', name: t.name, description: t.description ?? null, parameters: t.parameters ?? null, strict: t.strict ?? true })),
+    top_p: body.top_p ?? 1,
+    truncation: body.truncation ?? 'disabled',
+    usage: null,
+    user: body.user ?? null,
+    metadata: body.metadata ?? {},
+  };
+}
+
+/** The Responses wire format, as core's lifecycle uses it (see core/responses/format.ts). */
+export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
+  open(r) {
+    return new ResponseBuilder(newResource(r), { summary: r.summary, seal: r.seal });
+  },
+
+  read(stored): StoredResponse {
+    const resource = JSON.parse(stored) as ResponseObject;
+    return { resource: resource as unknown as Record<string, unknown>, status: resource.status, output: resource.output };
+  },
+
+  serialize(fold) {
+    return JSON.stringify(fold.resource);
+  },
+
+  replay(stored) {
+    const r = JSON.parse(stored) as ResponseObject;
+    const ids = r.output.map((o) => o.id);
+    const sealed = r.output.filter((o): o is ReasoningItem => o.type === 'reasoning').map((o) => o.encrypted_content);
+    let sealIndex = 0;
+    const base: ResponseObject = { ...structuredClone(r), status: 'in_progress', output: [], usage: null, completed_at: null, error: null, incomplete_details: null };
+    const builder = new ResponseBuilder(base, {
+      summary: r.reasoning.summary,
+      idFor: (_kind, i) => ids[i] ?? newId('item'),
+      ...(sealed.some(Boolean) && { seal: () => sealed[sealIndex++] ?? '' }),
+    });
+    const events: WireEvent[] = [...builder.start()];
+    for (const ev of eventsOf(r)) events.push(...builder.apply(ev));
+    if (r.status === 'failed') events.push(...builder.fail(r.error?.code ?? 'server_error', r.error?.message ?? ''));
+    else if (r.status === 'cancelled') events.push(...builder.cancel());
+    else if (r.status === 'incomplete') events.push(...builder.apply({ type: 'finish', reason: r.incomplete_details?.reason === 'content_filter' ? 'content_filter' : 'length' }));
+    else if (r.status === 'completed') events.push(...builder.apply({ type: 'finish', reason: 'stop' }));
+    return { events, finished: TERMINAL.includes(r.status) };
+  },
+
+  end(stored, status, error) {
+    const r = JSON.parse(stored) as ResponseObject;
+    r.status = status;
+    if (error) r.error = error;
+    return JSON.stringify(r);
+  },
+
+  isTerminal(ev: ResponseEvent) {
+    return TERMINAL_EVENTS.has(ev.type);
+  },
+};

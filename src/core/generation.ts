@@ -1,0 +1,96 @@
+import { ApiError } from './errors.js';
+import type { GenerationRequest } from './canonical.js';
+import type { Principal } from './principal.js';
+import { costOf, type Ledger } from './ledger.js';
+import type { Admission, Limiter } from './limits.js';
+import { MeteredStream, type GenerationStart } from './metering.js';
+import type { Metrics } from './metrics.js';
+import type { Capability, Model } from './model-spec.js';
+import type { Router } from './router.js';
+import { checkSchemaLimits, type SchemaLimits } from './schema-limits.js';
+import { estimateInputTokens } from './estimate.js';
+
+export type { GenerationStart };
+
+/** The most a request can cost: its estimated input and the largest output it may get. */
+export function worstCaseCost(model: Model, req: GenerationRequest): number | null {
+  const input = estimateInputTokens(req);
+  const output = req.maxOutputTokens ?? Math.max(0, (model.context_length ?? input) - input);
+  return costOf(model, { input, cached: 0, output });
+}
+
+/** A generation request's endpoint and timing, which every record of it carries. */
+export type GenerationMeta = Omit<GenerationStart, 'model' | 'who'>;
+
+/** An admitted generation: its model, what the admission says to the client, and how to start it. */
+export interface Admitted {
+  model: Model;
+  admission: Admission;
+  /** Starts the generation under metering; problems before its first event are thrown here. */
+  open(): Promise<MeteredStream>;
+}
+
+/**
+ * The one generation pipeline every endpoint runs, in one fixed order: resolve the model, check
+ * what the canonical request needs of it (capabilities, images, JSON schemas against the limits),
+ * admit it (limits and the budget reservation), then start it under metering. Nothing counts
+ * against a limit for a request refused before admission, whichever protocol it came in.
+ */
+export class GenerationPipeline {
+  constructor(
+    private readonly router: Router,
+    private readonly limiter: Limiter,
+    private readonly ledger: Ledger,
+    private readonly metrics: Metrics,
+    private readonly schemaLimits: SchemaLimits,
+  ) {}
+
+  /** Step 1: the catalogue model the caller may generate with (or the answer decided in docs/decisions.md). */
+  resolve(id: string, who: Principal): Model {
+    return this.router.resolve(id, who);
+  }
+
+  /** Steps 2 and 3: what the request needs of the model, then admission. */
+  async admit(model: Model, req: GenerationRequest, who: Principal, meta: GenerationMeta): Promise<Admitted> {
+    this.checkNeeds(model, req, meta.endpoint);
+    const admission = await this.limiter.admit(who, model.id, () => worstCaseCost(model, req));
+    const start: GenerationStart = { ...meta, model, who };
+    return {
+      model,
+      admission,
+      open: () => MeteredStream.open(this.router, req, { ...start, trace: {}, settle: admission.settle }, this.ledger, this.metrics),
+    };
+  }
+
+  /** All of it for a request whose context is complete (chat completions, Messages). */
+  async start(req: GenerationRequest, who: Principal, meta: GenerationMeta): Promise<Admitted> {
+    return this.admit(this.resolve(req.model, who), req, who, meta);
+  }
+
+  /** A request that needs what the model does not advertise gets a 400 naming the capability. */
+  private checkNeeds(model: Model, req: GenerationRequest, endpoint: GenerationMeta['endpoint']): void {
+    const need = (cap: Capability, param: string) => {
+      if (!model.capabilities.includes(cap)) throw new ApiError('missing_capability', `The model '${model.id}' does not support ${cap}.`, { param });
+    };
+    const chat = endpoint === 'chat.completions';
+    if (req.tools?.length && req.toolChoice !== 'none') need('function_calling', 'tools');
+    if (req.responseFormat && req.responseFormat.type !== 'text') need('structured_output', chat ? 'response_format' : 'text.format');
+    // Images, on every endpoint.
+    if (!model.capabilities.includes('vision')) {
+      req.messages.forEach((m, i) => {
+        if (typeof m.content === 'string' || m.content === null) return;
+        const j = m.content.findIndex((p) => p.type === 'image');
+        if (j < 0) return;
+        throw new ApiError('unsupported_content', `The model '${model.id}' does not accept images (it lacks the vision capability).`, {
+          param: chat ? `messages[${i}].content[${j}]` : 'input',
+        });
+      });
+    }
+    req.tools?.forEach((t, i) => {
+      if (t.parameters) checkSchemaLimits(t.parameters, this.schemaLimits, `tools[${i}].parameters`);
+    });
+    if (req.responseFormat?.type === 'json_schema') {
+      checkSchemaLimits(req.responseFormat.schema, this.schemaLimits, chat ? 'response_format.json_schema.schema' : 'text.format.schema');
+    }
+  }
+}

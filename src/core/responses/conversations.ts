@@ -1,0 +1,99 @@
+import { ApiError } from '../errors.js';
+import type { Principal } from '../principal.js';
+import type { ConversationRecord, ItemPage, Store } from '../../store/store.js';
+import { checkNewItemIds, resolveInput, type InputItem, type Item } from '../items.js';
+import { newId, nowSeconds } from '../ids.js';
+
+/** A conversation as served (its items are listed separately). */
+export interface Conversation {
+  id: string;
+  object: 'conversation';
+  created_at: number;
+  metadata: Record<string, string>;
+}
+
+const render = (c: ConversationRecord): Conversation =>
+  ({ id: c.id, object: 'conversation', created_at: c.created_at, metadata: JSON.parse(c.metadata) as Record<string, string> });
+
+/**
+ * Conversations: stored, ordered lists of items that responses read from and append to. They
+ * belong to the organization of the key that created them; any other gets 404. Item ids are
+ * unique within a conversation (a reused one is a 400, never a silently lost item).
+ */
+export class ConversationService {
+  constructor(private readonly store: Store) {}
+
+  private async load(id: string, who: Principal): Promise<ConversationRecord> {
+    const c = await this.store.getConversation(id);
+    if (!c || c.org_id !== who.orgId) throw new ApiError('not_found', `No conversation with id '${id}'.`, { param: 'conversation_id' });
+    return c;
+  }
+
+  /** New items: references have nothing to refer to here. */
+  private newItems(input: readonly InputItem[]): Item[] {
+    return resolveInput(input, () => undefined);
+  }
+
+  private async append(c: ConversationRecord, items: readonly Item[]): Promise<void> {
+    try {
+      await this.store.appendConversationItems(c.id, items.map((i) => ({ id: i.id, json: JSON.stringify(i) })), nowSeconds());
+    } catch (err) {
+      // Another request added the same id in between.
+      if (this.store.isDataError(err)) throw new ApiError('invalid_value', 'An item with one of these ids was just added to this conversation; item ids must be unique within it.', { param: 'items' });
+      throw err;
+    }
+  }
+
+  async create(who: Principal, input: readonly InputItem[], metadata: Record<string, string>): Promise<Conversation> {
+    const items = this.newItems(input);
+    checkNewItemIds(items, new Set(), (i) => `items[${i}].id`);
+    const conv: ConversationRecord = { id: newId('conv'), org_id: who.orgId, created_at: nowSeconds(), metadata: JSON.stringify(metadata) };
+    await this.store.createConversation(conv);
+    await this.append(conv, items);
+    return render(conv);
+  }
+
+  async get(id: string, who: Principal): Promise<Conversation> {
+    return render(await this.load(id, who));
+  }
+
+  async update(id: string, who: Principal, metadata: Record<string, string>): Promise<Conversation> {
+    const c = await this.load(id, who);
+    await this.store.updateConversation(c.id, JSON.stringify(metadata));
+    return render({ ...c, metadata: JSON.stringify(metadata) });
+  }
+
+  async delete(id: string, who: Principal): Promise<void> {
+    const c = await this.load(id, who);
+    await this.store.deleteConversation(c.id);
+  }
+
+  async addItems(id: string, who: Principal, input: readonly InputItem[]): Promise<Item[]> {
+    const c = await this.load(id, who);
+    const items = this.newItems(input);
+    checkNewItemIds(items, new Set(await this.store.conversationItemsIn(c.id, items.map((i) => i.id))), (i) => `items[${i}].id`);
+    await this.append(c, items);
+    return items;
+  }
+
+  async listItems(id: string, who: Principal, page: { after?: string | undefined; limit: number; order: 'asc' | 'desc' }): Promise<{ items: Item[]; hasMore: boolean }> {
+    const c = await this.load(id, who);
+    const found: ItemPage = await this.store.listConversationItems(c.id, page);
+    return { items: found.items.map((j) => JSON.parse(j) as Item), hasMore: found.hasMore };
+  }
+
+  async getItem(id: string, who: Principal, itemId: string): Promise<Item> {
+    const c = await this.load(id, who);
+    const item = await this.store.getConversationItem(c.id, itemId);
+    if (item === undefined) throw new ApiError('not_found', `No item '${itemId}' in this conversation.`, { param: 'item_id' });
+    return JSON.parse(item) as Item;
+  }
+
+  async deleteItem(id: string, who: Principal, itemId: string): Promise<Conversation> {
+    const c = await this.load(id, who);
+    if (!(await this.store.deleteConversationItem(c.id, itemId))) {
+      throw new ApiError('not_found', `No item '${itemId}' in this conversation.`, { param: 'item_id' });
+    }
+    return render(c);
+  }
+}

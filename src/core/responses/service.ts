@@ -1,0 +1,298 @@
+import type { Logger } from 'pino';
+import { ApiError } from '../errors.js';
+import type { Principal } from '../principal.js';
+import type { ConversationRecord, ResponseRecord, Store } from '../../store/store.js';
+import { newTally, type GenerationRequest } from '../canonical.js';
+import { checkNewItemIds, itemsToMessages, resolveInput, type InputItem, type Item, type ReasoningItem } from '../items.js';
+import { newId, nowSeconds } from '../ids.js';
+import type { ReasoningSeal } from '../reasoning-seal.js';
+import type { Model } from '../model-spec.js';
+import type { MeteredStream } from '../metering.js';
+import type { GenerationPipeline } from '../generation.js';
+import { TERMINAL, type ResponseFold, type ResponsesCreate, type ResponsesFormat, type ResponseStatus } from './format.js';
+import { EventLog, Run } from './run.js';
+
+const HEARTBEAT_MS = 10_000;
+const MAX_CHAIN = 1000;
+const ABANDONED = { code: 'server_error', message: 'The server running this response stopped before it finished.' };
+
+export interface ResponseServiceOptions {
+  /** A running response whose owner has not refreshed it for this long is taken as abandoned. */
+  staleAfterMs: number;
+  /** The embedded SQLite database has one instance: whatever was running at start was this process's. */
+  singleInstance: boolean;
+}
+
+/** Responses still queued or running that nobody refreshed since `before` become failed. */
+export async function failAbandonedResponses<E>(
+  store: Store, format: ResponsesFormat<E>, before: number, log: Logger, isRunningHere: (id: string) => boolean = () => false,
+): Promise<void> {
+  for (const r of await store.staleResponses(['queued', 'in_progress'], before)) {
+    if (isRunningHere(r.id)) continue;
+    const body = format.end(r.body, 'failed', ABANDONED);
+    if (await store.updateResponse(r.id, ['queued', 'in_progress'], { status: 'failed', body, updated_at: Date.now() })) {
+      log.warn({ response_id: r.id }, 'marked an abandoned response as failed');
+    }
+  }
+}
+
+/**
+ * The Responses lifecycle, on canonical items and events: building the context (previous response
+ * chain, conversation, input), running generation inline or in the background, storing the result,
+ * cancel, replay, and cleaning up after instances that died mid-response. What the response looks
+ * like on the wire is the format's (the Responses protocol module's).
+ *
+ * Transitions (anything else is refused):
+ *   queued → in_progress → completed | incomplete | failed | cancelled
+ *   queued → cancelled | failed
+ */
+export class ResponseService<Echo> {
+  private readonly running = new Map<string, Run>();
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly store: Store,
+    private readonly format: ResponsesFormat<Echo>,
+    private readonly pipeline: GenerationPipeline,
+    private readonly seal: ReasoningSeal,
+    private readonly log: Logger,
+    private readonly opts: ResponseServiceOptions,
+  ) {}
+
+  async start(): Promise<void> {
+    await this.sweep(this.opts.singleInstance ? Date.now() + 1 : Date.now() - this.opts.staleAfterMs);
+    this.timer = setInterval(() => {
+      const ids = [...this.running.keys()];
+      this.store.touchResponses(ids, Date.now())
+        .then(() => this.stopCancelledElsewhere(ids))
+        .then(() => this.sweep(Date.now() - this.opts.staleAfterMs))
+        .catch((err: unknown) => this.log.warn({ err }, 'response heartbeat failed'));
+    }, Math.min(HEARTBEAT_MS, Math.max(1000, this.opts.staleAfterMs / 3)));
+    this.timer.unref();
+  }
+
+  /**
+   * Shutdown: background runs are cancelled (and stored so); foreground ones, which a client is
+   * waiting for, are left to finish like any in-flight request.
+   */
+  async stop(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    const runs = [...this.running.values()];
+    for (const r of runs) if (r.background) r.abort.abort();
+    await Promise.allSettled(runs.map((r) => r.done));
+  }
+
+  /** A background run cancelled through another instance is stopped here at the next heartbeat. */
+  private async stopCancelledElsewhere(ids: readonly string[]): Promise<void> {
+    for (const id of ids) {
+      const run = this.running.get(id);
+      if (!run?.background || run.abort.signal.aborted) continue;
+      if ((await this.store.getResponse(id))?.status === 'cancelled') run.abort.abort();
+    }
+  }
+
+  private sweep(before: number): Promise<void> {
+    return failAbandonedResponses(this.store, this.format, before, this.log, (id) => this.running.has(id));
+  }
+
+  // ---- reading
+
+  private async record(id: string, who: Principal): Promise<ResponseRecord> {
+    const r = await this.store.getResponse(id);
+    if (!r || r.org_id !== who.orgId) throw new ApiError('not_found', `No response with id '${id}'.`, { param: 'response_id' });
+    return r;
+  }
+
+  /** The response object as served. */
+  async get(id: string, who: Principal): Promise<Record<string, unknown>> {
+    const run = this.running.get(id);
+    if (run && run.orgId === who.orgId) return run.resource();
+    return this.format.read((await this.record(id, who)).body).resource;
+  }
+
+  /** The live run (to follow), or the stored response re-rendered as events. */
+  async replay(id: string, who: Principal): Promise<EventLog> {
+    const run = this.running.get(id);
+    if (run && run.orgId === who.orgId) return run;
+    const { events, finished } = this.format.replay((await this.record(id, who)).body);
+    return EventLog.of(events, finished);
+  }
+
+  async inputItems(id: string, who: Principal): Promise<Item[]> {
+    return JSON.parse((await this.record(id, who)).input_items) as Item[];
+  }
+
+  async delete(id: string, who: Principal): Promise<void> {
+    await this.record(id, who);
+    const run = this.running.get(id);
+    if (run) {
+      run.abort.abort();
+      await run.done;
+    }
+    await this.store.deleteResponse(id);
+  }
+
+  async cancel(id: string, who: Principal): Promise<Record<string, unknown>> {
+    const rec = await this.record(id, who);
+    if (!rec.background) throw new ApiError('invalid_request', 'Only background responses can be cancelled.', { param: 'response_id' });
+    const run = this.running.get(id);
+    if (run) {
+      run.abort.abort();
+      await run.done;
+      return run.resource();
+    }
+    const stored = this.format.read(rec.body);
+    if (stored.status === 'cancelled') return stored.resource;
+    if (TERMINAL.includes(stored.status)) {
+      throw new ApiError('invalid_request', `A response that is ${stored.status} cannot be cancelled.`, { param: 'response_id' });
+    }
+    // Running on another instance (or abandoned): record the cancellation; its owner stops on its next store.
+    const body = this.format.end(rec.body, 'cancelled');
+    if (!(await this.store.updateResponse(id, ['queued', 'in_progress'], { status: 'cancelled', body, updated_at: Date.now() }))) {
+      return this.format.read((await this.record(id, who)).body).resource;
+    }
+    return this.format.read(body).resource;
+  }
+
+  // ---- creating
+
+  private async conversationFor(id: string | null, who: Principal): Promise<ConversationRecord | undefined> {
+    if (id === null) return undefined;
+    const conv = await this.store.getConversation(id);
+    if (!conv || conv.org_id !== who.orgId) throw new ApiError('not_found', `No conversation with id '${id}'.`, { param: 'conversation' });
+    return conv;
+  }
+
+  /** Everything before this response's input: the previous-response chain, or the conversation. */
+  private async history(previousResponseId: string | null, who: Principal, conv: ConversationRecord | undefined): Promise<Item[]> {
+    if (conv) return (await this.store.allConversationItems(conv.id)).map((j) => JSON.parse(j) as Item);
+    const chain: Item[][] = [];
+    for (let id = previousResponseId, n = 0; id !== null && n < MAX_CHAIN; n++) {
+      const r = await this.store.getResponse(id);
+      if (!r || r.org_id !== who.orgId) throw new ApiError('not_found', `No response with id '${id}'.`, { param: 'previous_response_id' });
+      chain.unshift([...(JSON.parse(r.input_items) as Item[]), ...this.format.read(r.body).output]);
+      id = r.previous_response_id;
+    }
+    return chain.flat();
+  }
+
+  private reasoningText(who: Principal): (r: ReasoningItem) => string {
+    return (r) => {
+      if (r.encrypted_content !== undefined) {
+        const text = this.seal.unseal(r.encrypted_content, who.orgId);
+        if (text === undefined) {
+          throw new ApiError('invalid_value', `The encrypted_content of reasoning item '${r.id}' could not be verified.`, { param: 'input' });
+        }
+        return text;
+      }
+      return (r.content ?? []).map((c) => c.text).join('') || r.summary.map((s) => s.text).join('');
+    };
+  }
+
+  /**
+   * Creates a response. Returns the run (to follow or await), a promise of its first events, the
+   * model it runs on, and the rate-limit headers of its admission. Problems found before generation
+   * starts are thrown as errors and nothing is stored.
+   */
+  async create(
+    body: ResponsesCreate<Echo>, who: Principal, request: { id: string; started: number },
+  ): Promise<{ run: Run; firstEvents: Promise<void>; model: Model; headers: Record<string, string> }> {
+    // The pipeline's order: the model first, then the context is built, then the needs and admission.
+    const model = this.pipeline.resolve(body.model, who);
+    if (body.previousResponseId && body.conversationId) {
+      throw new ApiError('invalid_request', 'Send previous_response_id or conversation, not both.', { param: 'conversation' });
+    }
+    const { store, background } = body;
+    if (background && !store) throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
+    const conv = await this.conversationFor(body.conversationId, who);
+    const history = await this.history(body.previousResponseId, who, conv);
+    const known = new Map(history.map((i) => [i.id, i]));
+    const input = resolveInput(body.input, (id) => known.get(id));
+    // What this response adds to its conversation: its input, less items referenced from the
+    // conversation itself (already there); anything else reusing an id there is a 400.
+    const added = conv ? input.filter((i) => known.get(i.id) !== i) : input;
+    if (conv) checkNewItemIds(added, new Set(known.keys()), () => 'input');
+    const messages = itemsToMessages([...history, ...input], body.instructions, this.reasoningText(who));
+
+    const fold: ResponseFold = this.format.open({
+      id: newId('resp'), createdAt: nowSeconds(), model: model.id, background, store,
+      previousResponseId: body.previousResponseId, conversationId: conv?.id ?? null, echo: body.echo, summary: body.summary,
+      seal: body.includeSealedReasoning ? (text: string) => this.seal.seal(text, who.orgId) : undefined,
+    });
+    const id = String(fold.resource['id']);
+    const run = new Run(fold, who.orgId, background, (ev) => this.format.isTerminal(ev));
+    const req: GenerationRequest = { ...body.generation, model: model.id, messages, stream: true, signal: run.abort.signal, tally: newTally() };
+
+    const { admission, open } = await this.pipeline.admit(model, req, who, {
+      endpoint: 'responses', requestId: request.id, stream: body.stream, started: request.started,
+    });
+    const persist = async (from: readonly ResponseStatus[]) => {
+      if (!store) return;
+      await this.store.updateResponse(id, from, { status: fold.status, body: this.format.serialize(fold), updated_at: Date.now() });
+    };
+
+    let events: MeteredStream | undefined;
+    if (!background) {
+      // Errors before the first token (context overflow, overload…) are the request's HTTP error.
+      events = await open();
+    }
+    if (store) {
+      try {
+        await this.store.createResponse({
+          id, org_id: who.orgId, status: fold.status, background,
+          conversation_id: conv?.id ?? null, previous_response_id: body.previousResponseId,
+          created_at: nowSeconds(), updated_at: Date.now(), body: this.format.serialize(fold), input_items: JSON.stringify(input),
+        });
+      } catch (err) {
+        // Nothing was generated for anyone: stop, give the reservation back, and answer the error.
+        if (events) await events.close();
+        else admission.settle(0, 0);
+        throw err;
+      }
+    }
+    this.running.set(id, run);
+    if (background) run.emit(fold.queued());
+
+    let startedResolve!: () => void;
+    const firstEvents = new Promise<void>((r) => { startedResolve = r; });
+    run.holdTerminal();
+    run.done = (async () => {
+      try {
+        run.emit(fold.start());
+        await persist(['queued', 'in_progress']);
+        startedResolve();
+        events ??= await open();
+        for (let ev = await events.next(); ev; ev = await events.next()) {
+          run.emit(fold.apply(ev));
+          if (run.abort.signal.aborted) break;
+        }
+        if (run.abort.signal.aborted && !TERMINAL.includes(fold.status)) run.emit(fold.cancel());
+      } catch (err) {
+        if (run.abort.signal.aborted) run.emit(fold.cancel());
+        else {
+          const e = err instanceof ApiError ? err : new ApiError('internal_error', 'Generation failed.');
+          if (!(err instanceof ApiError)) this.log.error({ err, response_id: id }, 'response generation failed');
+          run.emit(fold.fail(e.code === 'internal_error' ? 'server_error' : e.code, e.message));
+        }
+      } finally {
+        startedResolve();
+        await events?.close();
+        try {
+          await events?.persisted();
+          await persist(['queued', 'in_progress']);
+          if (conv && (fold.status === 'completed' || fold.status === 'incomplete')) {
+            // One contiguous block per response, appended when it ends: concurrent responses on one
+            // conversation never interleave, and each saw the conversation as it was when it started.
+            await this.store.appendConversationItems(conv.id, [...added, ...fold.output].map((i) => ({ id: i.id, json: JSON.stringify(i) })), nowSeconds());
+          }
+        } catch (err) {
+          this.log.error({ err, response_id: id }, 'storing the response failed');
+        }
+        run.release();
+        this.running.delete(id);
+        run.finish();
+      }
+    })();
+    return { run, firstEvents, model, headers: admission.headers };
+  }
+}

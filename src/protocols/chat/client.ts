@@ -1,0 +1,107 @@
+import { ApiError } from '../../core/errors.js';
+import type { FinishReason, GenerationEvent, GenerationRequest, Message } from '../../core/canonical.js';
+import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type ReportedUsage, type StreamReader } from '../reader.js';
+
+/**
+ * The client side of chat completions, for upstream engines: a canonical request as the body an
+ * OpenAI-compatible server takes, and its answer (a stream of chunks, or one completion) read back
+ * into canonical events.
+ */
+
+/** The OpenAI chat-completions body an OpenAI-compatible server takes. */
+function wireMessages(messages: readonly Message[]): Record<string, unknown>[] {
+  return messages.map((m) => {
+    const out: Record<string, unknown> = { role: m.role };
+    out['content'] = typeof m.content === 'string' || m.content === null ? m.content
+      : m.content.map((p) => (p.type === 'text' ? { type: 'text', text: p.text } : { type: 'image_url', image_url: { url: p.url, ...(p.detail && { detail: p.detail }) } }));
+    if (m.name !== undefined) out['name'] = m.name;
+    if (m.toolCallId !== undefined) out['tool_call_id'] = m.toolCallId;
+    if (m.reasoning) out['reasoning_content'] = m.reasoning;
+    if (m.toolCalls?.length) {
+      out['tool_calls'] = m.toolCalls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
+    }
+    return out;
+  });
+}
+
+export function encodeChatRequest(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
+  const s = req.sampling;
+  const body: Record<string, unknown> = { model: upstreamModel, messages: wireMessages(req.messages), stream: req.stream };
+  if (req.stream) body['stream_options'] = { include_usage: true };
+  if (s.temperature !== undefined) body['temperature'] = s.temperature;
+  if (s.topP !== undefined) body['top_p'] = s.topP;
+  if (s.seed !== undefined) body['seed'] = s.seed;
+  if (s.presencePenalty !== undefined) body['presence_penalty'] = s.presencePenalty;
+  if (s.frequencyPenalty !== undefined) body['frequency_penalty'] = s.frequencyPenalty;
+  if (s.stop?.length) body['stop'] = s.stop;
+  if (req.maxOutputTokens !== undefined) body['max_tokens'] = req.maxOutputTokens;
+  if (req.tools?.length) {
+    body['tools'] = req.tools.map((t) => ({ type: 'function', function: t }));
+    if (req.toolChoice !== undefined) {
+      body['tool_choice'] = typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', function: { name: req.toolChoice.name } };
+    }
+    if (req.parallelToolCalls !== undefined) body['parallel_tool_calls'] = req.parallelToolCalls;
+  }
+  if (req.responseFormat && req.responseFormat.type !== 'text') {
+    const f = req.responseFormat;
+    body['response_format'] = f.type === 'json_schema'
+      ? { type: 'json_schema', json_schema: { name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) } }
+      : { type: 'json_object' };
+  }
+  if (req.reasoningEffort !== undefined) body['reasoning_effort'] = req.reasoningEffort;
+  return body;
+}
+
+
+const FINISH: Record<string, FinishReason> = { stop: 'stop', length: 'length', tool_calls: 'tool_calls', function_call: 'tool_calls', content_filter: 'content_filter' };
+
+/** Chat completions chunks (or a whole non-stream reply); tracks tool-call starts. Reads every field defensively. */
+export class ChatReader implements StreamReader {
+  finish: FinishReason = 'stop';
+  usage: ReportedUsage | undefined;
+  private readonly started = new Set<number>();
+
+  constructor(private readonly clean: Clean) {}
+
+  read(data: unknown, out: GenerationEvent[]): boolean {
+    const chunk = obj(data);
+    if (!chunk) throw new ApiError('upstream_error', 'The upstream sent a chunk that is not a JSON object.');
+    const error = chunk['error'];
+    if (error !== undefined && error !== null) throw upstreamFailure(obj(error)?.['message'] ?? error, this.clean);
+    const u = obj(chunk['usage']);
+    if (u) {
+      this.usage = reported(u['prompt_tokens'], obj(u['prompt_tokens_details'])?.['cached_tokens'], u['completion_tokens'],
+        obj(u['completion_tokens_details'])?.['reasoning_tokens']);
+    }
+    const choices = chunk['choices'];
+    const choice = Array.isArray(choices) ? obj(choices[0]) : undefined;
+    if (!choice) return false;
+    const d = obj(choice['delta']) ?? obj(choice['message']);
+    if (d) {
+      const reasoning = str(d['reasoning_content']) ?? str(d['reasoning']);
+      if (reasoning) out.push({ type: 'reasoning.delta', text: reasoning });
+      const content = str(d['content']);
+      if (content) out.push({ type: 'text.delta', text: content });
+      const calls = Array.isArray(d['tool_calls']) ? d['tool_calls'] as unknown[] : [];
+      calls.forEach((raw, i) => {
+        const c = obj(raw);
+        if (!c) return;
+        const index = c['index'] === undefined ? i : c['index'];
+        if (typeof index !== 'number' || !Number.isInteger(index) || index < 0 || index >= MAX_TOOL_CALLS) {
+          throw new ApiError('upstream_error', 'The upstream sent a malformed tool call.');
+        }
+        const fn = obj(c['function']);
+        if (!this.started.has(index)) {
+          this.started.add(index);
+          out.push({ type: 'tool_call.start', index, id: this.clean(str(c['id']) ?? `call_${index}`), name: this.clean(str(fn?.['name']) ?? '') });
+        }
+        const args = str(fn?.['arguments']);
+        if (args) out.push({ type: 'tool_call.delta', index, arguments: args });
+      });
+    }
+    const finish = str(choice['finish_reason']);
+    if (finish) this.finish = FINISH[finish] ?? 'stop';
+    return false;
+  }
+}
+

@@ -1,0 +1,129 @@
+import Type, { type Static } from 'typebox';
+import { ApiError } from '../../core/errors.js';
+import { newTally, type ContentPart, type GenerationRequest, type Message, type ResponseFormat, type ToolChoice } from '../../core/canonical.js';
+import { MaxOutputTokens, ModelField, NullableBoolean, Penalty, Seed, Stop, Temperature, TopP, nullable } from '../fields.js';
+
+const Part = Type.Object({ type: Type.String() });
+const WireToolCall = Type.Object({
+  id: Type.String(),
+  type: Type.Optional(Type.String()),
+  function: Type.Object({ name: Type.String(), arguments: Type.String() }),
+});
+const ChatMessage = Type.Object({
+  role: Type.Enum(['system', 'developer', 'user', 'assistant', 'tool']),
+  content: Type.Optional(Type.Union([Type.String(), Type.Array(Part), Type.Null()])),
+  name: Type.Optional(Type.String()),
+  tool_calls: nullable(Type.Array(WireToolCall)),
+  tool_call_id: Type.Optional(Type.String()),
+});
+const FunctionDef = Type.Object({
+  name: Type.String({ pattern: '^[a-zA-Z0-9_.-]{1,64}$' }),
+  description: Type.Optional(Type.String()),
+  parameters: Type.Optional(Type.Object({})),
+  strict: NullableBoolean,
+});
+
+/** Chat completions request (wire doc); unknown fields are accepted and ignored. */
+export const ChatRequest = Type.Object({
+  model: ModelField,
+  messages: Type.Array(ChatMessage, { minItems: 1 }),
+  temperature: Temperature,
+  top_p: TopP,
+  max_tokens: MaxOutputTokens,
+  max_completion_tokens: MaxOutputTokens,
+  n: nullable(Type.Integer({ minimum: 1, maximum: 128 })),
+  stop: Stop,
+  seed: Seed,
+  presence_penalty: Penalty,
+  frequency_penalty: Penalty,
+  stream: NullableBoolean,
+  stream_options: nullable(Type.Object({ include_usage: Type.Optional(Type.Boolean()) })),
+  tools: nullable(Type.Array(Type.Object({ type: Type.Literal('function'), function: FunctionDef }))),
+  tool_choice: nullable(Type.Union([
+    Type.Enum(['none', 'auto', 'required']),
+    Type.Object({ type: Type.Literal('function'), function: Type.Object({ name: Type.String() }) }),
+  ])),
+  parallel_tool_calls: NullableBoolean,
+  response_format: nullable(Type.Union([
+    Type.Object({ type: Type.Enum(['text', 'json_object']) }),
+    Type.Object({
+      type: Type.Literal('json_schema'),
+      json_schema: Type.Object({ name: Type.String(), schema: Type.Optional(Type.Object({})), strict: NullableBoolean }),
+    }),
+  ])),
+  reasoning_effort: nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high'])),
+});
+export type ChatRequest = Static<typeof ChatRequest>;
+
+function toParts(parts: ReadonlyArray<{ type: string } & Record<string, unknown>>, where: string): ContentPart[] {
+  return parts.map((p, j) => {
+    if (p.type === 'text' && typeof p['text'] === 'string') return { type: 'text', text: p['text'] };
+    if (p.type === 'image_url') {
+      const img = p['image_url'] as { url?: unknown; detail?: unknown } | undefined;
+      if (typeof img?.url !== 'string') throw new ApiError('invalid_value', `${where}[${j}].image_url.url must be a string.`, { param: `${where}[${j}].image_url` });
+      return { type: 'image', url: img.url, ...(typeof img.detail === 'string' && { detail: img.detail }) };
+    }
+    throw new ApiError('unsupported_content', `Content part type '${p.type}' is not supported here.`, { param: `${where}[${j}].type` });
+  });
+}
+
+export function toMessages(body: ChatRequest): Message[] {
+  return body.messages.map((m, i) => {
+    const content = m.content === undefined || m.content === null ? null
+      : typeof m.content === 'string' ? m.content
+        : toParts(m.content as ReadonlyArray<{ type: string } & Record<string, unknown>>, `messages[${i}].content`);
+    if (content === null && m.role !== 'assistant') {
+      throw new ApiError('invalid_value', `messages[${i}].content is required for role '${m.role}'.`, { param: `messages[${i}].content` });
+    }
+    const out: Message = { role: m.role, content };
+    if (m.name !== undefined) out.name = m.name;
+    if (m.tool_call_id !== undefined) out.toolCallId = m.tool_call_id;
+    if (m.tool_calls) out.toolCalls = m.tool_calls.map((c) => ({ id: c.id, name: c.function.name, arguments: c.function.arguments }));
+    return out;
+  });
+}
+
+/**
+ * A validated chat-completions body as the canonical request. Checks what the schema cannot: `n`,
+ * content parts, and that a named `tool_choice` names one of the tools.
+ */
+export function decodeChatRequest(body: ChatRequest, signal: AbortSignal): GenerationRequest {
+  if (body.n != null && body.n > 1) {
+    throw new ApiError('unsupported_parameter', 'Only n=1 is supported; send several requests for several choices.', { param: 'n' });
+  }
+  const req: GenerationRequest = { model: body.model, messages: toMessages(body), sampling: {}, stream: body.stream === true, signal, tally: newTally() };
+  const s = req.sampling;
+  if (body.temperature != null) s.temperature = body.temperature;
+  if (body.top_p != null) s.topP = body.top_p;
+  if (body.seed != null) s.seed = body.seed;
+  if (body.presence_penalty != null) s.presencePenalty = body.presence_penalty;
+  if (body.frequency_penalty != null) s.frequencyPenalty = body.frequency_penalty;
+  if (body.stop != null) s.stop = (typeof body.stop === 'string' ? [body.stop] : body.stop).filter((x) => x !== '');
+  const max = body.max_completion_tokens ?? body.max_tokens;
+  if (max != null) req.maxOutputTokens = max;
+  if (body.tools?.length) {
+    req.tools = body.tools.map((t) => ({
+      name: t.function.name,
+      ...(t.function.description !== undefined && { description: t.function.description }),
+      ...(t.function.parameters !== undefined && { parameters: t.function.parameters as Record<string, unknown> }),
+      ...(t.function.strict != null && { strict: t.function.strict }),
+    }));
+    if (body.tool_choice != null) {
+      const choice = body.tool_choice;
+      if (typeof choice !== 'string' && !body.tools.some((t) => t.function.name === choice.function.name)) {
+        throw new ApiError('invalid_value', `tool_choice names '${choice.function.name}', which is not one of the tools.`, { param: 'tool_choice' });
+      }
+      req.toolChoice = typeof choice === 'string' ? choice : { name: choice.function.name } satisfies ToolChoice;
+    }
+    if (body.parallel_tool_calls != null) req.parallelToolCalls = body.parallel_tool_calls;
+  }
+  const rf = body.response_format;
+  if (rf != null) {
+    req.responseFormat = rf.type === 'json_schema'
+      ? { type: 'json_schema', name: rf.json_schema.name, schema: (rf.json_schema.schema ?? {}) as Record<string, unknown>, ...(rf.json_schema.strict != null && { strict: rf.json_schema.strict }) }
+      : { type: rf.type } as ResponseFormat;
+  }
+  if (body.reasoning_effort != null) req.reasoningEffort = body.reasoning_effort;
+  return req;
+}
+

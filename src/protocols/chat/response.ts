@@ -1,0 +1,116 @@
+import { newId, nowSeconds } from '../../core/ids.js';
+import type { ApiError } from '../../core/errors.js';
+import type { FinishReason, GenerationEvent, Usage } from '../../core/canonical.js';
+
+/**
+ * The server side of chat completions: canonical events as one `chat.completion` object, or as the
+ * `chat.completion.chunk` payloads of a stream, exactly as the wire doc describes them.
+ */
+
+export const newCompletionId = (): string => newId('chatcmpl', '-');
+
+export function renderUsage(u: Usage): Record<string, unknown> {
+  const out: Record<string, unknown> = {
+    prompt_tokens: u.input,
+    completion_tokens: u.output,
+    total_tokens: u.input + u.output,
+    prompt_tokens_details: { cached_tokens: u.cached },
+    completion_tokens_details: { reasoning_tokens: u.reasoning },
+  };
+  // An extension field standard clients ignore: US dollars, null when the model has no price.
+  if (u.cost !== undefined) out['cost'] = u.cost;
+  // Also an extension: the counts are Switchyard's estimate (the engine reported none, or nonsense).
+  if (u.estimated) out['estimated'] = true;
+  return out;
+}
+
+/** Folds the event stream into one chat.completion object. */
+export class CompletionFold {
+  private text = '';
+  private reasoning = '';
+  private readonly calls: Array<{ id: string; type: 'function'; function: { name: string; arguments: string } }> = [];
+  private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
+  private finish: FinishReason = 'stop';
+
+  apply(ev: GenerationEvent): void {
+    switch (ev.type) {
+      case 'text.delta': this.text += ev.text; break;
+      case 'reasoning.delta': this.reasoning += ev.text; break;
+      case 'tool_call.start': this.calls[ev.index] = { id: ev.id, type: 'function', function: { name: ev.name, arguments: '' } }; break;
+      case 'tool_call.delta': {
+        const c = this.calls[ev.index];
+        if (c) c.function.arguments += ev.arguments;
+        break;
+      }
+      case 'usage': this.usage = ev.usage; break;
+      case 'finish': this.finish = ev.reason; break;
+    }
+  }
+
+  result(model: string): Record<string, unknown> {
+    const calls = this.calls.filter(Boolean);
+    const message: Record<string, unknown> = { role: 'assistant', content: calls.length && !this.text ? null : this.text, refusal: null };
+    if (this.reasoning) message['reasoning_content'] = this.reasoning;
+    if (calls.length) message['tool_calls'] = calls;
+    return {
+      id: newCompletionId(),
+      object: 'chat.completion',
+      created: nowSeconds(),
+      model,
+      choices: [{ index: 0, message, logprobs: null, finish_reason: this.finish }],
+      usage: renderUsage(this.usage),
+    };
+  }
+}
+
+/**
+ * Renders the event stream as the `data:` payloads of a chat-completions stream. The frame around a
+ * delta is built once per stream; each event costs one small JSON.stringify of its own text.
+ */
+export class ChunkRenderer {
+  private readonly head: string;
+  private readonly tail: string;
+  private usage: Usage | undefined;
+
+  constructor(model: string, private readonly includeUsage: boolean) {
+    this.head = `{"id":"${newCompletionId()}","object":"chat.completion.chunk","created":${nowSeconds()},"model":${JSON.stringify(model)},"choices":[`;
+    this.tail = includeUsage ? '],"usage":null}' : ']}';
+  }
+
+  private choice(delta: string, finish: string | null = null): string {
+    return `${this.head}{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${finish === null ? 'null' : `"${finish}"`}}${this.tail}`;
+  }
+
+  /** The first chunk: the assistant's role, before any content. */
+  first(): string {
+    return this.choice('{"role":"assistant","content":""}');
+  }
+
+  /** The chunk for one event, or undefined (usage comes at the end, in `last`). */
+  event(ev: GenerationEvent): string | undefined {
+    switch (ev.type) {
+      case 'text.delta': return this.choice(`{"content":${JSON.stringify(ev.text)}}`);
+      case 'reasoning.delta': return this.choice(`{"reasoning_content":${JSON.stringify(ev.text)}}`);
+      case 'tool_call.start':
+        return this.choice(`{"tool_calls":[{"index":${ev.index},"id":${JSON.stringify(ev.id)},"type":"function","function":{"name":${JSON.stringify(ev.name)},"arguments":""}}]}`);
+      case 'tool_call.delta': return this.choice(`{"tool_calls":[{"index":${ev.index},"function":{"arguments":${JSON.stringify(ev.arguments)}}}]}`);
+      case 'usage':
+        this.usage = ev.usage;
+        return undefined;
+      case 'finish': return this.choice('{}', ev.reason);
+    }
+  }
+
+  /** What ends a complete stream: the usage chunk (when asked for) and `[DONE]`. */
+  last(): string[] {
+    const out: string[] = [];
+    if (this.includeUsage && this.usage) out.push(`${this.head}],"usage":${JSON.stringify(renderUsage(this.usage))}}`);
+    out.push('[DONE]');
+    return out;
+  }
+
+  /** A failure mid-stream: the SDKs throw on a data line that carries `error`. */
+  static error(e: ApiError): string {
+    return JSON.stringify(e.toBody());
+  }
+}

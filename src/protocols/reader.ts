@@ -1,0 +1,53 @@
+import { ApiError } from '../core/errors.js';
+import type { FinishReason, GenerationEvent } from '../core/canonical.js';
+
+/**
+ * What every protocol's upstream reader shares: defensive reading of JSON an upstream sent (any
+ * field may have any type), and usage as reported.
+ */
+
+/** A token count as an upstream reports it: a non-negative integer, or nothing we can use. */
+const MAX_COUNT = 2_000_000_000;
+export function count(v: unknown): number | undefined {
+  return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v <= MAX_COUNT ? v : undefined;
+}
+export const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
+export const obj = (v: unknown): Record<string, unknown> | undefined => (typeof v === 'object' && v !== null && !Array.isArray(v) ? v as Record<string, unknown> : undefined);
+
+/**
+ * Usage as the upstream reported it, field by field: a count that is not a non-negative integer
+ * (a string, a boolean, a fraction, a negative, an object) is treated as missing, and `invalid`
+ * says so; the engine then fills it from its own estimate and flags the record.
+ */
+export interface ReportedUsage {
+  input: number | undefined;
+  cached: number | undefined;
+  output: number | undefined;
+  reasoning: number | undefined;
+  invalid: boolean;
+}
+
+export function reported(input: unknown, cached: unknown, output: unknown, reasoning: unknown): ReportedUsage {
+  const r = { input: count(input), cached: count(cached), output: count(output), reasoning: count(reasoning) };
+  const invalid = (input !== undefined && r.input === undefined) || (output !== undefined && r.output === undefined)
+    || (cached !== undefined && cached !== null && r.cached === undefined) || (reasoning !== undefined && reasoning !== null && r.reasoning === undefined);
+  return { ...r, invalid };
+}
+
+/** Tool calls one answer may hold; an index beyond it is a malformed stream (it would allocate a sparse array). */
+export const MAX_TOOL_CALLS = 128;
+
+/** What a protocol's reader does with an upstream's stream: canonical events out, and when it ended. */
+export interface StreamReader {
+  /** One parsed SSE data payload (or a whole non-stream reply). Returns true at the end of the stream. */
+  read(data: unknown, out: GenerationEvent[]): boolean;
+  readonly usage: ReportedUsage | undefined;
+  readonly finish: FinishReason;
+}
+
+/** Makes an upstream's text safe to pass on (the engine scrubs the deployment's key out of it). */
+export type Clean = (text: string) => string;
+
+/** An upstream's own error message, as the client will see it. */
+export const upstreamFailure = (message: unknown, clean: Clean): ApiError =>
+  new ApiError('upstream_error', `Upstream error: ${clean(String(typeof message === 'string' ? message : 'unknown').slice(0, 500))}`);

@@ -1,0 +1,92 @@
+import { ApiError } from '../../core/errors.js';
+import { newId } from '../../core/ids.js';
+import type { InputContent, InputItem, Item, ReasoningItem } from '../../core/items.js';
+
+/** Responses-API input items as a client sends them, read into canonical items (every field checked). */
+
+type Raw = Record<string, unknown>;
+
+function contentParts(raw: unknown, role: string, where: string): InputContent[] {
+  if (typeof raw === 'string') {
+    return [role === 'assistant' ? { type: 'output_text', text: raw, annotations: [] } : { type: 'input_text', text: raw }];
+  }
+  if (!Array.isArray(raw)) throw new ApiError('invalid_value', `${where}.content must be a string or an array of parts.`, { param: `${where}.content` });
+  return raw.map((p: Raw, j) => {
+    const at = `${where}.content[${j}]`;
+    switch (p['type']) {
+      case 'input_text':
+      case 'text':
+        if (typeof p['text'] !== 'string') throw new ApiError('invalid_value', `${at}.text must be a string.`, { param: at });
+        return { type: 'input_text', text: p['text'] };
+      case 'output_text':
+        if (typeof p['text'] !== 'string') throw new ApiError('invalid_value', `${at}.text must be a string.`, { param: at });
+        return { type: 'output_text', text: p['text'], annotations: [] };
+      case 'refusal':
+        return { type: 'refusal', refusal: String(p['refusal'] ?? '') };
+      case 'input_image':
+        return {
+          type: 'input_image',
+          ...(typeof p['image_url'] === 'string' && { image_url: p['image_url'] }),
+          ...(typeof p['file_id'] === 'string' && { file_id: p['file_id'] }),
+          ...(typeof p['detail'] === 'string' && { detail: p['detail'] }),
+        };
+      default:
+        throw new ApiError('unsupported_content', `Content part type '${String(p['type'])}' is not supported.`, { param: `${at}.type` });
+    }
+  });
+}
+
+const str = (v: unknown, where: string): string => {
+  if (typeof v !== 'string') throw new ApiError('invalid_value', `${where} must be a string.`, { param: where });
+  return v;
+};
+
+/**
+ * `input` as canonical items with ids (a string is one user message). An `item_reference` is kept as
+ * a reference, for core to resolve against what the caller stored.
+ */
+export function decodeInput(input: string | readonly Raw[]): InputItem[] {
+  if (typeof input === 'string') return [{ id: newId('msg'), type: 'message', role: 'user', content: [{ type: 'input_text', text: input }] }];
+  return input.map((raw, i): InputItem => {
+    const where = `input[${i}]`;
+    const type = raw['type'] ?? 'message';
+    switch (type) {
+      case 'message': {
+        const role = raw['role'];
+        if (role !== 'user' && role !== 'system' && role !== 'developer' && role !== 'assistant') {
+          throw new ApiError('invalid_value', `${where}.role must be one of 'user', 'system', 'developer', 'assistant'.`, { param: `${where}.role` });
+        }
+        return { id: typeof raw['id'] === 'string' ? raw['id'] : newId('msg'), type: 'message', role, content: contentParts(raw['content'], role, where) };
+      }
+      case 'function_call':
+        return {
+          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fc'), type: 'function_call',
+          call_id: str(raw['call_id'], `${where}.call_id`), name: str(raw['name'], `${where}.name`), arguments: str(raw['arguments'], `${where}.arguments`),
+        };
+      case 'function_call_output': {
+        const output = raw['output'];
+        return {
+          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fco'), type: 'function_call_output',
+          call_id: str(raw['call_id'], `${where}.call_id`), output: typeof output === 'string' ? output : JSON.stringify(output ?? ''),
+        };
+      }
+      case 'reasoning': {
+        const summary = Array.isArray(raw['summary']) ? (raw['summary'] as Raw[]).map((s) => ({ type: 'summary_text' as const, text: String(s['text'] ?? '') })) : [];
+        const item: ReasoningItem = { id: typeof raw['id'] === 'string' ? raw['id'] : newId('rs'), type: 'reasoning', summary };
+        if (Array.isArray(raw['content'])) item.content = (raw['content'] as Raw[]).map((c) => ({ type: 'reasoning_text', text: String(c['text'] ?? '') }));
+        if (typeof raw['encrypted_content'] === 'string') item.encrypted_content = raw['encrypted_content'];
+        return item;
+      }
+      case 'item_reference':
+        return { type: 'item_reference', id: str(raw['id'], `${where}.id`), param: `${where}.id` };
+      default:
+        throw new ApiError('unsupported_content', `Input item type '${String(type)}' is not supported.`, { param: `${where}.type` });
+    }
+  });
+}
+
+
+/** A cursor page of items, in the OpenAI list shape. */
+export function itemPage(data: readonly Item[], hasMore: boolean): Record<string, unknown> {
+  return { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: hasMore };
+}

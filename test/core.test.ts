@@ -1,0 +1,305 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import pino from 'pino';
+import { loadConfig, routingPolicy } from '../src/config.js';
+import { Catalogue } from '../src/core/catalogue.js';
+import { newTally, type GenerationEvent, type GenerationRequest } from '../src/core/canonical.js';
+import { RetryBudget } from '../src/core/deployment-health.js';
+import { fileDeployment } from '../src/core/deployments.js';
+import { ApiError } from '../src/core/errors.js';
+import { Ledger } from '../src/core/ledger.js';
+import { Limiter, MemoryCounters, type Limited } from '../src/core/limits.js';
+import { Metrics } from '../src/core/metrics.js';
+import type { Model } from '../src/core/model-spec.js';
+import { Router, type RoutingPolicy } from '../src/core/router.js';
+import type { DeploymentTarget, Engine } from '../src/engines/engine.js';
+import { KyselyStore } from '../src/store/kysely-store.js';
+import type { Store, UsageRecord } from '../src/store/store.js';
+import { tempDir } from './helpers/server.js';
+
+/**
+ * Units of core that the end-to-end suites reach only through a server: the router (weights,
+ * failover, breaker, retry budget), the limiter and the ledger, on a real SQLite store.
+ */
+
+const log = pino({ level: 'silent' });
+const MODEL = 'meta-llama/unit';
+
+/** An engine whose deployments behave as scripted: 'ok' answers, an ApiError is thrown before any event. */
+class ScriptedEngine implements Engine {
+  readonly kind = 'upstream';
+  readonly calls: string[] = [];
+  constructor(public behaviour: (id: string) => 'ok' | ApiError) {}
+  async *generate(_req: GenerationRequest, target: DeploymentTarget): AsyncGenerator<GenerationEvent> {
+    const id = target.engine === 'upstream' ? target.id : 'local';
+    this.calls.push(id);
+    const b = this.behaviour(id);
+    if (b !== 'ok') throw b;
+    yield { type: 'text.delta', text: id };
+    yield { type: 'usage', usage: { input: 1, cached: 0, output: 1, reasoning: 0 } };
+    yield { type: 'finish', reason: 'stop' };
+  }
+  async probe(): Promise<boolean> {
+    return true;
+  }
+  async close(): Promise<void> {}
+}
+
+const down = () => new ApiError('upstream_error', 'Upstream answered 503', { failover: true });
+const refused = () => new ApiError('upstream_error', 'Upstream answered 400', { failover: false });
+
+function request(): GenerationRequest {
+  return { model: MODEL, messages: [{ role: 'user', content: 'x' }], sampling: {}, stream: false, signal: new AbortController().signal, tally: newTally() };
+}
+
+describe('router', () => {
+  const dir = tempDir();
+  let store: KyselyStore;
+  let catalogue: Catalogue;
+  let model: Model;
+  before(async () => {
+    mkdirSync(join(dir, 'models'));
+    writeFileSync(join(dir, 'c.json'), JSON.stringify({ defaultCatalogue: false, models: [{ id: MODEL, context_length: 1000 }] }));
+    const config = loadConfig({ env: { SWITCHYARD_CONFIG: join(dir, 'c.json'), SWITCHYARD_MODELS_DIR: join(dir, 'models'), SWITCHYARD_CATALOGUE_REFRESH_MS: '0' } });
+    store = new KyselyStore({ sqlitePath: join(dir, 'unit.db') });
+    await store.migrate();
+    catalogue = new Catalogue(store, config, log);
+    await catalogue.init();
+    model = catalogue.find(MODEL)!;
+  });
+  after(async () => {
+    catalogue.stop();
+    await store.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  const basePolicy = routingPolicy(loadConfig({ env: {} }));
+  function router(engine: ScriptedEngine, weights: number[], policy: Partial<RoutingPolicy> = {}, errors: string[] = []): Router {
+    const deployments = weights.map((weight, i) => fileDeployment({ id: `d${i}`, model: MODEL, baseUrl: `http://127.0.0.1:1/d${i}/v1`, weight }, i));
+    return new Router(catalogue, engine, engine, deployments, {}, log, { ...basePolicy, ...policy }, { onDeploymentError: (id, code) => errors.push(`${id}:${code}`) });
+  }
+
+  it('spreads first attempts by weight', async () => {
+    const engine = new ScriptedEngine(() => 'ok');
+    const r = router(engine, [3, 1]);
+    const served = new Map<string, number>();
+    for (let i = 0; i < 4000; i++) {
+      const trace: { deployment?: string } = {};
+      await r.open(request(), model, trace);
+      served.set(trace.deployment!, (served.get(trace.deployment!) ?? 0) + 1);
+    }
+    r.close();
+    // 3:1 is 0.75; 4,000 draws put the share within ±0.03 far beyond any chance of a false alarm (±4.4 sd).
+    const share = (served.get('d0') ?? 0) / 4000;
+    assert.ok(Math.abs(share - 0.75) < 0.03, `d0 served ${share}`);
+  });
+
+  it('fails over past a deployment that fails before its first event, and counts each failed attempt once', async () => {
+    const errors: string[] = [];
+    const engine = new ScriptedEngine((id) => (id === 'd0' ? down() : 'ok'));
+    const r = router(engine, [1e9, 1], {}, errors);
+    const trace: { deployment?: string } = {};
+    const { first } = await r.open(request(), model, trace);
+    r.close();
+    assert.deepEqual(first, { type: 'text.delta', text: 'd1' });
+    assert.equal(trace.deployment, 'd1');
+    assert.deepEqual(engine.calls, ['d0', 'd1']);
+    assert.deepEqual(errors, ['d0:upstream_error']);
+  });
+
+  it('does not fail over an error the upstream gave for the request itself', async () => {
+    const errors: string[] = [];
+    const engine = new ScriptedEngine(() => refused());
+    const r = router(engine, [1, 1], {}, errors);
+    await assert.rejects(r.open(request(), model), (e: unknown) => e instanceof ApiError && e.failover === false);
+    r.close();
+    assert.equal(engine.calls.length, 1);
+    assert.equal(errors.length, 1);
+  });
+
+  it('tries a lone deployment twice, and never more than maxAttempts in all', async () => {
+    const lone = new ScriptedEngine(() => down());
+    const r1 = router(lone, [1]);
+    await assert.rejects(r1.open(request(), model), (e: unknown) => e instanceof ApiError && e.code === 'upstream_error');
+    r1.close();
+    assert.deepEqual(lone.calls, ['d0', 'd0']);
+
+    const many = new ScriptedEngine(() => down());
+    const r2 = router(many, [1, 1, 1, 1, 1], { maxAttempts: 3 });
+    await assert.rejects(r2.open(request(), model));
+    r2.close();
+    assert.equal(many.calls.length, 3);
+  });
+
+  it('ejects a deployment after consecutive failures and sends requests to the healthy one first', async () => {
+    const engine = new ScriptedEngine((id) => (id === 'd0' ? down() : 'ok'));
+    const r = router(engine, [1e9, 1], { health: { failures: 3, ejectMs: 60_000, probeIntervalMs: 60_000 } });
+    for (let i = 0; i < 3; i++) await r.open(request(), model);
+    assert.equal(r.listDeployments().find((d) => d.deployment.id === 'd0')?.health, 'ejected');
+    engine.calls.length = 0;
+    await r.open(request(), model);
+    r.close();
+    assert.deepEqual(engine.calls, ['d1'], 'an ejected deployment is tried only as a last resort');
+  });
+
+  it('keeps off a deployment for its 429 retry-after, answering 429 without calling it', async () => {
+    const engine = new ScriptedEngine(() => new ApiError('rate_limited', 'slow down', { failover: true, retryAfterMs: 20_000 }));
+    const r = router(engine, [1]);
+    await assert.rejects(r.open(request(), model), (e: unknown) => e instanceof ApiError && e.code === 'rate_limited');
+    const calls = engine.calls.length;
+    await assert.rejects(r.open(request(), model), (e: unknown) => e instanceof ApiError && e.code === 'rate_limited' && (e.retryAfterMs ?? 0) > 19_000);
+    r.close();
+    assert.equal(engine.calls.length, calls);
+  });
+});
+
+describe('retry budget', () => {
+  it('allows a floor of retries per second plus a ratio of requests, over a sliding window of two', () => {
+    const b = new RetryBudget(0.2, 1, 10_000);
+    const t = 1_000_000_000_000;
+    for (let i = 0; i < 100; i++) b.request(t);
+    // 10 (1 per second over 10 s) + 20 (0.2 × 100).
+    let granted = 0;
+    while (b.tryRetry(t)) granted++;
+    assert.equal(granted, 30);
+    // The next window still counts the last one's requests and retries.
+    assert.equal(b.tryRetry(t + 10_000), false);
+    // Two windows on, everything has rolled off: the floor again.
+    let later = 0;
+    while (b.tryRetry(t + 20_000)) later++;
+    assert.equal(later, 10);
+  });
+});
+
+describe('limiter', () => {
+  const dir = tempDir();
+  let store: KyselyStore;
+  before(async () => {
+    store = new KyselyStore({ sqlitePath: join(dir, 'limits.db') });
+    await store.migrate();
+  });
+  after(async () => {
+    await store.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  const metrics = new Metrics(() => ({ models: [], schemaViolations: 0 }));
+  const who = (keyLimits: Limited['keyLimits'], orgLimits: Limited['orgLimits'] = null, keyId = 'key_1'): Limited => ({ keyId, orgId: 'org_1', keyLimits, orgLimits });
+
+  it('admits rpm requests a minute, then refuses with retry-after and headers', async () => {
+    const limiter = new Limiter(new MemoryCounters(), store, metrics);
+    const k = who({ rpm: 2 }, null, 'key_rpm');
+    const a = await limiter.admit(k, 'm');
+    assert.equal(a.headers['x-ratelimit-remaining-requests'], '1');
+    await limiter.admit(k, 'm');
+    await assert.rejects(limiter.admit(k, 'm'), (e: unknown) => e instanceof ApiError && e.code === 'rate_limit_exceeded' && e.status === 429
+      && (e.retryAfterMs ?? 0) >= 1000 && e.headers?.['x-ratelimit-remaining-requests'] === '0');
+  });
+
+  it('counts tokens when a request settles, and refuses once the minute\'s tokens are used', async () => {
+    const limiter = new Limiter(new MemoryCounters(), store, metrics);
+    const k = who({ tpm: 100 }, null, 'key_tpm');
+    (await limiter.admit(k, 'm')).settle(60, null);
+    (await limiter.admit(k, 'm')).settle(60, null);
+    await assert.rejects(limiter.admit(k, 'm'), (e: unknown) => e instanceof ApiError && e.code === 'rate_limit_exceeded');
+  });
+
+  it('holds the tighter of key and organization, and keeps a key to its models', async () => {
+    const limiter = new Limiter(new MemoryCounters(), store, metrics);
+    const a = await limiter.admit(who({ rpm: 10 }, { rpm: 3 }, 'key_both'), 'm');
+    assert.equal(a.headers['x-ratelimit-limit-requests'], '3');
+    await assert.rejects(limiter.admit(who({ models: ['x/a'] }, null, 'key_models'), 'x/b'), (e: unknown) => e instanceof ApiError && e.code === 'model_not_allowed');
+  });
+
+  it('reserves a budget at the worst case so concurrent requests cannot overshoot it, then settles to the real cost', async () => {
+    const limiter = new Limiter(new MemoryCounters(), store, metrics);
+    const k = who({ budget: 1, budget_period: 'day' }, null, 'key_budget');
+    const first = await limiter.admit(k, 'm', () => 0.6);
+    // The first's worst case is held: a second worst case of 0.6 is admitted (0.6 < 1 before it) but a third is not.
+    const second = await limiter.admit(k, 'm', () => 0.6);
+    await assert.rejects(limiter.admit(k, 'm', () => 0.6), (e: unknown) => e instanceof ApiError && e.code === 'budget_exceeded');
+    // Both cost almost nothing in the end: the reservations are given back and room returns.
+    first.settle(10, 0.01);
+    second.settle(10, 0.01);
+    await limiter.admit(k, 'm', () => 0.6);
+  });
+});
+
+describe('ledger', () => {
+  const dir = tempDir();
+  let store: KyselyStore;
+  before(async () => {
+    store = new KyselyStore({ sqlitePath: join(dir, 'ledger.db') });
+    await store.migrate();
+  });
+  after(async () => {
+    await store.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  let n = 0;
+  const record = (over: Partial<UsageRecord> = {}): UsageRecord => ({
+    id: `u${++n}`, at: Date.now(), day: '2026-11-24', request_id: `req_${n}`, key_id: 'key_l', org_id: 'org_l', model: 'm', deployment: null,
+    endpoint: 'chat.completions', stream: false, input_tokens: 5, cached_tokens: 0, output_tokens: 3, reasoning_tokens: 0, cost: 0.001,
+    price_missing: false, estimated: false, latency_ms: 4, ttft_ms: 2, status: 200, error_code: null, ...over,
+  });
+
+  /** The store, with its usage inserts counted (and optionally failing as an unreachable database would). */
+  function counted(failures: { left: number }) {
+    const inserts: number[] = [];
+    const proxy = new Proxy(store, {
+      get(target, prop, receiver) {
+        if (prop === 'insertUsage') {
+          return async (rs: readonly UsageRecord[]) => {
+            if (failures.left > 0) {
+              failures.left--;
+              throw new Error('connect ECONNREFUSED 127.0.0.1:5432');
+            }
+            inserts.push(rs.length);
+            return target.insertUsage(rs);
+          };
+        }
+        const v: unknown = Reflect.get(target, prop, receiver);
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      },
+    }) as Store;
+    return { proxy, inserts };
+  }
+
+  const total = async (key: string) => (await store.usageTotals('key', { key })).reduce((s, t) => s + t.requests, 0);
+
+  it('writes everything recorded in one turn in one transaction, and resolves each record once it is stored', async () => {
+    const { proxy, inserts } = counted({ left: 0 });
+    const ledger = new Ledger(proxy, log);
+    await Promise.all(Array.from({ length: 50 }, () => ledger.record(record({ key_id: 'key_batch' }))));
+    assert.deepEqual(inserts, [50]);
+    assert.equal(await total('key_batch'), 50);
+  });
+
+  it('quarantines a malformed record and writes the others', async () => {
+    const ledger = new Ledger(store, log);
+    await Promise.all([ledger.record(record({ key_id: 'key_q' })), ledger.record(record({ key_id: 'key_q', output_tokens: -3 })), ledger.record(record({ key_id: 'key_q' }))]);
+    assert.equal(await total('key_q'), 2);
+    const q = await store.listQuarantinedUsage();
+    assert.ok(q.some((x) => x.error.includes('output_tokens')));
+  });
+
+  it('keeps records queued while the database cannot be written, reports it, and writes them when it can', async () => {
+    const failures = { left: 2 };
+    const { proxy } = counted(failures);
+    const states: boolean[] = [];
+    const ledger = new Ledger(proxy, log, 1000, { onWritable: (ok) => states.push(ok) });
+    let stored = false;
+    const pending = ledger.record(record({ key_id: 'key_down' })).then(() => { stored = true; });
+    await ledger.flush();
+    await ledger.flush();
+    assert.equal(ledger.writable, false);
+    assert.equal(stored, false, 'not acknowledged while not stored');
+    await ledger.flush();
+    await pending;
+    assert.equal(ledger.writable, true);
+    assert.deepEqual(states, [false, true]);
+    assert.equal(await total('key_down'), 1);
+  });
+});

@@ -1,0 +1,26 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+
+/**
+ * Waits for a condition, not for a time: `check` is retried (every 10 ms) until it stops throwing,
+ * and its last failure is thrown if it never passes within `timeoutMs` (a bound for a hung test, not
+ * a latency target). Used where the thing awaited has no event of its own to listen to, such as a
+ * counter in another process or a metric.
+ */
+export async function eventually<T>(check: () => T | Promise<T>, timeoutMs = 10_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      return await check();
+    } catch (err) {
+      if (Date.now() > deadline) throw err;
+      await sleep(10);
+    }
+  }
+}
+
+/** A promise and the function that settles it, for turning a callback into something to await. */
+export function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => void } {
+  let resolve!: (v: T) => void;
+  const promise = new Promise<T>((r) => { resolve = r; });
+  return { promise, resolve };
+}

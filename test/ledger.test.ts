@@ -1,0 +1,183 @@
+import { after, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import pino from 'pino';
+import SqliteDatabase from 'better-sqlite3';
+import OpenAI from 'openai';
+import pg from 'pg';
+import { KyselyStore } from '../src/store/kysely-store.js';
+import { Ledger } from '../src/core/ledger.js';
+import type { UsageRecord } from '../src/store/store.js';
+import { http, pgSchema, tempDir, type TestServer, type WireList } from './helpers/server.js';
+import { GATEWAY_MODEL as MODEL, chunkFrame, closers, fixture, startGateway } from './helpers/fixtures.js';
+
+const log = pino({ level: 'silent' });
+
+interface Total { requests: number; errors: number; input_tokens: number; output_tokens: number; estimated_requests: number; unpriced_requests: number; cost: number }
+
+function record(id: string, over: Partial<Record<keyof UsageRecord, unknown>> = {}): UsageRecord {
+  return {
+    id, at: Date.now(), day: '2026-11-24', request_id: `req_${id}`, key_id: 'key_x', org_id: 'acme', model: MODEL, deployment: 'd0',
+    endpoint: 'chat.completions', stream: false, input_tokens: 5, cached_tokens: 0, output_tokens: 3, reasoning_tokens: 0, cost: 0.001,
+    price_missing: false, estimated: false, latency_ms: 4, ttft_ms: 2, status: 200, error_code: null, ...over,
+  } as UsageRecord;
+}
+
+/** Usage values an upstream may send that are not counts of tokens. */
+const BAD_USAGE: Array<[string, Record<string, unknown>]> = [
+  ['cached_tokens: false', { prompt_tokens: 12, completion_tokens: 3, prompt_tokens_details: { cached_tokens: false } }],
+  ['counts as strings', { prompt_tokens: '12', completion_tokens: '3' }],
+  ['negative counts', { prompt_tokens: -12, completion_tokens: -3 }],
+  ['objects', { prompt_tokens: { n: 12 }, completion_tokens: [3] }],
+  ['fractions', { prompt_tokens: 12.5, completion_tokens: 2.25, completion_tokens_details: { reasoning_tokens: 'x' } }],
+];
+
+/** An upstream answering every request with `usage`, streamed or not. */
+async function upstreamWithUsage(usage: () => Record<string, unknown>) {
+  return fixture((req, res) => {
+    let body = '';
+    req.on('data', (c: Buffer) => { body += c.toString(); });
+    req.on('end', () => {
+      const stream = (JSON.parse(body) as { stream?: boolean }).stream === true;
+      if (!stream) {
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
+          id: 'x', object: 'chat.completion', created: 1, model: 'm', choices: [{ index: 0, message: { role: 'assistant', content: 'Once upon' }, finish_reason: 'stop' }], usage: usage(),
+        }));
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+      res.write(chunkFrame({ content: ' upon' }, 'stop'));
+      res.end(`data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage: usage() })}\n\ndata: [DONE]\n\n`);
+    });
+  });
+}
+
+async function totals(s: TestServer): Promise<Total> {
+  const r = await http<WireList<Total>>(s.url, 'GET', '/admin/usage?group_by=model', { key: s.adminKey });
+  return r.json.data[0]!;
+}
+
+describe('usage ledger: bad values never wedge it', () => {
+  const open = closers();
+  after(() => open.closeAll());
+
+  for (const dialect of ['sqlite', 'postgres'] as const) {
+    it(`answers and records every request when an upstream reports nonsense usage, flagged as estimated (${dialect})`, async () => {
+      let i = 0;
+      const upstream = open.keep(await upstreamWithUsage(() => BAD_USAGE[i++ % BAD_USAGE.length]![1]));
+      const env: Record<string, string> = {};
+      if (dialect === 'postgres') {
+        const schema = await pgSchema();
+        open.add(() => schema.drop());
+        env['DATABASE_URL'] = schema.url;
+      }
+      const s = open.keep(await startGateway([{ baseUrl: upstream.url }], env, { pricing: [{ metric: 'input_tokens', rate: 1 }, { metric: 'output_tokens', rate: 2 }] }));
+      const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0, timeout: 10_000 });
+      for (let round = 0; round < 2; round++) {
+        for (const [label] of BAD_USAGE) {
+          const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'Once upon a time' }] });
+          assert.equal(r.choices[0]!.message.content, 'Once upon', label);
+          const u = r.usage as unknown as { prompt_tokens: number; completion_tokens: number; estimated?: boolean };
+          assert.ok(Number.isInteger(u.prompt_tokens) && u.prompt_tokens > 0, `${label}: ${JSON.stringify(u)}`);
+          assert.ok(Number.isInteger(u.completion_tokens) && u.completion_tokens > 0, `${label}: ${JSON.stringify(u)}`);
+          assert.equal(u.estimated, true, label);
+        }
+        let text = '';
+        for await (const c of await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], stream: true, stream_options: { include_usage: true } })) {
+          text += c.choices[0]?.delta.content ?? '';
+        }
+        assert.equal(text, 'Once upon');
+      }
+      const t = await totals(s);
+      assert.equal(t.requests, 12);
+      assert.equal(t.errors, 0);
+      assert.equal(t.estimated_requests, 12, 'every record built on an estimate says so');
+      assert.equal(t.unpriced_requests, 0);
+      assert.ok(t.cost > 0, 'estimated usage is billed, not free');
+      assert.equal((await http(s.url, 'GET', '/readyz')).status, 200);
+      assert.match((await http(s.url, 'GET', '/metrics')).text, /switchyard_upstream_usage_invalid_total\{deployment="d0"\} 1[02]/);
+    });
+  }
+
+  it('quarantines a record the database refuses and writes the others (SQLite, the ledger on its own)', async () => {
+    const dir = tempDir();
+    const store = new KyselyStore({ sqlitePath: join(dir, 'ledger.db') });
+    await store.migrate();
+    open.add(() => store.close());
+    let quarantined = 0;
+    const ledger = new Ledger(store, log, 50, { onQuarantine: () => { quarantined++; } });
+    ledger.start();
+    // What the old reader let through: better-sqlite3 cannot bind a boolean or an object.
+    const bad = [record('usage_bad1', { cached_tokens: false }), record('usage_bad2', { input_tokens: { n: 1 } })];
+    const good = Array.from({ length: 5 }, (_, k) => record(`usage_good${k}`));
+    await Promise.all([...bad, ...good].map((r) => ledger.record(r)));
+    // Later records are not held up either.
+    await ledger.record(record('usage_after'));
+    await ledger.close();
+    const totalsNow = await store.usageTotals('model', {});
+    assert.equal(totalsNow[0]!.requests, 6);
+    const q = await store.listQuarantinedUsage();
+    assert.deepEqual(q.map((x) => x.id).sort(), ['usage_bad1', 'usage_bad2']);
+    assert.match(q[0]!.record, /"request_id":"req_usage_bad/);
+    assert.equal(quarantined, 2);
+    assert.equal(ledger.writable, true);
+  });
+
+  it('quarantines a record PostgreSQL refuses (an integer out of range) and writes the rest', async () => {
+    const schema = await pgSchema();
+    open.add(() => schema.drop());
+    const store = new KyselyStore({ databaseUrl: schema.url, sqlitePath: '' });
+    await store.migrate();
+    open.add(() => store.close());
+    const ledger = new Ledger(store, log, 50);
+    ledger.start();
+    // A safe integer for JavaScript, too large for the integer column: only the database can tell.
+    const refused = record('usage_big', { latency_ms: 3_000_000_000 });
+    await Promise.all([refused, record('usage_ok1'), record('usage_ok2')].map((r) => ledger.record(r)));
+    await ledger.close();
+    assert.equal((await store.usageTotals('model', {}))[0]!.requests, 2);
+    assert.deepEqual((await store.listQuarantinedUsage()).map((x) => x.id), ['usage_big']);
+  });
+
+  it('holds answers and reports not ready while the ledger cannot write, then writes them (PostgreSQL)', async () => {
+    const upstream = open.keep(await upstreamWithUsage(() => ({ prompt_tokens: 5, completion_tokens: 2 })));
+    const schema = await pgSchema();
+    open.add(() => schema.drop());
+    const s = open.keep(await startGateway([{ baseUrl: upstream.url }], { DATABASE_URL: schema.url, SWITCHYARD_LEDGER_FLUSH_MS: '100' }));
+    const admin = new pg.Client({ connectionString: schema.url });
+    await admin.connect();
+    open.add(() => admin.end());
+    assert.equal((await http(s.url, 'GET', '/readyz')).status, 200);
+    await admin.query('alter table usage_records rename to usage_records_away');
+    const answered = http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }] } });
+    let ready = await http<{ error: { message: string } }>(s.url, 'GET', '/readyz');
+    for (const deadline = Date.now() + 10_000; ready.status === 200 && Date.now() < deadline;) ready = await http(s.url, 'GET', '/readyz');
+    assert.equal(ready.status, 503);
+    assert.match(ready.json.error.message, /usage ledger cannot write/);
+    assert.match((await http(s.url, 'GET', '/metrics')).text, /switchyard_ledger_writable 0/);
+    await admin.query('alter table usage_records_away rename to usage_records');
+    const r = await answered;
+    assert.equal(r.status, 200, 'the held answer goes out once its record is written');
+    assert.equal((await http(s.url, 'GET', '/readyz')).status, 200);
+    assert.equal((await totals(s)).requests, 1);
+    assert.deepEqual(await s.service.store.listQuarantinedUsage(), [], 'an outage is not a bad record');
+  });
+
+  it('holds answers and reports not ready while SQLite refuses writes, then writes them (SQLite)', async () => {
+    const upstream = open.keep(await upstreamWithUsage(() => ({ prompt_tokens: 5, completion_tokens: 2 })));
+    const s = open.keep(await startGateway([{ baseUrl: upstream.url }], { SWITCHYARD_LEDGER_FLUSH_MS: '100' }));
+    // The server's own connection turned read-only: every write fails (SQLITE_READONLY), reads work.
+    const db = (s.service.store as unknown as { sqlite: SqliteDatabase.Database }).sqlite;
+    db.pragma('query_only = ON');
+    const answered = http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }] } });
+    let ready = await http(s.url, 'GET', '/readyz');
+    for (const deadline = Date.now() + 10_000; ready.status === 200 && Date.now() < deadline;) ready = await http(s.url, 'GET', '/readyz');
+    assert.equal(ready.status, 503, 'not ready while the ledger cannot write');
+    db.pragma('query_only = OFF');
+    assert.equal((await answered).status, 200);
+    assert.equal((await http(s.url, 'GET', '/readyz')).status, 200);
+    assert.equal((await totals(s)).requests, 1);
+    assert.deepEqual(await s.service.store.listQuarantinedUsage(), []);
+  });
+});

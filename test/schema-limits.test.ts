@@ -1,0 +1,192 @@
+import { after, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { Pool } from 'undici';
+import { http, SHARED_MODELS, startServer, tempDir, type TestServer } from './helpers/server.js';
+import { startProcess, type Running } from './helpers/process.js';
+import { closers } from './helpers/fixtures.js';
+import { eventually } from './helpers/wait.js';
+
+const STORIES = 'local/stories260k';
+const SCHEMAS = join(SHARED_MODELS, '..', 'schemas');
+/** `npm test` sends 2,000 distinct schemas; `npm run fuzz` sets SWITCHYARD_FUZZ_RUNS=10000 and sends 20,000. */
+const DISTINCT = Number(process.env['SWITCHYARD_FUZZ_RUNS'] ?? 0) >= 10_000 ? 20_000 : 2_000;
+
+const nested = (depth: number): Record<string, unknown> => {
+  let s: Record<string, unknown> = { type: 'string' };
+  for (let i = 0; i < depth; i++) s = { type: 'object', properties: { a: s }, required: ['a'] };
+  return s;
+};
+const chat = (schema: unknown) => ({
+  model: STORIES, max_tokens: 20, messages: [{ role: 'user', content: 'Describe it.' }],
+  response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
+});
+
+async function memory(url: string): Promise<{ rss: number; heap: number }> {
+  const text = (await http(url, 'GET', '/metrics')).text;
+  const read = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1]);
+  return { rss: read('switchyard_process_process_resident_memory_bytes'), heap: read('switchyard_process_nodejs_heap_size_used_bytes') };
+}
+
+describe('JSON schemas in requests: bounded, compiled off the event loop, never a 500', () => {
+  const open = closers();
+  let server: TestServer;
+  after(() => open.closeAll());
+
+  it('refuses a schema past each limit with a 400 that names the limit, at once', async () => {
+    server = open.keep(await startServer());
+    const cases: Array<[string, object, RegExp, string]> = [
+      ['a 200,000-value enum', chat({ type: 'object', properties: { v: { enum: Array.from({ length: 200_000 }, (_, i) => `value${i}`) } }, required: ['v'] }),
+        /enum .* 200000 values.*SWITCHYARD_SCHEMA_MAX_ENUM/, 'response_format.json_schema.schema'],
+      ['1,500 levels of nesting in a tool', {
+        model: STORIES, messages: [{ role: 'user', content: 'x' }], tool_choice: 'required',
+        tools: [{ type: 'function', function: { name: 'f', parameters: nested(1500) } }],
+      }, /deeper than 64 levels.*SWITCHYARD_SCHEMA_MAX_DEPTH/, 'tools[0].parameters'],
+      ['1,500 levels of nesting in json_schema', chat(nested(1500)), /SWITCHYARD_SCHEMA_MAX_DEPTH/, 'response_format.json_schema.schema'],
+      ['minItems: 100000', chat({ type: 'array', items: { type: 'integer' }, minItems: 100_000 }), /minItems .* 100000.*SWITCHYARD_SCHEMA_MAX_MIN_COUNT/, 'response_format.json_schema.schema'],
+      ['minLength: 100000', chat({ type: 'string', minLength: 100_000 }), /minLength.*SWITCHYARD_SCHEMA_MAX_MIN_COUNT/, 'response_format.json_schema.schema'],
+      ['2 MB of schema', chat({ type: 'object', description: 'd'.repeat(2 * 1024 * 1024) }), /more than 1048576 bytes.*SWITCHYARD_SCHEMA_MAX_BYTES/, 'response_format.json_schema.schema'],
+      ['30,000 subschemas', chat({ type: 'object', properties: Object.fromEntries(Array.from({ length: 30_000 }, (_, i) => [`p${i}`, { type: 'null' }])) }),
+        /more than 20000 objects.*SWITCHYARD_SCHEMA_MAX_NODES/, 'response_format.json_schema.schema'],
+    ];
+    for (const [label, body, message, param] of cases) {
+      const started = Date.now();
+      const r = await http(server.url, 'POST', '/v1/chat/completions', { key: server.adminKey, body });
+      assert.equal(r.status, 400, `${label}: ${r.text.slice(0, 300)}`);
+      assert.equal(r.json.error.code, 'schema_too_large', label);
+      assert.match(r.json.error.message, message, label);
+      assert.equal(r.json.error.param, param, label);
+      assert.ok(Date.now() - started < 3_000, `${label} took ${Date.now() - started} ms`);
+    }
+    // The same limits on the Responses API, and on a tool's parameters there.
+    const deep = await http(server.url, 'POST', '/v1/responses', {
+      key: server.adminKey, body: { model: STORIES, input: 'x', text: { format: { type: 'json_schema', name: 'x', schema: nested(1500) } } },
+    });
+    assert.equal(deep.status, 400, deep.text.slice(0, 200));
+    assert.equal(deep.json.error.code, 'schema_too_large');
+    const tool = await http(server.url, 'POST', '/v1/responses', {
+      key: server.adminKey, body: { model: STORIES, input: 'x', tools: [{ type: 'function', name: 'f', parameters: { type: 'array', minItems: 100_000 } }] },
+    });
+    assert.equal(tool.status, 400);
+    assert.equal(tool.json.error.param, 'tools[0].parameters');
+  });
+
+  it('compiles schemas in a worker: others are answered meanwhile, and an overrun is a 400', async () => {
+    const s = open.keep(await startServer({ env: { SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS: '150' } }));
+    // Within every limit (126 KB, 3,001 subschemas), but Ajv's compile time grows with the square of
+    // the properties: 1,000 of them take ~1.4 s here, where a small schema takes ~1 ms.
+    const props: Record<string, unknown> = {};
+    for (let i = 0; i < 1000; i++) props[`p${i}`] = { type: 'object', properties: { [`a${i}`]: { type: 'string', maxLength: i + 1 }, [`b${i}`]: { type: 'integer' } }, required: [`a${i}`] };
+    const big = { type: 'object', properties: props };
+    const pool = new Pool(s.url, { connections: 4 });
+    open.add(() => pool.close());
+    const slowest = { ms: 0 };
+    let pinging = true;
+    const pings = (async () => {
+      while (pinging) {
+        const t = performance.now();
+        const res = await pool.request({ path: '/healthz', method: 'GET' });
+        await res.body.dump();
+        slowest.ms = Math.max(slowest.ms, performance.now() - t);
+      }
+    })();
+    const refused = await Promise.all(Array.from({ length: 6 }, (_, i) => http(s.url, 'POST', '/v1/chat/completions', {
+      key: s.adminKey, body: chat({ ...big, description: `copy ${i}` }),
+    })));
+    pinging = false;
+    await pings;
+    for (const r of refused) {
+      assert.equal(r.status, 400, r.text.slice(0, 200));
+      assert.equal(r.json.error.code, 'schema_too_large');
+      assert.match(r.json.error.message, /longer than 150 ms to compile.*SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS/);
+    }
+    // The main thread answered throughout: a compile on it would have held a ping for over a second
+    // (the margin leaves room for a loaded machine; it is not a latency target).
+    assert.ok(slowest.ms < 500, `a health check waited ${slowest.ms.toFixed(1)} ms while schemas compiled`);
+    // The worker that was stopped is replaced: a small schema compiles and generates.
+    const ok = await http<{ choices: Array<{ message: { content: string } }> }>(s.url, 'POST', '/v1/chat/completions', {
+      key: s.adminKey, body: chat({ type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false }),
+    });
+    assert.equal(ok.status, 200, ok.text);
+    assert.match(ok.json.choices[0]!.message.content, /^\{"ok":(true|false)\}$/);
+  });
+
+  it(`keeps memory flat over ${DISTINCT.toLocaleString('en')} distinct schemas (bounded caches)`, async () => {
+    const dataDir = tempDir();
+    const admin = 'sk-test-admin-schemas-0123456789abcdef';
+    let proc: Running | undefined;
+    open.add(async () => {
+      proc?.child.kill('SIGKILL');
+      rmSync(dataDir, { recursive: true, force: true });
+    });
+    proc = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: admin, SWITCHYARD_WORKERS: '1', SWITCHYARD_SCHEMA_CACHE_SIZE: '64' });
+    const pool = new Pool(proc.url, { connections: 8 });
+    open.add(() => pool.close());
+    let next = 0;
+    let baseline = { rss: 0, heap: 0 };
+    // V8 grows its heap toward a working size over the first few thousand requests before its first
+    // major GC (RSS follows): the baseline is taken well into the run, and the end once the heap settled.
+    const warmup = Math.floor(DISTINCT * 0.4);
+    const send = async () => {
+      while (next < DISTINCT) {
+        const i = next++;
+        if (i === warmup) baseline = await memory(proc!.url);
+        const schema = { type: 'object', properties: { [`field_${i}`]: { type: 'boolean' } }, required: [`field_${i}`], additionalProperties: false };
+        const res = await pool.request({
+          path: '/v1/chat/completions', method: 'POST',
+          headers: { authorization: `Bearer ${admin}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ ...chat(schema), max_tokens: 12 }),
+        });
+        const text = await res.body.text();
+        assert.equal(res.statusCode, 200, text);
+      }
+    };
+    await Promise.all(Array.from({ length: 8 }, send));
+    const loaded = await http<{ cached_schemas: number; schema_violations: number }>(proc.url, 'GET', '/admin/local/loaded', { key: admin });
+    assert.ok(loaded.json.cached_schemas <= 64, `cache holds ${loaded.json.cached_schemas}`);
+    assert.equal(loaded.json.schema_violations, 0);
+    let end = await memory(proc.url);
+    for (const deadline = Date.now() + 20_000; end.heap > baseline.heap + 8 * 1024 * 1024 && Date.now() < deadline;) {
+      await new Promise((r) => setTimeout(r, 500));
+      end = await memory(proc.url);
+    }
+    const growth = end.rss - baseline.rss;
+    console.log(`# ${DISTINCT} distinct schemas: RSS ${Math.round(baseline.rss / 1e6)} MB after ${warmup}, ${Math.round(end.rss / 1e6)} MB at the end; ${loaded.json.cached_schemas} cached`);
+    // Unbounded caches grew ~100 KB per schema (120 MB over the last 1,200 of 2,000). Over 2,000 the heap
+    // is still growing toward its first major GC (~6,000 here), hence the wider margin; over 20,000
+    // the baseline comes after it and RSS holds within a few MB.
+    const allowed = (DISTINCT >= 20_000 ? 48 : 80) * 1024 * 1024;
+    assert.ok(growth < allowed, `RSS grew ${Math.round(growth / 1e6)} MB`);
+  });
+
+  it('stops within the shutdown timeout on SIGTERM, right after the schemas that used to freeze it', async () => {
+    const dataDir = tempDir();
+    const admin = 'sk-test-admin-sigterm-0123456789abcdef';
+    const proc = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: admin, SWITCHYARD_WORKERS: '1', SWITCHYARD_SHUTDOWN_TIMEOUT_MS: '3000' });
+    open.add(async () => {
+      proc.child.kill('SIGKILL');
+      rmSync(dataDir, { recursive: true, force: true });
+    });
+    const huge = http(proc.url, 'POST', '/v1/chat/completions', {
+      key: admin, body: chat({ type: 'object', properties: { v: { enum: Array.from({ length: 200_000 }, (_, i) => `value${i}`) } } }),
+    });
+    const big = JSON.parse(readFileSync(join(SCHEMAS, 'JsonSchemaStore', 'meta.schema.json'), 'utf8')) as object;
+    const heavy = http(proc.url, 'POST', '/v1/chat/completions', { key: admin, body: chat(big) });
+    // Both have arrived (in progress, or already answered) when the signal comes.
+    await eventually(async () => {
+      const text = await (await fetch(`${proc.url}/metrics`)).text();
+      const inFlight = Number(/^switchyard_in_flight_requests (\d+)$/m.exec(text)?.[1] ?? 0);
+      const answered = [...text.matchAll(/^switchyard_requests_total\{route="\/v1\/chat\/completions"[^}]*\} (\d+)$/gm)].reduce((n, m) => n + Number(m[1]), 0);
+      assert.ok(inFlight + answered >= 2, `${inFlight} in flight, ${answered} answered`);
+    });
+    const stopAt = Date.now();
+    proc.child.kill('SIGTERM');
+    const code = await proc.exited;
+    const took = Date.now() - stopAt;
+    assert.equal(code, 0);
+    assert.ok(took < 3_000 + 1_000, `stopped after ${took} ms`);
+    assert.equal((await huge.catch(() => ({ status: 0 }))).status !== 500, true);
+    await heavy.catch(() => undefined);
+  });
+});
