@@ -6,11 +6,23 @@
  */
 import { createServer } from 'node:http';
 
-const ANSWER = Buffer.from(JSON.stringify({
-  id: 'chatcmpl-fake', object: 'chat.completion', created: 1_700_000_000, model: 'fake',
-  choices: [{ index: 0, message: { role: 'assistant', content: 'Hello! This is a fixed answer from the fake upstream.', refusal: null }, logprobs: null, finish_reason: 'stop' }],
-  usage: { prompt_tokens: 12, completion_tokens: 11, total_tokens: 23 },
-}));
+const ANSWER = Buffer.from(
+  JSON.stringify({
+    id: 'chatcmpl-fake',
+    object: 'chat.completion',
+    created: 1_700_000_000,
+    model: 'fake',
+    choices: [
+      {
+        index: 0,
+        message: { role: 'assistant', content: 'Hello! This is a fixed answer from the fake upstream.', refusal: null },
+        logprobs: null,
+        finish_reason: 'stop',
+      },
+    ],
+    usage: { prompt_tokens: 12, completion_tokens: 11, total_tokens: 23 },
+  }),
+);
 const chunk = (delta: string, finish: string | null = null): string =>
   `data: ${JSON.stringify({ id: 'chatcmpl-fake', object: 'chat.completion.chunk', created: 1_700_000_000, model: 'fake', choices: [{ index: 0, delta: { content: delta }, logprobs: null, finish_reason: finish }] })}\n\n`;
 const CHUNKS = Array.from({ length: 20 }, (_, i) => chunk(i === 0 ? 'Hello' : ` word${i}`, i === 19 ? 'stop' : null));

@@ -26,23 +26,36 @@ export interface Throughput {
   non2xx: number;
 }
 
-const body = (model: string, stream: boolean): string => JSON.stringify({
-  model, stream, max_tokens: 64, temperature: 0.7,
-  messages: [{ role: 'system', content: 'You are a helpful assistant.' }, { role: 'user', content: 'Say hello in one short sentence.' }],
-});
+const body = (model: string, stream: boolean): string =>
+  JSON.stringify({
+    model,
+    stream,
+    max_tokens: 64,
+    temperature: 0.7,
+    messages: [
+      { role: 'system', content: 'You are a helpful assistant.' },
+      { role: 'user', content: 'Say hello in one short sentence.' },
+    ],
+  });
 
 /** Requests per second (2xx only) and latency percentiles, with a warm-up run first. */
 export async function throughput(s: Subject, stream: boolean, connections: number, seconds: number): Promise<Throughput> {
   const opts = {
-    url: s.url + s.path, method: 'POST' as const, connections, headers: { 'content-type': 'application/json', ...s.headers },
+    url: s.url + s.path,
+    method: 'POST' as const,
+    connections,
+    headers: { 'content-type': 'application/json', ...s.headers },
     body: body(s.model, stream),
   };
   await autocannon({ ...opts, duration: Math.max(1, Math.round(seconds / 4)) });
   const r = await autocannon({ ...opts, duration: seconds });
   return {
     rps: Math.round(r['2xx'] / r.duration),
-    p50_ms: r.latency.p50, p90_ms: r.latency.p90, p99_ms: r.latency.p99,
-    errors: r.errors, non2xx: r.non2xx,
+    p50_ms: r.latency.p50,
+    p90_ms: r.latency.p90,
+    p99_ms: r.latency.p99,
+    errors: r.errors,
+    non2xx: r.non2xx,
   };
 }
 
@@ -63,7 +76,12 @@ export async function sequential(s: Subject, stream: boolean, count: number): Pr
   try {
     for (let i = 0; i < count + Math.ceil(count / 5); i++) {
       const t = process.hrtime.bigint();
-      const res = await client.request({ path: s.path, method: 'POST', headers: { 'content-type': 'application/json', ...s.headers }, body: payload });
+      const res = await client.request({
+        path: s.path,
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...s.headers },
+        body: payload,
+      });
       let elapsed: bigint | undefined;
       for await (const _ of res.body) {
         elapsed ??= process.hrtime.bigint() - t;
@@ -114,11 +132,27 @@ export async function idleStreams(s: Subject, pid: number, count: number): Promi
     // Opened in batches, so the listen backlog is not the thing measured.
     const batch = () => {
       for (let j = 0; j < 500 && i < count; j++, i++) {
-        const req = http.request({ host: target.hostname, port: target.port, path: target.pathname, method: 'POST', agent, headers: { 'content-type': 'application/json', ...s.headers } }, (res) => {
-          res.once('data', () => { opened++; settle(); });
-          res.on('error', () => undefined);
+        const req = http.request(
+          {
+            host: target.hostname,
+            port: target.port,
+            path: target.pathname,
+            method: 'POST',
+            agent,
+            headers: { 'content-type': 'application/json', ...s.headers },
+          },
+          (res) => {
+            res.once('data', () => {
+              opened++;
+              settle();
+            });
+            res.on('error', () => undefined);
+          },
+        );
+        req.on('error', () => {
+          failed++;
+          settle();
         });
-        req.on('error', () => { failed++; settle(); });
         req.end(payload);
         requests.push(req);
       }
@@ -135,14 +169,18 @@ export async function idleStreams(s: Subject, pid: number, count: number): Promi
     streams: count,
     rss_before_mb: Math.round(before / 1048576),
     rss_mb: Math.round(rss / 1048576),
-    per_stream_kb: Math.round((rss - before) / count / 1024 * 10) / 10,
+    per_stream_kb: Math.round(((rss - before) / count / 1024) * 10) / 10,
   };
 }
 
 /** A stream through the subject, read to its end: checks the setup before timing anything. */
 export async function check(s: Subject): Promise<void> {
   for (const stream of [false, true]) {
-    const res = await request(s.url + s.path, { method: 'POST', headers: { 'content-type': 'application/json', ...s.headers }, body: body(s.model, stream) });
+    const res = await request(s.url + s.path, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...s.headers },
+      body: body(s.model, stream),
+    });
     const text = await res.body.text();
     if (res.statusCode !== 200) throw new Error(`${s.name} answered ${res.statusCode}: ${text.slice(0, 300)}`);
     if (stream && !text.includes('[DONE]')) throw new Error(`${s.name}: stream did not end with [DONE]`);

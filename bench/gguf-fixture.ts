@@ -19,22 +19,39 @@ export interface Shape {
   context: number;
 }
 
-export const SMOLLM_135M: Shape = { name: 'smollm-135m-shaped', dim: 576, layers: 30, heads: 9, kvHeads: 3, ffn: 1536, vocab: 49152, context: 2048 };
+export const SMOLLM_135M: Shape = {
+  name: 'smollm-135m-shaped',
+  dim: 576,
+  layers: 30,
+  heads: 9,
+  kvHeads: 3,
+  ffn: 1536,
+  vocab: 49152,
+  context: 2048,
+};
 /** The same architecture, small: for --quick runs that only check the writer and the harness. */
 export const TINY: Shape = { name: 'tiny-shaped', dim: 64, layers: 2, heads: 4, kvHeads: 2, ffn: 128, vocab: 512, context: 512 };
 
 const ALIGNMENT = 32;
 const F32 = 0;
 const Q8_0 = 8;
-const enum Kv { U32 = 4, I32 = 5, F32 = 6, String = 8, Array = 9 }
+const enum Kv {
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  String = 8,
+  Array = 9,
+}
 
 /** xorshift32: small, fast and the same on every machine for a seed. */
 function rng(seed: number): () => number {
   let s = seed >>> 0 || 0x9e3779b9;
   return () => {
-    s ^= s << 13; s >>>= 0;
+    s ^= s << 13;
+    s >>>= 0;
     s ^= s >>> 17;
-    s ^= s << 5; s >>>= 0;
+    s ^= s << 5;
+    s >>>= 0;
     return s;
   };
 }
@@ -46,23 +63,57 @@ class Bytes {
     this.parts.push(b);
     this.length += b.length;
   }
-  u32(v: number): void { const b = Buffer.alloc(4); b.writeUInt32LE(v); this.push(b); }
-  i32(v: number): void { const b = Buffer.alloc(4); b.writeInt32LE(v); this.push(b); }
-  u64(v: number): void { const b = Buffer.alloc(8); b.writeBigUInt64LE(BigInt(v)); this.push(b); }
-  f32(v: number): void { const b = Buffer.alloc(4); b.writeFloatLE(v); this.push(b); }
-  str(s: string): void { const b = Buffer.from(s, 'utf8'); this.u64(b.length); this.push(b); }
-  concat(): Buffer { return Buffer.concat(this.parts); }
+  u32(v: number): void {
+    const b = Buffer.alloc(4);
+    b.writeUInt32LE(v);
+    this.push(b);
+  }
+  i32(v: number): void {
+    const b = Buffer.alloc(4);
+    b.writeInt32LE(v);
+    this.push(b);
+  }
+  u64(v: number): void {
+    const b = Buffer.alloc(8);
+    b.writeBigUInt64LE(BigInt(v));
+    this.push(b);
+  }
+  f32(v: number): void {
+    const b = Buffer.alloc(4);
+    b.writeFloatLE(v);
+    this.push(b);
+  }
+  str(s: string): void {
+    const b = Buffer.from(s, 'utf8');
+    this.u64(b.length);
+    this.push(b);
+  }
+  concat(): Buffer {
+    return Buffer.concat(this.parts);
+  }
 }
 
-type Value = { t: Kv.U32 | Kv.I32 | Kv.F32; v: number } | { t: Kv.String; v: string } | { t: Kv.Array; of: Kv.String; v: string[] } | { t: Kv.Array; of: Kv.F32 | Kv.I32; v: number[] };
+type Value =
+  | { t: Kv.U32 | Kv.I32 | Kv.F32; v: number }
+  | { t: Kv.String; v: string }
+  | { t: Kv.Array; of: Kv.String; v: string[] }
+  | { t: Kv.Array; of: Kv.F32 | Kv.I32; v: number[] };
 
 function writeValue(b: Bytes, val: Value): void {
   b.u32(val.t);
   switch (val.t) {
-    case Kv.U32: b.u32(val.v); break;
-    case Kv.I32: b.i32(val.v); break;
-    case Kv.F32: b.f32(val.v); break;
-    case Kv.String: b.str(val.v); break;
+    case Kv.U32:
+      b.u32(val.v);
+      break;
+    case Kv.I32:
+      b.i32(val.v);
+      break;
+    case Kv.F32:
+      b.f32(val.v);
+      break;
+    case Kv.String:
+      b.str(val.v);
+      break;
     case Kv.Array:
       b.u32(val.of);
       b.u64(val.v.length);
@@ -93,11 +144,18 @@ function vocabulary(size: number): { tokens: string[]; scores: number[]; types: 
   return { tokens, scores: tokens.map((_, i) => -i), types };
 }
 
-interface Tensor { name: string; dims: number[]; type: typeof F32 | typeof Q8_0 }
+interface Tensor {
+  name: string;
+  dims: number[];
+  type: typeof F32 | typeof Q8_0;
+}
 
 function tensors(s: Shape): Tensor[] {
   const kv = (s.dim / s.heads) * s.kvHeads;
-  const list: Tensor[] = [{ name: 'token_embd.weight', dims: [s.dim, s.vocab], type: Q8_0 }, { name: 'output_norm.weight', dims: [s.dim], type: F32 }];
+  const list: Tensor[] = [
+    { name: 'token_embd.weight', dims: [s.dim, s.vocab], type: Q8_0 },
+    { name: 'output_norm.weight', dims: [s.dim], type: F32 },
+  ];
   for (let i = 0; i < s.layers; i++) {
     list.push(
       { name: `blk.${i}.attn_norm.weight`, dims: [s.dim], type: F32 },
@@ -162,9 +220,15 @@ export function writeFixture(path: string, shape: Shape, seed = 42, damage: Dama
     ['tokenizer.ggml.eos_token_id', { t: Kv.U32, v: 2 }],
     ['tokenizer.ggml.unknown_token_id', { t: Kv.U32, v: 0 }],
   ];
-  const edited = meta.filter(([k]) => !damage.drop?.includes(k)).map(([k, v]): [string, Value] =>
-    damage.asString?.includes(k) ? [k, { t: Kv.String, v: String((v as { v: unknown }).v) }]
-      : damage.zero?.includes(k) ? [k, { t: Kv.U32, v: 0 }] : [k, v]);
+  const edited = meta
+    .filter(([k]) => !damage.drop?.includes(k))
+    .map(([k, v]): [string, Value] =>
+      damage.asString?.includes(k)
+        ? [k, { t: Kv.String, v: String((v as { v: unknown }).v) }]
+        : damage.zero?.includes(k)
+          ? [k, { t: Kv.U32, v: 0 }]
+          : [k, v],
+    );
   const list = tensors(shape);
   const head = new Bytes();
   head.u32(0x46554747);

@@ -53,23 +53,33 @@ export async function freePort(): Promise<number> {
  * Switchyard as users run it (`node dist/src/main.js`) on a free port, with its own data dir and the
  * bench admin key; resolves once /readyz answers. Its stdout (the access log) goes to /dev/null.
  */
-export async function startMain(env: Record<string, string>, prepare?: (dataDir: string) => Record<string, string>): Promise<Proc & { dataDir: string }> {
+export async function startMain(
+  env: Record<string, string>,
+  prepare?: (dataDir: string) => Record<string, string>,
+  dist = DIST,
+): Promise<Proc & { dataDir: string }> {
   const dataDir = mkdtempSync(join(tmpdir(), 'switchyard-bench-'));
   const port = await freePort();
-  const child = spawn(process.execPath, [join(DIST, 'src', 'main.js'), '--port', String(port)], {
+  const child = spawn(process.execPath, [join(dist, 'src', 'main.js'), '--port', String(port)], {
     env: { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN_KEY, ...env, ...prepare?.(dataDir) },
     stdio: ['ignore', 'ignore', 'inherit'],
   });
   const url = `http://127.0.0.1:${port}`;
   for (let i = 0; ; i++) {
     if (child.exitCode !== null) throw new Error(`switchyard exited with ${child.exitCode}`);
-    const ok = await request(`${url}/readyz`).then((r) => r.body.text().then(() => r.statusCode === 200), () => false);
+    const ok = await request(`${url}/readyz`).then(
+      (r) => r.body.text().then(() => r.statusCode === 200),
+      () => false,
+    );
     if (ok) break;
     if (i > 600) throw new Error('switchyard did not become ready');
     await sleep(100);
   }
   return {
-    child, port, url, dataDir,
+    child,
+    port,
+    url,
+    dataDir,
     async stop() {
       await stopChild(child);
       rmSync(dataDir, { recursive: true, force: true });
@@ -81,25 +91,52 @@ export async function startMain(env: Record<string, string>, prepare?: (dataDir:
  * Switchyard in front of the fake upstream: a catalogue model deployed on it with its price set (so
  * every request is costed and written to the ledger), and info logging.
  */
-export function startSwitchyard(o: { upstream: string; workers: number; modelsDir?: string }): Promise<Proc & { dataDir: string }> {
-  return startMain({ SWITCHYARD_WORKERS: String(o.workers), SWITCHYARD_LOG_LEVEL: 'info' }, (dataDir) => {
-    const config = join(dataDir, 'bench.json');
-    writeFileSync(config, JSON.stringify({
-      models: [{
-        id: 'openai/bench-fake', name: 'Bench fake', model_type: 'text_generation', context_length: 8192,
-        capabilities: ['function_calling', 'structured_output'],
-        pricing: [{ metric: 'input_tokens', rate: 0.15 }, { metric: 'output_tokens', rate: 0.6 }],
-      }, {
-        id: 'openai/bench-hold', name: 'Bench fake that holds streams open', model_type: 'text_generation', context_length: 8192,
-        pricing: [{ metric: 'input_tokens', rate: 0.15 }, { metric: 'output_tokens', rate: 0.6 }],
-      }],
-      deployments: [
-        { model: 'openai/bench-fake', baseUrl: `${o.upstream}/v1`, upstreamModel: 'fake' },
-        { model: 'openai/bench-hold', baseUrl: `${o.upstream}/v1`, upstreamModel: 'hold' },
-      ],
-    }));
-    return { SWITCHYARD_CONFIG: config, SWITCHYARD_MODELS_DIR: o.modelsDir ?? join(dataDir, 'models') };
-  });
+export function startSwitchyard(o: {
+  upstream: string;
+  workers: number;
+  modelsDir?: string;
+  dist?: string;
+}): Promise<Proc & { dataDir: string }> {
+  return startMain(
+    { SWITCHYARD_WORKERS: String(o.workers), SWITCHYARD_LOG_LEVEL: 'info' },
+    (dataDir) => {
+      const config = join(dataDir, 'bench.json');
+      writeFileSync(
+        config,
+        JSON.stringify({
+          models: [
+            {
+              id: 'openai/bench-fake',
+              name: 'Bench fake',
+              model_type: 'text_generation',
+              context_length: 8192,
+              capabilities: ['function_calling', 'structured_output'],
+              pricing: [
+                { metric: 'input_tokens', rate: 0.15 },
+                { metric: 'output_tokens', rate: 0.6 },
+              ],
+            },
+            {
+              id: 'openai/bench-hold',
+              name: 'Bench fake that holds streams open',
+              model_type: 'text_generation',
+              context_length: 8192,
+              pricing: [
+                { metric: 'input_tokens', rate: 0.15 },
+                { metric: 'output_tokens', rate: 0.6 },
+              ],
+            },
+          ],
+          deployments: [
+            { model: 'openai/bench-fake', baseUrl: `${o.upstream}/v1`, upstreamModel: 'fake' },
+            { model: 'openai/bench-hold', baseUrl: `${o.upstream}/v1`, upstreamModel: 'hold' },
+          ],
+        }),
+      );
+      return { SWITCHYARD_CONFIG: config, SWITCHYARD_MODELS_DIR: o.modelsDir ?? join(dataDir, 'models') };
+    },
+    o.dist,
+  );
 }
 
 /** An inference key with rate limits set high enough never to bite, so the limit checks run on every request. */
@@ -109,7 +146,7 @@ export async function createBenchKey(url: string): Promise<string> {
     headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
     body: JSON.stringify({ org: 'bench', name: 'bench', limits: { rpm: 100_000_000, tpm: 1_000_000_000 } }),
   });
-  const body = await res.body.json() as { key?: string };
+  const body = (await res.body.json()) as { key?: string };
   if (res.statusCode !== 201 || !body.key) throw new Error(`key creation failed: ${res.statusCode} ${JSON.stringify(body)}`);
   return body.key;
 }
@@ -146,6 +183,10 @@ export function percentile(sorted: readonly number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 }
 
-export const median = (xs: readonly number[]): number => percentile([...xs].sort((a, b) => a - b), 50);
+export const median = (xs: readonly number[]): number =>
+  percentile(
+    [...xs].sort((a, b) => a - b),
+    50,
+  );
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));

@@ -38,7 +38,10 @@ export interface LocalResult {
   four: LocalRun;
 }
 
-interface Sample { tps: number; ttft: number }
+interface Sample {
+  tps: number;
+  ttft: number;
+}
 
 /** `streams` sequences of one context generate `tokens` tokens each, at once. */
 async function raw(context: LlamaContext, model: LlamaModel, streams: number, tokens: number): Promise<Sample> {
@@ -47,13 +50,15 @@ async function raw(context: LlamaContext, model: LlamaModel, streams: number, to
     const prompt = [model.tokens.bos!, ...model.tokenize(PROMPT)];
     const start = process.hrtime.bigint();
     const firsts: number[] = [];
-    await Promise.all(seqs.map(async (seq) => {
-      let n = 0;
-      for await (const _ of seq.evaluate(prompt, { temperature: 0 })) {
-        if (n === 0) firsts.push(Number(process.hrtime.bigint() - start) / 1e6);
-        if (++n >= tokens) break;
-      }
-    }));
+    await Promise.all(
+      seqs.map(async (seq) => {
+        let n = 0;
+        for await (const _ of seq.evaluate(prompt, { temperature: 0 })) {
+          if (n === 0) firsts.push(Number(process.hrtime.bigint() - start) / 1e6);
+          if (++n >= tokens) break;
+        }
+      }),
+    );
     const seconds = Number(process.hrtime.bigint() - start) / 1e9;
     return { tps: (streams * tokens) / seconds, ttft: median(firsts) };
   } finally {
@@ -65,31 +70,44 @@ async function raw(context: LlamaContext, model: LlamaModel, streams: number, to
 async function api(url: string, id: string, streams: number, tokens: number, stream: boolean): Promise<Sample> {
   const start = process.hrtime.bigint();
   const firsts: number[] = [];
-  const counts = await Promise.all(Array.from({ length: streams }, async () => {
-    const res = await request(`${url}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ model: id, messages: [{ role: 'user', content: PROMPT }], max_tokens: tokens, temperature: 0, stream, ...(stream && { stream_options: { include_usage: true } }) }),
-    });
-    if (!stream) {
-      const json = await res.body.json() as { usage?: { completion_tokens: number } };
-      if (res.statusCode !== 200 || !json.usage) throw new Error(`local API answered ${res.statusCode}: ${JSON.stringify(json).slice(0, 300)}`);
-      return json.usage.completion_tokens;
-    }
-    let text = '';
-    let first = true;
-    for await (const chunk of res.body) {
-      text += String(chunk);
-      // The first chunk is the role; the first token is the first chunk with content.
-      if (first && text.includes('"content":"') && /"content":"[^"]/.test(text)) {
-        first = false;
-        firsts.push(Number(process.hrtime.bigint() - start) / 1e6);
+  const counts = await Promise.all(
+    Array.from({ length: streams }, async () => {
+      const res = await request(`${url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
+        body: JSON.stringify({
+          model: id,
+          messages: [{ role: 'user', content: PROMPT }],
+          max_tokens: tokens,
+          temperature: 0,
+          stream,
+          ...(stream && { stream_options: { include_usage: true } }),
+        }),
+      });
+      if (!stream) {
+        const json = (await res.body.json()) as { usage?: { completion_tokens: number } };
+        if (res.statusCode !== 200 || !json.usage)
+          throw new Error(`local API answered ${res.statusCode}: ${JSON.stringify(json).slice(0, 300)}`);
+        return json.usage.completion_tokens;
       }
-    }
-    if (res.statusCode !== 200) throw new Error(`local API answered ${res.statusCode}: ${text.slice(0, 300)}`);
-    const usage = text.split('\n').filter((l) => l.includes('"usage":{')).at(-1);
-    return (JSON.parse(usage!.slice(6)) as { usage: { completion_tokens: number } }).usage.completion_tokens;
-  }));
+      let text = '';
+      let first = true;
+      for await (const chunk of res.body) {
+        text += String(chunk);
+        // The first chunk is the role; the first token is the first chunk with content.
+        if (first && text.includes('"content":"') && /"content":"[^"]/.test(text)) {
+          first = false;
+          firsts.push(Number(process.hrtime.bigint() - start) / 1e6);
+        }
+      }
+      if (res.statusCode !== 200) throw new Error(`local API answered ${res.statusCode}: ${text.slice(0, 300)}`);
+      const usage = text
+        .split('\n')
+        .filter((l) => l.includes('"usage":{'))
+        .at(-1);
+      return (JSON.parse(usage!.slice(6)) as { usage: { completion_tokens: number } }).usage.completion_tokens;
+    }),
+  );
   const seconds = Number(process.hrtime.bigint() - start) / 1e9;
   return { tps: counts.reduce((a, b) => a + b, 0) / seconds, ttft: firsts.length ? median(firsts) : NaN };
 }
@@ -97,14 +115,21 @@ async function api(url: string, id: string, streams: number, tokens: number, str
 async function measure(file: string, shape: string, tokens: number, rounds: number, log: (m: string) => void): Promise<LocalResult> {
   const modelsDir = mkdtempSync(join(tmpdir(), 'switchyard-bench-models-'));
   symlinkSync(file, join(modelsDir, basename(file)));
-  const id = `local/${basename(file).replace(/\.gguf$/i, '').toLowerCase().replace(/[^a-z0-9._-]+/g, '-')}`;
+  const id = `local/${basename(file)
+    .replace(/\.gguf$/i, '')
+    .toLowerCase()
+    .replace(/[^a-z0-9._-]+/g, '-')}`;
   const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error });
   const model = await llama.loadModel({ modelPath: file });
   // As the engine does: one context of PARALLEL sequences, each with the model's context size.
   const context = await model.createContext({ contextSize: Math.min(model.trainContextSize, 4096), sequences: PARALLEL, threads: THREADS });
   const server = await startMain({
-    SWITCHYARD_MODELS_DIR: modelsDir, SWITCHYARD_WORKERS: '1', SWITCHYARD_LOG_LEVEL: 'warn',
-    SWITCHYARD_LOCAL_THREADS: String(THREADS), SWITCHYARD_LOCAL_PARALLEL: String(PARALLEL), SWITCHYARD_LOCAL_PRELOAD: 'true',
+    SWITCHYARD_MODELS_DIR: modelsDir,
+    SWITCHYARD_WORKERS: '1',
+    SWITCHYARD_LOG_LEVEL: 'warn',
+    SWITCHYARD_LOCAL_THREADS: String(THREADS),
+    SWITCHYARD_LOCAL_PARALLEL: String(PARALLEL),
+    SWITCHYARD_LOCAL_PRELOAD: 'true',
   });
   const runs: LocalRun[] = [];
   try {
@@ -125,9 +150,14 @@ async function measure(file: string, shape: string, tokens: number, rounds: numb
       const streamTps = median(st.map((s) => s.tps));
       const round3 = (n: number) => Math.round(n * 1000) / 1000;
       runs.push({
-        streams, raw_tps: Math.round(rawTps), api_tps: Math.round(apiTps), ratio: round3(apiTps / rawTps),
-        api_stream_tps: Math.round(streamTps), stream_ratio: round3(streamTps / rawTps),
-        raw_ttft_ms: median(r.map((s) => s.ttft)), api_ttft_ms: median(st.map((s) => s.ttft)),
+        streams,
+        raw_tps: Math.round(rawTps),
+        api_tps: Math.round(apiTps),
+        ratio: round3(apiTps / rawTps),
+        api_stream_tps: Math.round(streamTps),
+        stream_ratio: round3(streamTps / rawTps),
+        raw_ttft_ms: median(r.map((s) => s.ttft)),
+        api_ttft_ms: median(st.map((s) => s.ttft)),
       });
     }
   } finally {

@@ -19,12 +19,21 @@ const server = createServer((req, res) => {
       res.writeHead(400).end();
       return;
     }
-    upstream.request({ path: '/v1/chat/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
-      .then((up) => {
-        res.writeHead(up.statusCode, { 'content-type': String(up.headers['content-type'] ?? 'application/json') });
-        up.body.pipe(res);
-        res.on('close', () => up.body.destroy());
-      }, () => res.writeHead(502).end());
+    upstream
+      .request({
+        path: '/v1/chat/completions',
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      })
+      .then(
+        (up) => {
+          res.writeHead(up.statusCode, { 'content-type': String(up.headers['content-type'] ?? 'application/json') });
+          up.body.pipe(res);
+          res.on('close', () => up.body.destroy());
+        },
+        () => res.writeHead(502).end(),
+      );
   });
 });
 server.keepAliveTimeout = 60_000;

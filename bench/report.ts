@@ -27,8 +27,10 @@ export const TARGETS = {
   idle_streams_rss_mb: 1024,
 };
 
-const f = (n: number | undefined, digits = 0): string => (n === undefined || Number.isNaN(n) ? '–' : n.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits }));
-const ratio = (a: number | undefined, b: number | undefined): number | undefined => (a === undefined || b === undefined || b === 0 ? undefined : a / b);
+const f = (n: number | undefined, digits = 0): string =>
+  n === undefined || Number.isNaN(n) ? '–' : n.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
+const ratio = (a: number | undefined, b: number | undefined): number | undefined =>
+  a === undefined || b === undefined || b === 0 ? undefined : a / b;
 const x = (r: number | undefined): string => (r === undefined ? '–' : `${r.toFixed(2)}×`);
 const met = (ok: boolean | undefined): string => (ok === undefined ? '–' : ok ? 'met' : '**missed**');
 
@@ -40,63 +42,107 @@ export function renderTable(r: Results): string {
   const st = g.throughput.stream;
   const one = g.one_connection;
   const added = (l: Partial<Record<Name, Latency>>, n: Name) => (l[n] && l.direct ? l[n]!.p50_ms - l.direct.p50_ms : undefined);
-  out.push(`Run ${r.date}${r.quick ? ' (--quick: short runs, figures not meaningful)' : ''} on ${r.machine.cpus} × ${r.machine.cpu}, ${r.machine.memory_gb} GB, Node ${r.machine.node}.`, '');
+  out.push(
+    `Run ${r.date}${r.quick ? ' (--quick: short runs, figures not meaningful)' : ''} on ${r.machine.cpus} × ${r.machine.cpu}, ${r.machine.memory_gb} GB, Node ${r.machine.node}.`,
+    '',
+  );
 
   out.push('**Targets** (every ratio from this run)', '', '| target | measured | required | |', '|---|---|---|---|');
   if (ns.switchyard) {
     const a = ratio(ns.switchyard.rps, ns.reference?.rps);
-    out.push(`| non-stream throughput, 1 worker, vs the minimal pass-through | ${x(a)} | ≥ ${t.non_stream_vs_reference}× | ${met(a === undefined ? undefined : a >= t.non_stream_vs_reference)} |`);
+    out.push(
+      `| non-stream throughput, 1 worker, vs the minimal pass-through | ${x(a)} | ≥ ${t.non_stream_vs_reference}× | ${met(a === undefined ? undefined : a >= t.non_stream_vs_reference)} |`,
+    );
     const b = ratio(st.switchyard?.rps, st.direct?.rps);
-    out.push(`| stream throughput, 1 worker, vs direct | ${x(b)} | ≥ ${t.stream_vs_direct}× | ${met(b === undefined ? undefined : b >= t.stream_vs_direct)} |`);
+    out.push(
+      `| stream throughput, 1 worker, vs direct | ${x(b)} | ≥ ${t.stream_vs_direct}× | ${met(b === undefined ? undefined : b >= t.stream_vs_direct)} |`,
+    );
     const c = added(one.non_stream, 'switchyard');
-    out.push(`| added p50 at one connection, non-stream | ${f(c === undefined ? undefined : c * 1000)} µs | ≤ ${t.added_p50_ms * 1000} µs | ${met(c === undefined ? undefined : c <= t.added_p50_ms)} |`);
+    out.push(
+      `| added p50 at one connection, non-stream | ${f(c === undefined ? undefined : c * 1000)} µs | ≤ ${t.added_p50_ms * 1000} µs | ${met(c === undefined ? undefined : c <= t.added_p50_ms)} |`,
+    );
     const d = added(one.first_chunk, 'switchyard');
-    out.push(`| added before the first chunk, one connection | ${f(d === undefined ? undefined : d * 1000)} µs | ≤ ${t.added_first_chunk_ms * 1000} µs | ${met(d === undefined ? undefined : d <= t.added_first_chunk_ms)} |`);
+    out.push(
+      `| added before the first chunk, one connection | ${f(d === undefined ? undefined : d * 1000)} µs | ≤ ${t.added_first_chunk_ms * 1000} µs | ${met(d === undefined ? undefined : d <= t.added_first_chunk_ms)} |`,
+    );
   }
   for (const l of r.local) {
     for (const run of [l.single, l.four]) {
-      out.push(`| local engine, ${l.model}, ${run.streams} concurrent request${run.streams > 1 ? 's' : ''} (non-stream), vs raw node-llama-cpp | ${x(run.ratio)} | ≥ ${t.local_vs_raw}× | ${met(run.ratio >= t.local_vs_raw)} |`);
+      out.push(
+        `| local engine, ${l.model}, ${run.streams} concurrent request${run.streams > 1 ? 's' : ''} (non-stream), vs raw node-llama-cpp | ${x(run.ratio)} | ≥ ${t.local_vs_raw}× | ${met(run.ratio >= t.local_vs_raw)} |`,
+      );
     }
   }
   if (g.idle_streams) {
     const m = g.idle_streams;
-    out.push(`| RSS with ${f(m.streams)} idle streams (${m.workers} workers, all processes) | ${f(m.rss_mb)} MB | < ${t.idle_streams_rss_mb} MB | ${met(m.rss_mb < t.idle_streams_rss_mb)} |`);
+    out.push(
+      `| RSS with ${f(m.streams)} idle streams (${m.workers} workers, all processes) | ${f(m.rss_mb)} MB | < ${t.idle_streams_rss_mb} MB | ${met(m.rss_mb < t.idle_streams_rss_mb)} |`,
+    );
   }
 
   if (ns.direct || ns.switchyard) {
-    out.push('', '**Throughput**, 64 connections (autocannon; latency in ms)', '',
-      '| | subject | req/s | p50 | p90 | p99 | vs reference | vs direct | errors |', '|---|---|---|---|---|---|---|---|---|');
-    for (const [label, set, w] of [['non-stream', ns, 'non_stream'], ['stream (20 chunks)', st, 'stream']] as const) {
+    out.push(
+      '',
+      '**Throughput**, 64 connections (autocannon; latency in ms)',
+      '',
+      '| | subject | req/s | p50 | p90 | p99 | vs reference | vs direct | errors |',
+      '|---|---|---|---|---|---|---|---|---|',
+    );
+    for (const [label, set, w] of [
+      ['non-stream', ns, 'non_stream'],
+      ['stream (20 chunks)', st, 'stream'],
+    ] as const) {
       const rows: Array<[string, Throughput | undefined]> = [
-        ['direct (fake upstream)', set.direct], ['reference pass-through', set.reference], ['Switchyard, 1 worker', set.switchyard],
+        ['direct (fake upstream)', set.direct],
+        ['reference pass-through', set.reference],
+        ['Switchyard, 1 worker', set.switchyard],
         ['Switchyard, 2 workers', g.workers.workers_2?.[w]],
       ];
       for (const [name, v] of rows) {
         if (!v) continue;
-        out.push(`| ${label} | ${name} | ${f(v.rps)} | ${f(v.p50_ms, 1)} | ${f(v.p90_ms, 1)} | ${f(v.p99_ms, 1)} | ${x(ratio(v.rps, set.reference?.rps))} | ${x(ratio(v.rps, set.direct?.rps))} | ${v.errors + v.non2xx} |`);
+        out.push(
+          `| ${label} | ${name} | ${f(v.rps)} | ${f(v.p50_ms, 1)} | ${f(v.p90_ms, 1)} | ${f(v.p99_ms, 1)} | ${x(ratio(v.rps, set.reference?.rps))} | ${x(ratio(v.rps, set.direct?.rps))} | ${v.errors + v.non2xx} |`,
+        );
       }
     }
-    out.push('', '**One connection**, one request at a time (ms; added = p50 minus direct p50)', '',
-      '| subject | non-stream p50 | p90 | p99 | added p50 | first chunk p50 | p90 | p99 | added p50 |', '|---|---|---|---|---|---|---|---|---|');
+    out.push(
+      '',
+      '**One connection**, one request at a time (ms; added = p50 minus direct p50)',
+      '',
+      '| subject | non-stream p50 | p90 | p99 | added p50 | first chunk p50 | p90 | p99 | added p50 |',
+      '|---|---|---|---|---|---|---|---|---|',
+    );
     for (const n of ['direct', 'reference', 'switchyard'] as const) {
       const a = one.non_stream[n];
       const b = one.first_chunk[n];
       if (!a || !b) continue;
-      out.push(`| ${n} | ${f(a.p50_ms, 3)} | ${f(a.p90_ms, 3)} | ${f(a.p99_ms, 3)} | ${f(added(one.non_stream, n), 3)} | ${f(b.p50_ms, 3)} | ${f(b.p90_ms, 3)} | ${f(b.p99_ms, 3)} | ${f(added(one.first_chunk, n), 3)} |`);
+      out.push(
+        `| ${n} | ${f(a.p50_ms, 3)} | ${f(a.p90_ms, 3)} | ${f(a.p99_ms, 3)} | ${f(added(one.non_stream, n), 3)} | ${f(b.p50_ms, 3)} | ${f(b.p90_ms, 3)} | ${f(b.p99_ms, 3)} | ${f(added(one.first_chunk, n), 3)} |`,
+      );
     }
   }
   if (r.local.length) {
-    out.push('', '**Local engine** (tokens/s summed over concurrent requests; time to first token in ms, median, streamed)', '',
-      '| model | threads | requests | raw tok/s | API tok/s | ratio | API stream tok/s | ratio | raw TTFT | API TTFT |', '|---|---|---|---|---|---|---|---|---|---|');
+    out.push(
+      '',
+      '**Local engine** (tokens/s summed over concurrent requests; time to first token in ms, median, streamed)',
+      '',
+      '| model | threads | requests | raw tok/s | API tok/s | ratio | API stream tok/s | ratio | raw TTFT | API TTFT |',
+      '|---|---|---|---|---|---|---|---|---|---|',
+    );
     for (const l of r.local) {
       for (const run of [l.single, l.four]) {
-        out.push(`| ${l.model} (${l.shape}) | ${l.threads} | ${run.streams} | ${f(run.raw_tps)} | ${f(run.api_tps)} | ${x(run.ratio)} | ${f(run.api_stream_tps)} | ${x(run.stream_ratio)} | ${f(run.raw_ttft_ms, 1)} | ${f(run.api_ttft_ms, 1)} |`);
+        out.push(
+          `| ${l.model} (${l.shape}) | ${l.threads} | ${run.streams} | ${f(run.raw_tps)} | ${f(run.api_tps)} | ${x(run.ratio)} | ${f(run.api_stream_tps)} | ${x(run.stream_ratio)} | ${f(run.raw_ttft_ms, 1)} | ${f(run.api_ttft_ms, 1)} |`,
+        );
       }
     }
   }
   if (g.idle_streams) {
     const m = g.idle_streams;
-    out.push('', `**Idle streams**: ${f(m.streams)} open streams, each with its upstream stream held open: RSS ${f(m.rss_before_mb)} MB before, ${f(m.rss_mb)} MB with them open (${f(m.per_stream_kb, 1)} KB per stream), ${m.workers} workers.`);
+    out.push(
+      '',
+      `**Idle streams**: ${f(m.streams)} open streams, each with its upstream stream held open: RSS ${f(m.rss_before_mb)} MB before, ${f(m.rss_mb)} MB with them open (${f(m.per_stream_kb, 1)} KB per stream), ${m.workers} workers.`,
+    );
   }
   return out.join('\n');
 }

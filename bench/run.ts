@@ -36,14 +36,20 @@ async function gateway(results: Results): Promise<void> {
       const sy = await startSwitchyard({ upstream: fake.url, workers });
       procs.push(sy);
       const key = await createBenchKey(sy.url);
-      const switchyard: Subject = { name: `switchyard (${workers} worker${workers > 1 ? 's' : ''})`, url: sy.url, path: '/v1/chat/completions', headers: { authorization: `Bearer ${key}` }, model: 'openai/bench-fake' };
+      const switchyard: Subject = {
+        name: `switchyard (${workers} worker${workers > 1 ? 's' : ''})`,
+        url: sy.url,
+        path: '/v1/chat/completions',
+        headers: { authorization: `Bearer ${key}` },
+        model: 'openai/bench-fake',
+      };
       await check(switchyard);
       const w = workers === 1 ? 'workers_1' : 'workers_2';
       if (workers === 1) {
         await check(direct);
         await check(reference);
         for (const s of [direct, reference, switchyard]) {
-          const name = s === switchyard ? 'switchyard' : s.name as 'direct' | 'reference';
+          const name = s === switchyard ? 'switchyard' : (s.name as 'direct' | 'reference');
           log(`${s.name}: throughput`);
           results.gateway.throughput.non_stream[name] = await throughput(s, false, 64, SECONDS);
           results.gateway.throughput.stream[name] = await throughput(s, true, 64, SECONDS);
@@ -55,7 +61,10 @@ async function gateway(results: Results): Promise<void> {
         // 10,000 streams hold 20,000 sockets in the gateway (client and upstream side); this machine
         // allows 20,000 open files per process, so the streams are spread over two workers.
         log(`${switchyard.name}: ${IDLE_STREAMS} idle streams`);
-        results.gateway.idle_streams = { workers, ...await idleStreams({ ...switchyard, model: 'openai/bench-hold' }, sy.child.pid!, IDLE_STREAMS) };
+        results.gateway.idle_streams = {
+          workers,
+          ...(await idleStreams({ ...switchyard, model: 'openai/bench-hold' }, sy.child.pid!, IDLE_STREAMS)),
+        };
       }
       log(`${switchyard.name}: throughput`);
       results.gateway.workers[w] = {

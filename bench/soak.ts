@@ -25,15 +25,27 @@ const log = (msg: string) => process.stderr.write(`[soak] ${msg}\n`);
 
 type Kind = 'chat' | 'chat_stream' | 'responses_stored' | 'local';
 /** Out of every 20 requests: 12 chat, 4 streamed chat, 3 stored Responses, 1 on the local model. */
-const MIX: Kind[] = [...Array<Kind>(12).fill('chat'), ...Array<Kind>(4).fill('chat_stream'), ...Array<Kind>(3).fill('responses_stored'), 'local'];
+const MIX: Kind[] = [
+  ...Array<Kind>(12).fill('chat'),
+  ...Array<Kind>(4).fill('chat_stream'),
+  ...Array<Kind>(3).fill('responses_stored'),
+  'local',
+];
 
 function requestFor(kind: Kind, i: number): { path: string; body: string } {
   const messages = [{ role: 'user', content: `Say hello (${i}).` }];
   switch (kind) {
-    case 'chat': return { path: '/v1/chat/completions', body: JSON.stringify({ model: 'openai/bench-fake', messages, max_tokens: 64 }) };
-    case 'chat_stream': return { path: '/v1/chat/completions', body: JSON.stringify({ model: 'openai/bench-fake', messages, max_tokens: 64, stream: true }) };
-    case 'responses_stored': return { path: '/v1/responses', body: JSON.stringify({ model: 'openai/bench-fake', input: `Say hello (${i}).`, store: true }) };
-    case 'local': return { path: '/v1/chat/completions', body: JSON.stringify({ model: 'local/stories260k', messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 32 }) };
+    case 'chat':
+      return { path: '/v1/chat/completions', body: JSON.stringify({ model: 'openai/bench-fake', messages, max_tokens: 64 }) };
+    case 'chat_stream':
+      return { path: '/v1/chat/completions', body: JSON.stringify({ model: 'openai/bench-fake', messages, max_tokens: 64, stream: true }) };
+    case 'responses_stored':
+      return { path: '/v1/responses', body: JSON.stringify({ model: 'openai/bench-fake', input: `Say hello (${i}).`, store: true }) };
+    case 'local':
+      return {
+        path: '/v1/chat/completions',
+        body: JSON.stringify({ model: 'local/stories260k', messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 32 }),
+      };
   }
 }
 
@@ -107,7 +119,14 @@ async function main(): Promise<void> {
     const deviation = Math.max(hi / mid - 1, 1 - lo / mid);
     const sorted = [...latencies].sort((a, b) => a - b);
     const result = {
-      at: new Date().toISOString(), seconds: SECONDS, rate: RATE, warmup_s: warmup, first_major_gc_s: firstGc, sent, completed: counts, errors: errors.length,
+      at: new Date().toISOString(),
+      seconds: SECONDS,
+      rate: RATE,
+      warmup_s: warmup,
+      first_major_gc_s: firstGc,
+      sent,
+      completed: counts,
+      errors: errors.length,
       first_errors: errors.slice(0, 10),
       latency_ms: { p50: percentile(sorted, 50), p99: percentile(sorted, 99), max: sorted.at(-1) },
       rss_mb: { median: mid / 1e6, min: lo / 1e6, max: hi / 1e6, first: (steady[0] ?? 0) / 1e6, last: (steady.at(-1) ?? 0) / 1e6 },
@@ -121,8 +140,12 @@ async function main(): Promise<void> {
     writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
     log(`sent ${sent}, completed ${JSON.stringify(counts)}, errors ${errors.length}`);
     log(`first major GC under load at ${firstGc ?? '(none)'} s; warm-up ${warmup} s`);
-    log(`RSS after warm-up: median ${(mid / 1e6).toFixed(1)} MB, range ${(lo / 1e6).toFixed(1)}–${(hi / 1e6).toFixed(1)} MB (±${(deviation * 100).toFixed(1)}%)`);
-    log(`latency p50 ${result.latency_ms.p50.toFixed(1)} ms, p99 ${result.latency_ms.p99.toFixed(1)} ms; ${result.verdict}; results in ${file}`);
+    log(
+      `RSS after warm-up: median ${(mid / 1e6).toFixed(1)} MB, range ${(lo / 1e6).toFixed(1)}–${(hi / 1e6).toFixed(1)} MB (±${(deviation * 100).toFixed(1)}%)`,
+    );
+    log(
+      `latency p50 ${result.latency_ms.p50.toFixed(1)} ms, p99 ${result.latency_ms.p99.toFixed(1)} ms; ${result.verdict}; results in ${file}`,
+    );
     if (result.verdict !== 'met') process.exitCode = 1;
   } finally {
     for (const p of procs.reverse()) await p.stop();

@@ -33,7 +33,21 @@ const ALLOWED: Record<Layer, readonly Layer[]> = {
 };
 
 /** Core files an engine or protocol may use: the canonical types, errors and small shared helpers, not the pipeline. */
-const CORE_KERNEL = new Set(['canonical.ts', 'channel.ts', 'errors.ts', 'ids.ts', 'items.ts', 'estimate.ts', 'stop-matcher.ts', 'think-splitter.ts', 'model-spec.ts', 'principal.ts', 'responses/format.ts', 'upstream-keys.ts', 'schema-limits.ts']);
+const CORE_KERNEL = new Set([
+  'canonical.ts',
+  'channel.ts',
+  'errors.ts',
+  'ids.ts',
+  'items.ts',
+  'estimate.ts',
+  'stop-matcher.ts',
+  'think-splitter.ts',
+  'model-spec.ts',
+  'principal.ts',
+  'responses/format.ts',
+  'upstream-keys.ts',
+  'schema-limits.ts',
+]);
 
 function layerOf(file: string): Layer {
   const rel = relative(SRC, file);
@@ -67,7 +81,9 @@ function importsOf(file: string): Import[] {
     if (ts.isImportDeclaration(s)) {
       const c = s.importClause;
       const named = c?.namedBindings && ts.isNamedImports(c.namedBindings) ? c.namedBindings.elements : undefined;
-      typeOnly = c !== undefined && (c.isTypeOnly || (c.name === undefined && named !== undefined && named.length > 0 && named.every((e) => e.isTypeOnly)));
+      typeOnly =
+        c !== undefined &&
+        (c.isTypeOnly || (c.name === undefined && named !== undefined && named.length > 0 && named.every((e) => e.isTypeOnly)));
     } else {
       typeOnly = s.isTypeOnly;
     }
@@ -87,15 +103,20 @@ for (const [file, imports] of graph) {
     const to = layerOf(target);
     if (to === from) continue;
     if (to === 'root') {
-      if (!(target === join(SRC, 'config.ts') && typeOnly)) problems.push(`${name(file)} imports ${name(target)}: layers do not import the composition root (only the Config type)`);
+      if (!(target === join(SRC, 'config.ts') && typeOnly))
+        problems.push(`${name(file)} imports ${name(target)}: layers do not import the composition root (only the Config type)`);
       continue;
     }
     if (!ALLOWED[from].includes(to)) {
-      problems.push(`${name(file)} (${from}) imports ${name(target)} (${to}): ${from} may import ${ALLOWED[from].join(', ') || 'nothing outside itself'}`);
+      problems.push(
+        `${name(file)} (${from}) imports ${name(target)} (${to}): ${from} may import ${ALLOWED[from].join(', ') || 'nothing outside itself'}`,
+      );
       continue;
     }
     if (to === 'core' && (from === 'engines' || from === 'protocols') && !CORE_KERNEL.has(relative(join(SRC, 'core'), target))) {
-      problems.push(`${name(file)} (${from}) imports ${name(target)}: ${from} may use core's canonical types, errors and helpers, not ${relative(SRC, target)}`);
+      problems.push(
+        `${name(file)} (${from}) imports ${name(target)}: ${from} may use core's canonical types, errors and helpers, not ${relative(SRC, target)}`,
+      );
     }
   }
 }
@@ -121,4 +142,6 @@ if (problems.length) {
   console.error(`${problems.length} layering problem(s):\n${problems.map((p) => `  ${p}`).join('\n')}`);
   process.exit(1);
 }
-console.log(`layers: ${files.length} files, ${[...graph.values()].reduce((n, i) => n + i.length, 0)} imports, no upward import and no cycle`);
+console.log(
+  `layers: ${files.length} files, ${[...graph.values()].reduce((n, i) => n + i.length, 0)} imports, no upward import and no cycle`,
+);

@@ -67,7 +67,12 @@ export interface ServiceOptions {
 }
 
 /** Everything but listening: store and migrations, bootstrap key, catalogue, HTTP routes. */
-export async function createService(config: Config, log: Logger = createLogger(config), env: NodeJS.ProcessEnv = process.env, opts: ServiceOptions = {}): Promise<Service> {
+export async function createService(
+  config: Config,
+  log: Logger = createLogger(config),
+  env: NodeJS.ProcessEnv = process.env,
+  opts: ServiceOptions = {},
+): Promise<Service> {
   const store = openStore(config);
   const engines: Engine[] = [];
   const stoppers: Array<() => Promise<void>> = [];
@@ -84,10 +89,12 @@ export async function createService(config: Config, log: Logger = createLogger(c
       gpu: config.localGpu,
       schemaCacheSize: config.schemaCacheSize,
       schemaCompileTimeoutMs: config.schemaCompileTimeoutMs,
-      templates: new Map(catalogue.localModels().flatMap((l) => {
-        const t = config.localModels[basename(l.file)]?.chatTemplate;
-        return t ? [[l.file, t] as const] : [];
-      })),
+      templates: new Map(
+        catalogue.localModels().flatMap((l) => {
+          const t = config.localModels[basename(l.file)]?.chatTemplate;
+          return t ? [[l.file, t] as const] : [];
+        }),
+      ),
       log,
     });
     engines.push(local);
@@ -99,7 +106,9 @@ export async function createService(config: Config, log: Logger = createLogger(c
         schemaViolations: local.schemaViolations,
       };
     }, config.metricsToken !== undefined);
-    const upstream = new UpstreamEngine(log, upstreamOptions(config), { onInvalidUsage: (deployment) => metrics.upstreamUsageInvalid.inc({ deployment }) });
+    const upstream = new UpstreamEngine(log, upstreamOptions(config), {
+      onInvalidUsage: (deployment) => metrics.upstreamUsageInvalid.inc({ deployment }),
+    });
     engines.push(upstream);
     for (const d of config.deployments) {
       if (!catalogue.find(d.model)) log.warn({ model: d.model }, 'deployment names a model that is not in the catalogue');
@@ -109,7 +118,7 @@ export async function createService(config: Config, log: Logger = createLogger(c
       onWritable: (ok) => metrics.ledgerWritable.set(ok ? 1 : 0),
     });
     ledger.start();
-    const counters = config.redisUrl ? new RedisCounters(config.redisUrl) : opts.counters ?? new MemoryCounters();
+    const counters = config.redisUrl ? new RedisCounters(config.redisUrl) : (opts.counters ?? new MemoryCounters());
     const limiter = new Limiter(counters, store, metrics);
     const router = new Router(catalogue, local, upstream, config.deployments.map(fileDeployment), env, log, routingPolicy(config), {
       onDeploymentError: (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }),
@@ -122,7 +131,10 @@ export async function createService(config: Config, log: Logger = createLogger(c
     const reloadDeployments = async () => router.setDeployments((await store.listDeployments()).map(storedDeployment));
     await reloadDeployments();
     if (config.catalogueRefreshMs > 0) {
-      const timer = setInterval(() => reloadDeployments().catch((err: unknown) => log.warn({ err }, 'deployment refresh failed')), config.catalogueRefreshMs);
+      const timer = setInterval(
+        () => reloadDeployments().catch((err: unknown) => log.warn({ err }, 'deployment refresh failed')),
+        config.catalogueRefreshMs,
+      );
       timer.unref();
       stoppers.push(async () => clearInterval(timer));
     }
@@ -152,10 +164,28 @@ export async function createService(config: Config, log: Logger = createLogger(c
         cachedSchemas: local.cachedSchemas,
       };
     };
-    const app = await buildServer({ config, store, catalogue, router, admin, auth, localStatus, responses, conversations, ledger, metrics, limiter, pipeline, log });
+    const app = await buildServer({
+      config,
+      store,
+      catalogue,
+      router,
+      admin,
+      auth,
+      localStatus,
+      responses,
+      conversations,
+      ledger,
+      metrics,
+      limiter,
+      pipeline,
+      log,
+    });
     let closed = false;
     return {
-      app, store, catalogue, generatedAdminKey: generated,
+      app,
+      store,
+      catalogue,
+      generatedAdminKey: generated,
       async close() {
         if (closed) return;
         closed = true;

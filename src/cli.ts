@@ -43,7 +43,12 @@ here within SWITCHYARD_KEY_CACHE_TTL_MS (default 1 s); through the admin API it 
 class UsageError extends Error {}
 
 const LIMIT_OPTIONS = {
-  rpm: { type: 'string' }, tpm: { type: 'string' }, budget: { type: 'string' }, 'budget-period': { type: 'string' }, models: { type: 'string' }, clear: { type: 'boolean' },
+  rpm: { type: 'string' },
+  tpm: { type: 'string' },
+  budget: { type: 'string' },
+  'budget-period': { type: 'string' },
+  models: { type: 'string' },
+  clear: { type: 'boolean' },
 } as const;
 
 /** Limits from command-line flags, checked with the same schema as the admin API. */
@@ -60,7 +65,11 @@ function limitsFrom(v: Partial<Record<keyof typeof LIMIT_OPTIONS, string | boole
   num('tpm', v.tpm);
   num('budget', v.budget);
   if (v['budget-period'] !== undefined) out['budget_period'] = v['budget-period'];
-  if (typeof v.models === 'string') out['models'] = v.models.split(',').map((m) => m.trim()).filter(Boolean);
+  if (typeof v.models === 'string')
+    out['models'] = v.models
+      .split(',')
+      .map((m) => m.trim())
+      .filter(Boolean);
   if (Object.keys(out).length === 0) return undefined;
   const first = Value.Errors(LimitsSpec, out)[0];
   if (first) throw new UsageError(`invalid limits: ${first.instancePath.slice(1) || 'limits'} ${first.message}`);
@@ -69,7 +78,12 @@ function limitsFrom(v: Partial<Record<keyof typeof LIMIT_OPTIONS, string | boole
 
 const showLimits = (l: Limits | null | undefined): string => {
   if (!l) return '-';
-  const parts = [l.rpm && `rpm=${l.rpm}`, l.tpm && `tpm=${l.tpm}`, l.budget !== undefined && `budget=$${l.budget}/${l.budget_period ?? 'month'}`, l.models && `models=${l.models.join(',')}`];
+  const parts = [
+    l.rpm && `rpm=${l.rpm}`,
+    l.tpm && `tpm=${l.tpm}`,
+    l.budget !== undefined && `budget=$${l.budget}/${l.budget_period ?? 'month'}`,
+    l.models && `models=${l.models.join(',')}`,
+  ];
   return parts.filter(Boolean).join(' ') || '-';
 };
 
@@ -77,15 +91,27 @@ const iso = (s: number | null): string => (s === null ? '-' : new Date(s * 1000)
 
 function table(rows: string[][]): string {
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
-  return rows.map((r) => r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd()).join('\n');
+  return rows
+    .map((r) =>
+      r
+        .map((c, i) => c.padEnd(widths[i]!))
+        .join('  ')
+        .trimEnd(),
+    )
+    .join('\n');
 }
 
 /** `keys limits` and `orgs limits`: the same flags, a different record. */
-async function setLimits(args: string[], what: 'key' | 'organization', set: (id: string, limits: Limits | null) => Promise<unknown>): Promise<number> {
+async function setLimits(
+  args: string[],
+  what: 'key' | 'organization',
+  set: (id: string, limits: Limits | null) => Promise<unknown>,
+): Promise<number> {
   const { values, positionals } = parseArgs({ args, allowPositionals: true, options: LIMIT_OPTIONS });
   const id = positionals[0];
   const limits = limitsFrom(values);
-  if (!id || limits === undefined) throw new UsageError(`${what === 'key' ? 'keys' : 'orgs'} limits needs a ${what} id and limits (or --clear)`);
+  if (!id || limits === undefined)
+    throw new UsageError(`${what === 'key' ? 'keys' : 'orgs'} limits needs a ${what} id and limits (or --clear)`);
   await set(id, limits);
   console.log(`Limits of ${id}: ${showLimits(limits)}`);
   return 0;
@@ -94,7 +120,10 @@ async function setLimits(args: string[], what: 'key' | 'organization', set: (id:
 async function keysCommand(admin: AdminService, sub: string | undefined, args: string[]): Promise<number> {
   switch (sub) {
     case 'create': {
-      const { values } = parseArgs({ args, options: { org: { type: 'string' }, name: { type: 'string' }, admin: { type: 'boolean' }, ...LIMIT_OPTIONS } });
+      const { values } = parseArgs({
+        args,
+        options: { org: { type: 'string' }, name: { type: 'string' }, admin: { type: 'boolean' }, ...LIMIT_OPTIONS },
+      });
       if (!values.org || !values.name) throw new UsageError('keys create needs --org and --name');
       if (!new RegExp(ORG_ID_PATTERN).test(values.org)) throw new UsageError(`--org must match ${ORG_ID_PATTERN}`);
       const limits = limitsFrom(values) ?? undefined;
@@ -113,10 +142,12 @@ async function keysCommand(admin: AdminService, sub: string | undefined, args: s
         console.log('No keys.');
         return 0;
       }
-      console.log(table([
-        ['ID', 'ORG', 'NAME', 'ROLE', 'CREATED', 'REVOKED', 'LIMITS'],
-        ...keys.map((k) => [k.id, k.org_id, k.name, k.role, iso(k.created_at), iso(k.revoked_at), showLimits(k.limits)]),
-      ]));
+      console.log(
+        table([
+          ['ID', 'ORG', 'NAME', 'ROLE', 'CREATED', 'REVOKED', 'LIMITS'],
+          ...keys.map((k) => [k.id, k.org_id, k.name, k.role, iso(k.created_at), iso(k.revoked_at), showLimits(k.limits)]),
+        ]),
+      );
       return 0;
     }
     case 'limits':
@@ -146,7 +177,9 @@ async function orgsCommand(admin: AdminService, sub: string | undefined, args: s
     }
     case 'list': {
       const orgs = await admin.listOrgs();
-      console.log(table([['ID', 'NAME', 'CREATED', 'LIMITS'], ...orgs.map((o) => [o.id, o.name, iso(o.created_at), showLimits(o.limits)])]));
+      console.log(
+        table([['ID', 'NAME', 'CREATED', 'LIMITS'], ...orgs.map((o) => [o.id, o.name, iso(o.created_at), showLimits(o.limits)])]),
+      );
       return 0;
     }
     case 'limits':
@@ -157,8 +190,14 @@ async function orgsCommand(admin: AdminService, sub: string | undefined, args: s
 }
 
 const MODEL_OPTIONS = {
-  name: { type: 'string' }, description: { type: 'string' }, type: { type: 'string' }, 'context-length': { type: 'string' },
-  'input-price': { type: 'string' }, 'output-price': { type: 'string' }, visibility: { type: 'string' }, owner: { type: 'string' },
+  name: { type: 'string' },
+  description: { type: 'string' },
+  type: { type: 'string' },
+  'context-length': { type: 'string' },
+  'input-price': { type: 'string' },
+  'output-price': { type: 'string' },
+  visibility: { type: 'string' },
+  owner: { type: 'string' },
   'output-size': { type: 'string' },
 } as const;
 
@@ -195,17 +234,27 @@ async function modelsCommand(admin: AdminService, sub: string | undefined, args:
     case 'list': {
       const { values } = parseArgs({ args, options: { all: { type: 'boolean' } } });
       const models = admin.listModels().filter((m) => values.all || m.status !== 'deleted');
-      console.log(table([
-        ['ID', 'TYPE', 'STATUS', 'VISIBILITY', 'OWNER', 'CONTEXT', 'PRICING (USD)'],
-        ...models.map((m) => [m.id, m.model_type, m.status, m.visibility, m.owned_by, m.context_length === null ? '-' : String(m.context_length),
-          m.pricing.map((p) => `${p.metric}=${p.rate}`).join(' ') || '-']),
-      ]));
+      console.log(
+        table([
+          ['ID', 'TYPE', 'STATUS', 'VISIBILITY', 'OWNER', 'CONTEXT', 'PRICING (USD)'],
+          ...models.map((m) => [
+            m.id,
+            m.model_type,
+            m.status,
+            m.visibility,
+            m.owned_by,
+            m.context_length === null ? '-' : String(m.context_length),
+            m.pricing.map((p) => `${p.metric}=${p.rate}`).join(' ') || '-',
+          ]),
+        ]),
+      );
       return 0;
     }
     case 'status': {
       const { positionals } = parseArgs({ args, allowPositionals: true });
       const [id, status] = positionals;
-      if (!id || !status || !(status in STATUS_MOVES)) throw new UsageError('models status needs a model id and one of pending, active, inactive, deleted');
+      if (!id || !status || !(status in STATUS_MOVES))
+        throw new UsageError('models status needs a model id and one of pending, active, inactive, deleted');
       await admin.updateModel(id, { status: status as ModelStatus });
       console.log(`${id} is now ${status}.`);
       return 0;
@@ -224,7 +273,11 @@ async function modelsCommand(admin: AdminService, sub: string | undefined, args:
       const id = positionals[0];
       if (!id) throw new UsageError('models set needs a model id (author/slug)');
       const existing = admin.getModel(id);
-      const patch = checked<ModelPatch>(ModelPatch, { ...modelFieldsFrom(values), pricing: pricingWith(existing.pricing, values) }, 'model');
+      const patch = checked<ModelPatch>(
+        ModelPatch,
+        { ...modelFieldsFrom(values), pricing: pricingWith(existing.pricing, values) },
+        'model',
+      );
       await admin.updateModel(id, patch);
       console.log(`Updated ${id}. Running servers see it within SWITCHYARD_CATALOGUE_REFRESH_MS.`);
       return 0;
@@ -242,26 +295,43 @@ async function deploymentsCommand(admin: AdminService, sub: string | undefined, 
         console.log('No deployments added at run time (config-file deployments are in the config file).');
         return 0;
       }
-      console.log(table([
-        ['ID', 'MODEL', 'BASE URL', 'UPSTREAM MODEL', 'WEIGHT', 'API', 'KEY VARIABLE'],
-        ...deps.map((d) => [d.id, d.model, d.baseUrl, d.upstreamModel ?? d.model, String(d.weight), d.api, d.apiKeyEnv ?? '-']),
-      ]));
+      console.log(
+        table([
+          ['ID', 'MODEL', 'BASE URL', 'UPSTREAM MODEL', 'WEIGHT', 'API', 'KEY VARIABLE'],
+          ...deps.map((d) => [d.id, d.model, d.baseUrl, d.upstreamModel ?? d.model, String(d.weight), d.api, d.apiKeyEnv ?? '-']),
+        ]),
+      );
       return 0;
     }
     case 'add': {
       const { values } = parseArgs({
         args,
-        options: { model: { type: 'string' }, 'base-url': { type: 'string' }, 'key-env': { type: 'string' }, 'upstream-model': { type: 'string' }, weight: { type: 'string' }, api: { type: 'string' } },
+        options: {
+          model: { type: 'string' },
+          'base-url': { type: 'string' },
+          'key-env': { type: 'string' },
+          'upstream-model': { type: 'string' },
+          weight: { type: 'string' },
+          api: { type: 'string' },
+        },
       });
       const model = values.model;
       const baseUrl = values['base-url'];
-      if (!model || !baseUrl || !/^https?:\/\//.test(baseUrl)) throw new UsageError('deployments add needs --model and an http(s) --base-url');
-      if (values.api !== undefined && values.api !== 'chat' && values.api !== 'responses') throw new UsageError('--api must be chat or responses');
+      if (!model || !baseUrl || !/^https?:\/\//.test(baseUrl))
+        throw new UsageError('deployments add needs --model and an http(s) --base-url');
+      if (values.api !== undefined && values.api !== 'chat' && values.api !== 'responses')
+        throw new UsageError('--api must be chat or responses');
       const d = await admin.addDeployment({
-        model, baseUrl, apiKeyEnv: values['key-env'], upstreamModel: values['upstream-model'],
-        weight: values.weight === undefined ? undefined : Number(values.weight), api: values.api,
+        model,
+        baseUrl,
+        apiKeyEnv: values['key-env'],
+        upstreamModel: values['upstream-model'],
+        weight: values.weight === undefined ? undefined : Number(values.weight),
+        api: values.api,
       });
-      console.log(`Added deployment ${d.id} of ${model} at ${baseUrl}. Running servers route to it within SWITCHYARD_CATALOGUE_REFRESH_MS.`);
+      console.log(
+        `Added deployment ${d.id} of ${model} at ${baseUrl}. Running servers route to it within SWITCHYARD_CATALOGUE_REFRESH_MS.`,
+      );
       return 0;
     }
     case 'remove': {
@@ -280,7 +350,14 @@ async function deploymentsCommand(admin: AdminService, sub: string | undefined, 
 async function usageCommand(admin: AdminService, args: string[]): Promise<number> {
   const { values } = parseArgs({
     args,
-    options: { by: { type: 'string' }, org: { type: 'string' }, key: { type: 'string' }, model: { type: 'string' }, from: { type: 'string' }, to: { type: 'string' } },
+    options: {
+      by: { type: 'string' },
+      org: { type: 'string' },
+      key: { type: 'string' },
+      model: { type: 'string' },
+      from: { type: 'string' },
+      to: { type: 'string' },
+    },
   });
   const by = (values.by ?? 'day') as UsageGroup;
   if (!['day', 'key', 'org', 'model'].includes(by)) throw new UsageError('--by must be day, key, org or model');
@@ -289,10 +366,21 @@ async function usageCommand(admin: AdminService, args: string[]): Promise<number
     console.log('No usage.');
     return 0;
   }
-  console.log(table([
-    [by.toUpperCase(), 'REQUESTS', 'ERRORS', 'INPUT', 'CACHED', 'OUTPUT', 'COST (USD)', 'UNPRICED'],
-    ...rows.map((r) => [r.group, String(r.requests), String(r.errors), String(r.input_tokens), String(r.cached_tokens), String(r.output_tokens), r.cost.toFixed(6), String(r.unpriced_requests)]),
-  ]));
+  console.log(
+    table([
+      [by.toUpperCase(), 'REQUESTS', 'ERRORS', 'INPUT', 'CACHED', 'OUTPUT', 'COST (USD)', 'UNPRICED'],
+      ...rows.map((r) => [
+        r.group,
+        String(r.requests),
+        String(r.errors),
+        String(r.input_tokens),
+        String(r.cached_tokens),
+        String(r.output_tokens),
+        r.cost.toFixed(6),
+        String(r.unpriced_requests),
+      ]),
+    ]),
+  );
   return 0;
 }
 

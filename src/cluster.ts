@@ -24,8 +24,10 @@ interface CounterReply {
   value: number | undefined;
 }
 
-const isCall = (m: unknown): m is CounterCall => typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && 'op' in m;
-const isReply = (m: unknown): m is CounterReply => typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && !('op' in m);
+const isCall = (m: unknown): m is CounterCall =>
+  typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && 'op' in m;
+const isReply = (m: unknown): m is CounterReply =>
+  typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && !('op' in m);
 
 /** A worker's view of the primary's counters: every operation is one IPC round trip. */
 export class IpcCounters implements Counters {
@@ -74,9 +76,12 @@ export class IpcCounters implements Counters {
 }
 
 async function answer(counters: Counters, worker: Worker, m: CounterCall): Promise<void> {
-  const value = m.op === 'add' ? await counters.add(m.key, m.value, m.ttlMs)
-    : m.op === 'init' ? await counters.init(m.key, m.value, m.ttlMs)
-      : await counters.get(m.key);
+  const value =
+    m.op === 'add'
+      ? await counters.add(m.key, m.value, m.ttlMs)
+      : m.op === 'init'
+        ? await counters.init(m.key, m.value, m.ttlMs)
+        : await counters.get(m.key);
   if (worker.isConnected()) worker.send({ sy: 'counters', id: m.id, value } satisfies CounterReply);
 }
 
@@ -106,7 +111,9 @@ export function runPrimary(config: Config, workers: number, log: Logger): Promis
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) return;
     log.error({ worker: worker.id, code, signal }, 'worker exited; starting another');
-    setTimeout(() => { if (!stopping) fork(); }, 1000).unref();
+    setTimeout(() => {
+      if (!stopping) fork();
+    }, 1000).unref();
   });
   for (let i = 0; i < workers; i++) fork();
 

@@ -11,119 +11,128 @@ import type { RoutingPolicy } from './core/router.js';
 import type { SchemaLimits } from './core/schema-limits.js';
 import type { UpstreamOptions } from './engines/upstream/upstream-engine.js';
 
-const LocalModelSpec = Type.Object({
-  id: Type.Optional(ModelSpec.properties.id),
-  name: Type.Optional(Type.String({ minLength: 1 })),
-  description: Type.Optional(Type.String()),
-  owned_by: Type.Optional(ModelSpec.properties.owned_by),
-  visibility: Type.Optional(ModelSpec.properties.visibility),
-  status: Type.Optional(ModelSpec.properties.status),
-  pricing: Type.Optional(Type.Array(PricingEntry)),
-  capabilities: Type.Optional(ModelSpec.properties.capabilities),
-  context_length: Type.Optional(Type.Integer({ minimum: 1 })),
-  /** A Jinja chat template to use instead of the one in the GGUF (or for a GGUF without one). */
-  chatTemplate: Type.Optional(Type.String({ minLength: 1 })),
-}, { additionalProperties: false });
+const LocalModelSpec = Type.Object(
+  {
+    id: Type.Optional(ModelSpec.properties.id),
+    name: Type.Optional(Type.String({ minLength: 1 })),
+    description: Type.Optional(Type.String()),
+    owned_by: Type.Optional(ModelSpec.properties.owned_by),
+    visibility: Type.Optional(ModelSpec.properties.visibility),
+    status: Type.Optional(ModelSpec.properties.status),
+    pricing: Type.Optional(Type.Array(PricingEntry)),
+    capabilities: Type.Optional(ModelSpec.properties.capabilities),
+    context_length: Type.Optional(Type.Integer({ minimum: 1 })),
+    /** A Jinja chat template to use instead of the one in the GGUF (or for a GGUF without one). */
+    chatTemplate: Type.Optional(Type.String({ minLength: 1 })),
+  },
+  { additionalProperties: false },
+);
 export type LocalModelSpec = Static<typeof LocalModelSpec>;
 
-const DeploymentSpec = Type.Object({
-  /** Catalogue id this deployment serves. */
-  model: ModelSpec.properties.id,
-  /** Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 */
-  baseUrl: Type.String({ pattern: '^https?://' }),
-  /** Name of the environment variable holding the upstream's API key (the key never goes in a file). */
-  apiKeyEnv: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
-  /** The model name the upstream uses; defaults to the catalogue id. */
-  upstreamModel: Type.Optional(Type.String({ minLength: 1 })),
-  weight: Type.Optional(Type.Number({ minimum: 0.0001 })),
-  id: Type.Optional(Type.String({ minLength: 1 })),
-  /** `chat` (default): the upstream only speaks chat completions, and Responses requests are translated. */
-  api: Type.Optional(Type.Enum(['chat', 'responses'])),
-}, { additionalProperties: false });
+const DeploymentSpec = Type.Object(
+  {
+    /** Catalogue id this deployment serves. */
+    model: ModelSpec.properties.id,
+    /** Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 */
+    baseUrl: Type.String({ pattern: '^https?://' }),
+    /** Name of the environment variable holding the upstream's API key (the key never goes in a file). */
+    apiKeyEnv: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
+    /** The model name the upstream uses; defaults to the catalogue id. */
+    upstreamModel: Type.Optional(Type.String({ minLength: 1 })),
+    weight: Type.Optional(Type.Number({ minimum: 0.0001 })),
+    id: Type.Optional(Type.String({ minLength: 1 })),
+    /** `chat` (default): the upstream only speaks chat completions, and Responses requests are translated. */
+    api: Type.Optional(Type.Enum(['chat', 'responses'])),
+  },
+  { additionalProperties: false },
+);
 
-const ConfigSchema = Type.Object({
-  host: Type.String({ minLength: 1 }),
-  port: Type.Integer({ minimum: 0, maximum: 65535 }),
-  dataDir: Type.String({ minLength: 1 }),
-  modelsDir: Type.String({ minLength: 1 }),
-  adminKey: Type.Optional(Type.String({ minLength: 16 })),
-  databaseUrl: Type.Optional(Type.String({ pattern: '^(postgres|postgresql|sqlite)://|^file:' })),
-  redisUrl: Type.Optional(Type.String({ pattern: '^rediss?://' })),
-  bodyLimit: Type.Integer({ minimum: 1024 }),
-  shutdownTimeoutMs: Type.Integer({ minimum: 0 }),
-  logLevel: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
-  keyCacheTtlMs: Type.Integer({ minimum: 0 }),
-  catalogueRefreshMs: Type.Integer({ minimum: 0 }),
-  corsOrigin: Type.String(),
-  authors: Type.Array(Type.String({ pattern: SLUG_PATTERN, maxLength: 64 }), { minItems: 1, uniqueItems: true }),
-  localAuthor: Type.String({ pattern: SLUG_PATTERN, maxLength: 64 }),
-  defaultCatalogue: Type.Boolean(),
-  models: Type.Array(ModelSpec),
-  localModels: Type.Record(Type.String(), LocalModelSpec),
-  deployments: Type.Array(DeploymentSpec),
-  localThreads: Type.Integer({ minimum: 1, maximum: 256 }),
-  localParallel: Type.Integer({ minimum: 1, maximum: 64 }),
-  localQueueSize: Type.Integer({ minimum: 0 }),
-  localMemoryBudgetMb: Type.Integer({ minimum: 1 }),
-  localGpu: Type.Union([Type.Literal('auto'), Type.Literal(false)]),
-  localPreload: Type.Boolean(),
-  /** Secret for sealing reasoning (encrypted_content); generated and kept in the database when unset. */
-  secretKey: Type.Optional(Type.String({ minLength: 16 })),
-  responseStaleMs: Type.Integer({ minimum: 1000 }),
-  /** When set, GET /metrics needs `Authorization: Bearer <metricsToken>`. */
-  metricsToken: Type.Optional(Type.String({ minLength: 8 })),
-  ledgerFlushMs: Type.Integer({ minimum: 10 }),
-  /** Worker processes serving the port (node:cluster); 1 serves from this process alone. */
-  workers: Type.Integer({ minimum: 1, maximum: 256 }),
-  /** Upstream timeouts: opening the connection, waiting for the response head, and silence between body chunks. */
-  upstreamConnectTimeoutMs: Type.Integer({ minimum: 1 }),
-  upstreamFirstByteTimeoutMs: Type.Integer({ minimum: 1 }),
-  upstreamIdleTimeoutMs: Type.Integer({ minimum: 1 }),
-  /** Deployments one request may try (the first plus retries). */
-  upstreamMaxAttempts: Type.Integer({ minimum: 1, maximum: 10 }),
-  /** Retries allowed as a share of requests over the last 10 s (plus 10 per second), so retries never multiply an outage. */
-  retryBudgetRatio: Type.Number({ minimum: 0, maximum: 10 }),
-  /** Consecutive failures that take a deployment out of rotation, and for how long before it is tried again. */
-  breakerFailures: Type.Integer({ minimum: 1 }),
-  breakerEjectMs: Type.Integer({ minimum: 100 }),
-  /** How often an ejected deployment is probed (GET {baseUrl}/models); an answer below 500 brings it back. */
-  healthCheckIntervalMs: Type.Integer({ minimum: 100 }),
-  /**
-   * Hosts or CIDR ranges that deployments stored in the database (admin API, CLI) may reach although
-   * they are internal (loopback, private, link-local); '*' allows all. Config-file deployments are trusted.
-   */
-  upstreamAllow: Type.Array(Type.String({ minLength: 1 })),
-  /** Requests in progress per process above which new ones are shed with 503 and retry-after. */
-  maxInFlight: Type.Integer({ minimum: 1 }),
-  /** Event-loop delay (p99 over the last second, ms) above which new requests are shed; 0 turns it off. */
-  maxEventLoopDelayMs: Type.Integer({ minimum: 0 }),
-  /** Largest request head (request line plus headers) in bytes; larger ones get 431. */
-  maxHeaderBytes: Type.Integer({ minimum: 1024 }),
-  /** How long a client may take to send its whole request (head and body); 408 after that. */
-  bodyTimeoutMs: Type.Integer({ minimum: 100 }),
-  /** Caps on what an upstream may send: a non-stream answer, one line of a stream, an error body. */
-  upstreamMaxBodyBytes: Type.Integer({ minimum: 1024 }),
-  upstreamMaxLineBytes: Type.Integer({ minimum: 1024 }),
-  upstreamMaxErrorBytes: Type.Integer({ minimum: 256 }),
-  /** Time allowed for all of one request's attempts (failover included) to get an upstream's answer started. */
-  upstreamAttemptsTimeoutMs: Type.Integer({ minimum: 1 }),
-  /**
-   * Environment variables that deployments added through the admin API or the CLI may name as their
-   * key (`api_key_env`), besides those starting with UPSTREAM_KEY_.
-   */
-  upstreamKeyVars: Type.Array(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
-  /** Bounds on a JSON schema in a request (structured output, tool parameters); each is a 400 beyond. */
-  schemaMaxBytes: Type.Integer({ minimum: 1024 }),
-  schemaMaxDepth: Type.Integer({ minimum: 2, maximum: 1000 }),
-  schemaMaxNodes: Type.Integer({ minimum: 10 }),
-  schemaMaxEnum: Type.Integer({ minimum: 1 }),
-  /** Largest minItems / minLength / minProperties / minContains: each forces that much output. */
-  schemaMaxMinCount: Type.Integer({ minimum: 1, maximum: 1900 }),
-  /** Compiled schemas (grammar and validator) kept for reuse. */
-  schemaCacheSize: Type.Integer({ minimum: 1 }),
-  /** How long compiling one schema may take (in a worker thread) before the request is refused. */
-  schemaCompileTimeoutMs: Type.Integer({ minimum: 10 }),
-}, { additionalProperties: false });
+const ConfigSchema = Type.Object(
+  {
+    host: Type.String({ minLength: 1 }),
+    port: Type.Integer({ minimum: 0, maximum: 65535 }),
+    dataDir: Type.String({ minLength: 1 }),
+    modelsDir: Type.String({ minLength: 1 }),
+    adminKey: Type.Optional(Type.String({ minLength: 16 })),
+    databaseUrl: Type.Optional(Type.String({ pattern: '^(postgres|postgresql|sqlite)://|^file:' })),
+    redisUrl: Type.Optional(Type.String({ pattern: '^rediss?://' })),
+    bodyLimit: Type.Integer({ minimum: 1024 }),
+    shutdownTimeoutMs: Type.Integer({ minimum: 0 }),
+    logLevel: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+    keyCacheTtlMs: Type.Integer({ minimum: 0 }),
+    catalogueRefreshMs: Type.Integer({ minimum: 0 }),
+    corsOrigin: Type.String(),
+    authors: Type.Array(Type.String({ pattern: SLUG_PATTERN, maxLength: 64 }), { minItems: 1, uniqueItems: true }),
+    localAuthor: Type.String({ pattern: SLUG_PATTERN, maxLength: 64 }),
+    defaultCatalogue: Type.Boolean(),
+    models: Type.Array(ModelSpec),
+    localModels: Type.Record(Type.String(), LocalModelSpec),
+    deployments: Type.Array(DeploymentSpec),
+    localThreads: Type.Integer({ minimum: 1, maximum: 256 }),
+    localParallel: Type.Integer({ minimum: 1, maximum: 64 }),
+    localQueueSize: Type.Integer({ minimum: 0 }),
+    localMemoryBudgetMb: Type.Integer({ minimum: 1 }),
+    localGpu: Type.Union([Type.Literal('auto'), Type.Literal(false)]),
+    localPreload: Type.Boolean(),
+    /** Secret for sealing reasoning (encrypted_content); generated and kept in the database when unset. */
+    secretKey: Type.Optional(Type.String({ minLength: 16 })),
+    responseStaleMs: Type.Integer({ minimum: 1000 }),
+    /** When set, GET /metrics needs `Authorization: Bearer <metricsToken>`. */
+    metricsToken: Type.Optional(Type.String({ minLength: 8 })),
+    ledgerFlushMs: Type.Integer({ minimum: 10 }),
+    /** Worker processes serving the port (node:cluster); 1 serves from this process alone. */
+    workers: Type.Integer({ minimum: 1, maximum: 256 }),
+    /** Upstream timeouts: opening the connection, waiting for the response head, and silence between body chunks. */
+    upstreamConnectTimeoutMs: Type.Integer({ minimum: 1 }),
+    upstreamFirstByteTimeoutMs: Type.Integer({ minimum: 1 }),
+    upstreamIdleTimeoutMs: Type.Integer({ minimum: 1 }),
+    /** Deployments one request may try (the first plus retries). */
+    upstreamMaxAttempts: Type.Integer({ minimum: 1, maximum: 10 }),
+    /** Retries allowed as a share of requests over the last 10 s (plus 10 per second), so retries never multiply an outage. */
+    retryBudgetRatio: Type.Number({ minimum: 0, maximum: 10 }),
+    /** Consecutive failures that take a deployment out of rotation, and for how long before it is tried again. */
+    breakerFailures: Type.Integer({ minimum: 1 }),
+    breakerEjectMs: Type.Integer({ minimum: 100 }),
+    /** How often an ejected deployment is probed (GET {baseUrl}/models); an answer below 500 brings it back. */
+    healthCheckIntervalMs: Type.Integer({ minimum: 100 }),
+    /**
+     * Hosts or CIDR ranges that deployments stored in the database (admin API, CLI) may reach although
+     * they are internal (loopback, private, link-local); '*' allows all. Config-file deployments are trusted.
+     */
+    upstreamAllow: Type.Array(Type.String({ minLength: 1 })),
+    /** Requests in progress per process above which new ones are shed with 503 and retry-after. */
+    maxInFlight: Type.Integer({ minimum: 1 }),
+    /** Event-loop delay (p99 over the last second, ms) above which new requests are shed; 0 turns it off. */
+    maxEventLoopDelayMs: Type.Integer({ minimum: 0 }),
+    /** Largest request head (request line plus headers) in bytes; larger ones get 431. */
+    maxHeaderBytes: Type.Integer({ minimum: 1024 }),
+    /** How long a client may take to send its whole request (head and body); 408 after that. */
+    bodyTimeoutMs: Type.Integer({ minimum: 100 }),
+    /** Caps on what an upstream may send: a non-stream answer, one line of a stream, an error body. */
+    upstreamMaxBodyBytes: Type.Integer({ minimum: 1024 }),
+    upstreamMaxLineBytes: Type.Integer({ minimum: 1024 }),
+    upstreamMaxErrorBytes: Type.Integer({ minimum: 256 }),
+    /** Time allowed for all of one request's attempts (failover included) to get an upstream's answer started. */
+    upstreamAttemptsTimeoutMs: Type.Integer({ minimum: 1 }),
+    /**
+     * Environment variables that deployments added through the admin API or the CLI may name as their
+     * key (`api_key_env`), besides those starting with UPSTREAM_KEY_.
+     */
+    upstreamKeyVars: Type.Array(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
+    /** Bounds on a JSON schema in a request (structured output, tool parameters); each is a 400 beyond. */
+    schemaMaxBytes: Type.Integer({ minimum: 1024 }),
+    schemaMaxDepth: Type.Integer({ minimum: 2, maximum: 1000 }),
+    schemaMaxNodes: Type.Integer({ minimum: 10 }),
+    schemaMaxEnum: Type.Integer({ minimum: 1 }),
+    /** Largest minItems / minLength / minProperties / minContains: each forces that much output. */
+    schemaMaxMinCount: Type.Integer({ minimum: 1, maximum: 1900 }),
+    /** Compiled schemas (grammar and validator) kept for reuse. */
+    schemaCacheSize: Type.Integer({ minimum: 1 }),
+    /** How long compiling one schema may take (in a worker thread) before the request is refused. */
+    schemaCompileTimeoutMs: Type.Integer({ minimum: 10 }),
+  },
+  { additionalProperties: false },
+);
 
 export type Config = Static<typeof ConfigSchema>;
 type ConfigKey = keyof Config;
@@ -296,10 +305,19 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   for (const [name, key, kind] of ENV) {
     const value = env[name];
     if (value === undefined || value === '') continue;
-    raw[key] = kind === 'int' && /^-?\d+$/.test(value.trim()) ? Number(value)
-      : kind === 'number' && value.trim() !== '' && Number.isFinite(Number(value)) ? Number(value)
-      : kind === 'list' ? value.split(',').map((v) => v.trim()).filter(Boolean)
-      : kind === 'bool' && /^(true|false|1|0)$/.test(value.trim()) ? /^(true|1)$/.test(value.trim()) : value;
+    raw[key] =
+      kind === 'int' && /^-?\d+$/.test(value.trim())
+        ? Number(value)
+        : kind === 'number' && value.trim() !== '' && Number.isFinite(Number(value))
+          ? Number(value)
+          : kind === 'list'
+            ? value
+                .split(',')
+                .map((v) => v.trim())
+                .filter(Boolean)
+            : kind === 'bool' && /^(true|false|1|0)$/.test(value.trim())
+              ? /^(true|1)$/.test(value.trim())
+              : value;
     origin.set(key, name);
   }
   for (const [k, v] of Object.entries(opts.overrides ?? {})) {
@@ -327,7 +345,10 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
       path[1] = String(index < shippedModels.length ? index : index - shippedModels.length);
     }
     const at = path.length > 1 ? ` (at ${path.slice(1).join('.')})` : '';
-    const got = path.length === 1 ? ` (got ${JSON.stringify(top === 'adminKey' || top === 'secretKey' || top === 'metricsToken' ? '<redacted>' : raw[top])?.slice(0, 80)})` : '';
+    const got =
+      path.length === 1
+        ? ` (got ${JSON.stringify(top === 'adminKey' || top === 'secretKey' || top === 'metricsToken' ? '<redacted>' : raw[top])?.slice(0, 80)})`
+        : '';
     throw new ConfigError(`Invalid configuration: ${where}${at} ${first.message}${got}`);
   }
   const config = raw as Config;
@@ -340,7 +361,9 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   for (const m of config.models) {
     const author = m.id.slice(0, m.id.indexOf('/'));
     if (!config.authors.includes(author)) {
-      throw new ConfigError(`Invalid configuration: model '${m.id}' has author '${author}', which is not one of authors (${config.authors.join(', ')})`);
+      throw new ConfigError(
+        `Invalid configuration: model '${m.id}' has author '${author}', which is not one of authors (${config.authors.join(', ')})`,
+      );
     }
   }
   return config;
@@ -372,5 +395,11 @@ export function routingPolicy(config: Config): RoutingPolicy {
 }
 
 export function schemaLimits(config: Config): SchemaLimits {
-  return { maxBytes: config.schemaMaxBytes, maxDepth: config.schemaMaxDepth, maxNodes: config.schemaMaxNodes, maxEnum: config.schemaMaxEnum, maxMinCount: config.schemaMaxMinCount };
+  return {
+    maxBytes: config.schemaMaxBytes,
+    maxDepth: config.schemaMaxDepth,
+    maxNodes: config.schemaMaxNodes,
+    maxEnum: config.schemaMaxEnum,
+    maxMinCount: config.schemaMaxMinCount,
+  };
 }

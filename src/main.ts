@@ -9,7 +9,8 @@ function showGeneratedKey(key: string | undefined): void {
   // Shown once: only its hash is stored.
   process.stdout.write(
     `\nNo admin key was configured, so one was generated. It is shown only this once:\n\n  ${key}\n\n` +
-    'Keep it somewhere safe, or set SWITCHYARD_ADMIN_KEY to use your own.\n\n');
+      'Keep it somewhere safe, or set SWITCHYARD_ADMIN_KEY to use your own.\n\n',
+  );
 }
 
 /**
@@ -33,7 +34,9 @@ export async function serve(argv: string[]): Promise<number> {
   // stopped right after it started) is held and acted on once start-up is done, so the process still
   // drains and exits 0 rather than dying half-started by the default handler.
   let early: NodeJS.Signals | undefined;
-  const hold = (signal: NodeJS.Signals) => { early ??= signal; };
+  const hold = (signal: NodeJS.Signals) => {
+    early ??= signal;
+  };
   process.on('SIGTERM', hold);
   process.on('SIGINT', hold);
   const release = () => {
@@ -52,7 +55,12 @@ export async function serve(argv: string[]): Promise<number> {
       if (early) return 0;
       return await runPrimary(config, config.workers, log);
     }
-    service = await createService(config, log, process.env, isWorker ? { shared: true, ...(!config.redisUrl && { counters: new IpcCounters() }) } : {});
+    service = await createService(
+      config,
+      log,
+      process.env,
+      isWorker ? { shared: true, ...(!config.redisUrl && { counters: new IpcCounters() }) } : {},
+    );
   } catch (err) {
     release();
     log.fatal({ err }, 'start-up failed');
@@ -76,14 +84,17 @@ export async function serve(argv: string[]): Promise<number> {
         resolveExit(1);
       }, config.shutdownTimeoutMs);
       timer.unref();
-      service.close().then(() => {
-        clearTimeout(timer);
-        log.info('shut down cleanly');
-        resolveExit(0);
-      }, (err: unknown) => {
-        log.error({ err }, 'error while shutting down');
-        resolveExit(1);
-      });
+      service.close().then(
+        () => {
+          clearTimeout(timer);
+          log.info('shut down cleanly');
+          resolveExit(0);
+        },
+        (err: unknown) => {
+          log.error({ err }, 'error while shutting down');
+          resolveExit(1);
+        },
+      );
     };
     process.on('SIGTERM', () => stop('SIGTERM'));
     process.on('SIGINT', () => stop('SIGINT'));
@@ -94,8 +105,11 @@ export async function serve(argv: string[]): Promise<number> {
 
 const isEntry = process.argv[1] !== undefined && import.meta.url === new URL(`file://${process.argv[1]}`).href;
 if (isEntry) {
-  serve(process.argv.slice(2)).then((code) => process.exit(code), (err: unknown) => {
-    console.error(err);
-    process.exit(1);
-  });
+  serve(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (err: unknown) => {
+      console.error(err);
+      process.exit(1);
+    },
+  );
 }

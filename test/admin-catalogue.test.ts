@@ -2,7 +2,14 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { createKey, http, startServer, tempDir, type TestServer, type WireList, type WireModel } from './helpers/server.js';
 
-interface WireDeployment { id: string; model: string; base_url: string; api: string; source: string; weight: number }
+interface WireDeployment {
+  id: string;
+  model: string;
+  base_url: string;
+  api: string;
+  source: string;
+  weight: number;
+}
 
 describe('administering the catalogue and deployments', () => {
   let a: TestServer;
@@ -17,17 +24,30 @@ describe('administering the catalogue and deployments', () => {
     await a.close();
   });
 
-  const ask = (model: string) => http(b.url, 'POST', '/v1/chat/completions', { key: b.adminKey, body: { model, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 6, temperature: 0 } });
+  const ask = (model: string) =>
+    http(b.url, 'POST', '/v1/chat/completions', {
+      key: b.adminKey,
+      body: { model, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 6, temperature: 0 },
+    });
 
   it('adds and removes an upstream deployment at run time', async () => {
     const created = await http<WireModel>(b.url, 'POST', '/admin/models', {
-      key: b.adminKey, body: { id: 'meta-llama/tiny-remote', context_length: 512, pricing: [{ metric: 'input_tokens', rate: 0.1 }, { metric: 'output_tokens', rate: 0.2 }] },
+      key: b.adminKey,
+      body: {
+        id: 'meta-llama/tiny-remote',
+        context_length: 512,
+        pricing: [
+          { metric: 'input_tokens', rate: 0.1 },
+          { metric: 'output_tokens', rate: 0.2 },
+        ],
+      },
     });
     assert.equal(created.status, 201, created.text);
     assert.equal((await ask('meta-llama/tiny-remote')).status, 503, 'no deployment yet');
 
     const dep = await http<WireDeployment>(b.url, 'POST', '/admin/deployments', {
-      key: b.adminKey, body: { model: 'meta-llama/tiny-remote', base_url: a.baseURL, api_key_env: 'UPSTREAM_KEY_A', upstream_model: 'local/stories260k' },
+      key: b.adminKey,
+      body: { model: 'meta-llama/tiny-remote', base_url: a.baseURL, api_key_env: 'UPSTREAM_KEY_A', upstream_model: 'local/stories260k' },
     });
     assert.equal(dep.status, 201, dep.text);
     assert.match(dep.json.id, /^dep_/);
@@ -37,9 +57,15 @@ describe('administering the catalogue and deployments', () => {
     assert.match(ok.text, /there was a little/);
 
     const listed = await http<WireList<WireDeployment>>(b.url, 'GET', '/admin/deployments', { key: b.adminKey });
-    assert.deepEqual(listed.json.data.map((d) => [d.id, d.model, d.source]), [[dep.json.id, 'meta-llama/tiny-remote', 'admin']]);
+    assert.deepEqual(
+      listed.json.data.map((d) => [d.id, d.model, d.source]),
+      [[dep.json.id, 'meta-llama/tiny-remote', 'admin']],
+    );
 
-    const bad = await http(b.url, 'POST', '/admin/deployments', { key: b.adminKey, body: { model: 'meta-llama/none', base_url: a.baseURL } });
+    const bad = await http(b.url, 'POST', '/admin/deployments', {
+      key: b.adminKey,
+      body: { model: 'meta-llama/none', base_url: a.baseURL },
+    });
     assert.equal(bad.status, 404);
 
     assert.equal((await http(b.url, 'DELETE', `/admin/deployments/${dep.json.id}`, { key: b.adminKey })).status, 200);
@@ -58,7 +84,8 @@ describe('administering the catalogue and deployments', () => {
     assert.equal((await move('inactive')).json.status, 'inactive');
     assert.equal((await move('active')).json.status, 'active');
     const pricing = await http<WireModel>(b.url, 'PATCH', '/admin/models/qwen/lifecycle', {
-      key: b.adminKey, body: { visibility: 'private', owned_by: 'acme', pricing: [{ metric: 'input_tokens', rate: 0.5 }] },
+      key: b.adminKey,
+      body: { visibility: 'private', owned_by: 'acme', pricing: [{ metric: 'input_tokens', rate: 0.5 }] },
     });
     assert.equal(pricing.json.visibility, 'private');
     assert.deepEqual(pricing.json.pricing, [{ metric: 'input_tokens', rate: 0.5 }]);

@@ -37,8 +37,10 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
     assert.ok(r.status < 300, `${method} ${path}: ${r.status} ${r.text}`);
     return r.json as T;
   };
-  const freshResponse = async () => (await ok<{ id: string }>('POST', '/v1/responses', { model: LOCAL, input: 'Once', max_output_tokens: 2 })).id;
-  const freshConversation = async () => (await ok<{ id: string }>('POST', '/v1/conversations', { items: [{ type: 'message', role: 'user', content: 'hi' }] })).id;
+  const freshResponse = async () =>
+    (await ok<{ id: string }>('POST', '/v1/responses', { model: LOCAL, input: 'Once', max_output_tokens: 2 })).id;
+  const freshConversation = async () =>
+    (await ok<{ id: string }>('POST', '/v1/conversations', { items: [{ type: 'message', role: 'user', content: 'hi' }] })).id;
   const adminPost = async <T>(path: string, body: object): Promise<T> => {
     const r = await http<T>(s.url, 'POST', path, { key: s.adminKey, body });
     assert.equal(r.status, 201, r.text);
@@ -71,11 +73,39 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
     { method: 'GET', path: () => '/v1/models', expect: [200, 200, 200] },
     { method: 'GET', path: () => `/v1/models/${LOCAL}`, expect: [200, 200, 200] },
     { method: 'GET', path: () => `/v1/models/${PRIVATE}`, expect: [404, 200, 200] },
-    { method: 'POST', path: () => '/v1/chat/completions', body: { model: LOCAL, messages: [{ role: 'user', content: 'Once' }], max_tokens: 2 }, expect: [200, 200, 200] },
-    { method: 'POST', path: () => '/v1/chat/completions', body: { model: PRIVATE, messages: [{ role: 'user', content: 'Once' }] }, expect: [404, 503, 503] },
-    { method: 'POST', path: () => '/v1/responses', body: { model: LOCAL, input: 'Once', max_output_tokens: 2, store: false }, expect: [200, 200, 200] },
+    {
+      method: 'POST',
+      path: () => '/v1/chat/completions',
+      body: { model: LOCAL, messages: [{ role: 'user', content: 'Once' }], max_tokens: 2 },
+      expect: [200, 200, 200],
+    },
+    {
+      method: 'POST',
+      path: () => '/v1/chat/completions',
+      body: { model: PRIVATE, messages: [{ role: 'user', content: 'Once' }] },
+      expect: [404, 503, 503],
+    },
+    {
+      method: 'POST',
+      path: () => '/v1/responses',
+      body: { model: LOCAL, input: 'Once', max_output_tokens: 2, store: false },
+      expect: [200, 200, 200],
+    },
     { method: 'POST', path: () => '/v1/responses', body: { model: PRIVATE, input: 'Once' }, expect: [404, 503, 503] },
-    { method: 'POST', path: () => '/v1/responses', body: { get previous_response_id() { return responseId; }, model: LOCAL, input: 'and', max_output_tokens: 2, store: false }, expect: ISOLATED },
+    {
+      method: 'POST',
+      path: () => '/v1/responses',
+      body: {
+        get previous_response_id() {
+          return responseId;
+        },
+        model: LOCAL,
+        input: 'and',
+        max_output_tokens: 2,
+        store: false,
+      },
+      expect: ISOLATED,
+    },
     { method: 'GET', path: () => `/v1/responses/${responseId}`, expect: ISOLATED },
     { method: 'GET', path: () => `/v1/responses/${responseId}/input_items`, expect: ISOLATED },
     { method: 'POST', path: () => `/v1/responses/${responseId}/cancel`, expect: [404, 400, 404] },
@@ -85,10 +115,16 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
     { method: 'POST', path: () => `/v1/conversations/${conversationId}`, body: { metadata: { topic: 'x' } }, expect: ISOLATED },
     { method: 'DELETE', path: async () => `/v1/conversations/${await freshConversation()}`, expect: ISOLATED },
     { method: 'GET', path: () => `/v1/conversations/${conversationId}/items`, expect: ISOLATED },
-    { method: 'POST', path: () => `/v1/conversations/${conversationId}/items`, body: { items: [{ type: 'message', role: 'user', content: 'more' }] }, expect: ISOLATED },
+    {
+      method: 'POST',
+      path: () => `/v1/conversations/${conversationId}/items`,
+      body: { items: [{ type: 'message', role: 'user', content: 'more' }] },
+      expect: ISOLATED,
+    },
     { method: 'GET', path: () => `/v1/conversations/${conversationId}/items/${itemId}`, expect: ISOLATED },
     {
-      method: 'DELETE', expect: ISOLATED,
+      method: 'DELETE',
+      expect: ISOLATED,
       path: async () => {
         const c = await freshConversation();
         const item = (await ok<{ data: Array<{ id: string }> }>('GET', `/v1/conversations/${c}/items`)).data[0]!.id;
@@ -100,22 +136,45 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
     { method: 'PATCH', path: () => `/admin/keys/${acmeKeyId}`, body: { limits: { rpm: 1000 } }, expect: ADMIN_ONLY() },
     { method: 'DELETE', path: async () => `/admin/keys/${(await createKey(s, 'initech')).id}`, expect: ADMIN_ONLY() },
     { method: 'GET', path: () => '/admin/orgs', expect: ADMIN_ONLY() },
-    { method: 'POST', path: () => '/admin/orgs', get body() { return { id: `org-${++n}`, name: 'New' }; }, expect: ADMIN_ONLY(201) },
+    {
+      method: 'POST',
+      path: () => '/admin/orgs',
+      get body() {
+        return { id: `org-${++n}`, name: 'New' };
+      },
+      expect: ADMIN_ONLY(201),
+    },
     { method: 'GET', path: () => '/admin/orgs/acme', expect: ADMIN_ONLY() },
     { method: 'PATCH', path: () => '/admin/orgs/acme', body: { limits: null }, expect: ADMIN_ONLY() },
     { method: 'GET', path: () => '/admin/models', expect: ADMIN_ONLY() },
-    { method: 'POST', path: () => '/admin/models', get body() { return { id: `meta-llama/new-${++n}`, context_length: 64 }; }, expect: ADMIN_ONLY(201) },
+    {
+      method: 'POST',
+      path: () => '/admin/models',
+      get body() {
+        return { id: `meta-llama/new-${++n}`, context_length: 64 };
+      },
+      expect: ADMIN_ONLY(201),
+    },
     { method: 'GET', path: () => `/admin/models/${PRIVATE}`, expect: ADMIN_ONLY() },
     { method: 'PATCH', path: () => `/admin/models/${PRIVATE}`, body: { description: 'secret' }, expect: ADMIN_ONLY() },
     {
-      method: 'DELETE', expect: ADMIN_ONLY(),
-      path: async () => `/admin/models/${(await adminPost<{ id: string }>('/admin/models', { id: `meta-llama/gone-${++n}`, context_length: 64 })).id}`,
+      method: 'DELETE',
+      expect: ADMIN_ONLY(),
+      path: async () =>
+        `/admin/models/${(await adminPost<{ id: string }>('/admin/models', { id: `meta-llama/gone-${++n}`, context_length: 64 })).id}`,
     },
     { method: 'GET', path: () => '/admin/deployments', expect: ADMIN_ONLY() },
-    { method: 'POST', path: () => '/admin/deployments', body: { model: 'meta-llama/llama-3.1-8b-instruct', base_url: 'http://203.0.113.10/v1' }, expect: ADMIN_ONLY(201) },
     {
-      method: 'DELETE', expect: ADMIN_ONLY(),
-      path: async () => `/admin/deployments/${(await adminPost<{ id: string }>('/admin/deployments', { model: 'meta-llama/llama-3.1-8b-instruct', base_url: 'http://203.0.113.11/v1' })).id}`,
+      method: 'POST',
+      path: () => '/admin/deployments',
+      body: { model: 'meta-llama/llama-3.1-8b-instruct', base_url: 'http://203.0.113.10/v1' },
+      expect: ADMIN_ONLY(201),
+    },
+    {
+      method: 'DELETE',
+      expect: ADMIN_ONLY(),
+      path: async () =>
+        `/admin/deployments/${(await adminPost<{ id: string }>('/admin/deployments', { model: 'meta-llama/llama-3.1-8b-instruct', base_url: 'http://203.0.113.11/v1' })).id}`,
     },
     { method: 'GET', path: () => '/admin/usage', expect: ADMIN_ONLY() },
     { method: 'GET', path: () => '/admin/local/loaded', expect: ADMIN_ONLY() },
@@ -127,12 +186,13 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
     for (const c of CELLS) {
       for (const who of WHO) {
         const path = await c.path();
-        const want = who === 'none' || who === 'malformed' || who === 'revoked' ? 401
-          : c.expect[who === 'otherOrg' ? 0 : who === 'inference' ? 1 : 2];
+        const want =
+          who === 'none' || who === 'malformed' || who === 'revoked' ? 401 : c.expect[who === 'otherOrg' ? 0 : who === 'inference' ? 1 : 2];
         const r = await as(who, c.method, path, c.body);
         cells += 1;
         if (r.status !== want) wrong.push(`${c.method} ${path} as ${who}: ${r.status}, expected ${want} (${r.text.slice(0, 160)})`);
-        else if (r.status >= 400 && (typeof r.json?.error?.message !== 'string' || !r.headers['x-request-id'])) wrong.push(`${c.method} ${path} as ${who}: not the envelope`);
+        else if (r.status >= 400 && (typeof r.json?.error?.message !== 'string' || !r.headers['x-request-id']))
+          wrong.push(`${c.method} ${path} as ${who}: not the envelope`);
       }
     }
     assert.deepEqual(wrong, []);

@@ -4,9 +4,20 @@ import { connect } from 'node:net';
 import { http, startServer, type TestServer, type WireKey, type WireList } from './helpers/server.js';
 import { GATEWAY_MODEL as MODEL, chunkFrame, closers, fixture, startGateway } from './helpers/fixtures.js';
 
-interface Total { requests: number; errors: number; input_tokens: number; output_tokens: number; cost: number; unpriced_requests: number; estimated_requests: number }
+interface Total {
+  requests: number;
+  errors: number;
+  input_tokens: number;
+  output_tokens: number;
+  cost: number;
+  unpriced_requests: number;
+  estimated_requests: number;
+}
 
-const PRICE = [{ metric: 'input_tokens', rate: 100 }, { metric: 'output_tokens', rate: 100 }];
+const PRICE = [
+  { metric: 'input_tokens', rate: 100 },
+  { metric: 'output_tokens', rate: 100 },
+];
 
 async function usageOnce(s: TestServer, want: number): Promise<Total> {
   for (const deadline = Date.now() + 10_000; ; await new Promise((r) => setTimeout(r, 25))) {
@@ -32,7 +43,9 @@ function leaveStream(s: TestServer, key: string, body: object, until: (received:
         resolve(received);
       }
     });
-    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${key}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(json)}\r\n\r\n${json}`);
+    socket.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${key}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(json)}\r\n\r\n${json}`,
+    );
   });
 }
 
@@ -41,10 +54,20 @@ describe('every generation is billed for what it produced', () => {
   after(() => open.closeAll());
 
   it('bills a local generation the client left mid-stream, for the tokens it generated', async () => {
-    const s = open.keep(await startServer({
-      configFile: { name: 'priced.json', text: JSON.stringify({ localModels: { 'stories260K.gguf': { id: 'meta-llama/tiny-stories', pricing: PRICE } } }) },
-    }));
-    const body = { model: 'meta-llama/tiny-stories', messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 400, stream: true };
+    const s = open.keep(
+      await startServer({
+        configFile: {
+          name: 'priced.json',
+          text: JSON.stringify({ localModels: { 'stories260K.gguf': { id: 'meta-llama/tiny-stories', pricing: PRICE } } }),
+        },
+      }),
+    );
+    const body = {
+      model: 'meta-llama/tiny-stories',
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 400,
+      stream: true,
+    };
     const seen = await leaveStream(s, s.adminKey, body, (r) => (r.match(/"content":"[^"]+"/g) ?? []).length >= 10);
     assert.ok(seen.includes('chat.completion.chunk'));
     const t = await usageOnce(s, 1);
@@ -52,22 +75,28 @@ describe('every generation is billed for what it produced', () => {
     assert.equal(t.errors, 1, 'recorded as cancelled (499)');
     assert.ok(t.output_tokens >= 10 && t.output_tokens < 400, `${t.output_tokens} output tokens`);
     assert.equal(t.input_tokens, 5);
-    assert.ok(Math.abs(t.cost - (5 + t.output_tokens) * 100 / 1e6) < 1e-9, `cost ${t.cost}`);
+    assert.ok(Math.abs(t.cost - ((5 + t.output_tokens) * 100) / 1e6) < 1e-9, `cost ${t.cost}`);
     assert.equal(t.estimated_requests, 0, 'the local engine counts exactly');
   });
 
   it('bills an upstream answer whose client left before the usage chunk, by estimate', async () => {
-    const holds = open.keep(await fixture((req, res) => {
-      req.resume();
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(chunkFrame({ role: 'assistant', content: '' }));
-      for (let i = 0; i < 12; i++) res.write(chunkFrame({ content: ' word' }));
-      res.write(chunkFrame({}, 'stop'));
-      // The usage chunk and [DONE] never come: the client leaves first.
-    }));
+    const holds = open.keep(
+      await fixture((req, res) => {
+        req.resume();
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chunkFrame({ role: 'assistant', content: '' }));
+        for (let i = 0; i < 12; i++) res.write(chunkFrame({ content: ' word' }));
+        res.write(chunkFrame({}, 'stop'));
+        // The usage chunk and [DONE] never come: the client leaves first.
+      }),
+    );
     const s = open.keep(await startGateway([{ baseUrl: holds.url }], {}, { pricing: PRICE }));
-    await leaveStream(s, s.adminKey, { model: MODEL, messages: [{ role: 'user', content: 'Once upon a time' }], stream: true },
-      (r) => (r.match(/ word/g) ?? []).length >= 12);
+    await leaveStream(
+      s,
+      s.adminKey,
+      { model: MODEL, messages: [{ role: 'user', content: 'Once upon a time' }], stream: true },
+      (r) => (r.match(/ word/g) ?? []).length >= 12,
+    );
     const t = await usageOnce(s, 1);
     // 12 deltas of " word": 60 characters, 15 tokens at 4 characters a token (and at least one per delta).
     assert.equal(t.output_tokens, 15);
@@ -77,24 +106,35 @@ describe('every generation is billed for what it produced', () => {
   });
 
   it('never records an upstream that reports no usage as free', async () => {
-    const silent = open.keep(await fixture((req, res) => {
-      let raw = '';
-      req.on('data', (c: Buffer) => { raw += c.toString(); });
-      req.on('end', () => {
-        if ((JSON.parse(raw) as { stream?: boolean }).stream) {
-          res.writeHead(200, { 'content-type': 'text/event-stream' });
-          res.write(chunkFrame({ role: 'assistant', content: 'Once upon a time there was' }));
-          res.end(`${chunkFrame({}, 'stop')}data: [DONE]\n\n`);
-        } else {
-          res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
-            id: 'x', object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: 'Once upon a time there was' }, finish_reason: 'stop' }],
-          }));
-        }
-      });
-    }));
+    const silent = open.keep(
+      await fixture((req, res) => {
+        let raw = '';
+        req.on('data', (c: Buffer) => {
+          raw += c.toString();
+        });
+        req.on('end', () => {
+          if ((JSON.parse(raw) as { stream?: boolean }).stream) {
+            res.writeHead(200, { 'content-type': 'text/event-stream' });
+            res.write(chunkFrame({ role: 'assistant', content: 'Once upon a time there was' }));
+            res.end(`${chunkFrame({}, 'stop')}data: [DONE]\n\n`);
+          } else {
+            res.writeHead(200, { 'content-type': 'application/json' }).end(
+              JSON.stringify({
+                id: 'x',
+                object: 'chat.completion',
+                choices: [{ index: 0, message: { role: 'assistant', content: 'Once upon a time there was' }, finish_reason: 'stop' }],
+              }),
+            );
+          }
+        });
+      }),
+    );
     const s = open.keep(await startGateway([{ baseUrl: silent.url }], {}, { pricing: PRICE }));
     for (const stream of [false, true]) {
-      const r = await http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { model: MODEL, messages: [{ role: 'user', content: 'Once upon a time' }], stream } });
+      const r = await http(s.url, 'POST', '/v1/chat/completions', {
+        key: s.adminKey,
+        body: { model: MODEL, messages: [{ role: 'user', content: 'Once upon a time' }], stream },
+      });
       assert.equal(r.status, 200);
     }
     const t = await usageOnce(s, 2);
@@ -109,32 +149,58 @@ describe('every generation is billed for what it produced', () => {
 
   it('keeps a budget under concurrency: spend is reserved at admission, so 30 requests at once do not overshoot', async () => {
     // Each request may cost at most 100 output tokens at $100 per million: $0.01, plus its input.
-    const slow = open.keep(await fixture((req, res) => {
-      req.resume();
-      setTimeout(() => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
-        id: 'x', object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: 'fine' }, finish_reason: 'stop' }],
-        usage: { prompt_tokens: 5, completion_tokens: 100, total_tokens: 105 },
-      })), 200);
-    }));
+    const slow = open.keep(
+      await fixture((req, res) => {
+        req.resume();
+        setTimeout(
+          () =>
+            res.writeHead(200, { 'content-type': 'application/json' }).end(
+              JSON.stringify({
+                id: 'x',
+                object: 'chat.completion',
+                choices: [{ index: 0, message: { role: 'assistant', content: 'fine' }, finish_reason: 'stop' }],
+                usage: { prompt_tokens: 5, completion_tokens: 100, total_tokens: 105 },
+              }),
+            ),
+          200,
+        );
+      }),
+    );
     const s = open.keep(await startGateway([{ baseUrl: slow.url }], {}, { pricing: PRICE }));
-    const created = await http<WireKey>(s.url, 'POST', '/admin/keys', { key: s.adminKey, body: { org: 'acme', name: 'budget', limits: { budget: 0.05, budget_period: 'day' } } });
+    const created = await http<WireKey>(s.url, 'POST', '/admin/keys', {
+      key: s.adminKey,
+      body: { org: 'acme', name: 'budget', limits: { budget: 0.05, budget_period: 'day' } },
+    });
     const key = created.json.key!;
-    const results = await Promise.all(Array.from({ length: 30 }, () => http(s.url, 'POST', '/v1/chat/completions', {
-      key, body: { model: MODEL, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 100 },
-    })));
+    const results = await Promise.all(
+      Array.from({ length: 30 }, () =>
+        http(s.url, 'POST', '/v1/chat/completions', {
+          key,
+          body: { model: MODEL, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 100 },
+        }),
+      ),
+    );
     const ok = results.filter((r) => r.status === 200).length;
     const refused = results.filter((r) => r.status === 429 && r.json.error.code === 'budget_exceeded').length;
     assert.equal(ok + refused, 30);
     const t = await usageOnce(s, ok);
-    const perRequest = (5 + 100) * 100 / 1e6;
-    console.log(`# budget $0.05, 30 concurrent requests of $${perRequest.toFixed(4)}: ${ok} admitted, ${refused} refused, $${t.cost.toFixed(4)} spent`);
+    const perRequest = ((5 + 100) * 100) / 1e6;
+    console.log(
+      `# budget $0.05, 30 concurrent requests of $${perRequest.toFixed(4)}: ${ok} admitted, ${refused} refused, $${t.cost.toFixed(4)} spent`,
+    );
     // Overshoot is bounded by the worst case of requests admitted while there was room: here, none.
     assert.ok(t.cost <= 0.05 + perRequest, `spent $${t.cost}`);
     assert.ok(ok >= 4, `${ok} admitted`);
     // What was reserved and not spent is given back: with the budget raised, the next request passes.
     const k = (await http<WireList<WireKey>>(s.url, 'GET', '/admin/keys?org=acme', { key: s.adminKey })).json.data[0]!;
-    await http(s.url, 'PATCH', `/admin/keys/${k.id}`, { key: s.adminKey, body: { limits: { budget: t.cost + perRequest * 1.5, budget_period: 'day' } } });
-    const next = await http(s.url, 'POST', '/v1/chat/completions', { key, body: { model: MODEL, messages: [{ role: 'user', content: 'x' }], max_tokens: 100 } });
+    await http(s.url, 'PATCH', `/admin/keys/${k.id}`, {
+      key: s.adminKey,
+      body: { limits: { budget: t.cost + perRequest * 1.5, budget_period: 'day' } },
+    });
+    const next = await http(s.url, 'POST', '/v1/chat/completions', {
+      key,
+      body: { model: MODEL, messages: [{ role: 'user', content: 'x' }], max_tokens: 100 },
+    });
     assert.equal(next.status, 200, next.text);
   });
 });

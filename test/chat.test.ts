@@ -19,9 +19,14 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
   after(() => server.close());
 
   it('answers non-stream with a TinyStories continuation and exact usage', async () => {
-    const { data: res, request_id } = await client.chat.completions.create({
-      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 40, temperature: 0,
-    }).withResponse();
+    const { data: res, request_id } = await client.chat.completions
+      .create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'Once upon a time' }],
+        max_tokens: 40,
+        temperature: 0,
+      })
+      .withResponse();
     assert.match(request_id ?? '', /^req_/);
     assert.equal(res.object, 'chat.completion');
     assert.match(res.id, /^chatcmpl-/);
@@ -39,7 +44,11 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
 
   it('streams token by token: role first, finish_reason last, then [DONE]', async () => {
     const stream = await client.chat.completions.create({
-      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 30, temperature: 0, stream: true,
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 30,
+      temperature: 0,
+      stream: true,
     });
     const chunks: OpenAI.Chat.ChatCompletionChunk[] = [];
     for await (const c of stream) chunks.push(c);
@@ -54,10 +63,15 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
 
   it('works with the chat.completions.stream() helper and finalChatCompletion()', async () => {
     const runner = client.chat.completions.stream({
-      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 20, temperature: 0,
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 20,
+      temperature: 0,
     });
     let deltas = '';
-    runner.on('content', (d) => { deltas += d; });
+    runner.on('content', (d) => {
+      deltas += d;
+    });
     const final = await runner.finalChatCompletion();
     assert.equal(final.choices[0]!.message.content, deltas);
     assert.match(deltas, /little girl/);
@@ -66,8 +80,12 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
 
   it('sends a usage chunk before [DONE] with include_usage', async () => {
     const stream = await client.chat.completions.create({
-      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 12, temperature: 0,
-      stream: true, stream_options: { include_usage: true },
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 12,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true },
     });
     const chunks: OpenAI.Chat.ChatCompletionChunk[] = [];
     for await (const c of stream) chunks.push(c);
@@ -80,12 +98,21 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
 
   it('stops before a stop sequence, with finish_reason stop', async () => {
     const res = await client.chat.completions.create({
-      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 100, temperature: 0, stop: ['Lily'],
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 100,
+      temperature: 0,
+      stop: ['Lily'],
     });
     assert.equal(res.choices[0]!.message.content, ', there was a little girl named ');
     assert.equal(res.choices[0]!.finish_reason, 'stop');
     const streamed = await client.chat.completions.create({
-      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 100, temperature: 0, stop: ['park', 'Lily'], stream: true,
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 100,
+      temperature: 0,
+      stop: ['park', 'Lily'],
+      stream: true,
     });
     let text = '';
     let finish: string | null = null;
@@ -98,15 +125,27 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
   });
 
   it('max_tokens 5 gives finish_reason length and at most 5 completion tokens', async () => {
-    const res = await client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 5 });
+    const res = await client.chat.completions.create({
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 5,
+    });
     assert.equal(res.choices[0]!.finish_reason, 'length');
     assert.ok(res.usage!.completion_tokens <= 5);
-    const viaNewName = await client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_completion_tokens: 3 });
+    const viaNewName = await client.chat.completions.create({
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_completion_tokens: 3,
+    });
     assert.equal(viaNewName.usage!.completion_tokens, 3);
   });
 
   it('caps the output at the space the context leaves when no limit is given', async () => {
-    const res = await client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], temperature: 0 });
+    const res = await client.chat.completions.create({
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      temperature: 0,
+    });
     // TinyStories separates stories with BOS rather than ending them, so greedy decoding fills the context.
     assert.equal(res.choices[0]!.finish_reason, 'length');
     assert.equal(res.usage!.prompt_tokens + res.usage!.completion_tokens, 512);
@@ -121,46 +160,71 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
     const reply = first.choices[0]!.message.content!;
     assert.ok(reply.length > 0);
     const second = await client.chat.completions.create({
-      model: STORIES, max_tokens: 20, temperature: 0,
+      model: STORIES,
+      max_tokens: 20,
+      temperature: 0,
       messages: [...messages, { role: 'assistant', content: reply }, { role: 'user', content: 'One day, Max saw a cat.' }],
     });
     assert.ok(second.choices[0]!.message.content!.length > 0);
     assert.ok(second.usage!.prompt_tokens > first.usage!.prompt_tokens);
-    assert.ok(second.usage!.prompt_tokens_details!.cached_tokens! >= first.usage!.prompt_tokens - 1,
-      `the earlier turns came from the KV cache (${second.usage!.prompt_tokens_details!.cached_tokens} cached)`);
+    assert.ok(
+      second.usage!.prompt_tokens_details!.cached_tokens! >= first.usage!.prompt_tokens - 1,
+      `the earlier turns came from the KV cache (${second.usage!.prompt_tokens_details!.cached_tokens} cached)`,
+    );
   });
 
   it('gives identical text twice at temperature 0', async () => {
-    const ask = () => client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'The cat sat' }], max_tokens: 60, temperature: 0 });
+    const ask = () =>
+      client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'The cat sat' }],
+        max_tokens: 60,
+        temperature: 0,
+      });
     const [a, b] = [await ask(), await ask()];
     assert.equal(a.choices[0]!.message.content, b.choices[0]!.message.content);
     assert.ok(a.choices[0]!.message.content!.length > 20);
   });
 
   it('answers a context overflow with 400 context_length_exceeded giving the numbers', async () => {
-    await assert.rejects(client.chat.completions.create({
-      model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 600,
-    }), (err: unknown) => {
-      assert.ok(err instanceof OpenAI.BadRequestError);
-      assert.equal(err.code, 'context_length_exceeded');
-      assert.match(err.message, /512/);
-      assert.match(err.message, /605/);
-      return true;
-    });
-    await assert.rejects(client.chat.completions.create({
-      model: STORIES, messages: [{ role: 'user', content: 'word '.repeat(600) }],
-    }), (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'context_length_exceeded');
+    await assert.rejects(
+      client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'Once upon a time' }],
+        max_tokens: 600,
+      }),
+      (err: unknown) => {
+        assert.ok(err instanceof OpenAI.BadRequestError);
+        assert.equal(err.code, 'context_length_exceeded');
+        assert.match(err.message, /512/);
+        assert.match(err.message, /605/);
+        return true;
+      },
+    );
+    await assert.rejects(
+      client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'word '.repeat(600) }],
+      }),
+      (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'context_length_exceeded',
+    );
   });
 
   it('answers an unknown model with 404 and a catalogue model without deployment with 503', async () => {
-    await assert.rejects(client.chat.completions.create({ model: 'meta-llama/nope', messages: [{ role: 'user', content: 'hi' }] }),
-      (err: unknown) => err instanceof OpenAI.NotFoundError && err.code === 'model_not_found');
-    const res = await http(server.url, 'POST', '/v1/chat/completions', { key, body: { model: 'qwen/qwen3-8b', messages: [{ role: 'user', content: 'hi' }] } });
+    await assert.rejects(
+      client.chat.completions.create({ model: 'meta-llama/nope', messages: [{ role: 'user', content: 'hi' }] }),
+      (err: unknown) => err instanceof OpenAI.NotFoundError && err.code === 'model_not_found',
+    );
+    const res = await http(server.url, 'POST', '/v1/chat/completions', {
+      key,
+      body: { model: 'qwen/qwen3-8b', messages: [{ role: 'user', content: 'hi' }] },
+    });
     assert.equal(res.status, 503);
     assert.equal(res.json.error.code, 'no_deployment');
     assert.equal(res.headers['x-should-retry'], 'false');
     const image = await http(server.url, 'POST', '/v1/chat/completions', {
-      key, body: { model: 'black-forest-labs/flux.1-schnell', messages: [{ role: 'user', content: 'hi' }] },
+      key,
+      body: { model: 'black-forest-labs/flux.1-schnell', messages: [{ role: 'user', content: 'hi' }] },
     });
     assert.equal(image.status, 400);
   });
@@ -182,10 +246,19 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       [{ model: STORIES }, 'messages'],
       [{ ...base, messages: [] }, 'messages'],
       [{ ...base, messages: [{ role: 'wizard', content: 'hi' }] }, 'messages[0].role'],
-      [{ ...base, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }] }] }, 'messages[0].content[0]'],
+      [
+        { ...base, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }] }] },
+        'messages[0].content[0]',
+      ],
       [{ ...base, messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: {} }] }] }, 'messages[0].content[0].type'],
-      [{ ...base, tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }, 'tool_choice'],
-      [{ ...base, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '^a' } } } }, 'response_format'],
+      [
+        { ...base, tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } },
+        'tool_choice',
+      ],
+      [
+        { ...base, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '^a' } } } },
+        'response_format',
+      ],
     ];
     for (const [body, param] of cases) {
       const res = await http(server.url, 'POST', '/v1/chat/completions', { key, body });
@@ -194,7 +267,14 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
     }
     // Unknown fields are ignored; text parts are accepted.
     const ok = await http(server.url, 'POST', '/v1/chat/completions', {
-      key, body: { ...base, max_tokens: 2, some_future_field: true, user: 'u1', messages: [{ role: 'user', content: [{ type: 'text', text: 'Once' }] }] },
+      key,
+      body: {
+        ...base,
+        max_tokens: 2,
+        some_future_field: true,
+        user: 'u1',
+        messages: [{ role: 'user', content: [{ type: 'text', text: 'Once' }] }],
+      },
     });
     assert.equal(ok.status, 200, ok.text);
   });
@@ -225,13 +305,26 @@ describe('local engine concurrency', () => {
 
   it('answers 503 with retry-after when the queue is full', async () => {
     const long = await openLongStream();
-    const busy = await http(server.url, 'POST', '/v1/chat/completions', { key, body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 } });
+    const busy = await http(server.url, 'POST', '/v1/chat/completions', {
+      key,
+      body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
+    });
     assert.equal(busy.status, 503, busy.text);
     assert.equal(busy.json.error.code, 'overloaded');
     assert.equal(busy.headers['retry-after'], '1');
     long.body.destroy();
     // Leave the sequence free for the next test.
-    await eventually(async () => assert.equal((await http(server.url, 'POST', '/v1/chat/completions', { key, body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 } })).status, 200));
+    await eventually(async () =>
+      assert.equal(
+        (
+          await http(server.url, 'POST', '/v1/chat/completions', {
+            key,
+            body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 },
+          })
+        ).status,
+        200,
+      ),
+    );
   });
 
   it('stops generating when the client disconnects and frees the slot', async () => {
@@ -240,7 +333,10 @@ describe('local engine concurrency', () => {
     // One sequence and no queue: a request is served only once the abandoned generation has let go
     // of it, long before the thousands of tokens it asked for would have been generated.
     const next = await eventually(async () => {
-      const r = await http<{ choices: Array<{ finish_reason: string }> }>(server.url, 'POST', '/v1/chat/completions', { key, body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 } });
+      const r = await http<{ choices: Array<{ finish_reason: string }> }>(server.url, 'POST', '/v1/chat/completions', {
+        key,
+        body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
+      });
       assert.equal(r.status, 200, r.text);
       return r;
     });
@@ -252,8 +348,16 @@ describe('local engine concurrency', () => {
     try {
       const k = (await createKey(queued, 'acme')).key;
       const c = new OpenAI({ apiKey: k, baseURL: queued.baseURL, maxRetries: 0 });
-      const results = await Promise.all(Array.from({ length: 6 }, () =>
-        c.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 30, temperature: 0 })));
+      const results = await Promise.all(
+        Array.from({ length: 6 }, () =>
+          c.chat.completions.create({
+            model: STORIES,
+            messages: [{ role: 'user', content: 'Once upon a time' }],
+            max_tokens: 30,
+            temperature: 0,
+          }),
+        ),
+      );
       const texts = new Set(results.map((r) => r.choices[0]!.message.content));
       assert.equal(texts.size, 1, 'batched sequences give the same greedy text');
       assert.ok(results.every((r) => r.usage!.completion_tokens === 30));

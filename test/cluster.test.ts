@@ -8,19 +8,31 @@ import { eventually } from './helpers/wait.js';
 
 const ADMIN = 'sk-test-cluster-admin-0123456789';
 
-interface UsageRow { group: string; requests: number; output_tokens: number }
+interface UsageRow {
+  group: string;
+  requests: number;
+  output_tokens: number;
+}
 
 describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
   const dataDir = tempDir();
   after(() => rmSync(dataDir, { recursive: true, force: true }));
 
   it('shares rate limits across workers and records every request once', async () => {
-    const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN, SWITCHYARD_WORKERS: '2', SWITCHYARD_LEDGER_FLUSH_MS: '20' });
+    const p = await startProcess({
+      SWITCHYARD_DATA_DIR: dataDir,
+      SWITCHYARD_ADMIN_KEY: ADMIN,
+      SWITCHYARD_WORKERS: '2',
+      SWITCHYARD_LEDGER_FLUSH_MS: '20',
+    });
     try {
       // The primary announces the service once both workers listen.
       assert.match(p.stdout(), /"workers":2,"msg":"switchyard listening"/);
       assert.equal(p.stdout().match(/"worker":\d,"address".*"msg":"switchyard listening"/g)?.length, 2, p.stdout());
-      const created = await http<WireKey>(p.url, 'POST', '/admin/keys', { key: ADMIN, body: { org: 'acme', name: 'limited', limits: { rpm: 4 } } });
+      const created = await http<WireKey>(p.url, 'POST', '/admin/keys', {
+        key: ADMIN,
+        body: { org: 'acme', name: 'limited', limits: { rpm: 4 } },
+      });
       assert.equal(created.status, 201, created.text);
 
       // Each request on a new connection: the primary hands connections to the workers in turn, so
@@ -29,7 +41,8 @@ describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
       for (let i = 0; i < 8; i++) {
         const client = new Client(p.url);
         const res = await client.request({
-          path: '/v1/chat/completions', method: 'POST',
+          path: '/v1/chat/completions',
+          method: 'POST',
           headers: { authorization: `Bearer ${created.json.key!}`, 'content-type': 'application/json' },
           body: JSON.stringify({ model: 'local/stories260k', messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 3 }),
         });

@@ -23,7 +23,10 @@ describe('configuration', () => {
     assert.equal(c.modelsDir, './models');
     assert.equal(c.databaseUrl, undefined);
     assert.equal(c.authors.length, 12);
-    assert.ok(c.authors.some((a) => a.includes('-')), 'some author slugs are hyphenated');
+    assert.ok(
+      c.authors.some((a) => a.includes('-')),
+      'some author slugs are hyphenated',
+    );
   });
 
   it('lets env override the file, and flags override env', () => {
@@ -49,14 +52,26 @@ describe('configuration', () => {
       [{ SWITCHYARD_CONFIG: file('broken.json', '{"port":') }, /not valid JSON/],
       [{ SWITCHYARD_CONFIG: join(dir, 'missing.yaml') }, /cannot read/],
       [{ SWITCHYARD_CONFIG: file('bad-model.yaml', 'models:\n  - id: nobody/x\n    context_length: 5\n') }, /author 'nobody'/],
-      [{ SWITCHYARD_CONFIG: file('bad-price.yaml', 'models:\n  - id: qwen/x\n    context_length: 5\n    pricing: [{metric: input_tokens, rate: -2}]\n') }, /bad-price\.yaml: models \(at 0\.pricing\.0\.rate\) must be >= 0/],
+      [
+        {
+          SWITCHYARD_CONFIG: file(
+            'bad-price.yaml',
+            'models:\n  - id: qwen/x\n    context_length: 5\n    pricing: [{metric: input_tokens, rate: -2}]\n',
+          ),
+        },
+        /bad-price\.yaml: models \(at 0\.pricing\.0\.rate\) must be >= 0/,
+      ],
     ];
     for (const [env, pattern] of cases) {
-      assert.throws(() => loadConfig({ env }), (err: unknown) => {
-        assert.ok(err instanceof ConfigError, String(err));
-        assert.match(err.message, pattern);
-        return true;
-      }, JSON.stringify(env));
+      assert.throws(
+        () => loadConfig({ env }),
+        (err: unknown) => {
+          assert.ok(err instanceof ConfigError, String(err));
+          assert.match(err.message, pattern);
+          return true;
+        },
+        JSON.stringify(env),
+      );
     }
   });
 
@@ -109,7 +124,10 @@ describe('configuration', () => {
     const server = await startServer({ modelsDir: models });
     try {
       const res = await http<WireList<WireModel>>(server.url, 'GET', '/v1/models?author=local', { key: server.adminKey });
-      assert.deepEqual(res.json.data.map((m) => m.id), ['local/good']);
+      assert.deepEqual(
+        res.json.data.map((m) => m.id),
+        ['local/good'],
+      );
     } finally {
       await server.close();
       rmSync(models, { recursive: true, force: true });
@@ -123,7 +141,8 @@ describe('configuration', () => {
       const ready = await http<{ database: string }>(server.url, 'GET', '/readyz');
       assert.equal(ready.json.database, 'postgres');
       const created = await http(server.url, 'POST', '/admin/models', {
-        key: server.adminKey, body: { id: 'qwen/pg-model', context_length: 1000, visibility: 'private', owned_by: 'acme' },
+        key: server.adminKey,
+        body: { id: 'qwen/pg-model', context_length: 1000, visibility: 'private', owned_by: 'acme' },
       });
       assert.equal(created.status, 201, created.text);
       const res = await http<WireModel>(server.url, 'GET', '/v1/models/qwen%2Fpg-model', { key: server.adminKey });

@@ -51,7 +51,14 @@ const down = () => new ApiError('upstream_error', 'Upstream answered 503', { fai
 const refused = () => new ApiError('upstream_error', 'Upstream answered 400', { failover: false });
 
 function request(): GenerationRequest {
-  return { model: MODEL, messages: [{ role: 'user', content: 'x' }], sampling: {}, stream: false, signal: new AbortController().signal, tally: newTally() };
+  return {
+    model: MODEL,
+    messages: [{ role: 'user', content: 'x' }],
+    sampling: {},
+    stream: false,
+    signal: new AbortController().signal,
+    tally: newTally(),
+  };
 }
 
 describe('router', () => {
@@ -62,7 +69,9 @@ describe('router', () => {
   before(async () => {
     mkdirSync(join(dir, 'models'));
     writeFileSync(join(dir, 'c.json'), JSON.stringify({ defaultCatalogue: false, models: [{ id: MODEL, context_length: 1000 }] }));
-    const config = loadConfig({ env: { SWITCHYARD_CONFIG: join(dir, 'c.json'), SWITCHYARD_MODELS_DIR: join(dir, 'models'), SWITCHYARD_CATALOGUE_REFRESH_MS: '0' } });
+    const config = loadConfig({
+      env: { SWITCHYARD_CONFIG: join(dir, 'c.json'), SWITCHYARD_MODELS_DIR: join(dir, 'models'), SWITCHYARD_CATALOGUE_REFRESH_MS: '0' },
+    });
     store = new KyselyStore({ sqlitePath: join(dir, 'unit.db') });
     await store.migrate();
     catalogue = new Catalogue(store, config, log);
@@ -77,8 +86,19 @@ describe('router', () => {
 
   const basePolicy = routingPolicy(loadConfig({ env: {} }));
   function router(engine: ScriptedEngine, weights: number[], policy: Partial<RoutingPolicy> = {}, errors: string[] = []): Router {
-    const deployments = weights.map((weight, i) => fileDeployment({ id: `d${i}`, model: MODEL, baseUrl: `http://127.0.0.1:1/d${i}/v1`, weight }, i));
-    return new Router(catalogue, engine, engine, deployments, {}, log, { ...basePolicy, ...policy }, { onDeploymentError: (id, code) => errors.push(`${id}:${code}`) });
+    const deployments = weights.map((weight, i) =>
+      fileDeployment({ id: `d${i}`, model: MODEL, baseUrl: `http://127.0.0.1:1/d${i}/v1`, weight }, i),
+    );
+    return new Router(
+      catalogue,
+      engine,
+      engine,
+      deployments,
+      {},
+      log,
+      { ...basePolicy, ...policy },
+      { onDeploymentError: (id, code) => errors.push(`${id}:${code}`) },
+    );
   }
 
   it('spreads first attempts by weight', async () => {
@@ -149,7 +169,10 @@ describe('router', () => {
     const r = router(engine, [1]);
     await assert.rejects(r.open(request(), model), (e: unknown) => e instanceof ApiError && e.code === 'rate_limited');
     const calls = engine.calls.length;
-    await assert.rejects(r.open(request(), model), (e: unknown) => e instanceof ApiError && e.code === 'rate_limited' && (e.retryAfterMs ?? 0) > 19_000);
+    await assert.rejects(
+      r.open(request(), model),
+      (e: unknown) => e instanceof ApiError && e.code === 'rate_limited' && (e.retryAfterMs ?? 0) > 19_000,
+    );
     r.close();
     assert.equal(engine.calls.length, calls);
   });
@@ -185,7 +208,12 @@ describe('limiter', () => {
     rmSync(dir, { recursive: true, force: true });
   });
   const metrics = new Metrics(() => ({ models: [], schemaViolations: 0 }));
-  const who = (keyLimits: Limited['keyLimits'], orgLimits: Limited['orgLimits'] = null, keyId = 'key_1'): Limited => ({ keyId, orgId: 'org_1', keyLimits, orgLimits });
+  const who = (keyLimits: Limited['keyLimits'], orgLimits: Limited['orgLimits'] = null, keyId = 'key_1'): Limited => ({
+    keyId,
+    orgId: 'org_1',
+    keyLimits,
+    orgLimits,
+  });
 
   it('admits rpm requests a minute, then refuses with retry-after and headers', async () => {
     const limiter = new Limiter(new MemoryCounters(), store, metrics);
@@ -193,11 +221,18 @@ describe('limiter', () => {
     const a = await limiter.admit(k, 'm');
     assert.equal(a.headers['x-ratelimit-remaining-requests'], '1');
     await limiter.admit(k, 'm');
-    await assert.rejects(limiter.admit(k, 'm'), (e: unknown) => e instanceof ApiError && e.code === 'rate_limit_exceeded' && e.status === 429
-      && (e.retryAfterMs ?? 0) >= 1000 && e.headers?.['x-ratelimit-remaining-requests'] === '0');
+    await assert.rejects(
+      limiter.admit(k, 'm'),
+      (e: unknown) =>
+        e instanceof ApiError &&
+        e.code === 'rate_limit_exceeded' &&
+        e.status === 429 &&
+        (e.retryAfterMs ?? 0) >= 1000 &&
+        e.headers?.['x-ratelimit-remaining-requests'] === '0',
+    );
   });
 
-  it('counts tokens when a request settles, and refuses once the minute\'s tokens are used', async () => {
+  it("counts tokens when a request settles, and refuses once the minute's tokens are used", async () => {
     const limiter = new Limiter(new MemoryCounters(), store, metrics);
     const k = who({ tpm: 100 }, null, 'key_tpm');
     (await limiter.admit(k, 'm')).settle(60, null);
@@ -209,7 +244,10 @@ describe('limiter', () => {
     const limiter = new Limiter(new MemoryCounters(), store, metrics);
     const a = await limiter.admit(who({ rpm: 10 }, { rpm: 3 }, 'key_both'), 'm');
     assert.equal(a.headers['x-ratelimit-limit-requests'], '3');
-    await assert.rejects(limiter.admit(who({ models: ['x/a'] }, null, 'key_models'), 'x/b'), (e: unknown) => e instanceof ApiError && e.code === 'model_not_allowed');
+    await assert.rejects(
+      limiter.admit(who({ models: ['x/a'] }, null, 'key_models'), 'x/b'),
+      (e: unknown) => e instanceof ApiError && e.code === 'model_not_allowed',
+    );
   });
 
   it('reserves a budget at the worst case so concurrent requests cannot overshoot it, then settles to the real cost', async () => {
@@ -218,7 +256,10 @@ describe('limiter', () => {
     const first = await limiter.admit(k, 'm', () => 0.6);
     // The first's worst case is held: a second worst case of 0.6 is admitted (0.6 < 1 before it) but a third is not.
     const second = await limiter.admit(k, 'm', () => 0.6);
-    await assert.rejects(limiter.admit(k, 'm', () => 0.6), (e: unknown) => e instanceof ApiError && e.code === 'budget_exceeded');
+    await assert.rejects(
+      limiter.admit(k, 'm', () => 0.6),
+      (e: unknown) => e instanceof ApiError && e.code === 'budget_exceeded',
+    );
     // Both cost almost nothing in the end: the reservations are given back and room returns.
     first.settle(10, 0.01);
     second.settle(10, 0.01);
@@ -240,9 +281,28 @@ describe('ledger', () => {
 
   let n = 0;
   const record = (over: Partial<UsageRecord> = {}): UsageRecord => ({
-    id: `u${++n}`, at: Date.now(), day: '2026-11-24', request_id: `req_${n}`, key_id: 'key_l', org_id: 'org_l', model: 'm', deployment: null,
-    endpoint: 'chat.completions', stream: false, input_tokens: 5, cached_tokens: 0, output_tokens: 3, reasoning_tokens: 0, cost: 0.001,
-    price_missing: false, estimated: false, latency_ms: 4, ttft_ms: 2, status: 200, error_code: null, ...over,
+    id: `u${++n}`,
+    at: Date.now(),
+    day: '2026-11-24',
+    request_id: `req_${n}`,
+    key_id: 'key_l',
+    org_id: 'org_l',
+    model: 'm',
+    deployment: null,
+    endpoint: 'chat.completions',
+    stream: false,
+    input_tokens: 5,
+    cached_tokens: 0,
+    output_tokens: 3,
+    reasoning_tokens: 0,
+    cost: 0.001,
+    price_missing: false,
+    estimated: false,
+    latency_ms: 4,
+    ttft_ms: 2,
+    status: 200,
+    error_code: null,
+    ...over,
   });
 
   /** The store, with its usage inserts counted (and optionally failing as an unreachable database would). */
@@ -279,7 +339,11 @@ describe('ledger', () => {
 
   it('quarantines a malformed record and writes the others', async () => {
     const ledger = new Ledger(store, log);
-    await Promise.all([ledger.record(record({ key_id: 'key_q' })), ledger.record(record({ key_id: 'key_q', output_tokens: -3 })), ledger.record(record({ key_id: 'key_q' }))]);
+    await Promise.all([
+      ledger.record(record({ key_id: 'key_q' })),
+      ledger.record(record({ key_id: 'key_q', output_tokens: -3 })),
+      ledger.record(record({ key_id: 'key_q' })),
+    ]);
     assert.equal(await total('key_q'), 2);
     const q = await store.listQuarantinedUsage();
     assert.ok(q.some((x) => x.error.includes('output_tokens')));
@@ -291,7 +355,9 @@ describe('ledger', () => {
     const states: boolean[] = [];
     const ledger = new Ledger(proxy, log, 1000, { onWritable: (ok) => states.push(ok) });
     let stored = false;
-    const pending = ledger.record(record({ key_id: 'key_down' })).then(() => { stored = true; });
+    const pending = ledger.record(record({ key_id: 'key_down' })).then(() => {
+      stored = true;
+    });
     await ledger.flush();
     await ledger.flush();
     assert.equal(ledger.writable, false);

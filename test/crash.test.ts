@@ -23,11 +23,14 @@ async function one(url: string, i: number, ack: Acknowledged): Promise<void> {
   const kind = i % 4;
   const path = kind < 2 ? '/v1/chat/completions' : '/v1/responses';
   const stream = kind % 2 === 1;
-  const body = kind < 2
-    ? { model: MODEL, messages: [{ role: 'user', content: `Once upon a time ${i}` }], max_tokens: 12, stream }
-    : { model: MODEL, input: `Once upon a time ${i}`, max_output_tokens: 12, stream };
+  const body =
+    kind < 2
+      ? { model: MODEL, messages: [{ role: 'user', content: `Once upon a time ${i}` }], max_tokens: 12, stream }
+      : { model: MODEL, input: `Once upon a time ${i}`, max_output_tokens: 12, stream };
   const res = await request(`${url}${path}`, {
-    method: 'POST', headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' }, body: JSON.stringify(body),
+    method: 'POST',
+    headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+    body: JSON.stringify(body),
   });
   const text = await res.body.text();
   if (res.statusCode !== 200) return;
@@ -71,13 +74,17 @@ describe('kill -9 under load', () => {
       });
       // Load until this cycle has had some requests acknowledged (not for a fixed time).
       const before = ack.requests.size;
-      await eventually(() => assert.ok(ack.requests.size >= before + 20, `cycle ${cycle}: ${ack.requests.size - before} acknowledged`), 60_000);
+      await eventually(
+        () => assert.ok(ack.requests.size >= before + 20, `cycle ${cycle}: ${ack.requests.size - before} acknowledged`),
+        60_000,
+      );
       // A long background response is certainly in progress when the process dies.
       const bg = await request(`${url}/v1/responses`, {
-        method: 'POST', headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+        method: 'POST',
+        headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
         body: JSON.stringify({ model: MODEL, input: 'Once upon a time', background: true, max_output_tokens: 400 }),
       });
-      interrupted.push((await bg.body.json() as { id: string }).id);
+      interrupted.push(((await bg.body.json()) as { id: string }).id);
       proc.child.kill('SIGKILL');
       await proc.exited;
       stop = true;
@@ -88,15 +95,27 @@ describe('kill -9 under load', () => {
     const db = new Database(join(dataDir, 'switchyard.db'), { readonly: true });
     try {
       assert.equal(db.pragma('integrity_check', { simple: true }), 'ok');
-      const recorded = new Map((db.prepare('select request_id, status from usage_records').all() as Array<{ request_id: string; status: number }>).map((r) => [r.request_id, r.status]));
+      const recorded = new Map(
+        (db.prepare('select request_id, status from usage_records').all() as Array<{ request_id: string; status: number }>).map((r) => [
+          r.request_id,
+          r.status,
+        ]),
+      );
       const missing = [...ack.requests].filter((id) => recorded.get(id) !== 200);
       assert.ok(ack.requests.size > 50, `load ran (${ack.requests.size} acknowledged)`);
       assert.deepEqual(missing, [], `${missing.length} of ${ack.requests.size} acknowledged requests have no 200 usage record`);
       const dupes = db.prepare('select request_id from usage_records group by request_id having count(*) > 1').all();
       assert.deepEqual(dupes, []);
 
-      const responses = new Map((db.prepare('select id, status, body from responses').all() as Array<{ id: string; status: string; body: string }>).map((r) => [r.id, r]));
-      const lost = [...ack.responses].filter((id) => responses.get(id)?.status !== 'completed' && responses.get(id)?.status !== 'incomplete');
+      const responses = new Map(
+        (db.prepare('select id, status, body from responses').all() as Array<{ id: string; status: string; body: string }>).map((r) => [
+          r.id,
+          r,
+        ]),
+      );
+      const lost = [...ack.responses].filter(
+        (id) => responses.get(id)?.status !== 'completed' && responses.get(id)?.status !== 'incomplete',
+      );
       assert.deepEqual(lost, [], 'every acknowledged response is stored as finished');
       const running = [...responses.values()].filter((r) => r.status === 'queued' || r.status === 'in_progress');
       assert.deepEqual(running, [], 'nothing is left in progress');
@@ -106,7 +125,9 @@ describe('kill -9 under load', () => {
         const error = (JSON.parse(r.body) as { error: { code: string; message: string } }).error;
         assert.ok(error.code && error.message.length > 10, JSON.stringify(error));
       }
-      console.log(`# crash: 5 × kill -9; ${ack.requests.size} acknowledged requests all recorded, ${ack.responses.size} stored responses all finished, ${interrupted.length} running ones failed on restart`);
+      console.log(
+        `# crash: 5 × kill -9; ${ack.requests.size} acknowledged requests all recorded, ${ack.responses.size} stored responses all finished, ${interrupted.length} running ones failed on restart`,
+      );
     } finally {
       db.close();
     }

@@ -42,7 +42,9 @@ const textOf = (events: GenerationEvent[]) => events.map((e) => (e.type === 'tex
 function conformance(name: string, setup: () => Promise<Subject>): void {
   describe(`engine conformance: ${name}`, () => {
     let s: Subject;
-    before(async () => { s = await setup(); });
+    before(async () => {
+      s = await setup();
+    });
 
     for (const stream of [true, false]) {
       it(`emits text deltas, then one usage, then one finish (stream: ${stream})`, async () => {
@@ -101,7 +103,15 @@ after(async () => {
 
 conformance('local (node-llama-cpp)', async () => {
   const engine = new LocalEngine({
-    threads: 1, parallel: 2, queueSize: 4, memoryBudgetBytes: 512 * 1024 * 1024, gpu: false, templates: new Map(), schemaCacheSize: 16, schemaCompileTimeoutMs: 5000, log,
+    threads: 1,
+    parallel: 2,
+    queueSize: 4,
+    memoryBudgetBytes: 512 * 1024 * 1024,
+    gpu: false,
+    templates: new Map(),
+    schemaCacheSize: 16,
+    schemaCompileTimeoutMs: 5000,
+    log,
   });
   engines.push(engine);
   return { engine, target: { engine: 'local', file: stories, contextLength: 512, reasoning: false } };
@@ -112,7 +122,18 @@ conformance('upstream (OpenAI-compatible, here a Switchyard serving the same mod
   const { key } = await createKey(upstreamServer, 'upstream-user');
   const engine = new UpstreamEngine(log, upstreamOptions(loadConfig({ env: {} })));
   engines.push(engine);
-  return { engine, target: { engine: 'upstream', id: 'test', baseUrl: upstreamServer.baseURL, apiKey: key, upstreamModel: 'local/stories260k', api: 'chat', guarded: false } };
+  return {
+    engine,
+    target: {
+      engine: 'upstream',
+      id: 'test',
+      baseUrl: upstreamServer.baseURL,
+      apiKey: key,
+      upstreamModel: 'local/stories260k',
+      api: 'chat',
+      guarded: false,
+    },
+  };
 });
 
 conformance('upstream speaking the Responses API (a Switchyard again)', async () => {
@@ -120,5 +141,16 @@ conformance('upstream speaking the Responses API (a Switchyard again)', async ()
   const { key } = await createKey(upstreamServer, 'upstream-user-2');
   const engine = new UpstreamEngine(log, upstreamOptions(loadConfig({ env: {} })));
   engines.push(engine);
-  return { engine, target: { engine: 'upstream', id: 'test-responses', baseUrl: upstreamServer.baseURL, apiKey: key, upstreamModel: 'local/stories260k', api: 'responses', guarded: false } };
+  return {
+    engine,
+    target: {
+      engine: 'upstream',
+      id: 'test-responses',
+      baseUrl: upstreamServer.baseURL,
+      apiKey: key,
+      upstreamModel: 'local/stories260k',
+      api: 'responses',
+      guarded: false,
+    },
+  };
 });

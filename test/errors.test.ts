@@ -27,13 +27,19 @@ describe('error contract', () => {
     for (const body of ['{"org": "acme",', 'not json', '{"a":1}}']) {
       assertEnvelope(await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body }), 400, 'invalid_json');
     }
-    const empty = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: '', headers: { 'content-type': 'application/json' } });
+    const empty = await http(server.url, 'POST', '/admin/keys', {
+      key: server.adminKey,
+      body: '',
+      headers: { 'content-type': 'application/json' },
+    });
     assertEnvelope(empty, 400, 'invalid_json');
   });
 
   it('parses JSON sent without a JSON content type (curl -d)', async () => {
     const res = await http(server.url, 'POST', '/admin/orgs', {
-      key: server.adminKey, body: '{"id":"form-sender"}', headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      key: server.adminKey,
+      body: '{"id":"form-sender"}',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
     });
     assert.equal(res.status, 201, res.text);
   });
@@ -48,7 +54,8 @@ describe('error contract', () => {
     const notObject = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: '[1,2]' });
     assertEnvelope(notObject, 400, 'invalid_value');
     const nested = await http(server.url, 'POST', '/admin/models', {
-      key: server.adminKey, body: { id: 'qwen/x', context_length: 10, pricing: [{ metric: 'input_tokens', rate: -1 }] },
+      key: server.adminKey,
+      body: { id: 'qwen/x', context_length: 10, pricing: [{ metric: 'input_tokens', rate: -1 }] },
     });
     assertEnvelope(nested, 400, 'invalid_value');
     assert.equal(nested.json.error.param, 'pricing[0].rate');
@@ -87,7 +94,11 @@ describe('error contract', () => {
   });
 
   it('keeps inference keys out of the admin API with 403', async () => {
-    for (const [method, path] of [['GET', '/admin/keys'], ['POST', '/admin/orgs'], ['GET', '/admin/models']] as const) {
+    for (const [method, path] of [
+      ['GET', '/admin/keys'],
+      ['POST', '/admin/orgs'],
+      ['GET', '/admin/models'],
+    ] as const) {
       const res = await http(server.url, method, path, { key, ...(method === 'POST' && { body: { id: 'x' } }) });
       assertEnvelope(res, 403, 'permission_denied');
       assert.equal(res.json.error.type, 'permission_error');
@@ -96,7 +107,11 @@ describe('error contract', () => {
   });
 
   it('keeps CORS closed unless origins are configured', async () => {
-    const preflight = { origin: 'https://app.example', 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, content-type, x-stainless-os' };
+    const preflight = {
+      origin: 'https://app.example',
+      'access-control-request-method': 'POST',
+      'access-control-request-headers': 'authorization, content-type, x-stainless-os',
+    };
     const closed = await http(server.url, 'OPTIONS', '/v1/chat/completions', { headers: preflight });
     assert.equal(closed.headers['access-control-allow-origin'], undefined);
     const open = await startServer({ env: { SWITCHYARD_CORS_ORIGIN: 'https://app.example' } });
@@ -117,11 +132,13 @@ describe('error contract', () => {
     const hang = request(`${server.url}/admin/orgs`, {
       method: 'POST',
       headers: { authorization: `Bearer ${server.adminKey}`, 'content-type': 'application/json', 'content-length': '1000' },
-      body: Readable.from((async function* () {
-        yield Buffer.from('{"id":"sl');
-        await new Promise((r) => setTimeout(r, 200));
-        throw new Error('client gave up');
-      })()),
+      body: Readable.from(
+        (async function* () {
+          yield Buffer.from('{"id":"sl');
+          await new Promise((r) => setTimeout(r, 200));
+          throw new Error('client gave up');
+        })(),
+      ),
     }).catch(() => undefined);
     const res = await http(server.url, 'GET', '/healthz');
     assert.equal(res.status, 200);

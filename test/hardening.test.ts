@@ -1,6 +1,7 @@
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { connect } from 'node:net';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import type { ServerResponse } from 'node:http';
 import { http, startServer, tempDir, type TestServer } from './helpers/server.js';
 import { GATEWAY_MODEL as MODEL, chunkFrame, closers, fixture, startGateway } from './helpers/fixtures.js';
@@ -8,7 +9,6 @@ import { sendRaw } from './helpers/fuzz-cases.js';
 import { deferred, eventually } from './helpers/wait.js';
 
 const ask = { model: MODEL, messages: [{ role: 'user' as const, content: 'Once upon a time' }] };
-
 
 /** Opens a stream through the gateway on a raw socket; resolves once the first bytes arrived. */
 function openStream(s: TestServer, body: object): Promise<{ socket: ReturnType<typeof connect>; received: () => number }> {
@@ -18,10 +18,14 @@ function openStream(s: TestServer, body: object): Promise<{ socket: ReturnType<t
     let bytes = 0;
     socket.once('data', (d: Buffer) => {
       bytes += d.length;
-      socket.on('data', (more: Buffer) => { bytes += more.length; });
+      socket.on('data', (more: Buffer) => {
+        bytes += more.length;
+      });
       resolve({ socket, received: () => bytes });
     });
-    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${s.adminKey}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(json)}\r\n\r\n${json}`);
+    socket.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${s.adminKey}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(json)}\r\n\r\n${json}`,
+    );
   });
 }
 
@@ -30,9 +34,38 @@ describe('hardening', () => {
   after(() => open.closeAll());
   const keep = open.keep;
 
+  it("refuses a prompt far beyond a local model's context before tokenizing it, without holding the event loop", async () => {
+    const s = keep(await startServer());
+    // Load the model first, so what is observed is the refusal alone.
+    assert.equal(
+      (
+        await http(s.url, 'POST', '/v1/chat/completions', {
+          key: s.adminKey,
+          body: { model: 'local/stories260k', messages: [{ role: 'user', content: 'Once' }], max_tokens: 1 },
+        })
+      ).status,
+      200,
+    );
+    const loop = monitorEventLoopDelay({ resolution: 5 });
+    loop.enable();
+    const r = await http(s.url, 'POST', '/v1/chat/completions', {
+      key: s.adminKey,
+      body: { model: 'local/stories260k', messages: [{ role: 'user', content: 'y'.repeat(2 << 20) }], max_tokens: 1 },
+    });
+    loop.disable();
+    assert.equal(r.status, 400);
+    assert.equal(r.json.error.code, 'context_length_exceeded');
+    assert.match(r.json.error.message, /2097152 characters/);
+    // Tokenizing 2 MB held this (shared) event loop for about a second; parsing the body takes a few ms.
+    assert.ok(loop.max / 1e6 < 500, `the event loop was held for ${(loop.max / 1e6).toFixed(0)} ms`);
+  });
+
   it('refuses request heads over the limit with 431 in the envelope', async () => {
     const s = keep(await startServer({ env: { SWITCHYARD_MAX_HEADER_BYTES: '4096' } }));
-    const r = await sendRaw(Number(new URL(s.url).port), Buffer.from(`GET /v1/models HTTP/1.1\r\nhost: x\r\nx-pad: ${'a'.repeat(8000)}\r\n\r\n`));
+    const r = await sendRaw(
+      Number(new URL(s.url).port),
+      Buffer.from(`GET /v1/models HTTP/1.1\r\nhost: x\r\nx-pad: ${'a'.repeat(8000)}\r\n\r\n`),
+    );
     assert.equal(r.status, 431);
     assert.equal((JSON.parse(r.body) as { error: { code: string } }).error.code, 'request_header_too_large');
     assert.ok(r.headers.get('x-request-id'));
@@ -41,44 +74,86 @@ describe('hardening', () => {
 
   it('refuses upstream URLs that reach internal addresses unless allowed, when set and on connect', async () => {
     let hits = 0;
-    const internal = keep(await fixture((req, res) => {
-      hits += 1;
-      req.resume();
-      res.writeHead(200, { 'content-type': 'application/json' }).end('{"choices":[{"message":{"content":"leak"}}]}');
-    }));
+    const internal = keep(
+      await fixture((req, res) => {
+        hits += 1;
+        req.resume();
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{"choices":[{"message":{"content":"leak"}}]}');
+      }),
+    );
     const s = keep(await startGateway([{ baseUrl: 'http://203.0.113.1/v1' }]));
     for (const base of [
-      internal.url, 'http://169.254.169.254/latest', 'http://[::1]:8080/v1', 'http://10.1.2.3/v1', 'http://localhost:9/v1', 'http://[::ffff:127.0.0.1]/v1', 'http://user:pw@203.0.113.5/v1',
+      internal.url,
+      'http://169.254.169.254/latest',
+      'http://[::1]:8080/v1',
+      'http://10.1.2.3/v1',
+      'http://localhost:9/v1',
+      'http://[::ffff:127.0.0.1]/v1',
+      'http://user:pw@203.0.113.5/v1',
       // IPv6 forms that carry an internal IPv4 address, and IPv6 ranges that are internal themselves.
-      'http://[::7f00:1]/v1', 'http://[::ffff:0:7f00:1]/v1', 'http://[64:ff9b::7f00:1]/v1', 'http://[2002:7f00:1::]/v1', 'http://[fec0::1]/v1',
-      'http://[::127.0.0.1]/v1', 'http://[64:ff9b::a9fe:a9fe]/v1', 'http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/v1', 'http://[fd00::1]/v1',
+      'http://[::7f00:1]/v1',
+      'http://[::ffff:0:7f00:1]/v1',
+      'http://[64:ff9b::7f00:1]/v1',
+      'http://[2002:7f00:1::]/v1',
+      'http://[fec0::1]/v1',
+      'http://[::127.0.0.1]/v1',
+      'http://[64:ff9b::a9fe:a9fe]/v1',
+      'http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/v1',
+      'http://[fd00::1]/v1',
     ]) {
       const r = await http(s.url, 'POST', '/admin/deployments', { key: s.adminKey, body: { model: MODEL, base_url: base } });
       assert.equal(r.status, 400, `${base}: ${r.text}`);
       assert.equal(r.json.error.param, 'base_url');
     }
-    assert.equal((await http(s.url, 'POST', '/admin/deployments', { key: s.adminKey, body: { model: MODEL, base_url: 'http://203.0.113.7/v1' } })).status, 201);
+    assert.equal(
+      (await http(s.url, 'POST', '/admin/deployments', { key: s.adminKey, body: { model: MODEL, base_url: 'http://203.0.113.7/v1' } }))
+        .status,
+      201,
+    );
 
     // A stored deployment that points inside (written before the policy, or by another instance) is refused on connect.
-    await s.service.store.createDeployment({ id: 'dep_inside', model: MODEL, base_url: internal.url, api_key_env: null, upstream_model: null, weight: 1e9, api: 'chat', created_at: 1 });
-    const guarded = keep(await startServer({ modelsDir: tempDir(), dataDir: s.dataDir, env: { SWITCHYARD_ADMIN_KEY: s.adminKey, SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' } }));
+    await s.service.store.createDeployment({
+      id: 'dep_inside',
+      model: MODEL,
+      base_url: internal.url,
+      api_key_env: null,
+      upstream_model: null,
+      weight: 1e9,
+      api: 'chat',
+      created_at: 1,
+    });
+    const guarded = keep(
+      await startServer({
+        modelsDir: tempDir(),
+        dataDir: s.dataDir,
+        env: { SWITCHYARD_ADMIN_KEY: s.adminKey, SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' },
+      }),
+    );
     const refused = await http(guarded.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { ...ask, max_tokens: 2 } });
     assert.equal(refused.status, 502, refused.text);
     assert.equal(refused.json.error.code, 'upstream_unreachable');
     assert.equal(hits, 0, 'no connection reached the internal address');
 
-    const allowed = keep(await startServer({ modelsDir: tempDir(), dataDir: s.dataDir, env: { SWITCHYARD_ADMIN_KEY: s.adminKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.0/8', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' } }));
+    const allowed = keep(
+      await startServer({
+        modelsDir: tempDir(),
+        dataDir: s.dataDir,
+        env: { SWITCHYARD_ADMIN_KEY: s.adminKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.0/8', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' },
+      }),
+    );
     const ok = await http(allowed.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { ...ask, max_tokens: 2 } });
     assert.equal(ok.status, 200, ok.text);
     assert.equal(hits, 1);
   });
 
   it('sheds load beyond the in-flight limit with 503 and retry-after, and recovers', async () => {
-    const holds = keep(await fixture((req, res) => {
-      req.resume();
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
-    }));
+    const holds = keep(
+      await fixture((req, res) => {
+        req.resume();
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+      }),
+    );
     const s = keep(await startGateway([{ baseUrl: holds.url }], { SWITCHYARD_MAX_IN_FLIGHT: '2' }));
     const a = await openStream(s, { ...ask, stream: true });
     const b = await openStream(s, { ...ask, stream: true });
@@ -101,24 +176,26 @@ describe('hardening', () => {
     let blockedSince = 0;
     let drained = deferred();
     const upstreamClosed = deferred();
-    const endless = keep(await fixture((req, res: ServerResponse) => {
-      req.resume();
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      const frame = chunkFrame({ content: 'x'.repeat(1000) });
-      const pump = () => {
-        blockedSince = 0;
-        drained.resolve();
-        while (!res.destroyed) {
-          written += frame.length;
-          if (!res.write(frame)) {
-            blockedSince = Date.now();
-            return void res.once('drain', pump);
+    const endless = keep(
+      await fixture((req, res: ServerResponse) => {
+        req.resume();
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        const frame = chunkFrame({ content: 'x'.repeat(1000) });
+        const pump = () => {
+          blockedSince = 0;
+          drained.resolve();
+          while (!res.destroyed) {
+            written += frame.length;
+            if (!res.write(frame)) {
+              blockedSince = Date.now();
+              return void res.once('drain', pump);
+            }
           }
-        }
-      };
-      res.on('close', () => upstreamClosed.resolve());
-      pump();
-    }));
+        };
+        res.on('close', () => upstreamClosed.resolve());
+        pump();
+      }),
+    );
     // A context large enough that the output limit (which cuts an endless upstream) is never reached here.
     const s = keep(await startGateway([{ baseUrl: endless.url }], {}, { context_length: 1_000_000_000 }));
     const client = await openStream(s, { ...ask, stream: true });
@@ -131,7 +208,9 @@ describe('hardening', () => {
     // Socket buffers on both hops hold a few MB at most; without backpressure this would be gigabytes.
     assert.ok(written < 32 * 1024 * 1024, `upstream wrote ${written} bytes to a client that reads nothing`);
     assert.ok(written - stalled < 1024 * 1024, `still pulling from the upstream while the client is stalled: ${written - stalled} bytes`);
-    console.log(`# slow client: the upstream got ${(written / 1e6).toFixed(1)} MB out in 2.5 s to a client reading nothing (${((written - stalled) / 1e3).toFixed(0)} kB in the last second)`);
+    console.log(
+      `# slow client: the upstream got ${(written / 1e6).toFixed(1)} MB out in 2.5 s to a client reading nothing (${((written - stalled) / 1e3).toFixed(0)} kB in the last second)`,
+    );
     drained = deferred();
     client.socket.resume();
     await drained.promise;
@@ -145,17 +224,19 @@ describe('hardening', () => {
     const closed = [deferred<number>(), deferred<number>()];
     const arrived = [deferred(), deferred()];
     let n = 0;
-    const slow = keep(await fixture((req, res) => {
-      req.resume();
-      const i = n++;
-      arrived[i]?.resolve();
-      res.on('close', () => closed[i]?.resolve(Date.now()));
-      if (req.headers.accept === 'text/event-stream') {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
-      }
-      // Non-stream: never answers, like a long generation.
-    }));
+    const slow = keep(
+      await fixture((req, res) => {
+        req.resume();
+        const i = n++;
+        arrived[i]?.resolve();
+        res.on('close', () => closed[i]?.resolve(Date.now()));
+        if (req.headers.accept === 'text/event-stream') {
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+        }
+        // Non-stream: never answers, like a long generation.
+      }),
+    );
     const s = keep(await startGateway([{ baseUrl: slow.url }]));
 
     const streamed = await openStream(s, { ...ask, stream: true });
@@ -165,25 +246,32 @@ describe('hardening', () => {
 
     const socket = connect(Number(new URL(s.url).port), '127.0.0.1');
     const json = JSON.stringify(ask);
-    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${s.adminKey}\r\ncontent-type: application/json\r\ncontent-length: ${json.length}\r\n\r\n${json}`);
+    socket.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${s.adminKey}\r\ncontent-type: application/json\r\ncontent-length: ${json.length}\r\n\r\n${json}`,
+    );
     await arrived[1]!.promise;
     const gone = Date.now();
     socket.destroy();
     const plainClosed = await closed[1]!.promise;
-    console.log(`# disconnect: upstream request closed ${streamClosed - streamedGone} ms (stream) and ${plainClosed - gone} ms (non-stream) after the client left`);
+    console.log(
+      `# disconnect: upstream request closed ${streamClosed - streamedGone} ms (stream) and ${plainClosed - gone} ms (non-stream) after the client left`,
+    );
   });
 
   it('answers 408 in the envelope to a request whose body never finishes, and frees its slot', async () => {
     const s = keep(await startServer({ env: { SWITCHYARD_BODY_TIMEOUT_MS: '500', SWITCHYARD_MAX_IN_FLIGHT: '2' } }));
     const port = Number(new URL(s.url).port);
-    const stall = (head: string, part: string) => new Promise<{ text: string; ms: number }>((resolve) => {
-      const started = Date.now();
-      const socket = connect(port, '127.0.0.1');
-      let text = '';
-      socket.on('data', (d: Buffer) => { text += d.toString(); });
-      socket.on('close', () => resolve({ text, ms: Date.now() - started }));
-      socket.write(head + part);
-    });
+    const stall = (head: string, part: string) =>
+      new Promise<{ text: string; ms: number }>((resolve) => {
+        const started = Date.now();
+        const socket = connect(port, '127.0.0.1');
+        let text = '';
+        socket.on('data', (d: Buffer) => {
+          text += d.toString();
+        });
+        socket.on('close', () => resolve({ text, ms: Date.now() - started }));
+        socket.write(head + part);
+      });
     const auth = `authorization: Bearer ${s.adminKey}\r\ncontent-type: application/json\r\n`;
     const [partial, chunked] = await Promise.all([
       stall(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n${auth}content-length: 100\r\n\r\n`, '{"model":"local/'),

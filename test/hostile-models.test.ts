@@ -39,21 +39,36 @@ describe('hostile model files', () => {
     writeFileSync(join(models, 'not-gguf.gguf'), 'GGUF but then nonsense');
     writeFileSync(join(models, 'empty.gguf'), '');
 
-    proc = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_MODELS_DIR: models, SWITCHYARD_ADMIN_KEY: ADMIN, SWITCHYARD_WORKERS: '1', SWITCHYARD_LOG_LEVEL: 'info' });
+    proc = await startProcess({
+      SWITCHYARD_DATA_DIR: dataDir,
+      SWITCHYARD_MODELS_DIR: models,
+      SWITCHYARD_ADMIN_KEY: ADMIN,
+      SWITCHYARD_WORKERS: '1',
+      SWITCHYARD_LOG_LEVEL: 'info',
+    });
     const listed = await http<WireList<WireModel>>(proc.url, 'GET', '/v1/models?author=local', { key: ADMIN });
     assert.deepEqual(listed.json.data.map((m) => m.id).sort(), ['local/control', 'local/good']);
     const logs = proc.stdout();
     for (const file of [...Object.keys(bad), 'truncated-half.gguf', 'truncated-header.gguf', 'not-gguf.gguf', 'empty.gguf']) {
-      assert.ok(logs.split('\n').some((l) => l.includes(`"file":"${file}"`) && l.includes('skipping invalid model file')), `${file} is reported as skipped`);
+      assert.ok(
+        logs.split('\n').some((l) => l.includes(`"file":"${file}"`) && l.includes('skipping invalid model file')),
+        `${file} is reported as skipped`,
+      );
     }
     assert.match(logs, /llama\.feed_forward_length is missing/);
 
     const url = proc.url;
     for (const model of ['local/good', 'local/control']) {
-      const answer: HttpResult<unknown> = await http(url, 'POST', '/v1/chat/completions', { key: ADMIN, body: { model, messages: [{ role: 'user', content: 'Once' }], max_tokens: 4 } });
+      const answer: HttpResult<unknown> = await http(url, 'POST', '/v1/chat/completions', {
+        key: ADMIN,
+        body: { model, messages: [{ role: 'user', content: 'Once' }], max_tokens: 4 },
+      });
       assert.equal(answer.status, 200, `${model}: ${answer.text}`);
     }
-    const missing = await http(proc.url, 'POST', '/v1/chat/completions', { key: ADMIN, body: { model: 'local/no-feed-forward', messages: [{ role: 'user', content: 'Once' }] } });
+    const missing = await http(proc.url, 'POST', '/v1/chat/completions', {
+      key: ADMIN,
+      body: { model: 'local/no-feed-forward', messages: [{ role: 'user', content: 'Once' }] },
+    });
     assert.equal(missing.status, 404);
     assert.equal(proc.child.exitCode, null, 'the server is still up');
   });

@@ -13,13 +13,40 @@ import { GATEWAY_MODEL as MODEL, chunkFrame, closers, fixture, startGateway } fr
 
 const log = pino({ level: 'silent' });
 
-interface Total { requests: number; errors: number; input_tokens: number; output_tokens: number; estimated_requests: number; unpriced_requests: number; cost: number }
+interface Total {
+  requests: number;
+  errors: number;
+  input_tokens: number;
+  output_tokens: number;
+  estimated_requests: number;
+  unpriced_requests: number;
+  cost: number;
+}
 
 function record(id: string, over: Partial<Record<keyof UsageRecord, unknown>> = {}): UsageRecord {
   return {
-    id, at: Date.now(), day: '2026-11-24', request_id: `req_${id}`, key_id: 'key_x', org_id: 'acme', model: MODEL, deployment: 'd0',
-    endpoint: 'chat.completions', stream: false, input_tokens: 5, cached_tokens: 0, output_tokens: 3, reasoning_tokens: 0, cost: 0.001,
-    price_missing: false, estimated: false, latency_ms: 4, ttft_ms: 2, status: 200, error_code: null, ...over,
+    id,
+    at: Date.now(),
+    day: '2026-11-24',
+    request_id: `req_${id}`,
+    key_id: 'key_x',
+    org_id: 'acme',
+    model: MODEL,
+    deployment: 'd0',
+    endpoint: 'chat.completions',
+    stream: false,
+    input_tokens: 5,
+    cached_tokens: 0,
+    output_tokens: 3,
+    reasoning_tokens: 0,
+    cost: 0.001,
+    price_missing: false,
+    estimated: false,
+    latency_ms: 4,
+    ttft_ms: 2,
+    status: 200,
+    error_code: null,
+    ...over,
   } as UsageRecord;
 }
 
@@ -36,19 +63,30 @@ const BAD_USAGE: Array<[string, Record<string, unknown>]> = [
 async function upstreamWithUsage(usage: () => Record<string, unknown>) {
   return fixture((req, res) => {
     let body = '';
-    req.on('data', (c: Buffer) => { body += c.toString(); });
+    req.on('data', (c: Buffer) => {
+      body += c.toString();
+    });
     req.on('end', () => {
       const stream = (JSON.parse(body) as { stream?: boolean }).stream === true;
       if (!stream) {
-        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
-          id: 'x', object: 'chat.completion', created: 1, model: 'm', choices: [{ index: 0, message: { role: 'assistant', content: 'Once upon' }, finish_reason: 'stop' }], usage: usage(),
-        }));
+        res.writeHead(200, { 'content-type': 'application/json' }).end(
+          JSON.stringify({
+            id: 'x',
+            object: 'chat.completion',
+            created: 1,
+            model: 'm',
+            choices: [{ index: 0, message: { role: 'assistant', content: 'Once upon' }, finish_reason: 'stop' }],
+            usage: usage(),
+          }),
+        );
         return;
       }
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
       res.write(chunkFrame({ content: ' upon' }, 'stop'));
-      res.end(`data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage: usage() })}\n\ndata: [DONE]\n\n`);
+      res.end(
+        `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage: usage() })}\n\ndata: [DONE]\n\n`,
+      );
     });
   });
 }
@@ -72,7 +110,14 @@ describe('usage ledger: bad values never wedge it', () => {
         open.add(() => schema.drop());
         env['DATABASE_URL'] = schema.url;
       }
-      const s = open.keep(await startGateway([{ baseUrl: upstream.url }], env, { pricing: [{ metric: 'input_tokens', rate: 1 }, { metric: 'output_tokens', rate: 2 }] }));
+      const s = open.keep(
+        await startGateway([{ baseUrl: upstream.url }], env, {
+          pricing: [
+            { metric: 'input_tokens', rate: 1 },
+            { metric: 'output_tokens', rate: 2 },
+          ],
+        }),
+      );
       const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0, timeout: 10_000 });
       for (let round = 0; round < 2; round++) {
         for (const [label] of BAD_USAGE) {
@@ -84,7 +129,12 @@ describe('usage ledger: bad values never wedge it', () => {
           assert.equal(u.estimated, true, label);
         }
         let text = '';
-        for await (const c of await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], stream: true, stream_options: { include_usage: true } })) {
+        for await (const c of await client.chat.completions.create({
+          model: MODEL,
+          messages: [{ role: 'user', content: 'x' }],
+          stream: true,
+          stream_options: { include_usage: true },
+        })) {
           text += c.choices[0]?.delta.content ?? '';
         }
         assert.equal(text, 'Once upon');
@@ -106,7 +156,11 @@ describe('usage ledger: bad values never wedge it', () => {
     await store.migrate();
     open.add(() => store.close());
     let quarantined = 0;
-    const ledger = new Ledger(store, log, 50, { onQuarantine: () => { quarantined++; } });
+    const ledger = new Ledger(store, log, 50, {
+      onQuarantine: () => {
+        quarantined++;
+      },
+    });
     ledger.start();
     // What the old reader let through: better-sqlite3 cannot bind a boolean or an object.
     const bad = [record('usage_bad1', { cached_tokens: false }), record('usage_bad2', { input_tokens: { n: 1 } })];
@@ -137,7 +191,10 @@ describe('usage ledger: bad values never wedge it', () => {
     await Promise.all([refused, record('usage_ok1'), record('usage_ok2')].map((r) => ledger.record(r)));
     await ledger.close();
     assert.equal((await store.usageTotals('model', {}))[0]!.requests, 2);
-    assert.deepEqual((await store.listQuarantinedUsage()).map((x) => x.id), ['usage_big']);
+    assert.deepEqual(
+      (await store.listQuarantinedUsage()).map((x) => x.id),
+      ['usage_big'],
+    );
   });
 
   it('holds answers and reports not ready while the ledger cannot write, then writes them (PostgreSQL)', async () => {
@@ -150,7 +207,10 @@ describe('usage ledger: bad values never wedge it', () => {
     open.add(() => admin.end());
     assert.equal((await http(s.url, 'GET', '/readyz')).status, 200);
     await admin.query('alter table usage_records rename to usage_records_away');
-    const answered = http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }] } });
+    const answered = http(s.url, 'POST', '/v1/chat/completions', {
+      key: s.adminKey,
+      body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }] },
+    });
     let ready = await http<{ error: { message: string } }>(s.url, 'GET', '/readyz');
     for (const deadline = Date.now() + 10_000; ready.status === 200 && Date.now() < deadline;) ready = await http(s.url, 'GET', '/readyz');
     assert.equal(ready.status, 503);
@@ -170,7 +230,10 @@ describe('usage ledger: bad values never wedge it', () => {
     // The server's own connection turned read-only: every write fails (SQLITE_READONLY), reads work.
     const db = (s.service.store as unknown as { sqlite: SqliteDatabase.Database }).sqlite;
     db.pragma('query_only = ON');
-    const answered = http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }] } });
+    const answered = http(s.url, 'POST', '/v1/chat/completions', {
+      key: s.adminKey,
+      body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }] },
+    });
     let ready = await http(s.url, 'GET', '/readyz');
     for (const deadline = Date.now() + 10_000; ready.status === 200 && Date.now() < deadline;) ready = await http(s.url, 'GET', '/readyz');
     assert.equal(ready.status, 503, 'not ready while the ledger cannot write');

@@ -7,7 +7,15 @@ import { http, pgSchema, startServer, type TestServer, type WireKey } from './he
 const REDIS_URL = process.env['SWITCHYARD_TEST_REDIS_URL'] ?? 'redis://127.0.0.1:6379';
 const MODEL = 'meta-llama/priced-stories';
 const config = JSON.stringify({
-  localModels: { 'stories260K.gguf': { id: MODEL, pricing: [{ metric: 'input_tokens', rate: 1000 }, { metric: 'output_tokens', rate: 1000 }] } },
+  localModels: {
+    'stories260K.gguf': {
+      id: MODEL,
+      pricing: [
+        { metric: 'input_tokens', rate: 1000 },
+        { metric: 'output_tokens', rate: 1000 },
+      ],
+    },
+  },
 });
 
 async function keyWith(server: TestServer, org: string, limits: Record<string, unknown>): Promise<string> {
@@ -17,7 +25,10 @@ async function keyWith(server: TestServer, org: string, limits: Record<string, u
 }
 
 const chat = (server: TestServer, key: string, model = MODEL, maxTokens = 5) =>
-  http(server.url, 'POST', '/v1/chat/completions', { key, body: { model, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: maxTokens } });
+  http(server.url, 'POST', '/v1/chat/completions', {
+    key,
+    body: { model, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: maxTokens },
+  });
 
 /** Every limit test starts at the beginning of a minute window when it is close to its end. */
 async function awayFromMinuteEdge(): Promise<void> {
@@ -105,7 +116,10 @@ describe('limits', () => {
   });
 
   it('validates limits', async () => {
-    const bad = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: { org: 'acme', name: 'x', limits: { rpm: 0 } } });
+    const bad = await http(server.url, 'POST', '/admin/keys', {
+      key: server.adminKey,
+      body: { org: 'acme', name: 'x', limits: { rpm: 0 } },
+    });
     assert.equal(bad.status, 400);
     assert.equal(bad.json.error.param, 'limits.rpm');
   });

@@ -9,14 +9,20 @@ interface Loaded {
   active: number;
 }
 
-const ask = (model: string) => ({ model, messages: [{ role: 'user' as const, content: 'Once upon a time' }], max_tokens: 5, temperature: 0 });
+const ask = (model: string) => ({
+  model,
+  messages: [{ role: 'user' as const, content: 'Once upon a time' }],
+  max_tokens: 5,
+  temperature: 0,
+});
 
 describe('local models', () => {
   it('loads on first use and unloads the least recently used model past the memory budget', async () => {
     // A 1 MiB budget holds no model at all: each load must evict the idle one before it.
     const server = await startServer({ env: { SWITCHYARD_LOCAL_MEMORY_MB: '1' } });
     try {
-      const loaded = async () => (await http<WireList<Loaded>>(server.url, 'GET', '/admin/local/loaded', { key: server.adminKey })).json.data.map((l) => l.model);
+      const loaded = async () =>
+        (await http<WireList<Loaded>>(server.url, 'GET', '/admin/local/loaded', { key: server.adminKey })).json.data.map((l) => l.model);
       const client = new OpenAI({ apiKey: server.adminKey, baseURL: server.baseURL, maxRetries: 0 });
       assert.deepEqual(await loaded(), [], 'nothing is loaded before first use');
       await client.chat.completions.create(ask('local/stories260k'));
@@ -45,20 +51,34 @@ describe('local models', () => {
   });
 
   it('renders a configured chat template instead of the plain-text fallback', async () => {
-    const template = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+    const template =
+      "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
     const server = await startServer({
       configFile: { name: 't.json', text: JSON.stringify({ localModels: { 'stories260K.gguf': { chatTemplate: template } } }) },
     });
     const plain = await startServer();
     try {
-      const messages = [{ role: 'system' as const, content: 'Be brief.' }, { role: 'user' as const, content: 'Once upon a time' }];
-      const withTemplate = await new OpenAI({ apiKey: server.adminKey, baseURL: server.baseURL, maxRetries: 0 })
-        .chat.completions.create({ model: 'local/stories260k', messages, max_tokens: 5, temperature: 0 });
-      const withoutTemplate = await new OpenAI({ apiKey: plain.adminKey, baseURL: plain.baseURL, maxRetries: 0 })
-        .chat.completions.create({ model: 'local/stories260k', messages, max_tokens: 5, temperature: 0 });
+      const messages = [
+        { role: 'system' as const, content: 'Be brief.' },
+        { role: 'user' as const, content: 'Once upon a time' },
+      ];
+      const withTemplate = await new OpenAI({ apiKey: server.adminKey, baseURL: server.baseURL, maxRetries: 0 }).chat.completions.create({
+        model: 'local/stories260k',
+        messages,
+        max_tokens: 5,
+        temperature: 0,
+      });
+      const withoutTemplate = await new OpenAI({ apiKey: plain.adminKey, baseURL: plain.baseURL, maxRetries: 0 }).chat.completions.create({
+        model: 'local/stories260k',
+        messages,
+        max_tokens: 5,
+        temperature: 0,
+      });
       // The role markers and newlines of the template are extra prompt tokens.
-      assert.ok(withTemplate.usage!.prompt_tokens > withoutTemplate.usage!.prompt_tokens + 6,
-        `${withTemplate.usage!.prompt_tokens} vs ${withoutTemplate.usage!.prompt_tokens}`);
+      assert.ok(
+        withTemplate.usage!.prompt_tokens > withoutTemplate.usage!.prompt_tokens + 6,
+        `${withTemplate.usage!.prompt_tokens} vs ${withoutTemplate.usage!.prompt_tokens}`,
+      );
       assert.equal(withTemplate.usage!.completion_tokens, 5);
     } finally {
       await server.close();
@@ -74,7 +94,8 @@ describe('local models', () => {
       await mk({ id: 'qwen/soon', status: 'pending', context_length: 100 });
       await mk({ id: 'qwen/acme-only', visibility: 'private', owned_by: 'acme', context_length: 100 });
       const key = (await createKey(server, 'globex')).key;
-      const chat = (model: string) => http(server.url, 'POST', '/v1/chat/completions', { key, body: { model, messages: [{ role: 'user', content: 'hi' }] } });
+      const chat = (model: string) =>
+        http(server.url, 'POST', '/v1/chat/completions', { key, body: { model, messages: [{ role: 'user', content: 'hi' }] } });
       const off = await chat('qwen/off');
       assert.equal(off.status, 400);
       assert.equal(off.json.error.code, 'model_inactive');

@@ -22,7 +22,10 @@ describe('catalogue over plain HTTP', () => {
     assert.equal(bearer.status, 200);
     assert.equal(xApiKey.status, 200);
     assert.equal(bearer.json.object, 'list');
-    assert.deepEqual(bearer.json.data.map((m) => m.id), xApiKey.json.data.map((m) => m.id));
+    assert.deepEqual(
+      bearer.json.data.map((m) => m.id),
+      xApiKey.json.data.map((m) => m.id),
+    );
   });
 
   it('reads a model by raw slash and by %2F', async () => {
@@ -79,8 +82,14 @@ describe('catalogue over plain HTTP', () => {
     const alias = await list('?type=text_to_text');
     assert.ok(plain.json.data.length > 0);
     assert.ok(plain.json.data.every((m) => m.model_type === 'text_generation'));
-    assert.deepEqual(alias.json.data.map((m) => m.id), plain.json.data.map((m) => m.id));
-    assert.deepEqual(explicit.json.data.map((m) => m.id), plain.json.data.map((m) => m.id));
+    assert.deepEqual(
+      alias.json.data.map((m) => m.id),
+      plain.json.data.map((m) => m.id),
+    );
+    assert.deepEqual(
+      explicit.json.data.map((m) => m.id),
+      plain.json.data.map((m) => m.id),
+    );
   });
 
   it('filters by author', async () => {
@@ -89,7 +98,10 @@ describe('catalogue over plain HTTP', () => {
     assert.ok(res.json.data.length > 0);
     assert.ok(res.json.data.every((m) => m.author === 'meta-llama'));
     const images = await list('?author=black-forest-labs&type=image_generation');
-    assert.deepEqual(images.json.data.map((m) => m.id), ['black-forest-labs/flux.1-schnell']);
+    assert.deepEqual(
+      images.json.data.map((m) => m.id),
+      ['black-forest-labs/flux.1-schnell'],
+    );
     const bad = await http(server.url, 'GET', '/v1/models?author=Meta', { key: acme });
     assert.equal(bad.status, 400);
     assert.equal(bad.json.error.param, 'author');
@@ -98,7 +110,13 @@ describe('catalogue over plain HTTP', () => {
   it('keeps private models invisible to other organizations', async () => {
     const created = await http<WireModel>(server.url, 'POST', '/admin/models', {
       key: server.adminKey,
-      body: { id: 'meta-llama/acme-support-ft', name: 'Acme support fine-tune', visibility: 'private', owned_by: 'acme', context_length: 8192 },
+      body: {
+        id: 'meta-llama/acme-support-ft',
+        name: 'Acme support fine-tune',
+        visibility: 'private',
+        owned_by: 'acme',
+        context_length: 8192,
+      },
     });
     assert.equal(created.status, 201, created.text);
 
@@ -120,10 +138,16 @@ describe('catalogue over plain HTTP', () => {
   });
 
   it('applies the documented status rules', async () => {
-    const mk = (slug: string, status: string) => http(server.url, 'POST', '/admin/models', {
-      key: server.adminKey, body: { id: `qwen/${slug}`, status, context_length: 4096 },
-    });
-    for (const [slug, status] of [['st-pending', 'pending'], ['st-inactive', 'inactive'], ['st-deleted', 'deleted']] as const) {
+    const mk = (slug: string, status: string) =>
+      http(server.url, 'POST', '/admin/models', {
+        key: server.adminKey,
+        body: { id: `qwen/${slug}`, status, context_length: 4096 },
+      });
+    for (const [slug, status] of [
+      ['st-pending', 'pending'],
+      ['st-inactive', 'inactive'],
+      ['st-deleted', 'deleted'],
+    ] as const) {
       assert.equal((await mk(slug, status)).status, 201);
     }
     const ids = (await list('?author=qwen')).json.data.map((m) => m.id);

@@ -59,7 +59,11 @@ describe('catalogue through the official openai SDK', () => {
   });
 
   it('a bad key raises AuthenticationError with a request id', async () => {
-    const bad = new OpenAI({ apiKey: 'sk-sy-0000000000000000_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA', baseURL: server.baseURL, maxRetries: 0 });
+    const bad = new OpenAI({
+      apiKey: 'sk-sy-0000000000000000_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA',
+      baseURL: server.baseURL,
+      maxRetries: 0,
+    });
     await assert.rejects(bad.models.list(), (err: unknown) => {
       assert.ok(err instanceof OpenAI.AuthenticationError);
       assert.equal(err.status, 401);

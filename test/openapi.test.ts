@@ -5,12 +5,17 @@ import { http, startServer, type TestServer } from './helpers/server.js';
 
 interface OpenApiDoc {
   openapi: string;
-  paths: Record<string, Record<string, { requestBody?: { content: Record<string, { schema: { properties?: Record<string, unknown> } }> } }>>;
+  paths: Record<
+    string,
+    Record<string, { requestBody?: { content: Record<string, { schema: { properties?: Record<string, unknown> } }> } }>
+  >;
 }
 
 describe('GET /openapi.json', () => {
   let server: TestServer;
-  before(async () => { server = await startServer(); });
+  before(async () => {
+    server = await startServer();
+  });
   after(() => server.close());
 
   it('is a valid OpenAPI 3 document generated from the validating schemas', async () => {
@@ -21,8 +26,13 @@ describe('GET /openapi.json', () => {
     assert.match(res.json.openapi, /^3\./);
     const chat = res.json.paths['/v1/chat/completions']?.['post'];
     const props = chat?.requestBody?.content['application/json']?.schema.properties ?? {};
-    assert.deepEqual(props['temperature'], { type: 'number', minimum: 0, maximum: 2, nullable: true }, 'the same limits the server enforces');
-    for (const path of ['/v1/responses', '/v1/models', '/v1/conversations', '/admin/keys', '/admin/usage']) assert.ok(res.json.paths[path], path);
+    assert.deepEqual(
+      props['temperature'],
+      { type: 'number', minimum: 0, maximum: 2, nullable: true },
+      'the same limits the server enforces',
+    );
+    for (const path of ['/v1/responses', '/v1/models', '/v1/conversations', '/admin/keys', '/admin/usage'])
+      assert.ok(res.json.paths[path], path);
     assert.equal(res.json.paths['/v1/models']?.['put'], undefined, 'the 405 answers are not documented as operations');
   });
 });

@@ -34,8 +34,12 @@ describe('the server process', () => {
     await new Promise<void>((res) => socket.once('connect', () => res()));
     const body = JSON.stringify({ id: 'drained-org' });
     let response = '';
-    socket.on('data', (d: Buffer) => { response += d.toString(); });
-    socket.write(`POST /admin/orgs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${adminKey}\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\nconnection: close\r\n\r\n${body.slice(0, 5)}`);
+    socket.on('data', (d: Buffer) => {
+      response += d.toString();
+    });
+    socket.write(
+      `POST /admin/orgs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${adminKey}\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\nconnection: close\r\n\r\n${body.slice(0, 5)}`,
+    );
     // Nothing to observe for "the server has read the partial body": give it a moment (were it not
     // read yet, the request would still be in flight, which is what this test needs anyway).
     await new Promise((r) => setTimeout(r, 100));
@@ -49,19 +53,29 @@ describe('the server process', () => {
   });
 
   for (const [label, command, args] of [
-    ['npm start (the README\'s command)', 'npm', ['start', '--', '--port', '0']],
+    ["npm start (the README's command)", 'npm', ['start', '--', '--port', '0']],
     ['node dist/src/main.js (what a service manager or container runs)', process.execPath, [MAIN, '--port', '0']],
   ] as const) {
     it(`stops every process of ${label} on SIGTERM to the one it started`, async () => {
       const dir = tempDir();
       const child = spawn(command, args, {
         cwd: PACKAGE_ROOT,
-        env: { PATH: process.env['PATH'] ?? '', HOME: process.env['HOME'] ?? dir, SWITCHYARD_DATA_DIR: dir, SWITCHYARD_WORKERS: '2', SWITCHYARD_ADMIN_KEY: 'sk-test-admin-npm-start-0123456789' },
+        env: {
+          PATH: process.env['PATH'] ?? '',
+          HOME: process.env['HOME'] ?? dir,
+          SWITCHYARD_DATA_DIR: dir,
+          SWITCHYARD_WORKERS: '2',
+          SWITCHYARD_ADMIN_KEY: 'sk-test-admin-npm-start-0123456789',
+        },
         stdio: ['ignore', 'pipe', 'pipe'],
       });
       let out = '';
-      child.stdout.on('data', (d: Buffer) => { out += d.toString(); });
-      child.stderr.on('data', (d: Buffer) => { out += d.toString(); });
+      child.stdout.on('data', (d: Buffer) => {
+        out += d.toString();
+      });
+      child.stderr.on('data', (d: Buffer) => {
+        out += d.toString();
+      });
       const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
       try {
         const url = await new Promise<string>((res, rej) => {
@@ -81,7 +95,10 @@ describe('the server process', () => {
         // Nothing is left serving the port (a worker orphaned by its parent would still answer).
         const refused = await new Promise<boolean>((res) => {
           const socket = connect(Number(new URL(url).port), '127.0.0.1');
-          socket.once('connect', () => { socket.destroy(); res(false); });
+          socket.once('connect', () => {
+            socket.destroy();
+            res(false);
+          });
           socket.once('error', () => res(true));
         });
         assert.ok(refused, `the port still answers after SIGTERM:\n${out}`);
@@ -109,7 +126,11 @@ describe('the server process', () => {
     const env = { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_LOG_LEVEL: 'silent' };
     const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_KEY_CACHE_TTL_MS: '0', SWITCHYARD_LEDGER_FLUSH_MS: '20' });
     try {
-      const created = await run(process.execPath, [CLI, 'keys', 'create', '--org', 'acme', '--name', 'ci', '--rpm', '100', '--models', 'local/stories260k'], { env });
+      const created = await run(
+        process.execPath,
+        [CLI, 'keys', 'create', '--org', 'acme', '--name', 'ci', '--rpm', '100', '--models', 'local/stories260k'],
+        { env },
+      );
       assert.match(created.stdout, /Limits: rpm=100 models=local\/stories260k/);
       assert.match(created.stdout, /Created organization acme\./);
       const key = /^\s+(sk-sy-\S+)$/m.exec(created.stdout)?.[1];
@@ -120,7 +141,10 @@ describe('the server process', () => {
 
       const listed = await run(process.execPath, [CLI, 'keys', 'list', '--org', 'acme'], { env });
       assert.match(listed.stdout, new RegExp(`${id}\\s+acme\\s+ci\\s+inference.*rpm=100`));
-      const chat = await http(p.url, 'POST', '/v1/chat/completions', { key, body: { model: 'local/stories260k', messages: [{ role: 'user', content: 'Once' }], max_tokens: 4 } });
+      const chat = await http(p.url, 'POST', '/v1/chat/completions', {
+        key,
+        body: { model: 'local/stories260k', messages: [{ role: 'user', content: 'Once' }], max_tokens: 4 },
+      });
       assert.equal(chat.status, 200);
       assert.equal(chat.headers['x-ratelimit-limit-requests'], '100');
       // The usage record is written by the ledger's next flush.
@@ -139,11 +163,14 @@ describe('the server process', () => {
       assert.match(revoked.stdout, /Revoked/);
       assert.equal((await http(p.url, 'GET', '/v1/models', { key })).status, 401);
 
-      await assert.rejects(run(process.execPath, [CLI, 'keys', 'create', '--org', 'acme'], { env }), (err: { code?: number; stderr?: string }) => {
-        assert.equal(err.code, 2);
-        assert.match(err.stderr ?? '', /--name/);
-        return true;
-      });
+      await assert.rejects(
+        run(process.execPath, [CLI, 'keys', 'create', '--org', 'acme'], { env }),
+        (err: { code?: number; stderr?: string }) => {
+          assert.equal(err.code, 2);
+          assert.match(err.stderr ?? '', /--name/);
+          return true;
+        },
+      );
     } finally {
       p.child.kill('SIGTERM');
       await p.exited;
@@ -161,28 +188,61 @@ describe('the server process', () => {
       assert.match(err.stderr ?? '', /cannot move from inactive to pending/);
       return true;
     });
-    assert.match((await cli('models', 'create', 'qwen/house-model', '--context-length', '8192', '--input-price', '0.1', '--output-price', '0.3')).stdout, /Created/);
+    assert.match(
+      (await cli('models', 'create', 'qwen/house-model', '--context-length', '8192', '--input-price', '0.1', '--output-price', '0.3'))
+        .stdout,
+      /Created/,
+    );
     await cli('models', 'set', 'qwen/house-model', '--visibility', 'private', '--owner', 'acme', '--output-price', '0.4');
-    assert.match((await cli('models', 'list')).stdout, /qwen\/house-model\s+text_generation\s+active\s+private\s+acme\s+8192\s+input_tokens=0\.1 output_tokens=0\.4/);
-    await assert.rejects(cli('models', 'create', 'qwen/no-context'), (err: { code?: number; stderr?: string }) => /context_length is required/.test(err.stderr ?? ''));
-    const add = ['deployments', 'add', '--model', 'qwen/qwen3-8b', '--base-url', 'http://127.0.0.1:8000/v1', '--key-env', 'UPSTREAM_KEY_VLLM', '--api', 'responses'];
-    await assert.rejects(cli(...add), (err: { stderr?: string }) => /refused: .*internal address 127\.0\.0\.1.*SWITCHYARD_UPSTREAM_ALLOW/.test(err.stderr ?? ''));
+    assert.match(
+      (await cli('models', 'list')).stdout,
+      /qwen\/house-model\s+text_generation\s+active\s+private\s+acme\s+8192\s+input_tokens=0\.1 output_tokens=0\.4/,
+    );
+    await assert.rejects(cli('models', 'create', 'qwen/no-context'), (err: { code?: number; stderr?: string }) =>
+      /context_length is required/.test(err.stderr ?? ''),
+    );
+    const add = [
+      'deployments',
+      'add',
+      '--model',
+      'qwen/qwen3-8b',
+      '--base-url',
+      'http://127.0.0.1:8000/v1',
+      '--key-env',
+      'UPSTREAM_KEY_VLLM',
+      '--api',
+      'responses',
+    ];
+    await assert.rejects(cli(...add), (err: { stderr?: string }) =>
+      /refused: .*internal address 127\.0\.0\.1.*SWITCHYARD_UPSTREAM_ALLOW/.test(err.stderr ?? ''),
+    );
     env['SWITCHYARD_UPSTREAM_ALLOW'] = '127.0.0.0/8';
     const added = await cli(...add);
     const id = /deployment (dep_[0-9a-f]+)/.exec(added.stdout)?.[1];
     assert.ok(id, added.stdout);
-    assert.match((await cli('deployments', 'list')).stdout, new RegExp(`${id}\\s+qwen/qwen3-8b\\s+http://127\\.0\\.0\\.1:8000/v1.*responses\\s+UPSTREAM_KEY_VLLM`));
+    assert.match(
+      (await cli('deployments', 'list')).stdout,
+      new RegExp(`${id}\\s+qwen/qwen3-8b\\s+http://127\\.0\\.0\\.1:8000/v1.*responses\\s+UPSTREAM_KEY_VLLM`),
+    );
     assert.match((await cli('deployments', 'remove', id)).stdout, /Removed/);
   });
 
   it('stops cleanly (exit 0) on a SIGTERM that arrives while its workers are still starting', async () => {
     const dir = tempDir();
     const child = spawn(process.execPath, [MAIN, '--port', '0'], {
-      env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_DATA_DIR: dir, SWITCHYARD_WORKERS: '2', SWITCHYARD_MODELS_DIR: join(dir, 'none'), SWITCHYARD_ADMIN_KEY: 'sk-test-admin-early-stop-0123456789' },
+      env: {
+        PATH: process.env['PATH'] ?? '',
+        SWITCHYARD_DATA_DIR: dir,
+        SWITCHYARD_WORKERS: '2',
+        SWITCHYARD_MODELS_DIR: join(dir, 'none'),
+        SWITCHYARD_ADMIN_KEY: 'sk-test-admin-early-stop-0123456789',
+      },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let out = '';
-    child.stderr.on('data', (d: Buffer) => { out += d.toString(); });
+    child.stderr.on('data', (d: Buffer) => {
+      out += d.toString();
+    });
     const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
     try {
       // The first line any worker logs comes before it listens: stop the service right then.
@@ -201,9 +261,14 @@ describe('the server process', () => {
   });
 
   it('refuses to start on a bad setting, naming it', async () => {
-    const child = spawn(process.execPath, [MAIN], { env: { PATH: process.env['PATH'] ?? '', PORT: 'eighty' }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [MAIN], {
+      env: { PATH: process.env['PATH'] ?? '', PORT: 'eighty' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let err = '';
-    child.stderr.on('data', (d: Buffer) => { err += d.toString(); });
+    child.stderr.on('data', (d: Buffer) => {
+      err += d.toString();
+    });
     const code = await new Promise<number | null>((res) => child.on('exit', res));
     assert.equal(code, 2);
     assert.match(err, /PORT/);

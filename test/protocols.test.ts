@@ -37,7 +37,11 @@ function readAll(reader: ChatReader | ResponsesReader, payloads: unknown[]): Gen
   const out: GenerationEvent[] = [];
   for (const p of payloads) if (reader.read(p, out)) break;
   const u = reader.usage;
-  if (u) out.push({ type: 'usage', usage: { input: u.input ?? -1, cached: u.cached ?? 0, output: u.output ?? -1, reasoning: u.reasoning ?? 0 } });
+  if (u)
+    out.push({
+      type: 'usage',
+      usage: { input: u.input ?? -1, cached: u.cached ?? 0, output: u.output ?? -1, reasoning: u.reasoning ?? 0 },
+    });
   out.push({ type: 'finish', reason: reader.finish });
   return out;
 }
@@ -47,7 +51,8 @@ function merged(events: GenerationEvent[]): GenerationEvent[] {
   const out: GenerationEvent[] = [];
   for (const e of events) {
     const last = out.at(-1);
-    if (last && e.type === last.type && (e.type === 'text.delta' || e.type === 'reasoning.delta')) (last as { text: string }).text += e.text;
+    if (last && e.type === last.type && (e.type === 'text.delta' || e.type === 'reasoning.delta'))
+      (last as { text: string }).text += e.text;
     else if (last?.type === 'tool_call.delta' && e.type === 'tool_call.delta' && last.index === e.index) last.arguments += e.arguments;
     else out.push({ ...e });
   }
@@ -60,13 +65,41 @@ describe('protocols/chat', () => {
       model: 'openai/gpt-x',
       messages: [
         { role: 'system', content: 'Be brief.' },
-        { role: 'user', content: [{ type: 'text', text: 'Weather?' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA', detail: 'low' } }] },
-        { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } }] },
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'Weather?' },
+            { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA', detail: 'low' } },
+          ],
+        },
+        {
+          role: 'assistant',
+          content: null,
+          tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } }],
+        },
         { role: 'tool', tool_call_id: 'call_1', content: '{"temp":3}' },
       ],
-      temperature: 0.5, top_p: 0.9, seed: 7, stop: ['\n\n'], max_completion_tokens: 100, stream: true,
-      presence_penalty: 0.1, frequency_penalty: 0.2, parallel_tool_calls: false, reasoning_effort: 'low',
-      tools: [{ type: 'function', function: { name: 'get_weather', description: 'Weather now', parameters: { type: 'object', properties: { city: { type: 'string' } } }, strict: true } }],
+      temperature: 0.5,
+      top_p: 0.9,
+      seed: 7,
+      stop: ['\n\n'],
+      max_completion_tokens: 100,
+      stream: true,
+      presence_penalty: 0.1,
+      frequency_penalty: 0.2,
+      parallel_tool_calls: false,
+      reasoning_effort: 'low',
+      tools: [
+        {
+          type: 'function',
+          function: {
+            name: 'get_weather',
+            description: 'Weather now',
+            parameters: { type: 'object', properties: { city: { type: 'string' } } },
+            strict: true,
+          },
+        },
+      ],
       tool_choice: { type: 'function', function: { name: 'get_weather' } },
       response_format: { type: 'json_schema', json_schema: { name: 'w', schema: { type: 'object' }, strict: true } },
     } as ChatRequest;
@@ -74,7 +107,19 @@ describe('protocols/chat', () => {
     const wire = encodeChatRequest(req, 'their-name');
     assert.equal(wire['model'], 'their-name');
     assert.deepEqual(wire['stream_options'], { include_usage: true });
-    for (const k of ['temperature', 'top_p', 'seed', 'stop', 'presence_penalty', 'frequency_penalty', 'parallel_tool_calls', 'reasoning_effort', 'tools', 'response_format', 'stream'] as const) {
+    for (const k of [
+      'temperature',
+      'top_p',
+      'seed',
+      'stop',
+      'presence_penalty',
+      'frequency_penalty',
+      'parallel_tool_calls',
+      'reasoning_effort',
+      'tools',
+      'response_format',
+      'stream',
+    ] as const) {
       assert.deepEqual(wire[k], (body as Record<string, unknown>)[k], k);
     }
     assert.equal(wire['max_completion_tokens'] ?? wire['max_tokens'], 100);
@@ -82,15 +127,26 @@ describe('protocols/chat', () => {
     const messages = wire['messages'] as Array<Record<string, unknown>>;
     assert.equal(messages.length, 4);
     assert.deepEqual(messages[1]!['content'], body.messages[1]!.content);
-    assert.deepEqual(messages[2]!['tool_calls'], [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } }]);
+    assert.deepEqual(messages[2]!['tool_calls'], [
+      { id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } },
+    ]);
     assert.equal(messages[3]!['tool_call_id'], 'call_1');
   });
 
   it('refuses a tool_choice naming no tool, and n > 1, with the parameter named', () => {
     const base = { model: 'm', messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'a' } }] };
-    assert.throws(() => decodeChatRequest({ ...base, tool_choice: { type: 'function', function: { name: 'b' } } } as ChatRequest, new AbortController().signal),
-      (e: unknown) => (e as { param?: string }).param === 'tool_choice');
-    assert.throws(() => decodeChatRequest({ ...base, n: 2 } as ChatRequest, new AbortController().signal), (e: unknown) => (e as { param?: string }).param === 'n');
+    assert.throws(
+      () =>
+        decodeChatRequest(
+          { ...base, tool_choice: { type: 'function', function: { name: 'b' } } } as ChatRequest,
+          new AbortController().signal,
+        ),
+      (e: unknown) => (e as { param?: string }).param === 'tool_choice',
+    );
+    assert.throws(
+      () => decodeChatRequest({ ...base, n: 2 } as ChatRequest, new AbortController().signal),
+      (e: unknown) => (e as { param?: string }).param === 'n',
+    );
   });
 
   it('streams events as chunks that its reader turns back into the same events', () => {
@@ -115,17 +171,29 @@ describe('protocols/chat', () => {
     assert.deepEqual(merged(back), merged(EVENTS));
   });
 
-  it('turns an error payload mid-stream into an upstream error, with the reader\'s cleaning applied', () => {
+  it("turns an error payload mid-stream into an upstream error, with the reader's cleaning applied", () => {
     const reader = new ChatReader((s) => s.replaceAll('sk-secret', '[key]'));
-    assert.throws(() => reader.read({ error: { message: 'bad key sk-secret' } }, []), (e: unknown) => /\[key\]/.test((e as Error).message) && !/sk-secret/.test((e as Error).message));
+    assert.throws(
+      () => reader.read({ error: { message: 'bad key sk-secret' } }, []),
+      (e: unknown) => /\[key\]/.test((e as Error).message) && !/sk-secret/.test((e as Error).message),
+    );
   });
 });
 
 describe('protocols/responses', () => {
-  const open = () => responsesFormat.open({
-    id: 'resp_1', createdAt: 1, model: 'm', background: false, store: true, previousResponseId: null, conversationId: null,
-    echo: { model: 'm', input: 'hi', reasoning: { summary: 'auto' } } as ResponsesRequest, summary: 'auto', seal: undefined,
-  });
+  const open = () =>
+    responsesFormat.open({
+      id: 'resp_1',
+      createdAt: 1,
+      model: 'm',
+      background: false,
+      store: true,
+      previousResponseId: null,
+      conversationId: null,
+      echo: { model: 'm', input: 'hi', reasoning: { summary: 'auto' } } as ResponsesRequest,
+      summary: 'auto',
+      seal: undefined,
+    });
 
   it('renders events as the documented stream that its reader turns back into the same events', () => {
     const fold = open();
@@ -137,9 +205,16 @@ describe('protocols/responses', () => {
 
     const resource = fold.resource as { status: string; output: Array<{ type: string }>; usage: Record<string, unknown> };
     assert.equal(resource.status, 'completed');
-    assert.deepEqual(resource.output.map((o) => o.type), ['reasoning', 'message', 'function_call', 'function_call']);
+    assert.deepEqual(
+      resource.output.map((o) => o.type),
+      ['reasoning', 'message', 'function_call', 'function_call'],
+    );
     assert.deepEqual(resource.usage, {
-      input_tokens: 40, input_tokens_details: { cached_tokens: 8 }, output_tokens: 25, output_tokens_details: { reasoning_tokens: 6 }, total_tokens: 65,
+      input_tokens: 40,
+      input_tokens_details: { cached_tokens: 8 },
+      output_tokens: 25,
+      output_tokens_details: { reasoning_tokens: 6 },
+      total_tokens: 65,
     });
   });
 
@@ -154,7 +229,8 @@ describe('protocols/responses', () => {
       const out: Array<Record<string, unknown>> = [];
       for (const e of JSON.parse(JSON.stringify(evs)) as Array<Record<string, unknown>>) {
         const last = out.at(-1);
-        if (last && String(e['type']).endsWith('.delta') && last['type'] === e['type'] && last['item_id'] === e['item_id']) last['delta'] = String(last['delta']) + String(e['delta']);
+        if (last && String(e['type']).endsWith('.delta') && last['type'] === e['type'] && last['item_id'] === e['item_id'])
+          last['delta'] = String(last['delta']) + String(e['delta']);
         else out.push(e);
       }
       return out;
@@ -168,18 +244,35 @@ describe('protocols/responses', () => {
     cut.apply({ type: 'text.delta', text: 'Once' });
     cut.apply({ type: 'usage', usage: { input: 1, cached: 0, output: 1, reasoning: 0 } });
     const end = cut.apply({ type: 'finish', reason: 'length' });
-    assert.deepEqual(end.filter((e) => responsesFormat.isTerminal(e)).map((e) => e.type), ['response.incomplete']);
+    assert.deepEqual(
+      end.filter((e) => responsesFormat.isTerminal(e)).map((e) => e.type),
+      ['response.incomplete'],
+    );
     assert.deepEqual((cut.resource as { incomplete_details: unknown }).incomplete_details, { reason: 'max_output_tokens' });
 
     const broken = open();
     broken.start();
     const failed = broken.fail('upstream_error', 'it broke');
-    assert.deepEqual(failed.filter((e) => responsesFormat.isTerminal(e)).map((e) => e.type), ['response.failed']);
+    assert.deepEqual(
+      failed.filter((e) => responsesFormat.isTerminal(e)).map((e) => e.type),
+      ['response.failed'],
+    );
     assert.equal(broken.status, 'failed');
   });
 
   it('encodes a canonical request as a streamed, unstored Responses request', () => {
-    const req = decodeChatRequest({ model: 'm', messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hi' }], max_tokens: 9, temperature: 0 } as ChatRequest, new AbortController().signal);
+    const req = decodeChatRequest(
+      {
+        model: 'm',
+        messages: [
+          { role: 'system', content: 'Be brief.' },
+          { role: 'user', content: 'Hi' },
+        ],
+        max_tokens: 9,
+        temperature: 0,
+      } as ChatRequest,
+      new AbortController().signal,
+    );
     const wire = encodeResponsesRequest(req, 'their-name');
     assert.equal(wire['model'], 'their-name');
     assert.equal(wire['stream'], true);

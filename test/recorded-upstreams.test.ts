@@ -42,7 +42,9 @@ function replay(requests: Map<string, Record<string, unknown>>) {
   return (req: IncomingMessage, res: ServerResponse) => {
     const name = decodeURIComponent(req.url?.split('/')[1] ?? '');
     let body = '';
-    req.on('data', (d: Buffer) => { body += d.toString(); });
+    req.on('data', (d: Buffer) => {
+      body += d.toString();
+    });
     req.on('end', () => {
       if (!(name in expected)) {
         res.writeHead(404, { 'content-type': 'application/json' }).end('{"error":{"message":"no such fixture"}}');
@@ -54,7 +56,7 @@ function replay(requests: Map<string, Record<string, unknown>>) {
       let at = 0;
       const next = () => {
         if (at >= bytes.length) return void res.end();
-        res.write(bytes.subarray(at, at += 7));
+        res.write(bytes.subarray(at, (at += 7)));
         setImmediate(next);
       };
       next();
@@ -64,9 +66,17 @@ function replay(requests: Map<string, Record<string, unknown>>) {
 
 function request(stream: boolean): GenerationRequest {
   return {
-    model: 'm', messages: [{ role: 'user', content: 'Hi' }], sampling: {}, maxOutputTokens: 256, stream,
-    signal: new AbortController().signal, tally: newTally(),
-    tools: [{ name: 'get_weather', parameters: { type: 'object' } }, { name: 'get_time', parameters: { type: 'object' } }],
+    model: 'm',
+    messages: [{ role: 'user', content: 'Hi' }],
+    sampling: {},
+    maxOutputTokens: 256,
+    stream,
+    signal: new AbortController().signal,
+    tally: newTally(),
+    tools: [
+      { name: 'get_weather', parameters: { type: 'object' } },
+      { name: 'get_time', parameters: { type: 'object' } },
+    ],
   };
 }
 
@@ -111,7 +121,15 @@ describe('the upstream engine against recorded upstream streams', () => {
     it(`reads ${name} into the canonical events it means`, async () => {
       const events: GenerationEvent[] = [];
       const req = request(x.stream);
-      for await (const e of engine.generate(req, { engine: 'upstream', id: name, baseUrl: `${base}/${name}/v1`, apiKey: 'sk-upstream', upstreamModel: 'their-model', api: x.api, guarded: false })) {
+      for await (const e of engine.generate(req, {
+        engine: 'upstream',
+        id: name,
+        baseUrl: `${base}/${name}/v1`,
+        apiKey: 'sk-upstream',
+        upstreamModel: 'their-model',
+        api: x.api,
+        guarded: false,
+      })) {
         events.push(e);
       }
       const got = fold(events);
@@ -119,11 +137,17 @@ describe('the upstream engine against recorded upstream streams', () => {
       assert.equal(got.reasoning, x.reasoning ?? '');
       assert.deepEqual(got.calls, x.toolCalls ?? []);
       assert.equal(got.finish, x.finish);
-      assert.deepEqual({ input: got.usage?.input, cached: got.usage?.cached, output: got.usage?.output, reasoning: got.usage?.reasoning }, x.usage);
+      assert.deepEqual(
+        { input: got.usage?.input, cached: got.usage?.cached, output: got.usage?.output, reasoning: got.usage?.reasoning },
+        x.usage,
+      );
       assert.notEqual(got.usage?.estimated, true, 'the upstream reported usage, so nothing is estimated');
       assert.deepEqual(req.tally, { ...x.usage, exact: true }, 'the tally billing reads ends where the usage does');
       // Events come in the canonical order: usage, then finish, last.
-      assert.deepEqual(events.slice(-2).map((e) => e.type), ['usage', 'finish']);
+      assert.deepEqual(
+        events.slice(-2).map((e) => e.type),
+        ['usage', 'finish'],
+      );
 
       // What was sent: the upstream's own model name, streaming with usage where the wire has it.
       const sent = requests.get(name)!;
@@ -141,22 +165,31 @@ describe('the gateway re-rendering recorded upstream streams, read by the openai
   before(async () => {
     const upstream = c.keep(await fixture(replay(new Map())));
     const base = upstream.url.replace(/\/v1$/, '');
-    server = c.keep(await startServer({
-      modelsDir: tempDir(),
-      configFile: {
-        name: 'recorded.json',
-        text: JSON.stringify({
-          defaultCatalogue: false,
-          models: names.map((n) => ({ id: modelOf(n), context_length: 8192, capabilities: ['streaming', 'function_calling', 'reasoning'] })),
-          deployments: names.map((n, i) => ({ id: `r${i}`, model: modelOf(n), baseUrl: `${base}/${n}/v1`, api: expected[n]!.api })),
-        }),
-      },
-    }));
+    server = c.keep(
+      await startServer({
+        modelsDir: tempDir(),
+        configFile: {
+          name: 'recorded.json',
+          text: JSON.stringify({
+            defaultCatalogue: false,
+            models: names.map((n) => ({
+              id: modelOf(n),
+              context_length: 8192,
+              capabilities: ['streaming', 'function_calling', 'reasoning'],
+            })),
+            deployments: names.map((n, i) => ({ id: `r${i}`, model: modelOf(n), baseUrl: `${base}/${n}/v1`, api: expected[n]!.api })),
+          }),
+        },
+      }),
+    );
     client = new OpenAI({ apiKey: (await createKey(server, 'recorded')).key, baseURL: server.baseURL, maxRetries: 0 });
   });
   after(() => c.closeAll());
 
-  const tools: OpenAI.Chat.Completions.ChatCompletionTool[] = ['get_weather', 'get_time'].map((name) => ({ type: 'function', function: { name, parameters: { type: 'object' } } }));
+  const tools: OpenAI.Chat.Completions.ChatCompletionTool[] = ['get_weather', 'get_time'].map((name) => ({
+    type: 'function',
+    function: { name, parameters: { type: 'object' } },
+  }));
   const finishOf: Record<string, string> = { stop: 'stop', length: 'length', tool_calls: 'tool_calls' };
 
   for (const name of names) {
@@ -167,7 +200,8 @@ describe('the gateway re-rendering recorded upstream streams, read by the openai
       let done: OpenAI.Chat.Completions.ChatCompletion;
       if (x.stream) {
         const stream = client.chat.completions.stream({ ...params, stream_options: { include_usage: true } });
-        for await (const chunk of stream) reasoning += (chunk.choices[0]?.delta as { reasoning_content?: string } | undefined)?.reasoning_content ?? '';
+        for await (const chunk of stream)
+          reasoning += (chunk.choices[0]?.delta as { reasoning_content?: string } | undefined)?.reasoning_content ?? '';
         done = await stream.finalChatCompletion();
       } else {
         done = await client.chat.completions.create(params);
@@ -176,7 +210,12 @@ describe('the gateway re-rendering recorded upstream streams, read by the openai
       const choice = done.choices[0]!;
       assert.equal(choice.message.content ?? '', x.text);
       assert.equal(reasoning, x.reasoning ?? '');
-      assert.deepEqual((choice.message.tool_calls ?? []).map((t) => (t.type === 'function' ? { id: t.id, name: t.function.name, arguments: t.function.arguments } : t)), x.toolCalls ?? []);
+      assert.deepEqual(
+        (choice.message.tool_calls ?? []).map((t) =>
+          t.type === 'function' ? { id: t.id, name: t.function.name, arguments: t.function.arguments } : t,
+        ),
+        x.toolCalls ?? [],
+      );
       assert.equal(choice.finish_reason, finishOf[x.finish]);
       assert.equal(done.usage?.prompt_tokens, x.usage.input);
       assert.equal(done.usage?.completion_tokens, x.usage.output);
@@ -186,10 +225,21 @@ describe('the gateway re-rendering recorded upstream streams, read by the openai
     // The Responses endpoint always streams from its upstream, so it replays only the streams.
     if (!x.stream) continue;
     it(`${name}: the same through the Responses API (streamed)`, async () => {
-      const stream = client.responses.stream({ model: modelOf(name), input: 'Hi', tools: tools.map((t) => ({ type: 'function', name: t.type === 'function' ? t.function.name : '', parameters: { type: 'object' }, strict: false })) });
+      const stream = client.responses.stream({
+        model: modelOf(name),
+        input: 'Hi',
+        tools: tools.map((t) => ({
+          type: 'function',
+          name: t.type === 'function' ? t.function.name : '',
+          parameters: { type: 'object' },
+          strict: false,
+        })),
+      });
       const r = await stream.finalResponse();
       assert.equal(r.output_text, x.text);
-      const calls = r.output.filter((o) => o.type === 'function_call').map((o) => ({ id: o.call_id, name: o.name, arguments: o.arguments }));
+      const calls = r.output
+        .filter((o) => o.type === 'function_call')
+        .map((o) => ({ id: o.call_id, name: o.name, arguments: o.arguments }));
       assert.deepEqual(calls, x.toolCalls ?? []);
       assert.equal(r.status, x.finish === 'length' ? 'incomplete' : 'completed');
       assert.equal(r.usage?.input_tokens, x.usage.input);

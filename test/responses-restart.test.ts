@@ -19,7 +19,13 @@ describe('stored responses across restarts', () => {
     const key = (await createKey(first, 'acme')).key;
     const c1 = new OpenAI({ apiKey: key, baseURL: first.baseURL, maxRetries: 0 });
     const conv = await c1.conversations.create({});
-    const r = await c1.responses.create({ model: 'local/stories260k', input: 'Once upon a time', conversation: conv.id, max_output_tokens: 8, temperature: 0 });
+    const r = await c1.responses.create({
+      model: 'local/stories260k',
+      input: 'Once upon a time',
+      conversation: conv.id,
+      max_output_tokens: 8,
+      temperature: 0,
+    });
     await first.close();
 
     const second = await startServer({ dataDir, env: { SWITCHYARD_ADMIN_KEY: adminKey } });
@@ -31,7 +37,12 @@ describe('stored responses across restarts', () => {
       assert.equal(again.status, 'incomplete');
       const items = await c2.conversations.items.list(conv.id, { order: 'asc' });
       assert.equal(items.data.length, 2);
-      const next = await c2.responses.create({ model: 'local/stories260k', previous_response_id: r.id, input: 'The end.', max_output_tokens: 2 });
+      const next = await c2.responses.create({
+        model: 'local/stories260k',
+        previous_response_id: r.id,
+        input: 'The end.',
+        max_output_tokens: 2,
+      });
       assert.equal(next.previous_response_id, r.id);
     } finally {
       await second.close();
@@ -40,7 +51,12 @@ describe('stored responses across restarts', () => {
 
   it('marks a response that was running when the process died as failed', async () => {
     const child = spawn(process.execPath, [join(PACKAGE_ROOT, 'dist', 'src', 'main.js'), '--port', '0'], {
-      env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_MODELS_DIR: SHARED_MODELS, SWITCHYARD_ADMIN_KEY: adminKey },
+      env: {
+        PATH: process.env['PATH'] ?? '',
+        SWITCHYARD_DATA_DIR: dataDir,
+        SWITCHYARD_MODELS_DIR: SHARED_MODELS,
+        SWITCHYARD_ADMIN_KEY: adminKey,
+      },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     let out = '';
@@ -54,12 +70,15 @@ describe('stored responses across restarts', () => {
     });
     const exited = new Promise((r) => child.on('exit', r));
     const started = await http<WireResponse>(url, 'POST', '/v1/responses', {
-      key: adminKey, body: { model: 'local/llama-2-tiny-random', input: 'hello', max_output_tokens: 4000, background: true },
+      key: adminKey,
+      body: { model: 'local/llama-2-tiny-random', input: 'hello', max_output_tokens: 4000, background: true },
     });
     assert.equal(started.status, 200, started.text);
     const id = started.json.id;
     // Killed while it is generating.
-    await eventually(async () => assert.equal((await http<WireResponse>(url, 'GET', `/v1/responses/${id}`, { key: adminKey })).json.status, 'in_progress'));
+    await eventually(async () =>
+      assert.equal((await http<WireResponse>(url, 'GET', `/v1/responses/${id}`, { key: adminKey })).json.status, 'in_progress'),
+    );
     child.kill('SIGKILL');
     await exited;
 
@@ -76,7 +95,8 @@ describe('stored responses across restarts', () => {
   it('cancels background work on a graceful shutdown and stores it as cancelled', async () => {
     const s = await startServer({ dataDir, env: { SWITCHYARD_ADMIN_KEY: adminKey } });
     const r = await http<WireResponse>(s.url, 'POST', '/v1/responses', {
-      key: adminKey, body: { model: 'local/llama-2-tiny-random', input: 'hello', max_output_tokens: 4000, background: true },
+      key: adminKey,
+      body: { model: 'local/llama-2-tiny-random', input: 'hello', max_output_tokens: 4000, background: true },
     });
     await s.close();
     const again = await startServer({ dataDir, env: { SWITCHYARD_ADMIN_KEY: adminKey } });

@@ -10,21 +10,38 @@ import { checkStream, type WireResponse } from './helpers/responses.js';
  * A fixture upstream for what stories260K cannot do on demand: reasoning deltas, tool calls and a
  * stream that breaks. It speaks the chat-completions stream exactly as vLLM/DeepSeek do.
  */
-interface WireMessage { role: string; content: string | null; reasoning_content?: string; tool_calls?: unknown[]; tool_call_id?: string }
-interface SeenBody { messages: WireMessage[]; tools?: unknown[]; tool_choice?: unknown; reasoning_effort?: string }
+interface WireMessage {
+  role: string;
+  content: string | null;
+  reasoning_content?: string;
+  tool_calls?: unknown[];
+  tool_call_id?: string;
+}
+interface SeenBody {
+  messages: WireMessage[];
+  tools?: unknown[];
+  tool_choice?: unknown;
+  reasoning_effort?: string;
+}
 
 function fixtureUpstream(seen: SeenBody[]): Server {
   return createServer((req, res) => {
     let raw = '';
-    req.on('data', (d: Buffer) => { raw += d.toString(); });
+    req.on('data', (d: Buffer) => {
+      raw += d.toString();
+    });
     req.on('end', () => {
       const body = JSON.parse(raw) as SeenBody;
       seen.push(body);
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       const send = (delta: object, finish: string | null = null) =>
-        res.write(`data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'fixture', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`);
+        res.write(
+          `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'fixture', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`,
+        );
       const usage = (prompt: number, completion: number, reasoning: number) =>
-        res.write(`data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'fixture', choices: [], usage: { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion, completion_tokens_details: { reasoning_tokens: reasoning } } })}\n\n`);
+        res.write(
+          `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'fixture', choices: [], usage: { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion, completion_tokens_details: { reasoning_tokens: reasoning } } })}\n\n`,
+        );
       const last = body.messages.at(-1)!;
       send({ role: 'assistant', content: '' });
       if (last.role === 'tool') {
@@ -95,7 +112,10 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
   it('puts the reasoning item before the message, with content, summary and reasoning_tokens', async () => {
     const r = await client.responses.create({ model: MODEL, input: 'Tell me a story.', reasoning: { effort: 'high', summary: 'auto' } });
     assert.equal(r.status, 'completed');
-    assert.deepEqual(r.output.map((o) => o.type), ['reasoning', 'message']);
+    assert.deepEqual(
+      r.output.map((o) => o.type),
+      ['reasoning', 'message'],
+    );
     const rs = r.output[0]!;
     assert.ok(rs.type === 'reasoning');
     assert.match(rs.id, /^rs_/);
@@ -114,26 +134,50 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
   });
 
   it('streams reasoning events in the documented order, and the SDK helper accepts them', async () => {
-    const { events } = await readSse(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: 'Tell me a story.', reasoning: { summary: 'auto' }, stream: true } });
+    const { events } = await readSse(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: 'Tell me a story.', reasoning: { summary: 'auto' }, stream: true },
+    });
     const types = checkStream(events).map((e) => e.type);
     assert.deepEqual(types, [
-      'response.created', 'response.in_progress',
-      'response.output_item.added', 'response.content_part.added', 'response.reasoning_text.delta', 'response.reasoning_text.delta',
-      'response.reasoning_text.done', 'response.content_part.done',
-      'response.reasoning_summary_part.added', 'response.reasoning_summary_text.delta', 'response.reasoning_summary_text.done', 'response.reasoning_summary_part.done',
+      'response.created',
+      'response.in_progress',
+      'response.output_item.added',
+      'response.content_part.added',
+      'response.reasoning_text.delta',
+      'response.reasoning_text.delta',
+      'response.reasoning_text.done',
+      'response.content_part.done',
+      'response.reasoning_summary_part.added',
+      'response.reasoning_summary_text.delta',
+      'response.reasoning_summary_text.done',
+      'response.reasoning_summary_part.done',
       'response.output_item.done',
-      'response.output_item.added', 'response.content_part.added', 'response.output_text.delta', 'response.output_text.delta',
-      'response.output_text.done', 'response.content_part.done', 'response.output_item.done',
+      'response.output_item.added',
+      'response.content_part.added',
+      'response.output_text.delta',
+      'response.output_text.delta',
+      'response.output_text.done',
+      'response.content_part.done',
+      'response.output_item.done',
       'response.completed',
     ]);
-    const final = await client.responses.stream({ model: MODEL, input: 'Tell me a story.', reasoning: { summary: 'auto' } }).finalResponse();
-    assert.deepEqual(final.output.map((o) => o.type), ['reasoning', 'message']);
+    const final = await client.responses
+      .stream({ model: MODEL, input: 'Tell me a story.', reasoning: { summary: 'auto' } })
+      .finalResponse();
+    assert.deepEqual(
+      final.output.map((o) => o.type),
+      ['reasoning', 'message'],
+    );
     assert.equal(final.output_text, 'Once upon a time.');
   });
 
   it('seals reasoning into encrypted_content, opens it on a stateless follow-up, and rejects tampering', async () => {
     const first = await client.responses.create({
-      model: MODEL, input: 'Tell me a story.', store: false, include: ['reasoning.encrypted_content'],
+      model: MODEL,
+      input: 'Tell me a story.',
+      store: false,
+      include: ['reasoning.encrypted_content'],
     });
     const rs = first.output[0]!;
     assert.ok(rs.type === 'reasoning' && typeof rs.encrypted_content === 'string');
@@ -148,39 +192,70 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     assert.equal(next.status, 'completed');
     const sentUpstream = seen.at(-1)!.messages;
     const assistant = sentUpstream.find((m) => m.role === 'assistant');
-    assert.equal(assistant?.reasoning_content, 'The user wants a story. I will write one.', 'the decrypted reasoning went back into the prompt');
+    assert.equal(
+      assistant?.reasoning_content,
+      'The user wants a story. I will write one.',
+      'the decrypted reasoning went back into the prompt',
+    );
     assert.equal(assistant?.content, 'Once upon a time.');
 
     const sealed = rs.encrypted_content!;
     const flipped = sealed.slice(0, 20) + (sealed[20] === 'A' ? 'B' : 'A') + sealed.slice(21);
     const tampered = replayedItems.map((i) => ('encrypted_content' in i ? { ...i, encrypted_content: flipped } : i));
-    await assert.rejects(client.responses.create({ model: MODEL, store: false, input: tampered as OpenAI.Responses.ResponseInput }), (e: unknown) => {
-      assert.ok(e instanceof OpenAI.BadRequestError);
-      assert.match(e.message, /encrypted_content/);
-      return true;
-    });
+    await assert.rejects(
+      client.responses.create({ model: MODEL, store: false, input: tampered as OpenAI.Responses.ResponseInput }),
+      (e: unknown) => {
+        assert.ok(e instanceof OpenAI.BadRequestError);
+        assert.match(e.message, /encrypted_content/);
+        return true;
+      },
+    );
     const other = new OpenAI({ apiKey: (await createKey(server, 'globex')).key, baseURL: server.baseURL, maxRetries: 0 });
-    await assert.rejects(other.responses.create({ model: MODEL, store: false, input: replayedItems as OpenAI.Responses.ResponseInput }),
-      (e: unknown) => e instanceof OpenAI.BadRequestError, 'sealed for one organization only');
+    await assert.rejects(
+      other.responses.create({ model: MODEL, store: false, input: replayedItems as OpenAI.Responses.ResponseInput }),
+      (e: unknown) => e instanceof OpenAI.BadRequestError,
+      'sealed for one organization only',
+    );
   });
 
   it('produces function_call items with call_id, and a function_call_output continues the turn', async () => {
-    const tools: OpenAI.Responses.Tool[] = [{
-      type: 'function', name: 'get_weather', description: 'Weather for a city', strict: true,
-      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'], additionalProperties: false },
-    }];
+    const tools: OpenAI.Responses.Tool[] = [
+      {
+        type: 'function',
+        name: 'get_weather',
+        description: 'Weather for a city',
+        strict: true,
+        parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'], additionalProperties: false },
+      },
+    ];
     const { events } = await readSse(server.url, 'POST', '/v1/responses', {
-      key, body: { model: MODEL, input: 'Weather in Paris?', tools, tool_choice: { type: 'function', name: 'get_weather' }, stream: true },
+      key,
+      body: { model: MODEL, input: 'Weather in Paris?', tools, tool_choice: { type: 'function', name: 'get_weather' }, stream: true },
     });
     const parsed = checkStream(events);
-    assert.deepEqual(parsed.map((e) => e.type), [
-      'response.created', 'response.in_progress', 'response.output_item.added',
-      'response.function_call_arguments.delta', 'response.function_call_arguments.delta', 'response.function_call_arguments.done',
-      'response.output_item.done', 'response.completed',
-    ]);
+    assert.deepEqual(
+      parsed.map((e) => e.type),
+      [
+        'response.created',
+        'response.in_progress',
+        'response.output_item.added',
+        'response.function_call_arguments.delta',
+        'response.function_call_arguments.delta',
+        'response.function_call_arguments.done',
+        'response.output_item.done',
+        'response.completed',
+      ],
+    );
     assert.deepEqual(seen.at(-1)!.tool_choice, { type: 'function', function: { name: 'get_weather' } });
     const done = parsed.at(-1)!.response!;
-    const call = done.output[0] as unknown as { type: string; call_id: string; name: string; arguments: string; status: string; id: string };
+    const call = done.output[0] as unknown as {
+      type: string;
+      call_id: string;
+      name: string;
+      arguments: string;
+      status: string;
+      id: string;
+    };
     assert.equal(call.type, 'function_call');
     assert.equal(call.call_id, 'call_abc');
     assert.equal(call.name, 'get_weather');
@@ -189,18 +264,26 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     assert.match(call.id, /^fc_/);
 
     const next = await client.responses.create({
-      model: MODEL, previous_response_id: done.id, tools,
+      model: MODEL,
+      previous_response_id: done.id,
+      tools,
       input: [{ type: 'function_call_output', call_id: 'call_abc', output: '{"temp":21,"sky":"clear"}' }],
     });
     assert.equal(next.output_text, 'It is sunny in Paris.');
     const msgs = seen.at(-1)!.messages;
-    assert.deepEqual(msgs.slice(-2).map((m) => m.role), ['assistant', 'tool']);
+    assert.deepEqual(
+      msgs.slice(-2).map((m) => m.role),
+      ['assistant', 'tool'],
+    );
     assert.equal(msgs.at(-1)!.tool_call_id, 'call_abc');
     assert.equal(msgs.at(-1)!.content, '{"temp":21,"sky":"clear"}');
   });
 
   it('fails with response.failed and error {code, message} when the engine breaks mid-stream', async () => {
-    const { events } = await readSse(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: 'please break', stream: true } });
+    const { events } = await readSse(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: 'please break', stream: true },
+    });
     const parsed = checkStream(events);
     const last = parsed.at(-1)!;
     assert.equal(last.type, 'response.failed');
@@ -213,12 +296,16 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
   });
 
   it('refuses tools and structured output for a model that does not advertise them, naming the capability', async () => {
-    const tools = await http(server.url, 'POST', '/v1/responses', { key, body: { model: 'deepseek/plain', input: 'x', tools: [{ type: 'function', name: 'f' }] } });
+    const tools = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: 'deepseek/plain', input: 'x', tools: [{ type: 'function', name: 'f' }] },
+    });
     assert.equal(tools.status, 400);
     assert.equal(tools.json.error.code, 'missing_capability');
     assert.match(tools.json.error.message, /function_calling/);
     const format = await http(server.url, 'POST', '/v1/chat/completions', {
-      key, body: { model: 'deepseek/plain', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } },
+      key,
+      body: { model: 'deepseek/plain', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } },
     });
     assert.equal(format.status, 400);
     assert.match(format.json.error.message, /structured_output/);

@@ -43,7 +43,10 @@ describe('POST /v1/responses with TinyStories', () => {
 
   it('takes items: easy messages, typed messages with parts, and instructions', async () => {
     const r = await client.responses.create({
-      model: STORIES, temperature: 0, max_output_tokens: 10, instructions: 'Once upon a time,',
+      model: STORIES,
+      temperature: 0,
+      max_output_tokens: 10,
+      instructions: 'Once upon a time,',
       input: [
         { role: 'user', content: 'there was a dog.' },
         { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'The dog liked to run.' }] },
@@ -57,38 +60,68 @@ describe('POST /v1/responses with TinyStories', () => {
   it('is completed when the output ends within max_output_tokens, and incomplete when the limit cuts it', async () => {
     // A schema-constrained answer ends where its JSON does, well inside the limit.
     const ended = await client.responses.create({
-      model: STORIES, input: 'Once upon a time', temperature: 0, max_output_tokens: 60,
-      text: { format: { type: 'json_schema', name: 'flag', strict: true, schema: { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false } } },
+      model: STORIES,
+      input: 'Once upon a time',
+      temperature: 0,
+      max_output_tokens: 60,
+      text: {
+        format: {
+          type: 'json_schema',
+          name: 'flag',
+          strict: true,
+          schema: { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false },
+        },
+      },
     });
     assert.equal(ended.status, 'completed', JSON.stringify(ended.incomplete_details));
     assert.equal(ended.incomplete_details, null);
     assert.equal(typeof (JSON.parse(ended.output_text) as { ok: unknown }).ok, 'boolean');
     assert.ok(ended.usage!.output_tokens < 60);
 
-    const r = await client.responses.create({ model: STORIES, input: 'Once upon a time', temperature: 0, max_output_tokens: 60, text: { format: { type: 'text' } } });
+    const r = await client.responses.create({
+      model: STORIES,
+      input: 'Once upon a time',
+      temperature: 0,
+      max_output_tokens: 60,
+      text: { format: { type: 'text' } },
+    });
     assert.equal(r.status, 'incomplete');
     assert.equal(r.incomplete_details?.reason, 'max_output_tokens');
     assert.equal(r.usage!.output_tokens, 60);
-    const stopped = await http<WireResponse>(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input: 'Once upon a time', temperature: 0 } });
+    const stopped = await http<WireResponse>(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: STORIES, input: 'Once upon a time', temperature: 0 },
+    });
     assert.equal(stopped.json.status, 'incomplete', 'TinyStories fills its context: incomplete, not completed');
   });
 
   it('streams the documented events, and the stream() helper gives finalResponse()', async () => {
-    const { status, events } = await readSse(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 8, temperature: 0, stream: true } });
+    const { status, events } = await readSse(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 8, temperature: 0, stream: true },
+    });
     assert.equal(status, 200);
     const parsed = checkStream(events);
     const types = parsed.map((d) => d.type);
     const deltas = types.filter((t) => t === 'response.output_text.delta').length;
     assert.deepEqual(types, [
-      'response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added',
+      'response.created',
+      'response.in_progress',
+      'response.output_item.added',
+      'response.content_part.added',
       ...Array<string>(deltas).fill('response.output_text.delta'),
-      'response.output_text.done', 'response.content_part.done', 'response.output_item.done', 'response.incomplete',
+      'response.output_text.done',
+      'response.content_part.done',
+      'response.output_item.done',
+      'response.incomplete',
     ]);
     assert.ok(deltas >= 5);
 
     const stream = client.responses.stream({ model: STORIES, input: 'Once upon a time', max_output_tokens: 12, temperature: 0 });
     let text = '';
-    stream.on('response.output_text.delta', (e) => { text += e.delta; });
+    stream.on('response.output_text.delta', (e) => {
+      text += e.delta;
+    });
     const final = await stream.finalResponse();
     assert.equal(final.output_text, text);
     assert.match(text, /little girl/);
@@ -98,13 +131,27 @@ describe('POST /v1/responses with TinyStories', () => {
   });
 
   it('chains previous_response_id without carrying instructions', async () => {
-    const first = await client.responses.create({ model: STORIES, input: 'Once upon a time', instructions: 'A story:', max_output_tokens: 10, temperature: 0 });
-    const second = await client.responses.create({ model: STORIES, previous_response_id: first.id, input: 'The end.', max_output_tokens: 5, temperature: 0 });
+    const first = await client.responses.create({
+      model: STORIES,
+      input: 'Once upon a time',
+      instructions: 'A story:',
+      max_output_tokens: 10,
+      temperature: 0,
+    });
+    const second = await client.responses.create({
+      model: STORIES,
+      previous_response_id: first.id,
+      input: 'The end.',
+      max_output_tokens: 5,
+      temperature: 0,
+    });
     assert.equal(second.previous_response_id, first.id);
     assert.equal(second.instructions, null);
     // The prior input and output are in the prompt; the prior instructions are not.
-    assert.ok(second.usage!.input_tokens >= first.usage!.input_tokens + first.usage!.output_tokens - 3,
-      `${second.usage!.input_tokens} vs ${first.usage!.input_tokens}+${first.usage!.output_tokens}`);
+    assert.ok(
+      second.usage!.input_tokens >= first.usage!.input_tokens + first.usage!.output_tokens - 3,
+      `${second.usage!.input_tokens} vs ${first.usage!.input_tokens}+${first.usage!.output_tokens}`,
+    );
     assert.ok(second.usage!.input_tokens_details.cached_tokens > 0, 'the chained prefix came from the KV cache');
   });
 
@@ -121,7 +168,10 @@ describe('POST /v1/responses with TinyStories', () => {
     const items = [];
     for await (const item of client.conversations.items.list(conv.id, { order: 'asc', limit: 2 })) items.push(item);
     assert.equal(items.length, 6);
-    assert.deepEqual(items.map((i) => (i.type === 'message' ? i.role : i.type)), ['user', 'assistant', 'user', 'assistant', 'user', 'assistant']);
+    assert.deepEqual(
+      items.map((i) => (i.type === 'message' ? i.role : i.type)),
+      ['user', 'assistant', 'user', 'assistant', 'user', 'assistant'],
+    );
     const texts = items.map((i) => (i.type === 'message' ? i.content.map((c) => ('text' in c ? c.text : '')).join('') : ''));
     assert.deepEqual(texts, [turns[0], outputs[0], turns[1], outputs[1], turns[2], outputs[2]]);
 
@@ -139,8 +189,11 @@ describe('POST /v1/responses with TinyStories', () => {
 
   it('keeps concurrent responses on one conversation in contiguous blocks', async () => {
     const conv = await client.conversations.create({});
-    await Promise.all(['A dog.', 'A cat.', 'A bird.'].map((t) =>
-      client.responses.create({ model: STORIES, conversation: conv.id, input: t, max_output_tokens: 4, temperature: 0 })));
+    await Promise.all(
+      ['A dog.', 'A cat.', 'A bird.'].map((t) =>
+        client.responses.create({ model: STORIES, conversation: conv.id, input: t, max_output_tokens: 4, temperature: 0 }),
+      ),
+    );
     const items = (await client.conversations.items.list(conv.id, { order: 'asc', limit: 100 })).data;
     assert.equal(items.length, 6);
     for (let i = 0; i < 6; i += 2) {
@@ -151,8 +204,13 @@ describe('POST /v1/responses with TinyStories', () => {
 
   it('reads, pages the input items of, and deletes a stored response', async () => {
     const r = await client.responses.create({
-      model: STORIES, max_output_tokens: 3,
-      input: [{ role: 'user', content: 'One.' }, { role: 'assistant', content: 'Two.' }, { role: 'user', content: 'Three.' }],
+      model: STORIES,
+      max_output_tokens: 3,
+      input: [
+        { role: 'user', content: 'One.' },
+        { role: 'assistant', content: 'Two.' },
+        { role: 'user', content: 'Three.' },
+      ],
     });
     const got = await client.responses.retrieve(r.id);
     assert.equal(got.id, r.id);
@@ -162,7 +220,10 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal(page1.has_more, true);
     const all = [];
     for await (const item of client.responses.inputItems.list(r.id, { limit: 1, order: 'asc' })) all.push(item);
-    assert.deepEqual(all.map((i) => (i.type === 'message' ? i.role : i.type)), ['user', 'assistant', 'user']);
+    assert.deepEqual(
+      all.map((i) => (i.type === 'message' ? i.role : i.type)),
+      ['user', 'assistant', 'user'],
+    );
     const desc = await client.responses.inputItems.list(r.id);
     assert.equal(desc.data[0]!.id, all[2]!.id, 'newest first by default');
     await client.responses.delete(r.id);
@@ -170,7 +231,10 @@ describe('POST /v1/responses with TinyStories', () => {
   });
 
   it('replays a stored response as the same event sequence', async () => {
-    const live = await readSse(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 6, temperature: 0, stream: true } });
+    const live = await readSse(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 6, temperature: 0, stream: true },
+    });
     const liveEvents = checkStream(live.events);
     const id = liveEvents[0]!.response!.id;
     const replay = await readSse(server.url, 'GET', `/v1/responses/${id}?stream=true`, { key });
@@ -197,19 +261,32 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal((await client.responses.retrieve(r.id)).status, 'cancelled');
     assert.equal((await client.responses.cancel(r.id)).status, 'cancelled', 'cancelling twice is harmless');
 
-    const quick = await client.responses.create({ model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true, temperature: 0 });
+    const quick = await client.responses.create({
+      model: STORIES,
+      input: 'Once upon a time',
+      max_output_tokens: 5,
+      background: true,
+      temperature: 0,
+    });
     const done = await eventually(async () => {
       const d = await client.responses.retrieve(quick.id);
       assert.equal(d.status, 'incomplete');
       return d;
     });
     assert.match(done.output_text, /there/);
-    await assert.rejects(client.responses.cancel(quick.id), (e: unknown) => e instanceof OpenAI.BadRequestError, 'a finished response cannot be cancelled');
+    await assert.rejects(
+      client.responses.cancel(quick.id),
+      (e: unknown) => e instanceof OpenAI.BadRequestError,
+      'a finished response cannot be cancelled',
+    );
     const foreground = await client.responses.create({ model: STORIES, input: 'x', max_output_tokens: 1 });
     await assert.rejects(client.responses.cancel(foreground.id), (e: unknown) => e instanceof OpenAI.BadRequestError);
 
     // Background + stream: events arrive live; a GET stream follows the same run.
-    const bg = await readSse(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true, stream: true } });
+    const bg = await readSse(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true, stream: true },
+    });
     const evs = bg.events.map((e) => JSON.parse(e.data) as Ev);
     assert.equal(evs[0]!.type, 'response.queued');
     assert.equal(evs.at(-1)!.type, 'response.incomplete');
@@ -252,7 +329,10 @@ describe('POST /v1/responses with TinyStories', () => {
       assert.equal(res.status, 400, `${JSON.stringify(body).slice(0, 100)} → ${res.text}`);
       assert.equal(res.json.error.param, param, res.text);
     }
-    const ok = await http(server.url, 'POST', '/v1/responses', { key, body: { ...base, instructions: 'x'.repeat(100), max_output_tokens: 1 } });
+    const ok = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { ...base, instructions: 'x'.repeat(100), max_output_tokens: 1 },
+    });
     assert.equal(ok.status, 200);
   });
 });

@@ -19,7 +19,9 @@ const nested = (depth: number): Record<string, unknown> => {
   return s;
 };
 const chat = (schema: unknown) => ({
-  model: STORIES, max_tokens: 20, messages: [{ role: 'user', content: 'Describe it.' }],
+  model: STORIES,
+  max_tokens: 20,
+  messages: [{ role: 'user', content: 'Describe it.' }],
   response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
 });
 
@@ -37,18 +39,48 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
   it('refuses a schema past each limit with a 400 that names the limit, at once', async () => {
     server = open.keep(await startServer());
     const cases: Array<[string, object, RegExp, string]> = [
-      ['a 200,000-value enum', chat({ type: 'object', properties: { v: { enum: Array.from({ length: 200_000 }, (_, i) => `value${i}`) } }, required: ['v'] }),
-        /enum .* 200000 values.*SWITCHYARD_SCHEMA_MAX_ENUM/, 'response_format.json_schema.schema'],
-      ['1,500 levels of nesting in a tool', {
-        model: STORIES, messages: [{ role: 'user', content: 'x' }], tool_choice: 'required',
-        tools: [{ type: 'function', function: { name: 'f', parameters: nested(1500) } }],
-      }, /deeper than 64 levels.*SWITCHYARD_SCHEMA_MAX_DEPTH/, 'tools[0].parameters'],
+      [
+        'a 200,000-value enum',
+        chat({ type: 'object', properties: { v: { enum: Array.from({ length: 200_000 }, (_, i) => `value${i}`) } }, required: ['v'] }),
+        /enum .* 200000 values.*SWITCHYARD_SCHEMA_MAX_ENUM/,
+        'response_format.json_schema.schema',
+      ],
+      [
+        '1,500 levels of nesting in a tool',
+        {
+          model: STORIES,
+          messages: [{ role: 'user', content: 'x' }],
+          tool_choice: 'required',
+          tools: [{ type: 'function', function: { name: 'f', parameters: nested(1500) } }],
+        },
+        /deeper than 64 levels.*SWITCHYARD_SCHEMA_MAX_DEPTH/,
+        'tools[0].parameters',
+      ],
       ['1,500 levels of nesting in json_schema', chat(nested(1500)), /SWITCHYARD_SCHEMA_MAX_DEPTH/, 'response_format.json_schema.schema'],
-      ['minItems: 100000', chat({ type: 'array', items: { type: 'integer' }, minItems: 100_000 }), /minItems .* 100000.*SWITCHYARD_SCHEMA_MAX_MIN_COUNT/, 'response_format.json_schema.schema'],
-      ['minLength: 100000', chat({ type: 'string', minLength: 100_000 }), /minLength.*SWITCHYARD_SCHEMA_MAX_MIN_COUNT/, 'response_format.json_schema.schema'],
-      ['2 MB of schema', chat({ type: 'object', description: 'd'.repeat(2 * 1024 * 1024) }), /more than 1048576 bytes.*SWITCHYARD_SCHEMA_MAX_BYTES/, 'response_format.json_schema.schema'],
-      ['30,000 subschemas', chat({ type: 'object', properties: Object.fromEntries(Array.from({ length: 30_000 }, (_, i) => [`p${i}`, { type: 'null' }])) }),
-        /more than 20000 objects.*SWITCHYARD_SCHEMA_MAX_NODES/, 'response_format.json_schema.schema'],
+      [
+        'minItems: 100000',
+        chat({ type: 'array', items: { type: 'integer' }, minItems: 100_000 }),
+        /minItems .* 100000.*SWITCHYARD_SCHEMA_MAX_MIN_COUNT/,
+        'response_format.json_schema.schema',
+      ],
+      [
+        'minLength: 100000',
+        chat({ type: 'string', minLength: 100_000 }),
+        /minLength.*SWITCHYARD_SCHEMA_MAX_MIN_COUNT/,
+        'response_format.json_schema.schema',
+      ],
+      [
+        '2 MB of schema',
+        chat({ type: 'object', description: 'd'.repeat(2 * 1024 * 1024) }),
+        /more than 1048576 bytes.*SWITCHYARD_SCHEMA_MAX_BYTES/,
+        'response_format.json_schema.schema',
+      ],
+      [
+        '30,000 subschemas',
+        chat({ type: 'object', properties: Object.fromEntries(Array.from({ length: 30_000 }, (_, i) => [`p${i}`, { type: 'null' }])) }),
+        /more than 20000 objects.*SWITCHYARD_SCHEMA_MAX_NODES/,
+        'response_format.json_schema.schema',
+      ],
     ];
     for (const [label, body, message, param] of cases) {
       const started = Date.now();
@@ -61,12 +93,14 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     }
     // The same limits on the Responses API, and on a tool's parameters there.
     const deep = await http(server.url, 'POST', '/v1/responses', {
-      key: server.adminKey, body: { model: STORIES, input: 'x', text: { format: { type: 'json_schema', name: 'x', schema: nested(1500) } } },
+      key: server.adminKey,
+      body: { model: STORIES, input: 'x', text: { format: { type: 'json_schema', name: 'x', schema: nested(1500) } } },
     });
     assert.equal(deep.status, 400, deep.text.slice(0, 200));
     assert.equal(deep.json.error.code, 'schema_too_large');
     const tool = await http(server.url, 'POST', '/v1/responses', {
-      key: server.adminKey, body: { model: STORIES, input: 'x', tools: [{ type: 'function', name: 'f', parameters: { type: 'array', minItems: 100_000 } }] },
+      key: server.adminKey,
+      body: { model: STORIES, input: 'x', tools: [{ type: 'function', name: 'f', parameters: { type: 'array', minItems: 100_000 } }] },
     });
     assert.equal(tool.status, 400);
     assert.equal(tool.json.error.param, 'tools[0].parameters');
@@ -77,7 +111,12 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     // Within every limit (126 KB, 3,001 subschemas), but Ajv's compile time grows with the square of
     // the properties: 1,000 of them take ~1.4 s here, where a small schema takes ~1 ms.
     const props: Record<string, unknown> = {};
-    for (let i = 0; i < 1000; i++) props[`p${i}`] = { type: 'object', properties: { [`a${i}`]: { type: 'string', maxLength: i + 1 }, [`b${i}`]: { type: 'integer' } }, required: [`a${i}`] };
+    for (let i = 0; i < 1000; i++)
+      props[`p${i}`] = {
+        type: 'object',
+        properties: { [`a${i}`]: { type: 'string', maxLength: i + 1 }, [`b${i}`]: { type: 'integer' } },
+        required: [`a${i}`],
+      };
     const big = { type: 'object', properties: props };
     const pool = new Pool(s.url, { connections: 4 });
     open.add(() => pool.close());
@@ -91,9 +130,14 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
         slowest.ms = Math.max(slowest.ms, performance.now() - t);
       }
     })();
-    const refused = await Promise.all(Array.from({ length: 6 }, (_, i) => http(s.url, 'POST', '/v1/chat/completions', {
-      key: s.adminKey, body: chat({ ...big, description: `copy ${i}` }),
-    })));
+    const refused = await Promise.all(
+      Array.from({ length: 6 }, (_, i) =>
+        http(s.url, 'POST', '/v1/chat/completions', {
+          key: s.adminKey,
+          body: chat({ ...big, description: `copy ${i}` }),
+        }),
+      ),
+    );
     pinging = false;
     await pings;
     for (const r of refused) {
@@ -106,7 +150,8 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     assert.ok(slowest.ms < 500, `a health check waited ${slowest.ms.toFixed(1)} ms while schemas compiled`);
     // The worker that was stopped is replaced: a small schema compiles and generates.
     const ok = await http<{ choices: Array<{ message: { content: string } }> }>(s.url, 'POST', '/v1/chat/completions', {
-      key: s.adminKey, body: chat({ type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false }),
+      key: s.adminKey,
+      body: chat({ type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false }),
     });
     assert.equal(ok.status, 200, ok.text);
     assert.match(ok.json.choices[0]!.message.content, /^\{"ok":(true|false)\}$/);
@@ -120,7 +165,12 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
       proc?.child.kill('SIGKILL');
       rmSync(dataDir, { recursive: true, force: true });
     });
-    proc = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: admin, SWITCHYARD_WORKERS: '1', SWITCHYARD_SCHEMA_CACHE_SIZE: '64' });
+    proc = await startProcess({
+      SWITCHYARD_DATA_DIR: dataDir,
+      SWITCHYARD_ADMIN_KEY: admin,
+      SWITCHYARD_WORKERS: '1',
+      SWITCHYARD_SCHEMA_CACHE_SIZE: '64',
+    });
     const pool = new Pool(proc.url, { connections: 8 });
     open.add(() => pool.close());
     let next = 0;
@@ -132,9 +182,15 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
       while (next < DISTINCT) {
         const i = next++;
         if (i === warmup) baseline = await memory(proc!.url);
-        const schema = { type: 'object', properties: { [`field_${i}`]: { type: 'boolean' } }, required: [`field_${i}`], additionalProperties: false };
+        const schema = {
+          type: 'object',
+          properties: { [`field_${i}`]: { type: 'boolean' } },
+          required: [`field_${i}`],
+          additionalProperties: false,
+        };
         const res = await pool.request({
-          path: '/v1/chat/completions', method: 'POST',
+          path: '/v1/chat/completions',
+          method: 'POST',
           headers: { authorization: `Bearer ${admin}`, 'content-type': 'application/json' },
           body: JSON.stringify({ ...chat(schema), max_tokens: 12 }),
         });
@@ -143,7 +199,9 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
       }
     };
     await Promise.all(Array.from({ length: 8 }, send));
-    const loaded = await http<{ cached_schemas: number; schema_violations: number }>(proc.url, 'GET', '/admin/local/loaded', { key: admin });
+    const loaded = await http<{ cached_schemas: number; schema_violations: number }>(proc.url, 'GET', '/admin/local/loaded', {
+      key: admin,
+    });
     assert.ok(loaded.json.cached_schemas <= 64, `cache holds ${loaded.json.cached_schemas}`);
     assert.equal(loaded.json.schema_violations, 0);
     let end = await memory(proc.url);
@@ -152,7 +210,9 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
       end = await memory(proc.url);
     }
     const growth = end.rss - baseline.rss;
-    console.log(`# ${DISTINCT} distinct schemas: RSS ${Math.round(baseline.rss / 1e6)} MB after ${warmup}, ${Math.round(end.rss / 1e6)} MB at the end; ${loaded.json.cached_schemas} cached`);
+    console.log(
+      `# ${DISTINCT} distinct schemas: RSS ${Math.round(baseline.rss / 1e6)} MB after ${warmup}, ${Math.round(end.rss / 1e6)} MB at the end; ${loaded.json.cached_schemas} cached`,
+    );
     // Unbounded caches grew ~100 KB per schema (120 MB over the last 1,200 of 2,000). Over 2,000 the heap
     // is still growing toward its first major GC (~6,000 here), hence the wider margin; over 20,000
     // the baseline comes after it and RSS holds within a few MB.
@@ -163,13 +223,19 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
   it('stops within the shutdown timeout on SIGTERM, right after the schemas that used to freeze it', async () => {
     const dataDir = tempDir();
     const admin = 'sk-test-admin-sigterm-0123456789abcdef';
-    const proc = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: admin, SWITCHYARD_WORKERS: '1', SWITCHYARD_SHUTDOWN_TIMEOUT_MS: '3000' });
+    const proc = await startProcess({
+      SWITCHYARD_DATA_DIR: dataDir,
+      SWITCHYARD_ADMIN_KEY: admin,
+      SWITCHYARD_WORKERS: '1',
+      SWITCHYARD_SHUTDOWN_TIMEOUT_MS: '3000',
+    });
     open.add(async () => {
       proc.child.kill('SIGKILL');
       rmSync(dataDir, { recursive: true, force: true });
     });
     const huge = http(proc.url, 'POST', '/v1/chat/completions', {
-      key: admin, body: chat({ type: 'object', properties: { v: { enum: Array.from({ length: 200_000 }, (_, i) => `value${i}`) } } }),
+      key: admin,
+      body: chat({ type: 'object', properties: { v: { enum: Array.from({ length: 200_000 }, (_, i) => `value${i}`) } } }),
     });
     const big = JSON.parse(readFileSync(join(SCHEMAS, 'JsonSchemaStore', 'meta.schema.json'), 'utf8')) as object;
     const heavy = http(proc.url, 'POST', '/v1/chat/completions', { key: admin, body: chat(big) });
@@ -177,7 +243,10 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     await eventually(async () => {
       const text = await (await fetch(`${proc.url}/metrics`)).text();
       const inFlight = Number(/^switchyard_in_flight_requests (\d+)$/m.exec(text)?.[1] ?? 0);
-      const answered = [...text.matchAll(/^switchyard_requests_total\{route="\/v1\/chat\/completions"[^}]*\} (\d+)$/gm)].reduce((n, m) => n + Number(m[1]), 0);
+      const answered = [...text.matchAll(/^switchyard_requests_total\{route="\/v1\/chat\/completions"[^}]*\} (\d+)$/gm)].reduce(
+        (n, m) => n + Number(m[1]),
+        0,
+      );
       assert.ok(inFlight + answered >= 2, `${inFlight} in flight, ${answered} answered`);
     });
     const stopAt = Date.now();

@@ -25,19 +25,27 @@ describe('secrets never reach logs or error bodies', () => {
     // An upstream that quotes the credential it got, as some hosted APIs do in their 401s.
     const upstream = await fixture((req, res) => {
       req.resume();
-      res.writeHead(401, { 'content-type': 'application/json' })
+      res
+        .writeHead(401, { 'content-type': 'application/json' })
         .end(JSON.stringify({ error: { message: `Incorrect API key provided: ${String(req.headers.authorization).slice(7)}` } }));
     });
     closers.push(() => upstream.close());
     const config = join(dataDir, 'config.json');
-    writeFileSync(config, JSON.stringify({
-      defaultCatalogue: false,
-      models: [{ id: MODEL, name: 'TinyStories via upstream', context_length: 512 }],
-      deployments: [{ model: MODEL, baseUrl: upstream.url, apiKeyEnv: 'UPSTREAM_KEY' }],
-    }));
+    writeFileSync(
+      config,
+      JSON.stringify({
+        defaultCatalogue: false,
+        models: [{ id: MODEL, name: 'TinyStories via upstream', context_length: 512 }],
+        deployments: [{ model: MODEL, baseUrl: upstream.url, apiKeyEnv: 'UPSTREAM_KEY' }],
+      }),
+    );
     proc = await startProcess({
-      SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN, SWITCHYARD_WORKERS: '1', SWITCHYARD_LOG_LEVEL: 'trace',
-      SWITCHYARD_CONFIG: config, UPSTREAM_KEY: UPSTREAM_SECRET,
+      SWITCHYARD_DATA_DIR: dataDir,
+      SWITCHYARD_ADMIN_KEY: ADMIN,
+      SWITCHYARD_WORKERS: '1',
+      SWITCHYARD_LOG_LEVEL: 'trace',
+      SWITCHYARD_CONFIG: config,
+      UPSTREAM_KEY: UPSTREAM_SECRET,
     });
     const url = proc.url;
     const secrets = [ADMIN, UPSTREAM_SECRET];
@@ -65,7 +73,11 @@ describe('secrets never reach logs or error bodies', () => {
     ];
     for (const c of calls) bodies.push((await http(...c)).text);
     const upstreamAnswer = JSON.parse(bodies[6]!) as { error: { message: string } };
-    assert.match(upstreamAnswer.error.message, /Incorrect API key provided: \[redacted\]/, 'the upstream error is passed on, without the credential');
+    assert.match(
+      upstreamAnswer.error.message,
+      /Incorrect API key provided: \[redacted\]/,
+      'the upstream error is passed on, without the credential',
+    );
 
     proc.child.kill('SIGTERM');
     await proc.exited;
@@ -73,7 +85,8 @@ describe('secrets never reach logs or error bodies', () => {
     assert.ok(logs.split('\n').filter((l) => l.includes('"msg":"request"')).length >= calls.length, 'the access log ran');
     for (const secret of secrets) {
       assert.ok(!logs.includes(secret), `a secret (${secret.slice(0, 12)}…) is in the logs`);
-      for (const b of bodies) assert.ok(!b.includes(secret) || b === created.text, `a secret (${secret.slice(0, 12)}…) is in an answer: ${b.slice(0, 200)}`);
+      for (const b of bodies)
+        assert.ok(!b.includes(secret) || b === created.text, `a secret (${secret.slice(0, 12)}…) is in an answer: ${b.slice(0, 200)}`);
     }
     assert.match(logs, /api_key=\[redacted\]&type=text_generation/);
   });
@@ -86,7 +99,9 @@ describe('secrets never reach logs or error bodies', () => {
     // Each upstream model quotes the key it was sent in another way.
     const upstream = await fixture((req, res) => {
       let raw = '';
-      req.on('data', (c: Buffer) => { raw += c.toString(); });
+      req.on('data', (c: Buffer) => {
+        raw += c.toString();
+      });
       req.on('end', () => {
         lastAuthorization = req.headers.authorization;
         const sent = String(req.headers.authorization ?? '').slice(7);
@@ -102,7 +117,9 @@ describe('secrets never reach logs or error bodies', () => {
             res.end(`data: ${JSON.stringify({ error: { message: `stream failed for ${sent}` } })}\n\n`);
             break;
           case 'escaped401':
-            res.writeHead(401, { 'content-type': 'application/json' }).end(`{"error":{"message":"Incorrect API key provided: ${escaped}"}}`);
+            res
+              .writeHead(401, { 'content-type': 'application/json' })
+              .end(`{"error":{"message":"Incorrect API key provided: ${escaped}"}}`);
             break;
           case 'percent':
             res.writeHead(401, { 'content-type': 'text/plain' }).end(`denied: ${encodeURIComponent(sent).replace(/-/g, '%2D')}`);
@@ -122,9 +139,12 @@ describe('secrets never reach logs or error bodies', () => {
               sse();
               res.end(`${chunkFrame({ role: 'assistant', content: 'fine' }, 'stop')}data: [DONE]\n\n`);
             } else {
-              res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
-                choices: [{ index: 0, message: { role: 'assistant', content: 'fine' }, finish_reason: 'stop' }], usage: { prompt_tokens: 1, completion_tokens: 1 },
-              }));
+              res.writeHead(200, { 'content-type': 'application/json' }).end(
+                JSON.stringify({
+                  choices: [{ index: 0, message: { role: 'assistant', content: 'fine' }, finish_reason: 'stop' }],
+                  usage: { prompt_tokens: 1, completion_tokens: 1 },
+                }),
+              );
             }
         }
       });
@@ -134,26 +154,40 @@ describe('secrets never reach logs or error bodies', () => {
     closers.push(async () => rmSync(dir, { recursive: true, force: true }));
     const kinds = ['err200', 'errframe', 'escaped401', 'percent', 'echo', 'plain'];
     const config = join(dir, 'config.json');
-    writeFileSync(config, JSON.stringify({
-      defaultCatalogue: false,
-      models: [
-        ...kinds.map((k) => ({ id: `meta-llama/${k}`, context_length: 512 })),
-        { id: 'meta-llama/acme-secret-finetune', context_length: 512, visibility: 'private', owned_by: 'acme' },
-      ],
-      deployments: [
-        ...kinds.map((k) => ({ model: `meta-llama/${k}`, baseUrl: upstream.url, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: k })),
-        { model: 'meta-llama/acme-secret-finetune', baseUrl: upstream.url, upstreamModel: 'plain' },
-      ],
-    }));
+    writeFileSync(
+      config,
+      JSON.stringify({
+        defaultCatalogue: false,
+        models: [
+          ...kinds.map((k) => ({ id: `meta-llama/${k}`, context_length: 512 })),
+          { id: 'meta-llama/acme-secret-finetune', context_length: 512, visibility: 'private', owned_by: 'acme' },
+        ],
+        deployments: [
+          ...kinds.map((k) => ({ model: `meta-llama/${k}`, baseUrl: upstream.url, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: k })),
+          { model: 'meta-llama/acme-secret-finetune', baseUrl: upstream.url, upstreamModel: 'plain' },
+        ],
+      }),
+    );
     const admin = 'sk-test-admin-scrub-logs-0123456789';
     const p = await startProcess({
-      SWITCHYARD_DATA_DIR: dir, SWITCHYARD_ADMIN_KEY: admin, SWITCHYARD_WORKERS: '1', SWITCHYARD_LOG_LEVEL: 'trace', SWITCHYARD_CONFIG: config,
-      UPSTREAM_KEY: KEY, SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1', SWITCHYARD_CATALOGUE_REFRESH_MS: '200', SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1',
+      SWITCHYARD_DATA_DIR: dir,
+      SWITCHYARD_ADMIN_KEY: admin,
+      SWITCHYARD_WORKERS: '1',
+      SWITCHYARD_LOG_LEVEL: 'trace',
+      SWITCHYARD_CONFIG: config,
+      UPSTREAM_KEY: KEY,
+      SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1',
+      SWITCHYARD_CATALOGUE_REFRESH_MS: '200',
+      SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1',
     });
-    closers.push(async () => { p.child.kill('SIGKILL'); });
-    const ask = (k: string, stream = false) => http(p.url, 'POST', '/v1/chat/completions', {
-      key: admin, body: { model: `meta-llama/${k}`, messages: [{ role: 'user', content: 'hi' }], stream },
+    closers.push(async () => {
+      p.child.kill('SIGKILL');
     });
+    const ask = (k: string, stream = false) =>
+      http(p.url, 'POST', '/v1/chat/completions', {
+        key: admin,
+        body: { model: `meta-llama/${k}`, messages: [{ role: 'user', content: 'hi' }], stream },
+      });
     const bodies: string[] = [];
     for (const k of ['err200', 'escaped401', 'percent']) {
       const r = await ask(k);
@@ -169,15 +203,22 @@ describe('secrets never reach logs or error bodies', () => {
     assert.match(bodies[4]!, /\[redacted\]/);
     assert.match(bodies[4]!, / bye/);
     // Stored with a background response, and read back.
-    const bg = await http<{ id: string }>(p.url, 'POST', '/v1/responses', { key: admin, body: { model: 'meta-llama/errframe', input: 'hi', background: true } });
+    const bg = await http<{ id: string }>(p.url, 'POST', '/v1/responses', {
+      key: admin,
+      body: { model: 'meta-llama/errframe', input: 'hi', background: true },
+    });
     let stored = await http<{ status: string }>(p.url, 'GET', `/v1/responses/${bg.json.id}`, { key: admin });
-    for (const deadline = Date.now() + 5000; stored.json.status !== 'failed' && Date.now() < deadline;) stored = await http(p.url, 'GET', `/v1/responses/${bg.json.id}`, { key: admin });
+    for (const deadline = Date.now() + 5000; stored.json.status !== 'failed' && Date.now() < deadline;)
+      stored = await http(p.url, 'GET', `/v1/responses/${bg.json.id}`, { key: admin });
     assert.equal(stored.json.status, 'failed');
     bodies.push(stored.text);
     for (const b of bodies) {
       assert.ok(!b.includes(KEY), `the upstream key reached a client: ${b.slice(0, 300)}`);
       assert.ok(!b.includes(basic.slice(4, -4)), 'the key reached a client in base64');
-      assert.ok(!b.includes(escaped.slice(0, 30)) && !b.includes(encodeURIComponent(KEY).replace(/-/g, '%2D')), 'the key reached a client escaped');
+      assert.ok(
+        !b.includes(escaped.slice(0, 30)) && !b.includes(encodeURIComponent(KEY).replace(/-/g, '%2D')),
+        'the key reached a client escaped',
+      );
     }
     const sqlite = new SqliteDatabase(join(dir, 'switchyard.db'), { readonly: true });
     const rows = sqlite.prepare('select body from responses').all() as Array<{ body: string }>;
@@ -186,15 +227,23 @@ describe('secrets never reach logs or error bodies', () => {
 
     // api_key_env may only name variables meant for upstream keys.
     for (const name of ['SWITCHYARD_ADMIN_KEY', 'DATABASE_URL', 'PATH', 'UPSTREAM_KEY']) {
-      const r = await http(p.url, 'POST', '/admin/deployments', { key: admin, body: { model: 'meta-llama/plain', base_url: upstream.url, api_key_env: name } });
+      const r = await http(p.url, 'POST', '/admin/deployments', {
+        key: admin,
+        body: { model: 'meta-llama/plain', base_url: upstream.url, api_key_env: name },
+      });
       assert.equal(r.status, 400, `${name}: ${r.text}`);
       assert.equal(r.json.error.param, 'api_key_env');
     }
-    const okDep = await http(p.url, 'POST', '/admin/deployments', { key: admin, body: { model: 'meta-llama/plain', base_url: upstream.url, api_key_env: 'UPSTREAM_KEY_PLAIN' } });
+    const okDep = await http(p.url, 'POST', '/admin/deployments', {
+      key: admin,
+      body: { model: 'meta-llama/plain', base_url: upstream.url, api_key_env: 'UPSTREAM_KEY_PLAIN' },
+    });
     assert.equal(okDep.status, 201, okDep.text);
     // A row written some other way that names the admin key gets no key at all.
     const rw = new SqliteDatabase(join(dir, 'switchyard.db'));
-    rw.prepare("insert into deployments (id, model, base_url, api_key_env, upstream_model, weight, api, created_at) values ('dep_sneaky', 'meta-llama/err200', ?, 'SWITCHYARD_ADMIN_KEY', 'plain', 1000000, 'chat', 1)").run(upstream.url);
+    rw.prepare(
+      "insert into deployments (id, model, base_url, api_key_env, upstream_model, weight, api, created_at) values ('dep_sneaky', 'meta-llama/err200', ?, 'SWITCHYARD_ADMIN_KEY', 'plain', 1000000, 'chat', 1)",
+    ).run(upstream.url);
     rw.close();
     const deadline = Date.now() + 5000;
     let sawSneaky = false;
@@ -210,12 +259,20 @@ describe('secrets never reach logs or error bodies', () => {
     // Credential-shaped values in URLs, wherever they are.
     const created = await http<WireKey>(p.url, 'POST', '/admin/keys', { key: admin, body: { org: 'acme', name: 'urls' } });
     const userKey = created.json.key!;
-    for (const path of [`/v1/models?k=${userKey}`, `/v1/models?${userKey}`, `/v1/models/${userKey}`, `/v1/models?q=${encodeURIComponent(userKey)}`]) {
+    for (const path of [
+      `/v1/models?k=${userKey}`,
+      `/v1/models?${userKey}`,
+      `/v1/models/${userKey}`,
+      `/v1/models?q=${encodeURIComponent(userKey)}`,
+    ]) {
       await http(p.url, 'GET', path, { key: userKey });
     }
 
     // Private models: the owner uses it, an unauthenticated scrape never sees its id.
-    const own = await http(p.url, 'POST', '/v1/chat/completions', { key: userKey, body: { model: 'meta-llama/acme-secret-finetune', messages: [{ role: 'user', content: 'hi' }] } });
+    const own = await http(p.url, 'POST', '/v1/chat/completions', {
+      key: userKey,
+      body: { model: 'meta-llama/acme-secret-finetune', messages: [{ role: 'user', content: 'hi' }] },
+    });
     assert.equal(own.status, 200, own.text);
     const scrape = (await http(p.url, 'GET', '/metrics')).text;
     assert.ok(!scrape.includes('acme-secret-finetune'), 'a private model id is on the open /metrics');

@@ -39,7 +39,10 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       await store.createOrg({ id: 'beta', name: 'Beta', created_at: 1_700_000_002 });
       assert.deepEqual(await store.getOrg('acme'), { id: 'acme', name: 'Acme Inc', created_at: 1_700_000_001, limits: null });
       assert.equal(await store.getOrg('nobody'), undefined);
-      assert.deepEqual((await store.listOrgs()).map((o) => o.id), ['acme', 'beta']);
+      assert.deepEqual(
+        (await store.listOrgs()).map((o) => o.id),
+        ['acme', 'beta'],
+      );
       await assert.rejects(store.createOrg({ id: 'acme', name: 'again', created_at: 1 }));
     });
 
@@ -58,7 +61,10 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       const other = await createKey(store, { org: 'newco', name: 'x', role: 'inference' });
       assert.equal(other.orgCreated, true, 'a key for a new org creates the org');
       assert.ok(await store.getOrg('newco'));
-      assert.deepEqual((await store.listKeys('acme')).map((k) => k.id), [record.id]);
+      assert.deepEqual(
+        (await store.listKeys('acme')).map((k) => k.id),
+        [record.id],
+      );
 
       assert.equal(await store.revokeKey(record.id, 1_800_000_000), true);
       assert.equal(await store.revokeKey(record.id, 1_900_000_000), true);
@@ -95,7 +101,10 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       const back = (await store.getModel(img.id))!;
       assert.equal(back.context_length, null);
       assert.equal(back.output_size, '512x512');
-      assert.deepEqual((await store.listModels()).map((x) => x.id), ['black-forest-labs/img', 'meta-llama/test-a']);
+      assert.deepEqual(
+        (await store.listModels()).map((x) => x.id),
+        ['black-forest-labs/img', 'meta-llama/test-a'],
+      );
       assert.equal(await store.getModel('x/none'), undefined);
     });
   });

@@ -8,8 +8,14 @@ function split(chunks: string[]): { reasoning: string; text: string } {
   const s = new ThinkSplitter();
   const pieces: Piece[] = [...chunks.flatMap((c) => s.push(c)), ...s.flush()];
   return {
-    reasoning: pieces.filter((p) => p.kind === 'reasoning').map((p) => p.text).join(''),
-    text: pieces.filter((p) => p.kind === 'text').map((p) => p.text).join(''),
+    reasoning: pieces
+      .filter((p) => p.kind === 'reasoning')
+      .map((p) => p.text)
+      .join(''),
+    text: pieces
+      .filter((p) => p.kind === 'text')
+      .map((p) => p.text)
+      .join(''),
   };
 }
 
@@ -24,7 +30,10 @@ describe('thought segments of local models', () => {
   });
 
   it('passes text without a thought segment through untouched', () => {
-    assert.deepEqual(split(['Once upon', ' a time <think> is not a tag here']), { reasoning: '', text: 'Once upon a time <think> is not a tag here' });
+    assert.deepEqual(split(['Once upon', ' a time <think> is not a tag here']), {
+      reasoning: '',
+      text: 'Once upon a time <think> is not a tag here',
+    });
     assert.deepEqual(split(['<', 'b>bold']), { reasoning: '', text: '<b>bold' });
     assert.deepEqual(split(['<thi']), { reasoning: '', text: '<thi' }, 'a held partial tag is flushed at the end');
   });

@@ -23,7 +23,8 @@ const weatherParams = {
 } as const;
 const validWeather = ajv.compile(weatherParams);
 const weatherTool: OpenAI.Chat.ChatCompletionTool = {
-  type: 'function', function: { name: 'get_weather', description: 'Weather forecast', parameters: weatherParams, strict: true },
+  type: 'function',
+  function: { name: 'get_weather', description: 'Weather forecast', parameters: weatherParams, strict: true },
 };
 
 const personSchema = {
@@ -50,16 +51,23 @@ describe('function calling and structured output on the local engine (stories260
   after(() => server.close());
 
   it('advertises function_calling and structured_output for local models', async () => {
-    const m = await client.models.retrieve(STORIES) as unknown as { capabilities: string[] };
+    const m = (await client.models.retrieve(STORIES)) as unknown as { capabilities: string[] };
     assert.ok(m.capabilities.includes('function_calling'));
     assert.ok(m.capabilities.includes('structured_output'));
   });
 
   it('tool_choice "required": 50 of 50 calls at temperature 1 parse and validate', async () => {
-    const runs = await Promise.all(Array.from({ length: 50 }, () => client.chat.completions.create({
-      model: STORIES, temperature: 1, messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
-      tools: [weatherTool], tool_choice: 'required',
-    })));
+    const runs = await Promise.all(
+      Array.from({ length: 50 }, () =>
+        client.chat.completions.create({
+          model: STORIES,
+          temperature: 1,
+          messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+          tools: [weatherTool],
+          tool_choice: 'required',
+        }),
+      ),
+    );
     for (const r of runs) {
       const choice = r.choices[0]!;
       assert.equal(choice.finish_reason, 'tool_calls');
@@ -74,10 +82,16 @@ describe('function calling and structured output on the local engine (stories260
   });
 
   it('json_schema structured output: 50 of 50 validate', async () => {
-    const runs = await Promise.all(Array.from({ length: 50 }, () => client.chat.completions.create({
-      model: STORIES, temperature: 1, messages: [{ role: 'user', content: 'Describe a person.' }],
-      response_format: { type: 'json_schema', json_schema: { name: 'person', schema: personSchema, strict: true } },
-    })));
+    const runs = await Promise.all(
+      Array.from({ length: 50 }, () =>
+        client.chat.completions.create({
+          model: STORIES,
+          temperature: 1,
+          messages: [{ role: 'user', content: 'Describe a person.' }],
+          response_format: { type: 'json_schema', json_schema: { name: 'person', schema: personSchema, strict: true } },
+        }),
+      ),
+    );
     for (const r of runs) {
       assert.equal(r.choices[0]!.finish_reason, 'stop');
       const value: unknown = JSON.parse(r.choices[0]!.message.content!);
@@ -87,7 +101,8 @@ describe('function calling and structured output on the local engine (stories260
 
   it('chat.completions.parse() returns the parsed object', async () => {
     const r = await client.chat.completions.parse({
-      model: STORIES, messages: [{ role: 'user', content: 'Describe a person.' }],
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Describe a person.' }],
       response_format: { type: 'json_schema', json_schema: { name: 'person', schema: personSchema, strict: true } },
     });
     const parsed = r.choices[0]!.message.parsed;
@@ -97,10 +112,26 @@ describe('function calling and structured output on the local engine (stories260
   it('picks among several tools under "required", and honours a named tool_choice', async () => {
     const tools: OpenAI.Chat.ChatCompletionTool[] = [
       weatherTool,
-      { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: { zone: { type: 'string', enum: ['UTC', 'CET'] } }, required: ['zone'], additionalProperties: false } } },
+      {
+        type: 'function',
+        function: {
+          name: 'get_time',
+          parameters: {
+            type: 'object',
+            properties: { zone: { type: 'string', enum: ['UTC', 'CET'] } },
+            required: ['zone'],
+            additionalProperties: false,
+          },
+        },
+      },
     ];
     for (let i = 0; i < 10; i++) {
-      const r = await client.chat.completions.create({ model: STORIES, messages: [{ role: 'user', content: 'Help me.' }], tools, tool_choice: 'required' });
+      const r = await client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'Help me.' }],
+        tools,
+        tool_choice: 'required',
+      });
       const call = r.choices[0]!.message.tool_calls![0]!;
       assert.ok(call.type === 'function' && ['get_weather', 'get_time'].includes(call.function.name));
       const args: unknown = JSON.parse(call.function.arguments);
@@ -108,29 +139,49 @@ describe('function calling and structured output on the local engine (stories260
       else assert.ok(['UTC', 'CET'].includes((args as { zone: string }).zone));
     }
     const named = await client.chat.completions.create({
-      model: STORIES, messages: [{ role: 'user', content: 'Help me.' }], tools, tool_choice: { type: 'function', function: { name: 'get_time' } },
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Help me.' }],
+      tools,
+      tool_choice: { type: 'function', function: { name: 'get_time' } },
     });
-    assert.equal(named.choices[0]!.message.tool_calls![0]!.type === 'function' && named.choices[0]!.message.tool_calls![0]!.function.name, 'get_time');
+    assert.equal(
+      named.choices[0]!.message.tool_calls![0]!.type === 'function' && named.choices[0]!.message.tool_calls![0]!.function.name,
+      'get_time',
+    );
   });
 
   it('lets the model answer in text under "auto" (it never opens a tool call)', async () => {
     const r = await client.chat.completions.create({
-      model: STORIES, temperature: 0, max_tokens: 20, messages: [{ role: 'user', content: 'Once upon a time' }], tools: [weatherTool],
+      model: STORIES,
+      temperature: 0,
+      max_tokens: 20,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      tools: [weatherTool],
     });
     assert.equal(r.choices[0]!.finish_reason, 'length');
     assert.ok(r.choices[0]!.message.content!.length > 0);
     const none = await client.chat.completions.create({
-      model: STORIES, temperature: 0, max_tokens: 5, messages: [{ role: 'user', content: 'Once upon a time' }], tools: [weatherTool], tool_choice: 'none',
+      model: STORIES,
+      temperature: 0,
+      max_tokens: 5,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      tools: [weatherTool],
+      tool_choice: 'none',
     });
     assert.equal(none.choices[0]!.message.tool_calls, undefined);
   });
 
   it('streams tool-call deltas that chat.completions.stream() reassembles', async () => {
     const stream = client.chat.completions.stream({
-      model: STORIES, messages: [{ role: 'user', content: 'Weather?' }], tools: [weatherTool], tool_choice: 'required',
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Weather?' }],
+      tools: [weatherTool],
+      tool_choice: 'required',
     });
     const fragments: string[] = [];
-    stream.on('tool_calls.function.arguments.delta', (e) => { fragments.push(e.arguments_delta); });
+    stream.on('tool_calls.function.arguments.delta', (e) => {
+      fragments.push(e.arguments_delta);
+    });
     const final = await stream.finalChatCompletion();
     const call = final.choices[0]!.message.tool_calls![0]!;
     assert.ok(call.type === 'function');
@@ -146,19 +197,21 @@ describe('function calling and structured output on the local engine (stories260
       model: STORIES,
       messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
       tool_choice: { type: 'function', function: { name: 'get_weather' } },
-      tools: [{
-        type: 'function',
-        function: {
-          name: 'get_weather',
-          description: 'Weather forecast',
-          parameters: structuredClone(weatherParams) as unknown as Record<string, unknown>,
-          parse: (s: string) => JSON.parse(s) as Record<string, unknown>,
-          function: (args: Record<string, unknown>) => {
-            calls.push(args);
-            return { forecast: 'sunny', temperature: 21 };
+      tools: [
+        {
+          type: 'function',
+          function: {
+            name: 'get_weather',
+            description: 'Weather forecast',
+            parameters: structuredClone(weatherParams) as unknown as Record<string, unknown>,
+            parse: (s: string) => JSON.parse(s) as Record<string, unknown>,
+            function: (args: Record<string, unknown>) => {
+              calls.push(args);
+              return { forecast: 'sunny', temperature: 21 };
+            },
           },
         },
-      }],
+      ],
     });
     const messages = await runner.done().then(() => runner.messages);
     assert.equal(calls.length, 1);
@@ -166,19 +219,35 @@ describe('function calling and structured output on the local engine (stories260
     const toolMsg = messages.find((m) => m.role === 'tool');
     assert.match(String(toolMsg?.content), /sunny/);
     // The transcript (assistant with tool_calls and null content, then the tool message) is valid input.
-    const next = await client.chat.completions.create({ model: STORIES, max_tokens: 10, messages: messages as OpenAI.Chat.ChatCompletionMessageParam[] });
+    const next = await client.chat.completions.create({
+      model: STORIES,
+      max_tokens: 10,
+      messages: messages as OpenAI.Chat.ChatCompletionMessageParam[],
+    });
     assert.ok(next.choices[0]!.message.content!.length > 0);
   });
 
   it('answers a schema feature the grammar cannot enforce with a 400 naming it', async () => {
-    await assert.rejects(client.chat.completions.create({
-      model: STORIES, messages: [{ role: 'user', content: 'x' }],
-      tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { n: { type: 'number', minimum: 3 } } } } }],
-      tool_choice: 'required',
-    }), (e: unknown) => e instanceof OpenAI.BadRequestError && e.code === 'unsupported_schema' && /minimum/.test(e.message));
+    await assert.rejects(
+      client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        tools: [
+          { type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { n: { type: 'number', minimum: 3 } } } } },
+        ],
+        tool_choice: 'required',
+      }),
+      (e: unknown) => e instanceof OpenAI.BadRequestError && e.code === 'unsupported_schema' && /minimum/.test(e.message),
+    );
     const res = await http(server.url, 'POST', '/v1/responses', {
       key: server.adminKey,
-      body: { model: STORIES, input: 'x', text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { e: { type: 'string', format: 'email' } } } } } },
+      body: {
+        model: STORIES,
+        input: 'x',
+        text: {
+          format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { e: { type: 'string', format: 'email' } } } },
+        },
+      },
     });
     assert.equal(res.status, 400);
     assert.equal(res.json.error.code, 'unsupported_schema');
@@ -187,7 +256,8 @@ describe('function calling and structured output on the local engine (stories260
 
   it('structured output through the Responses API (text.format)', async () => {
     const r = await client.responses.create({
-      model: STORIES, input: 'Describe a person.',
+      model: STORIES,
+      input: 'Describe a person.',
       text: { format: { type: 'json_schema', name: 'person', schema: personSchema, strict: true } },
     });
     assert.equal(r.status, 'completed');
@@ -206,27 +276,37 @@ describe('Responses function calls, local and through chat-only and Responses-sp
     // Records which API the downstream instance calls, and forwards to the real upstream instance.
     proxy = createServer((req, res) => {
       proxied.push(`${req.method} ${req.url}`);
-      void request(`${a.url}${req.url}`, { method: req.method as 'POST', headers: req.headers, body: req }).then((up) => {
-        res.writeHead(up.statusCode, up.headers as Record<string, string>);
-        up.body.pipe(res);
-      }, () => res.destroy());
+      void request(`${a.url}${req.url}`, { method: req.method as 'POST', headers: req.headers, body: req }).then(
+        (up) => {
+          res.writeHead(up.statusCode, up.headers as Record<string, string>);
+          up.body.pipe(res);
+        },
+        () => res.destroy(),
+      );
     });
     await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', () => r()));
     const proxyUrl = `http://127.0.0.1:${(proxy.address() as AddressInfo).port}/v1`;
     const upstreamKey = (await createKey(a, 'downstream')).key;
     // The same remote model, served through a chat-only upstream (b) or a Responses-speaking one (c).
-    const remote = (baseUrl: string, api: 'chat' | 'responses') => startServer({
-      modelsDir: tempDir(),
-      env: { UPSTREAM_KEY: upstreamKey },
-      configFile: {
-        name: `${api}.json`,
-        text: JSON.stringify({
-          defaultCatalogue: false,
-          models: [{ id: 'meta-llama/stories-remote', context_length: 512, capabilities: ['streaming', 'function_calling', 'structured_output'] }],
-          deployments: [{ model: 'meta-llama/stories-remote', baseUrl, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: STORIES, api }],
-        }),
-      },
-    });
+    const remote = (baseUrl: string, api: 'chat' | 'responses') =>
+      startServer({
+        modelsDir: tempDir(),
+        env: { UPSTREAM_KEY: upstreamKey },
+        configFile: {
+          name: `${api}.json`,
+          text: JSON.stringify({
+            defaultCatalogue: false,
+            models: [
+              {
+                id: 'meta-llama/stories-remote',
+                context_length: 512,
+                capabilities: ['streaming', 'function_calling', 'structured_output'],
+              },
+            ],
+            deployments: [{ model: 'meta-llama/stories-remote', baseUrl, apiKeyEnv: 'UPSTREAM_KEY', upstreamModel: STORIES, api }],
+          }),
+        },
+      });
     b = await remote(a.baseURL, 'chat');
     c = await remote(proxyUrl, 'responses');
   });
@@ -237,7 +317,9 @@ describe('Responses function calls, local and through chat-only and Responses-sp
     await a.close();
   });
 
-  const tools: OpenAI.Responses.Tool[] = [{ type: 'function', name: 'get_weather', description: 'Weather forecast', parameters: weatherParams, strict: true }];
+  const tools: OpenAI.Responses.Tool[] = [
+    { type: 'function', name: 'get_weather', description: 'Weather forecast', parameters: weatherParams, strict: true },
+  ];
 
   for (const [label, pick] of [
     ['local engine', () => ({ s: a, model: STORIES })],
@@ -256,13 +338,18 @@ describe('Responses function calls, local and through chat-only and Responses-sp
       assert.ok(validWeather(JSON.parse(call.arguments)), call.arguments);
 
       const second = await client.responses.create({
-        model, previous_response_id: first.id, tools, max_output_tokens: 12,
+        model,
+        previous_response_id: first.id,
+        tools,
+        max_output_tokens: 12,
         input: [{ type: 'function_call_output', call_id: call.call_id, output: JSON.stringify({ forecast: 'sunny' }) }],
       });
       assert.ok(second.output_text.length > 0, 'a text answer follows the tool result');
       assert.ok(second.usage!.input_tokens > first.usage!.input_tokens, 'the call and its output are in the prompt');
 
-      const streamed = await client.responses.stream({ model, input: 'Weather?', tools, tool_choice: { type: 'function', name: 'get_weather' } }).finalResponse();
+      const streamed = await client.responses
+        .stream({ model, input: 'Weather?', tools, tool_choice: { type: 'function', name: 'get_weather' } })
+        .finalResponse();
       const sc = streamed.output[0]!;
       assert.ok(sc.type === 'function_call' && validWeather(JSON.parse(sc.arguments)));
     });
@@ -271,10 +358,20 @@ describe('Responses function calls, local and through chat-only and Responses-sp
   it('sends Responses natively to a Responses-speaking upstream, and chat completions translated', async () => {
     proxied.length = 0;
     const client = new OpenAI({ apiKey: c.adminKey, baseURL: c.baseURL, maxRetries: 0 });
-    const viaChat = await client.chat.completions.create({ model: 'meta-llama/stories-remote', messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 10, temperature: 0 });
+    const viaChat = await client.chat.completions.create({
+      model: 'meta-llama/stories-remote',
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 10,
+      temperature: 0,
+    });
     assert.match(viaChat.choices[0]!.message.content ?? '', /little girl/);
     assert.equal(viaChat.usage!.completion_tokens, 10);
-    const viaResponses = await client.responses.create({ model: 'meta-llama/stories-remote', input: 'Once upon a time', max_output_tokens: 10, temperature: 0 });
+    const viaResponses = await client.responses.create({
+      model: 'meta-llama/stories-remote',
+      input: 'Once upon a time',
+      max_output_tokens: 10,
+      temperature: 0,
+    });
     assert.equal(viaResponses.status, 'incomplete');
     assert.equal(viaResponses.output_text, viaChat.choices[0]!.message.content);
     assert.deepEqual(proxied, ['POST /v1/responses', 'POST /v1/responses']);

@@ -36,33 +36,44 @@ describe('upstream replies are bounded', () => {
   it('answers 502 for an oversized answer, stream line or error body, reads none of them whole, and memory returns', async () => {
     const MB = 1024 * 1024;
     // Each request's model picks the misbehaviour.
-    const upstream = open.keep(await fixture((req: IncomingMessage, res) => {
-      let body = '';
-      req.on('data', (c: Buffer) => { body += c.toString(); });
-      req.on('end', () => {
-        const b = JSON.parse(body) as { model: string };
-        if (b.model === 'big-answer') {
-          res.writeHead(200, { 'content-type': 'application/json' });
-          res.write('{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"');
-          pump(res, 'a', 200 * MB, '"},"finish_reason":"stop"}]}');
-        } else if (b.model === 'big-line') {
-          res.writeHead(200, { 'content-type': 'text/event-stream' });
-          res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
-          res.write('data: {"choices":[{"index":0,"delta":{"content":"');
-          pump(res, 'b', 200 * MB, '"}}]}\n\n');
-        } else {
-          res.writeHead(500, { 'content-type': 'application/json' });
-          pump(res, 'c', 300 * MB);
-        }
-      });
-    }));
+    const upstream = open.keep(
+      await fixture((req: IncomingMessage, res) => {
+        let body = '';
+        req.on('data', (c: Buffer) => {
+          body += c.toString();
+        });
+        req.on('end', () => {
+          const b = JSON.parse(body) as { model: string };
+          if (b.model === 'big-answer') {
+            res.writeHead(200, { 'content-type': 'application/json' });
+            res.write('{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"');
+            pump(res, 'a', 200 * MB, '"},"finish_reason":"stop"}]}');
+          } else if (b.model === 'big-line') {
+            res.writeHead(200, { 'content-type': 'text/event-stream' });
+            res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+            res.write('data: {"choices":[{"index":0,"delta":{"content":"');
+            pump(res, 'b', 200 * MB, '"}}]}\n\n');
+          } else {
+            res.writeHead(500, { 'content-type': 'application/json' });
+            pump(res, 'c', 300 * MB);
+          }
+        });
+      }),
+    );
     const dataDir = tempDir();
     const config = join(dataDir, 'config.json');
-    writeFileSync(config, JSON.stringify({
-      defaultCatalogue: false,
-      models: ['big-answer', 'big-line', 'big-error'].map((m) => ({ id: `meta-llama/${m}`, context_length: 1_000_000_000 })),
-      deployments: ['big-answer', 'big-line', 'big-error'].map((m) => ({ model: `meta-llama/${m}`, baseUrl: upstream.url, upstreamModel: m })),
-    }));
+    writeFileSync(
+      config,
+      JSON.stringify({
+        defaultCatalogue: false,
+        models: ['big-answer', 'big-line', 'big-error'].map((m) => ({ id: `meta-llama/${m}`, context_length: 1_000_000_000 })),
+        deployments: ['big-answer', 'big-line', 'big-error'].map((m) => ({
+          model: `meta-llama/${m}`,
+          baseUrl: upstream.url,
+          upstreamModel: m,
+        })),
+      }),
+    );
     const admin = 'sk-test-admin-bounds-0123456789abcdef';
     let proc: Running | undefined;
     open.add(async () => {
@@ -70,15 +81,28 @@ describe('upstream replies are bounded', () => {
       rmSync(dataDir, { recursive: true, force: true });
     });
     proc = await startProcess({
-      SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_CONFIG: config, SWITCHYARD_ADMIN_KEY: admin, SWITCHYARD_WORKERS: '1', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1',
+      SWITCHYARD_DATA_DIR: dataDir,
+      SWITCHYARD_CONFIG: config,
+      SWITCHYARD_ADMIN_KEY: admin,
+      SWITCHYARD_WORKERS: '1',
+      SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1',
     });
     const before = await rss(proc.url);
-    const send = (model: string, stream = false) => http(proc!.url, 'POST', '/v1/chat/completions', {
-      key: admin, body: { model: `meta-llama/${model}`, messages: [{ role: 'user', content: 'hi' }], stream },
-    });
+    const send = (model: string, stream = false) =>
+      http(proc!.url, 'POST', '/v1/chat/completions', {
+        key: admin,
+        body: { model: `meta-llama/${model}`, messages: [{ role: 'user', content: 'hi' }], stream },
+      });
     // Six at once, twice over: unbounded, each would take hundreds of MB.
     for (let round = 0; round < 2; round++) {
-      const results = await Promise.all([send('big-answer'), send('big-answer'), send('big-line', true), send('big-line', true), send('big-error'), send('big-error')]);
+      const results = await Promise.all([
+        send('big-answer'),
+        send('big-answer'),
+        send('big-line', true),
+        send('big-line', true),
+        send('big-error'),
+        send('big-error'),
+      ]);
       const [a1, a2, l1, l2, e1, e2] = results;
       for (const r of [a1!, a2!]) {
         assert.equal(r.status, 502, r.text.slice(0, 200));
@@ -101,33 +125,44 @@ describe('upstream replies are bounded', () => {
       await new Promise((r) => setTimeout(r, 500));
       after = await rss(proc.url);
     }
-    console.log(`# oversized upstream replies: RSS ${Math.round(before / 1e6)} MB before, ${Math.round(after / 1e6)} MB after 12 (6 at a time, 200–300 MB each)`);
+    console.log(
+      `# oversized upstream replies: RSS ${Math.round(before / 1e6)} MB before, ${Math.round(after / 1e6)} MB after 12 (6 at a time, 200–300 MB each)`,
+    );
     assert.ok(after - before < 64 * MB, `RSS went from ${before} to ${after}`);
   });
 
   it('stops an endless upstream at max_tokens and finishes with length, stream or not', async () => {
     let closed = 0;
-    const endless = open.keep(await fixture((req, res) => {
-      req.resume();
-      res.on('close', () => { closed++; });
-      if (req.headers.accept === 'text/event-stream') {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        const frame = chunkFrame({ content: ' word' });
-        const go = () => {
-          while (!res.destroyed) if (!res.write(frame)) return void res.once('drain', go);
-        };
-        res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
-        go();
-      } else {
-        res.writeHead(200, { 'content-type': 'application/json' }).end(completionBody('x'.repeat(100_000)));
-      }
-    }));
+    const endless = open.keep(
+      await fixture((req, res) => {
+        req.resume();
+        res.on('close', () => {
+          closed++;
+        });
+        if (req.headers.accept === 'text/event-stream') {
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          const frame = chunkFrame({ content: ' word' });
+          const go = () => {
+            while (!res.destroyed) if (!res.write(frame)) return void res.once('drain', go);
+          };
+          res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+          go();
+        } else {
+          res.writeHead(200, { 'content-type': 'application/json' }).end(completionBody('x'.repeat(100_000)));
+        }
+      }),
+    );
     const s = open.keep(await startGateway([{ baseUrl: endless.url }], {}, { context_length: 1_000_000_000 }));
     const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0, timeout: 10_000 });
     let text = '';
     let finish: string | null | undefined;
     let usage: OpenAI.CompletionUsage | undefined;
-    for await (const c of await client.chat.completions.create({ ...ask, max_tokens: 5, stream: true, stream_options: { include_usage: true } })) {
+    for await (const c of await client.chat.completions.create({
+      ...ask,
+      max_tokens: 5,
+      stream: true,
+      stream_options: { include_usage: true },
+    })) {
       text += c.choices[0]?.delta.content ?? '';
       finish = c.choices[0]?.finish_reason ?? finish;
       usage = c.usage ?? usage;
@@ -155,13 +190,18 @@ describe('upstream replies are bounded', () => {
 
   it('tries a lone deployment twice at most, and all its tries within the attempts timeout', async () => {
     let hits = 0;
-    const hung = open.keep(await fixture((req) => {
-      hits++;
-      req.resume();
-    }));
-    const s = open.keep(await startGateway([{ baseUrl: hung.url }], {
-      SWITCHYARD_UPSTREAM_FIRST_BYTE_TIMEOUT_MS: '400', SWITCHYARD_UPSTREAM_ATTEMPTS_TIMEOUT_MS: '600',
-    }));
+    const hung = open.keep(
+      await fixture((req) => {
+        hits++;
+        req.resume();
+      }),
+    );
+    const s = open.keep(
+      await startGateway([{ baseUrl: hung.url }], {
+        SWITCHYARD_UPSTREAM_FIRST_BYTE_TIMEOUT_MS: '400',
+        SWITCHYARD_UPSTREAM_ATTEMPTS_TIMEOUT_MS: '600',
+      }),
+    );
     const started = Date.now();
     const r = await http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: ask });
     const took = Date.now() - started;
@@ -174,11 +214,15 @@ describe('upstream replies are bounded', () => {
 
     // Three deployments: each once.
     const hits3 = [0, 0, 0];
-    const three = await Promise.all(hits3.map((_, i) => fixture((req, res) => {
-      hits3[i]!++;
-      req.resume();
-      res.writeHead(503).end('{"error":{"message":"busy"}}');
-    })));
+    const three = await Promise.all(
+      hits3.map((_, i) =>
+        fixture((req, res) => {
+          hits3[i]!++;
+          req.resume();
+          res.writeHead(503).end('{"error":{"message":"busy"}}');
+        }),
+      ),
+    );
     for (const f of three) open.keep(f);
     const g = open.keep(await startGateway(three.map((f) => ({ baseUrl: f.url }))));
     assert.equal((await http(g.url, 'POST', '/v1/chat/completions', { key: g.adminKey, body: ask })).status, 502);
@@ -186,17 +230,35 @@ describe('upstream replies are bounded', () => {
   });
 
   it('records an answer cut at max_tokens as billed for what it produced', async () => {
-    const endless = open.keep(await fixture((req, res) => {
-      req.resume();
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      const go = () => {
-        while (!res.destroyed) if (!res.write(chunkFrame({ content: 'x' }))) return void res.once('drain', go);
-      };
-      go();
-    }));
-    const s: TestServer = open.keep(await startGateway([{ baseUrl: endless.url }], {}, { pricing: [{ metric: 'input_tokens', rate: 1 }, { metric: 'output_tokens', rate: 1 }] }));
+    const endless = open.keep(
+      await fixture((req, res) => {
+        req.resume();
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        const go = () => {
+          while (!res.destroyed) if (!res.write(chunkFrame({ content: 'x' }))) return void res.once('drain', go);
+        };
+        go();
+      }),
+    );
+    const s: TestServer = open.keep(
+      await startGateway(
+        [{ baseUrl: endless.url }],
+        {},
+        {
+          pricing: [
+            { metric: 'input_tokens', rate: 1 },
+            { metric: 'output_tokens', rate: 1 },
+          ],
+        },
+      ),
+    );
     await http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { ...ask, max_tokens: 7, stream: true } });
-    const u = await http<WireList<{ output_tokens: number; estimated_requests: number; cost: number }>>(s.url, 'GET', '/admin/usage?group_by=model', { key: s.adminKey });
+    const u = await http<WireList<{ output_tokens: number; estimated_requests: number; cost: number }>>(
+      s.url,
+      'GET',
+      '/admin/usage?group_by=model',
+      { key: s.adminKey },
+    );
     assert.equal(u.json.data[0]!.output_tokens, 7);
     assert.equal(u.json.data[0]!.estimated_requests, 1);
     assert.ok(u.json.data[0]!.cost > 0);

@@ -10,9 +10,15 @@ import { spawnReady, type Proc } from '../bench/lib.js';
 
 const ask = { model: MODEL, messages: [{ role: 'user' as const, content: 'Once upon a time' }], max_tokens: 8 };
 
-interface WireDeployment { id: string; health: string }
-interface UsageRow { group: string; requests: number; errors: number }
-
+interface WireDeployment {
+  id: string;
+  health: string;
+}
+interface UsageRow {
+  group: string;
+  requests: number;
+  errors: number;
+}
 
 /** A fixture that counts the generation requests it gets and answers them with `answer`. */
 async function counting(answer: (res: ServerResponse, req: IncomingMessage) => void) {
@@ -39,10 +45,22 @@ describe('upstream faults', () => {
   const keep = open.keep;
 
   it('retries a 503 and a 429 on another deployment, and keeps off a deployment for its retry-after', async () => {
-    const failing = keep(await counting((res) => res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"overloaded"}}')));
-    const limited = keep(await counting((res) => res.writeHead(429, { 'content-type': 'application/json', 'retry-after': '30' }).end('{"error":{"message":"slow down"}}')));
+    const failing = keep(
+      await counting((res) => res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"overloaded"}}')),
+    );
+    const limited = keep(
+      await counting((res) =>
+        res.writeHead(429, { 'content-type': 'application/json', 'retry-after': '30' }).end('{"error":{"message":"slow down"}}'),
+      ),
+    );
     const healthy = keep(await counting(ok));
-    const s = keep(await startGateway([{ baseUrl: limited.url, weight: 1e9 }, { baseUrl: failing.url, weight: 1e6 }, { baseUrl: healthy.url, weight: 1 }]));
+    const s = keep(
+      await startGateway([
+        { baseUrl: limited.url, weight: 1e9 },
+        { baseUrl: failing.url, weight: 1e6 },
+        { baseUrl: healthy.url, weight: 1 },
+      ]),
+    );
     const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
 
     const first = await client.chat.completions.create(ask);
@@ -72,7 +90,9 @@ describe('upstream faults', () => {
 
   it('stops retrying once the retry budget is spent, so an outage is not multiplied', async () => {
     const down = keep(await counting((res) => res.writeHead(503).end('{"error":{"message":"down"}}')));
-    const s = keep(await startGateway([{ baseUrl: down.url }], { SWITCHYARD_RETRY_BUDGET_RATIO: '0', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '2' }));
+    const s = keep(
+      await startGateway([{ baseUrl: down.url }], { SWITCHYARD_RETRY_BUDGET_RATIO: '0', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '2' }),
+    );
     let next = 0;
     const worker = async () => {
       while (next < 150) {
@@ -84,21 +104,35 @@ describe('upstream faults', () => {
     // 150 first tries, and retries only up to the budget's floor of 10 per second over 10 s.
     assert.equal(down.hits.post, 150 + 100);
     // Each failed attempt is counted once in the upstream-error metric, no more.
-    const counted = /^switchyard_upstream_errors_total\{deployment="d0",code="upstream_error"\} (\d+)$/m.exec((await http(s.url, 'GET', '/metrics')).text);
+    const counted = /^switchyard_upstream_errors_total\{deployment="d0",code="upstream_error"\} (\d+)$/m.exec(
+      (await http(s.url, 'GET', '/metrics')).text,
+    );
     assert.equal(Number(counted?.[1]), down.hits.post);
   });
 
   it('ejects a deployment after consecutive failures and brings it back when its health check passes', async () => {
     let broken = true;
-    const flaky = keep(await counting((res, req) => {
-      if (broken) res.writeHead(500).end('{"error":{"message":"boom"}}');
-      else if (req.method === 'GET') res.writeHead(200, { 'content-type': 'application/json' }).end('{"object":"list","data":[]}');
-      else ok(res);
-    }));
+    const flaky = keep(
+      await counting((res, req) => {
+        if (broken) res.writeHead(500).end('{"error":{"message":"boom"}}');
+        else if (req.method === 'GET') res.writeHead(200, { 'content-type': 'application/json' }).end('{"object":"list","data":[]}');
+        else ok(res);
+      }),
+    );
     const steady = keep(await counting(ok));
-    const s = keep(await startGateway([{ baseUrl: flaky.url, weight: 1e9 }, { baseUrl: steady.url, weight: 1 }], {
-      SWITCHYARD_BREAKER_FAILURES: '3', SWITCHYARD_HEALTH_CHECK_INTERVAL_MS: '100', SWITCHYARD_BREAKER_EJECT_MS: '60000',
-    }));
+    const s = keep(
+      await startGateway(
+        [
+          { baseUrl: flaky.url, weight: 1e9 },
+          { baseUrl: steady.url, weight: 1 },
+        ],
+        {
+          SWITCHYARD_BREAKER_FAILURES: '3',
+          SWITCHYARD_HEALTH_CHECK_INTERVAL_MS: '100',
+          SWITCHYARD_BREAKER_EJECT_MS: '60000',
+        },
+      ),
+    );
     for (let i = 0; i < 6; i++) {
       const r = await http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: ask });
       assert.equal(r.status, 200, r.text);
@@ -123,7 +157,12 @@ describe('upstream faults', () => {
 
   it('gives up on an upstream that sends nothing within the first-byte timeout, with 504', async () => {
     const silent = keep(await counting(() => undefined));
-    const s = keep(await startGateway([{ baseUrl: silent.url }], { SWITCHYARD_UPSTREAM_FIRST_BYTE_TIMEOUT_MS: '300', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' }));
+    const s = keep(
+      await startGateway([{ baseUrl: silent.url }], {
+        SWITCHYARD_UPSTREAM_FIRST_BYTE_TIMEOUT_MS: '300',
+        SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1',
+      }),
+    );
     const r = await http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: ask });
     assert.equal(r.status, 504);
     assert.equal(r.json.error.code, 'upstream_timeout');
@@ -131,17 +170,22 @@ describe('upstream faults', () => {
   });
 
   it('ends a stream that goes silent with an error frame, and records it as failed', async () => {
-    const stalls = keep(await counting((res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(chunkFrame({ role: 'assistant', content: '' }));
-      res.write(chunkFrame({ content: 'Once' }));
-    }));
+    const stalls = keep(
+      await counting((res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chunkFrame({ role: 'assistant', content: '' }));
+        res.write(chunkFrame({ content: 'Once' }));
+      }),
+    );
     const s = keep(await startGateway([{ baseUrl: stalls.url }], { SWITCHYARD_UPSTREAM_IDLE_TIMEOUT_MS: '300' }));
     const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
     let text = '';
-    await assert.rejects((async () => {
-      for await (const c of await client.chat.completions.create({ ...ask, stream: true })) text += c.choices[0]?.delta.content ?? '';
-    })(), (err: unknown) => err instanceof OpenAI.APIError && /silent for 300 ms/.test(err.message));
+    await assert.rejects(
+      (async () => {
+        for await (const c of await client.chat.completions.create({ ...ask, stream: true })) text += c.choices[0]?.delta.content ?? '';
+      })(),
+      (err: unknown) => err instanceof OpenAI.APIError && /silent for 300 ms/.test(err.message),
+    );
     assert.equal(text, 'Once');
     assert.equal(stalls.hits.post, 1, 'bytes went out: never retried');
     const u = await usage(s);
@@ -149,12 +193,14 @@ describe('upstream faults', () => {
   });
 
   it('ends a Responses stream that breaks with response.failed, stored as failed', async () => {
-    const breaks = keep(await counting((res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(chunkFrame({ role: 'assistant', content: '' }));
-      res.write(chunkFrame({ content: 'Once' }));
-      setTimeout(() => res.socket?.destroy(), 20);
-    }));
+    const breaks = keep(
+      await counting((res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chunkFrame({ role: 'assistant', content: '' }));
+        res.write(chunkFrame({ content: 'Once' }));
+        setTimeout(() => res.socket?.destroy(), 20);
+      }),
+    );
     const s = keep(await startGateway([{ baseUrl: breaks.url }]));
     const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
     const types: string[] = [];
@@ -174,7 +220,9 @@ describe('upstream faults', () => {
 
   it('serves 1,000 requests with 0 errors while one of two deployments is killed mid-run', async () => {
     const ups: Proc[] = [await spawnReady('fake-upstream.js', ['0']), await spawnReady('fake-upstream.js', ['0'])];
-    open.add(async () => { for (const u of ups) await u.stop(); });
+    open.add(async () => {
+      for (const u of ups) await u.stop();
+    });
     const s = keep(await startGateway(ups.map((u) => ({ baseUrl: `${u.url}/v1` }))));
     const pool = new Pool(s.url, { connections: 16 });
     open.add(() => pool.close());
@@ -185,7 +233,12 @@ describe('upstream faults', () => {
     const worker = async () => {
       while (next < 1000) {
         next += 1;
-        const res = await pool.request({ path: '/v1/chat/completions', method: 'POST', headers: { authorization: `Bearer ${s.adminKey}`, 'content-type': 'application/json' }, body });
+        const res = await pool.request({
+          path: '/v1/chat/completions',
+          method: 'POST',
+          headers: { authorization: `Bearer ${s.adminKey}`, 'content-type': 'application/json' },
+          body,
+        });
         await res.body.dump();
         statuses.set(res.statusCode, (statuses.get(res.statusCode) ?? 0) + 1);
         if (++done === 300) ups[0]!.child.kill('SIGKILL');

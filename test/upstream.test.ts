@@ -66,8 +66,10 @@ describe('two Switchyards chained through the upstream engine', () => {
 
   it('passes the upstream context_length_exceeded through as a 400', async () => {
     // B's catalogue claims 512, so B itself lets 500 through; A knows the prompt is 5 tokens and rejects 510.
-    await assert.rejects(chained.chat.completions.create({ model: MODEL, ...ask, max_tokens: 510 }),
-      (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'context_length_exceeded');
+    await assert.rejects(
+      chained.chat.completions.create({ model: MODEL, ...ask, max_tokens: 510 }),
+      (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'context_length_exceeded',
+    );
   });
 
   it('stops promptly upstream when the client disconnects', async () => {
@@ -108,11 +110,21 @@ describe('upstream failures', () => {
     servers.push(a);
     const key = (await createKey(a, 'downstream')).key;
     const s = await startServer({
-      modelsDir: tempDir(), env: { UP_KEY: key },
-      configFile: { name: 'd.json', text: upstreamConfig([{ baseUrl: await deadUrl(), weight: 1e6 }, { baseUrl: a.baseURL, weight: 0.001, apiKeyEnv: 'UP_KEY' }]) },
+      modelsDir: tempDir(),
+      env: { UP_KEY: key },
+      configFile: {
+        name: 'd.json',
+        text: upstreamConfig([
+          { baseUrl: await deadUrl(), weight: 1e6 },
+          { baseUrl: a.baseURL, weight: 0.001, apiKeyEnv: 'UP_KEY' },
+        ]),
+      },
     });
     servers.push(s);
-    const ok = await new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 }).chat.completions.create({ model: MODEL, ...ask });
+    const ok = await new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 }).chat.completions.create({
+      model: MODEL,
+      ...ask,
+    });
     assert.match(ok.choices[0]!.message.content ?? '', /little girl/);
   });
 
@@ -147,9 +159,12 @@ describe('upstream failures', () => {
     const { client } = await downstream([{ baseUrl: broken }]);
     const stream = await client.chat.completions.create({ model: MODEL, ...ask, stream: true });
     let text = '';
-    await assert.rejects((async () => {
-      for await (const c of stream) text += c.choices[0]?.delta.content ?? '';
-    })(), (err: unknown) => err instanceof OpenAI.APIError && /upstream/i.test(err.message));
+    await assert.rejects(
+      (async () => {
+        for await (const c of stream) text += c.choices[0]?.delta.content ?? '';
+      })(),
+      (err: unknown) => err instanceof OpenAI.APIError && /upstream/i.test(err.message),
+    );
     assert.equal(text, 'Once');
   });
 });

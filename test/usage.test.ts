@@ -5,8 +5,15 @@ import OpenAI from 'openai';
 import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
 
 interface Total {
-  group: string; requests: number; errors: number; input_tokens: number; cached_tokens: number; output_tokens: number;
-  reasoning_tokens: number; cost: number; unpriced_requests: number;
+  group: string;
+  requests: number;
+  errors: number;
+  input_tokens: number;
+  cached_tokens: number;
+  output_tokens: number;
+  reasoning_tokens: number;
+  cost: number;
+  unpriced_requests: number;
 }
 
 const PRICED = 'meta-llama/tiny-stories';
@@ -15,7 +22,11 @@ const config = JSON.stringify({
     // $1.50 per million input tokens, $2.00 per million output tokens, cached input at $0.50.
     'stories260K.gguf': {
       id: PRICED,
-      pricing: [{ metric: 'input_tokens', rate: 1.5 }, { metric: 'output_tokens', rate: 2 }, { metric: 'cached_input_tokens', rate: 0.5 }],
+      pricing: [
+        { metric: 'input_tokens', rate: 1.5 },
+        { metric: 'output_tokens', rate: 2 },
+        { metric: 'cached_input_tokens', rate: 0.5 },
+      ],
     },
     // No price at all: its cost is unknown, never $0.
     'llama-2-tiny-random.gguf': { id: 'local/unpriced', pricing: [] },
@@ -49,15 +60,29 @@ describe('usage and cost accounting', () => {
     server = await startServer({ dataDir, env: { SWITCHYARD_ADMIN_KEY: adminKey }, configFile: { name: 'u.json', text: config } });
     const { key, id } = await createKey(server, 'acme', 'billing');
     const client = new OpenAI({ apiKey: key, baseURL: server.baseURL, maxRetries: 0 });
-    const r = await client.chat.completions.create({ model: PRICED, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 20, temperature: 0 });
+    const r = await client.chat.completions.create({
+      model: PRICED,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 20,
+      temperature: 0,
+    });
     const u = r.usage! as typeof r.usage & { cost: number };
-    const expected = ((u.prompt_tokens - u.prompt_tokens_details!.cached_tokens!) * 1.5 + u.prompt_tokens_details!.cached_tokens! * 0.5 + u.completion_tokens * 2) / 1e6;
+    const expected =
+      ((u.prompt_tokens - u.prompt_tokens_details!.cached_tokens!) * 1.5 +
+        u.prompt_tokens_details!.cached_tokens! * 0.5 +
+        u.completion_tokens * 2) /
+      1e6;
     assert.equal(u.prompt_tokens, 5);
     assert.equal(u.completion_tokens, 20);
     assert.ok(Math.abs(u.cost - expected) < 1e-12, `${u.cost} vs ${expected}`);
 
     // The second identical request reuses the cached prefix, which is cheaper.
-    const again = await client.chat.completions.create({ model: PRICED, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 20, temperature: 0 });
+    const again = await client.chat.completions.create({
+      model: PRICED,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      max_tokens: 20,
+      temperature: 0,
+    });
     const u2 = again.usage! as typeof r.usage & { cost: number };
     assert.equal(u2.prompt_tokens_details!.cached_tokens, 4);
     assert.ok(Math.abs(u2.cost - (1 * 1.5 + 4 * 0.5 + 20 * 2) / 1e6) < 1e-12);
@@ -89,14 +114,19 @@ describe('usage and cost accounting', () => {
 
   it('records failures too, and groups totals by org, model and day', async () => {
     const key = (await createKey(server, 'globex', 'fails')).key;
-    const res = await http(server.url, 'POST', '/v1/chat/completions', { key, body: { model: PRICED, messages: [{ role: 'user', content: 'hi' }], max_tokens: 1000 } });
+    const res = await http(server.url, 'POST', '/v1/chat/completions', {
+      key,
+      body: { model: PRICED, messages: [{ role: 'user', content: 'hi' }], max_tokens: 1000 },
+    });
     assert.equal(res.status, 400);
     const byOrg = await http<{ data: Total[] }>(server.url, 'GET', '/admin/usage?group_by=org', { key: adminKey });
     const globex = byOrg.json.data.find((d) => d.group === 'globex');
     assert.equal(globex?.requests, 1);
     assert.equal(globex?.errors, 1);
     const today = new Date().toISOString().slice(0, 10);
-    const byDay = await http<{ data: Total[] }>(server.url, 'GET', `/admin/usage?group_by=day&from=${today}&to=${today}`, { key: adminKey });
+    const byDay = await http<{ data: Total[] }>(server.url, 'GET', `/admin/usage?group_by=day&from=${today}&to=${today}`, {
+      key: adminKey,
+    });
     assert.equal(byDay.json.data.length, 1);
     assert.equal(byDay.json.data[0]!.group, today);
     assert.equal(byDay.json.data[0]!.requests, 5);
@@ -115,7 +145,9 @@ describe('usage and cost accounting', () => {
     assert.equal((now.get(key) ?? 0) - (before.get(key) ?? 0), 1);
     const out = `switchyard_tokens_total{model="${PRICED}",kind="output"}`;
     assert.equal((now.get(out) ?? 0) - (before.get(out) ?? 0), 7);
-    assert.ok((now.get(`switchyard_cost_usd_total{model="${PRICED}"}`) ?? 0) > (before.get(`switchyard_cost_usd_total{model="${PRICED}"}`) ?? 0));
+    assert.ok(
+      (now.get(`switchyard_cost_usd_total{model="${PRICED}"}`) ?? 0) > (before.get(`switchyard_cost_usd_total{model="${PRICED}"}`) ?? 0),
+    );
     assert.ok([...now.keys()].some((k) => k.startsWith('switchyard_time_to_first_token_seconds_count')));
     assert.ok(now.has(`switchyard_local_active_sequences{model="${PRICED}"}`));
     assert.ok(now.has(`switchyard_local_queue_depth{model="${PRICED}"}`));

@@ -8,16 +8,40 @@ import { modelIdFromParams, renderModel } from './models.js';
 
 /** A key as listed: everything but its hash. */
 export function renderKey(k: ApiKeyRecord): Record<string, unknown> {
-  return { id: k.id, object: 'api_key', org: k.org_id, name: k.name, role: k.role, created_at: k.created_at, revoked_at: k.revoked_at, limits: k.limits ?? null };
+  return {
+    id: k.id,
+    object: 'api_key',
+    org: k.org_id,
+    name: k.name,
+    role: k.role,
+    created_at: k.created_at,
+    revoked_at: k.revoked_at,
+    limits: k.limits ?? null,
+  };
 }
 
-const renderOrg = (o: Org): Record<string, unknown> => ({ id: o.id, object: 'organization', name: o.name, created_at: o.created_at, limits: o.limits ?? null });
+const renderOrg = (o: Org): Record<string, unknown> => ({
+  id: o.id,
+  object: 'organization',
+  name: o.name,
+  created_at: o.created_at,
+  limits: o.limits ?? null,
+});
 
 /** A deployment as the admin API shows it (`source`: `config` for the config file's, `admin` for the database's). */
 function renderDeployment(d: Deployment, health?: Standing): Record<string, unknown> {
   return {
-    id: d.id, object: 'deployment', model: d.model, base_url: d.baseUrl, api_key_env: d.apiKeyEnv, upstream_model: d.upstreamModel ?? d.model,
-    weight: d.weight, api: d.api, source: d.source === 'file' ? 'config' : 'admin', created_at: d.createdAt, ...(health && { health }),
+    id: d.id,
+    object: 'deployment',
+    model: d.model,
+    base_url: d.baseUrl,
+    api_key_env: d.apiKeyEnv,
+    upstream_model: d.upstreamModel ?? d.model,
+    weight: d.weight,
+    api: d.api,
+    source: d.source === 'file' ? 'config' : 'admin',
+    created_at: d.createdAt,
+    ...(health && { health }),
   };
 }
 
@@ -36,39 +60,64 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
   const { admin, requireAdmin } = ctx;
   const renderAdminModel = (m: Model): Record<string, unknown> => ({ ...renderModel(m, ctx.router.canServe(m)), source: m.source });
 
-  app.post('/admin/orgs', {
-    onRequest: requireAdmin,
-    schema: { body: Type.Object({ id: OrgId, name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })), limits: Type.Optional(NullableLimits) }) },
-  }, async (req, reply) => reply.code(201).send(renderOrg(await admin.createOrg(req.body.id, req.body.name, req.body.limits ?? null))));
+  app.post(
+    '/admin/orgs',
+    {
+      onRequest: requireAdmin,
+      schema: {
+        body: Type.Object({
+          id: OrgId,
+          name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
+          limits: Type.Optional(NullableLimits),
+        }),
+      },
+    },
+    async (req, reply) => reply.code(201).send(renderOrg(await admin.createOrg(req.body.id, req.body.name, req.body.limits ?? null))),
+  );
 
   app.get('/admin/orgs', { onRequest: requireAdmin }, async () => ({ object: 'list', data: (await admin.listOrgs()).map(renderOrg) }));
 
-  app.get('/admin/orgs/:id', { onRequest: requireAdmin, schema: { params: IdParams } }, async (req) => renderOrg(await admin.getOrg(req.params.id)));
+  app.get('/admin/orgs/:id', { onRequest: requireAdmin, schema: { params: IdParams } }, async (req) =>
+    renderOrg(await admin.getOrg(req.params.id)),
+  );
 
-  app.patch('/admin/orgs/:id', { onRequest: requireAdmin, schema: { params: IdParams, body: Type.Object({ limits: NullableLimits }) } },
-    async (req) => renderOrg(await admin.setOrgLimits(req.params.id, req.body.limits)));
+  app.patch(
+    '/admin/orgs/:id',
+    { onRequest: requireAdmin, schema: { params: IdParams, body: Type.Object({ limits: NullableLimits }) } },
+    async (req) => renderOrg(await admin.setOrgLimits(req.params.id, req.body.limits)),
+  );
 
-  app.post('/admin/keys', {
-    onRequest: requireAdmin,
-    schema: {
-      body: Type.Object({
-        org: OrgId,
-        name: Type.String({ minLength: 1, maxLength: 200 }),
-        role: Type.Optional(Type.Enum(['inference', 'admin'])),
-        limits: Type.Optional(NullableLimits),
-      }),
+  app.post(
+    '/admin/keys',
+    {
+      onRequest: requireAdmin,
+      schema: {
+        body: Type.Object({
+          org: OrgId,
+          name: Type.String({ minLength: 1, maxLength: 200 }),
+          role: Type.Optional(Type.Enum(['inference', 'admin'])),
+          limits: Type.Optional(NullableLimits),
+        }),
+      },
     },
-  }, async (req, reply) => {
-    const created = await admin.createKey(req.body.org, req.body.name, req.body.role ?? 'inference', req.body.limits ?? undefined);
-    req.log.info({ key_id: created.record.id, org: created.record.org_id, role: created.record.role }, 'api key created');
-    return reply.code(201).send({ ...renderKey(created.record), key: created.key, org_created: created.orgCreated });
-  });
+    async (req, reply) => {
+      const created = await admin.createKey(req.body.org, req.body.name, req.body.role ?? 'inference', req.body.limits ?? undefined);
+      req.log.info({ key_id: created.record.id, org: created.record.org_id, role: created.record.role }, 'api key created');
+      return reply.code(201).send({ ...renderKey(created.record), key: created.key, org_created: created.orgCreated });
+    },
+  );
 
-  app.get('/admin/keys', { onRequest: requireAdmin, schema: { querystring: Type.Object({ org: Type.Optional(Type.String()) }) } },
-    async (req) => ({ object: 'list', data: (await admin.listKeys(req.query.org)).map(renderKey) }));
+  app.get(
+    '/admin/keys',
+    { onRequest: requireAdmin, schema: { querystring: Type.Object({ org: Type.Optional(Type.String()) }) } },
+    async (req) => ({ object: 'list', data: (await admin.listKeys(req.query.org)).map(renderKey) }),
+  );
 
-  app.patch('/admin/keys/:id', { onRequest: requireAdmin, schema: { params: IdParams, body: Type.Object({ limits: NullableLimits }) } },
-    async (req) => renderKey(await admin.setKeyLimits(req.params.id, req.body.limits)));
+  app.patch(
+    '/admin/keys/:id',
+    { onRequest: requireAdmin, schema: { params: IdParams, body: Type.Object({ limits: NullableLimits }) } },
+    async (req) => renderKey(await admin.setKeyLimits(req.params.id, req.body.limits)),
+  );
 
   app.delete('/admin/keys/:id', { onRequest: requireAdmin, schema: { params: IdParams } }, async (req) => {
     const key = await admin.revokeKey(req.params.id);
@@ -88,48 +137,69 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
     };
   });
 
-  app.get('/admin/usage', {
-    onRequest: requireAdmin,
-    schema: {
-      querystring: Type.Object({
-        group_by: Type.Optional(Type.Enum(['day', 'key', 'org', 'model'])),
-        org: Type.Optional(Type.String()),
-        key: Type.Optional(Type.String()),
-        model: Type.Optional(Type.String()),
-        from: Type.Optional(Day),
-        to: Type.Optional(Day),
-      }),
+  app.get(
+    '/admin/usage',
+    {
+      onRequest: requireAdmin,
+      schema: {
+        querystring: Type.Object({
+          group_by: Type.Optional(Type.Enum(['day', 'key', 'org', 'model'])),
+          org: Type.Optional(Type.String()),
+          key: Type.Optional(Type.String()),
+          model: Type.Optional(Type.String()),
+          from: Type.Optional(Day),
+          to: Type.Optional(Day),
+        }),
+      },
     },
-  }, async (req) => {
-    // Totals include every request answered so far: queued ledger records are written first.
-    await ctx.ledger.flush();
-    const groupBy = req.query.group_by ?? 'day';
-    const data = await admin.usageTotals(groupBy, { org: req.query.org, key: req.query.key, model: req.query.model, from: req.query.from, to: req.query.to });
-    return { object: 'list', group_by: groupBy, data };
-  });
+    async (req) => {
+      // Totals include every request answered so far: queued ledger records are written first.
+      await ctx.ledger.flush();
+      const groupBy = req.query.group_by ?? 'day';
+      const data = await admin.usageTotals(groupBy, {
+        org: req.query.org,
+        key: req.query.key,
+        model: req.query.model,
+        from: req.query.from,
+        to: req.query.to,
+      });
+      return { object: 'list', group_by: groupBy, data };
+    },
+  );
 
   app.get('/admin/deployments', { onRequest: requireAdmin }, async () => ({
     object: 'list',
     data: ctx.router.listDeployments().map((d) => renderDeployment(d.deployment, d.health)),
   }));
 
-  app.post('/admin/deployments', {
-    onRequest: requireAdmin,
-    schema: {
-      body: Type.Object({
-        model: ModelSpec.properties.id,
-        base_url: Type.String({ pattern: '^https?://' }),
-        api_key_env: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
-        upstream_model: Type.Optional(Type.String({ minLength: 1 })),
-        weight: Type.Optional(Type.Number({ minimum: 0.0001 })),
-        api: Type.Optional(Type.Enum(['chat', 'responses'])),
-      }),
+  app.post(
+    '/admin/deployments',
+    {
+      onRequest: requireAdmin,
+      schema: {
+        body: Type.Object({
+          model: ModelSpec.properties.id,
+          base_url: Type.String({ pattern: '^https?://' }),
+          api_key_env: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
+          upstream_model: Type.Optional(Type.String({ minLength: 1 })),
+          weight: Type.Optional(Type.Number({ minimum: 0.0001 })),
+          api: Type.Optional(Type.Enum(['chat', 'responses'])),
+        }),
+      },
     },
-  }, async (req, reply) => {
-    const b = req.body;
-    const d = await admin.addDeployment({ model: b.model, baseUrl: b.base_url, apiKeyEnv: b.api_key_env, upstreamModel: b.upstream_model, weight: b.weight, api: b.api });
-    return reply.code(201).send(renderDeployment(d));
-  });
+    async (req, reply) => {
+      const b = req.body;
+      const d = await admin.addDeployment({
+        model: b.model,
+        baseUrl: b.base_url,
+        apiKeyEnv: b.api_key_env,
+        upstreamModel: b.upstream_model,
+        weight: b.weight,
+        api: b.api,
+      });
+      return reply.code(201).send(renderDeployment(d));
+    },
+  );
 
   app.delete('/admin/deployments/:id', { onRequest: requireAdmin, schema: { params: IdParams } }, async (req) => {
     await admin.removeDeployment(req.params.id);
@@ -139,17 +209,27 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
   app.get('/admin/models', { onRequest: requireAdmin }, async () => ({ object: 'list', data: admin.listModels().map(renderAdminModel) }));
 
   app.post('/admin/models', { onRequest: requireAdmin, schema: { body: ModelSpec } }, async (req, reply) =>
-    reply.code(201).send(renderAdminModel(await admin.createModel(req.body))));
+    reply.code(201).send(renderAdminModel(await admin.createModel(req.body))),
+  );
 
   const getModel = (params: { author?: string; slug?: string; id?: string }) => renderAdminModel(admin.getModel(modelIdFromParams(params)));
   const patchModel = async (params: { author?: string; slug?: string; id?: string }, patch: ModelPatch) =>
     renderAdminModel(await admin.updateModel(modelIdFromParams(params), patch));
-  const deleteModel = async (params: { author?: string; slug?: string; id?: string }) => renderAdminModel(await admin.deleteModel(modelIdFromParams(params)));
+  const deleteModel = async (params: { author?: string; slug?: string; id?: string }) =>
+    renderAdminModel(await admin.deleteModel(modelIdFromParams(params)));
 
   app.get('/admin/models/:author/:slug', { onRequest: requireAdmin, schema: { params: ModelParams } }, async (req) => getModel(req.params));
   app.get('/admin/models/:id', { onRequest: requireAdmin, schema: { params: EncodedModelParams } }, async (req) => getModel(req.params));
-  app.patch('/admin/models/:author/:slug', { onRequest: requireAdmin, schema: { params: ModelParams, body: ModelPatch } }, async (req) => patchModel(req.params, req.body));
-  app.patch('/admin/models/:id', { onRequest: requireAdmin, schema: { params: EncodedModelParams, body: ModelPatch } }, async (req) => patchModel(req.params, req.body));
-  app.delete('/admin/models/:author/:slug', { onRequest: requireAdmin, schema: { params: ModelParams } }, async (req) => deleteModel(req.params));
-  app.delete('/admin/models/:id', { onRequest: requireAdmin, schema: { params: EncodedModelParams } }, async (req) => deleteModel(req.params));
+  app.patch('/admin/models/:author/:slug', { onRequest: requireAdmin, schema: { params: ModelParams, body: ModelPatch } }, async (req) =>
+    patchModel(req.params, req.body),
+  );
+  app.patch('/admin/models/:id', { onRequest: requireAdmin, schema: { params: EncodedModelParams, body: ModelPatch } }, async (req) =>
+    patchModel(req.params, req.body),
+  );
+  app.delete('/admin/models/:author/:slug', { onRequest: requireAdmin, schema: { params: ModelParams } }, async (req) =>
+    deleteModel(req.params),
+  );
+  app.delete('/admin/models/:id', { onRequest: requireAdmin, schema: { params: EncodedModelParams } }, async (req) =>
+    deleteModel(req.params),
+  );
 }

@@ -15,7 +15,10 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
     });
     const canonical = decodeChatRequest(body, abort.signal);
     const { model, admission, open } = await ctx.pipeline.start(canonical, req.principal!, {
-      endpoint: 'chat.completions', requestId: req.id, stream: body.stream === true, started: req.startedAt,
+      endpoint: 'chat.completions',
+      requestId: req.id,
+      stream: body.stream === true,
+      started: req.startedAt,
     });
     req.metricsModel = ctx.metrics.modelLabel(model);
     reply.headers(admission.headers);

@@ -18,7 +18,15 @@ import type { ResponsesRequest } from '../protocols/responses/request.js';
 
 /** The local engine's state as operators see it (GET /admin/local/loaded). */
 export interface LocalStatus {
-  models: Array<{ model: string | null; file: string; bytes: number; active: number; queued: number; sequences: number; last_used: number }>;
+  models: Array<{
+    model: string | null;
+    file: string;
+    bytes: number;
+    active: number;
+    queued: number;
+    sequences: number;
+    last_used: number;
+  }>;
   schemaViolations: number;
   cachedSchemas: number;
 }
@@ -51,4 +59,3 @@ export interface RouteContext extends ServerDeps {
   requireKey: AuthHook;
   requireAdmin: AuthHook;
 }
-

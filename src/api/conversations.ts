@@ -8,30 +8,48 @@ export function registerConversationRoutes(app: App, ctx: RouteContext): void {
   const { conversations } = ctx;
 
   app.post('/v1/conversations', { onRequest: ctx.requireKey, schema: { body: CreateConversation } }, async (req) =>
-    conversations.create(req.principal!, decodeInput(req.body?.items ?? []), req.body?.metadata ?? {}));
+    conversations.create(req.principal!, decodeInput(req.body?.items ?? []), req.body?.metadata ?? {}),
+  );
 
   app.get('/v1/conversations/:id', { onRequest: ctx.requireKey, schema: { params: IdParams } }, async (req) =>
-    conversations.get(req.params.id, req.principal!));
+    conversations.get(req.params.id, req.principal!),
+  );
 
-  app.post('/v1/conversations/:id', { onRequest: ctx.requireKey, schema: { params: IdParams, body: Type.Object({ metadata: Metadata }) } }, async (req) =>
-    conversations.update(req.params.id, req.principal!, req.body.metadata));
+  app.post(
+    '/v1/conversations/:id',
+    { onRequest: ctx.requireKey, schema: { params: IdParams, body: Type.Object({ metadata: Metadata }) } },
+    async (req) => conversations.update(req.params.id, req.principal!, req.body.metadata),
+  );
 
   app.delete('/v1/conversations/:id', { onRequest: ctx.requireKey, schema: { params: IdParams } }, async (req) => {
     await conversations.delete(req.params.id, req.principal!);
     return { id: req.params.id, object: 'conversation.deleted', deleted: true };
   });
 
-  app.post('/v1/conversations/:id/items', { onRequest: ctx.requireKey, schema: { params: IdParams, body: Type.Object({ items: Items }) } }, async (req) =>
-    itemPage(await conversations.addItems(req.params.id, req.principal!, decodeInput(req.body.items)), false));
+  app.post(
+    '/v1/conversations/:id/items',
+    { onRequest: ctx.requireKey, schema: { params: IdParams, body: Type.Object({ items: Items }) } },
+    async (req) => itemPage(await conversations.addItems(req.params.id, req.principal!, decodeInput(req.body.items)), false),
+  );
 
-  app.get('/v1/conversations/:id/items', { onRequest: ctx.requireKey, schema: { params: IdParams, querystring: PageQuery } }, async (req) => {
-    const page = await conversations.listItems(req.params.id, req.principal!, { after: req.query.after, limit: req.query.limit ?? 20, order: req.query.order ?? 'desc' });
-    return itemPage(page.items, page.hasMore);
-  });
+  app.get(
+    '/v1/conversations/:id/items',
+    { onRequest: ctx.requireKey, schema: { params: IdParams, querystring: PageQuery } },
+    async (req) => {
+      const page = await conversations.listItems(req.params.id, req.principal!, {
+        after: req.query.after,
+        limit: req.query.limit ?? 20,
+        order: req.query.order ?? 'desc',
+      });
+      return itemPage(page.items, page.hasMore);
+    },
+  );
 
   app.get('/v1/conversations/:id/items/:item_id', { onRequest: ctx.requireKey, schema: { params: ItemParams } }, async (req) =>
-    conversations.getItem(req.params.id, req.principal!, req.params.item_id));
+    conversations.getItem(req.params.id, req.principal!, req.params.item_id),
+  );
 
   app.delete('/v1/conversations/:id/items/:item_id', { onRequest: ctx.requireKey, schema: { params: ItemParams } }, async (req) =>
-    conversations.deleteItem(req.params.id, req.principal!, req.params.item_id));
+    conversations.deleteItem(req.params.id, req.principal!, req.params.item_id),
+  );
 }

@@ -28,7 +28,11 @@ export function registerHealthRoutes(app: App, ctx: RouteContext): void {
       throw new ApiError('service_unavailable', 'The database is not reachable.', { retryAfterMs: 5000 });
     }
     if (!ctx.ledger.writable) {
-      throw new ApiError('service_unavailable', 'The usage ledger cannot write to the database; generation answers are held until it can.', { retryAfterMs: 5000 });
+      throw new ApiError(
+        'service_unavailable',
+        'The usage ledger cannot write to the database; generation answers are held until it can.',
+        { retryAfterMs: 5000 },
+      );
     }
     return { status: 'ready', database: ctx.store.dialect };
   });

@@ -77,12 +77,20 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
     if (!model || (type !== undefined && model.model_type !== type)) throw modelNotFound(id);
     return renderModel(model, ctx.router.canServe(model));
   };
-  app.get('/v1/models/:author/:slug', {
-    onRequest: ctx.requireKey,
-    schema: { querystring: OneQuery, params: Type.Object({ author: Type.String(), slug: Type.String() }) },
-  }, async (req) => getOne(req.params, req.query.type, req.principal!));
-  app.get('/v1/models/:id', {
-    onRequest: ctx.requireKey,
-    schema: { querystring: OneQuery, params: Type.Object({ id: Type.String() }) },
-  }, async (req) => getOne(req.params, req.query.type, req.principal!));
+  app.get(
+    '/v1/models/:author/:slug',
+    {
+      onRequest: ctx.requireKey,
+      schema: { querystring: OneQuery, params: Type.Object({ author: Type.String(), slug: Type.String() }) },
+    },
+    async (req) => getOne(req.params, req.query.type, req.principal!),
+  );
+  app.get(
+    '/v1/models/:id',
+    {
+      onRequest: ctx.requireKey,
+      schema: { querystring: OneQuery, params: Type.Object({ id: Type.String() }) },
+    },
+    async (req) => getOne(req.params, req.query.type, req.principal!),
+  );
 }

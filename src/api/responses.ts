@@ -54,14 +54,24 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     return run.resource();
   });
 
-  app.get('/v1/responses/:id', {
-    onRequest: ctx.requireKey,
-    schema: { params: IdParams, querystring: Type.Object({ stream: Type.Optional(Type.Union([Type.Boolean(), Type.Enum(['true', 'false'])])), include: Type.Optional(Type.Unknown()) }) },
-  }, async (req, reply) => {
-    const stream = req.query.stream === true || req.query.stream === 'true';
-    if (stream) return streamEvents(req, reply, await responses.replay(req.params.id, req.principal!));
-    return responses.get(req.params.id, req.principal!);
-  });
+  app.get(
+    '/v1/responses/:id',
+    {
+      onRequest: ctx.requireKey,
+      schema: {
+        params: IdParams,
+        querystring: Type.Object({
+          stream: Type.Optional(Type.Union([Type.Boolean(), Type.Enum(['true', 'false'])])),
+          include: Type.Optional(Type.Unknown()),
+        }),
+      },
+    },
+    async (req, reply) => {
+      const stream = req.query.stream === true || req.query.stream === 'true';
+      if (stream) return streamEvents(req, reply, await responses.replay(req.params.id, req.principal!));
+      return responses.get(req.params.id, req.principal!);
+    },
+  );
 
   app.delete('/v1/responses/:id', { onRequest: ctx.requireKey, schema: { params: IdParams } }, async (req) => {
     await responses.delete(req.params.id, req.principal!);
@@ -69,18 +79,23 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
   });
 
   app.post('/v1/responses/:id/cancel', { onRequest: ctx.requireKey, schema: { params: IdParams } }, async (req) =>
-    responses.cancel(req.params.id, req.principal!));
+    responses.cancel(req.params.id, req.principal!),
+  );
 
-  app.get('/v1/responses/:id/input_items', { onRequest: ctx.requireKey, schema: { params: IdParams, querystring: PageQuery } }, async (req) => {
-    const items = await responses.inputItems(req.params.id, req.principal!);
-    const order = req.query.order ?? 'desc';
-    const limit = req.query.limit ?? 20;
-    let list: Item[] = order === 'desc' ? [...items].reverse() : items;
-    if (req.query.after !== undefined) {
-      const at = list.findIndex((i) => i.id === req.query.after);
-      if (at < 0) throw new ApiError('invalid_value', `No item '${req.query.after}' in this response's input.`, { param: 'after' });
-      list = list.slice(at + 1);
-    }
-    return itemPage(list.slice(0, limit), list.length > limit);
-  });
+  app.get(
+    '/v1/responses/:id/input_items',
+    { onRequest: ctx.requireKey, schema: { params: IdParams, querystring: PageQuery } },
+    async (req) => {
+      const items = await responses.inputItems(req.params.id, req.principal!);
+      const order = req.query.order ?? 'desc';
+      const limit = req.query.limit ?? 20;
+      let list: Item[] = order === 'desc' ? [...items].reverse() : items;
+      if (req.query.after !== undefined) {
+        const at = list.findIndex((i) => i.id === req.query.after);
+        if (at < 0) throw new ApiError('invalid_value', `No item '${req.query.after}' in this response's input.`, { param: 'after' });
+        list = list.slice(at + 1);
+      }
+      return itemPage(list.slice(0, limit), list.length > limit);
+    },
+  );
 }

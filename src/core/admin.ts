@@ -130,15 +130,25 @@ export class AdminService {
 
   async addDeployment(d: NewDeployment): Promise<Deployment> {
     if (!this.catalogue.find(d.model)) throw new ApiError('model_not_found', `No model '${d.model}' in the catalogue.`, { param: 'model' });
-    if (this.catalogue.isLocal(d.model)) throw new ApiError('invalid_value', `'${d.model}' is served from a local file.`, { param: 'model' });
-    if (d.weight !== undefined && !(d.weight > 0)) throw new ApiError('invalid_value', 'weight must be a positive number.', { param: 'weight' });
+    if (this.catalogue.isLocal(d.model))
+      throw new ApiError('invalid_value', `'${d.model}' is served from a local file.`, { param: 'model' });
+    if (d.weight !== undefined && !(d.weight > 0))
+      throw new ApiError('invalid_value', 'weight must be a positive number.', { param: 'weight' });
     const keyRefused = d.apiKeyEnv === undefined ? undefined : keyVarRefusal(d.apiKeyEnv, this.keyVars);
-    if (keyRefused) throw new ApiError('invalid_value', `api_key_env '${d.apiKeyEnv}' is refused: ${keyRefused}.`, { param: 'api_key_env' });
+    if (keyRefused)
+      throw new ApiError('invalid_value', `api_key_env '${d.apiKeyEnv}' is refused: ${keyRefused}.`, { param: 'api_key_env' });
     const refused = await this.addresses.check(d.baseUrl);
     if (refused) throw new ApiError('invalid_value', `base_url ${d.baseUrl} is refused: ${refused}.`, { param: 'base_url' });
     const deployment: Deployment = {
-      id: newId('dep'), model: d.model, baseUrl: d.baseUrl, apiKeyEnv: d.apiKeyEnv ?? null, upstreamModel: d.upstreamModel ?? null,
-      weight: d.weight ?? 1, api: d.api ?? 'chat', source: 'database', createdAt: nowSeconds(),
+      id: newId('dep'),
+      model: d.model,
+      baseUrl: d.baseUrl,
+      apiKeyEnv: d.apiKeyEnv ?? null,
+      upstreamModel: d.upstreamModel ?? null,
+      weight: d.weight ?? 1,
+      api: d.api ?? 'chat',
+      source: 'database',
+      createdAt: nowSeconds(),
     };
     await this.store.createDeployment(deploymentRecord(deployment));
     await this.hooks.deploymentsChanged?.();

@@ -6,9 +6,7 @@
 
 export type Role = 'system' | 'developer' | 'user' | 'assistant' | 'tool';
 
-export type ContentPart =
-  | { type: 'text'; text: string }
-  | { type: 'image'; url: string; detail?: string };
+export type ContentPart = { type: 'text'; text: string } | { type: 'image'; url: string; detail?: string };
 
 export interface ToolCall {
   id: string;
@@ -37,9 +35,7 @@ export interface FunctionTool {
 export type ToolChoice = 'auto' | 'none' | 'required' | { name: string };
 
 export type ResponseFormat =
-  | { type: 'text' }
-  | { type: 'json_object' }
-  | { type: 'json_schema'; name: string; schema: Record<string, unknown>; strict?: boolean };
+  { type: 'text' } | { type: 'json_object' } | { type: 'json_schema'; name: string; schema: Record<string, unknown>; strict?: boolean };
 
 export interface Sampling {
   temperature?: number;

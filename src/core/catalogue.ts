@@ -19,7 +19,6 @@ export interface ListFilter {
   author?: string | undefined;
 }
 
-
 /**
  * The config file's (and the shipped) models into the store: the config wins for the fields it
  * describes, but `status` is run-time state (admin API, CLI) and is kept once the entry exists.
@@ -43,7 +42,13 @@ export const STATUS_MOVES: Readonly<Record<ModelStatus, readonly ModelStatus[]>>
 };
 
 export function localSlug(file: string): string {
-  return basename(file).replace(/\.gguf$/i, '').toLowerCase().replace(/[^a-z0-9._-]+/g, '-').replace(/^[^a-z0-9]+/, '') || 'model';
+  return (
+    basename(file)
+      .replace(/\.gguf$/i, '')
+      .toLowerCase()
+      .replace(/[^a-z0-9._-]+/g, '-')
+      .replace(/^[^a-z0-9]+/, '') || 'model'
+  );
 }
 
 /**
@@ -58,7 +63,11 @@ export class Catalogue {
   private timer: NodeJS.Timeout | undefined;
   readonly authors: readonly string[];
 
-  constructor(private readonly store: Store, private readonly config: Config, private readonly log: Logger) {
+  constructor(
+    private readonly store: Store,
+    private readonly config: Config,
+    private readonly log: Logger,
+  ) {
     this.authors = [...config.authors, config.localAuthor];
   }
 
@@ -118,7 +127,10 @@ export class Catalogue {
           owned_by: named.owned_by ?? this.config.localAuthor,
           status: named.status ?? 'active',
           visibility: named.visibility ?? 'public',
-          pricing: named.pricing ?? [{ metric: 'input_tokens', rate: 0 }, { metric: 'output_tokens', rate: 0 }],
+          pricing: named.pricing ?? [
+            { metric: 'input_tokens', rate: 0 },
+            { metric: 'output_tokens', rate: 0 },
+          ],
           context_length: named.context_length ?? info.contextLength,
           // Grammar-constrained decoding gives every local model tool calls and structured output.
           capabilities: named.capabilities ?? ['streaming', 'function_calling', 'structured_output'],
@@ -144,11 +156,13 @@ export class Catalogue {
   }
 
   list(filter: ListFilter, who: Principal): Model[] {
-    return this.sorted.filter((m) =>
-      m.model_type === filter.type &&
-      (filter.author === undefined || m.author === filter.author) &&
-      (m.status === 'active' || m.status === 'pending') &&
-      this.visible(m, who));
+    return this.sorted.filter(
+      (m) =>
+        m.model_type === filter.type &&
+        (filter.author === undefined || m.author === filter.author) &&
+        (m.status === 'active' || m.status === 'pending') &&
+        this.visible(m, who),
+    );
   }
 
   get(id: string, who: Principal): Model | undefined {
@@ -190,7 +204,11 @@ export class Catalogue {
     const existing = await this.store.getModel(id);
     if (!existing) throw new ApiError('model_not_found', `No model '${id}'.`, { param: 'model' });
     if (patch.status !== undefined && patch.status !== existing.status && !STATUS_MOVES[existing.status].includes(patch.status)) {
-      throw new ApiError('invalid_value', `Model '${id}' cannot move from ${existing.status} to ${patch.status} (allowed: ${STATUS_MOVES[existing.status].join(', ')}).`, { param: 'status' });
+      throw new ApiError(
+        'invalid_value',
+        `Model '${id}' cannot move from ${existing.status} to ${patch.status} (allowed: ${STATUS_MOVES[existing.status].join(', ')}).`,
+        { param: 'status' },
+      );
     }
     const merged: Record<string, unknown> = { ...existing, ...patch };
     const spec: Record<string, unknown> = {};

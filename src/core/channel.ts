@@ -33,7 +33,9 @@ export class Channel<T> {
   }
 
   private waitForRoom(): Promise<void> {
-    return new Promise<void>((r) => { this.wakeProducer = r; });
+    return new Promise<void>((r) => {
+      this.wakeProducer = r;
+    });
   }
 
   close(err?: unknown): void {
@@ -63,7 +65,9 @@ export class Channel<T> {
           if (this.failure !== undefined) throw this.failure;
           return;
         }
-        await new Promise<void>((r) => { this.wakeConsumer = r; });
+        await new Promise<void>((r) => {
+          this.wakeConsumer = r;
+        });
       }
     } finally {
       this.cancelled = true;

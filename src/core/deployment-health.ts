@@ -96,10 +96,17 @@ export class DeploymentHealth {
     s.probe = setInterval(() => {
       if (running) return;
       running = true;
-      this.probe(id).then((ok) => {
-        // After ejectMs the deployment is on trial anyway; probing goes on until something answers.
-        if (ok && s.probe) this.restore(id, s, 'deployment passed its health check; back in rotation');
-      }, () => undefined).finally(() => { running = false; });
+      this.probe(id)
+        .then(
+          (ok) => {
+            // After ejectMs the deployment is on trial anyway; probing goes on until something answers.
+            if (ok && s.probe) this.restore(id, s, 'deployment passed its health check; back in rotation');
+          },
+          () => undefined,
+        )
+        .finally(() => {
+          running = false;
+        });
     }, this.policy.probeIntervalMs);
     s.probe.unref();
   }
@@ -127,7 +134,11 @@ export class RetryBudget {
   private requests = [0, 0];
   private retries = [0, 0];
 
-  constructor(private readonly ratio: number, private readonly perSecond = 10, private readonly windowMs = 10_000) {}
+  constructor(
+    private readonly ratio: number,
+    private readonly perSecond = 10,
+    private readonly windowMs = 10_000,
+  ) {}
 
   private roll(now: number): void {
     const w = Math.floor(now / this.windowMs);

@@ -37,21 +37,41 @@ export interface DeploymentSpec {
 /** A config-file deployment; without an id it is `config-<n>` (not named after the model: ids are metric labels, and a model may be private). */
 export function fileDeployment(d: DeploymentSpec, index: number): Deployment {
   return {
-    id: d.id ?? `config-${index}`, model: d.model, baseUrl: d.baseUrl, apiKeyEnv: d.apiKeyEnv ?? null, upstreamModel: d.upstreamModel ?? null,
-    weight: d.weight ?? 1, api: d.api ?? 'chat', source: 'file', createdAt: null,
+    id: d.id ?? `config-${index}`,
+    model: d.model,
+    baseUrl: d.baseUrl,
+    apiKeyEnv: d.apiKeyEnv ?? null,
+    upstreamModel: d.upstreamModel ?? null,
+    weight: d.weight ?? 1,
+    api: d.api ?? 'chat',
+    source: 'file',
+    createdAt: null,
   };
 }
 
 export function storedDeployment(r: DeploymentRecord): Deployment {
   return {
-    id: r.id, model: r.model, baseUrl: r.base_url, apiKeyEnv: r.api_key_env, upstreamModel: r.upstream_model, weight: r.weight, api: r.api,
-    source: 'database', createdAt: r.created_at,
+    id: r.id,
+    model: r.model,
+    baseUrl: r.base_url,
+    apiKeyEnv: r.api_key_env,
+    upstreamModel: r.upstream_model,
+    weight: r.weight,
+    api: r.api,
+    source: 'database',
+    createdAt: r.created_at,
   };
 }
 
 export function deploymentRecord(d: Deployment): DeploymentRecord {
   return {
-    id: d.id, model: d.model, base_url: d.baseUrl, api_key_env: d.apiKeyEnv, upstream_model: d.upstreamModel, weight: d.weight, api: d.api,
+    id: d.id,
+    model: d.model,
+    base_url: d.baseUrl,
+    api_key_env: d.apiKeyEnv,
+    upstream_model: d.upstreamModel,
+    weight: d.weight,
+    api: d.api,
     created_at: d.createdAt ?? nowSeconds(),
   };
 }

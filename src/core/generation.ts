@@ -70,7 +70,8 @@ export class GenerationPipeline {
   /** A request that needs what the model does not advertise gets a 400 naming the capability. */
   private checkNeeds(model: Model, req: GenerationRequest, endpoint: GenerationMeta['endpoint']): void {
     const need = (cap: Capability, param: string) => {
-      if (!model.capabilities.includes(cap)) throw new ApiError('missing_capability', `The model '${model.id}' does not support ${cap}.`, { param });
+      if (!model.capabilities.includes(cap))
+        throw new ApiError('missing_capability', `The model '${model.id}' does not support ${cap}.`, { param });
     };
     const chat = endpoint === 'chat.completions';
     if (req.tools?.length && req.toolChoice !== 'none') need('function_calling', 'tools');

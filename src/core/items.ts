@@ -45,7 +45,6 @@ export interface ReasoningItem {
 }
 export type Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem;
 
-
 /** An input item as a client may send it: an item, or a reference to one stored earlier. */
 export type InputItem = Item | { type: 'item_reference'; id: string; param: string };
 
@@ -70,14 +69,20 @@ export function checkNewItemIds(items: readonly Item[], existing: ReadonlySet<st
   const seen = new Set<string>();
   items.forEach((it, i) => {
     if (seen.has(it.id) || existing.has(it.id)) {
-      throw new ApiError('invalid_value', `An item with id '${it.id}' is already in this conversation; item ids must be unique within it.`, { param: param(i) });
+      throw new ApiError(
+        'invalid_value',
+        `An item with id '${it.id}' is already in this conversation; item ids must be unique within it.`,
+        { param: param(i) },
+      );
     }
     seen.add(it.id);
   });
 }
 
 function textOf(content: InputContent[]): string {
-  return content.map((c) => (c.type === 'input_text' || c.type === 'output_text' ? c.text : c.type === 'refusal' ? c.refusal : '')).join('');
+  return content
+    .map((c) => (c.type === 'input_text' || c.type === 'output_text' ? c.text : c.type === 'refusal' ? c.refusal : ''))
+    .join('');
 }
 
 /**
@@ -85,7 +90,11 @@ function textOf(content: InputContent[]): string {
  * reasoning (given as `reasoningText`, already decrypted where it was sealed) goes into the next
  * assistant turn.
  */
-export function itemsToMessages(items: readonly Item[], instructions: string | null | undefined, reasoningText: (r: ReasoningItem) => string): Message[] {
+export function itemsToMessages(
+  items: readonly Item[],
+  instructions: string | null | undefined,
+  reasoningText: (r: ReasoningItem) => string,
+): Message[] {
   const out: Message[] = [];
   if (instructions) out.push({ role: 'developer', content: instructions });
   let pendingReasoning = '';
@@ -94,9 +103,13 @@ export function itemsToMessages(items: readonly Item[], instructions: string | n
       case 'message': {
         const hasImage = it.content.some((c) => c.type === 'input_image');
         const content: string | ContentPart[] = hasImage
-          ? it.content.flatMap((c): ContentPart[] => c.type === 'input_image'
-            ? (c.image_url ? [{ type: 'image', url: c.image_url, ...(c.detail && { detail: c.detail }) }] : [])
-            : [{ type: 'text', text: textOf([c]) }])
+          ? it.content.flatMap((c): ContentPart[] =>
+              c.type === 'input_image'
+                ? c.image_url
+                  ? [{ type: 'image', url: c.image_url, ...(c.detail && { detail: c.detail }) }]
+                  : []
+                : [{ type: 'text', text: textOf([c]) }],
+            )
           : textOf(it.content);
         const msg: Message = { role: it.role, content };
         if (it.role === 'assistant' && pendingReasoning) {

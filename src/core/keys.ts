@@ -54,7 +54,10 @@ export const ADMIN_ORG = 'admin';
 export const BOOTSTRAP_KEY_NAME = 'bootstrap';
 
 /** Creates the key, and its organization when that does not exist yet. */
-export async function createKey(store: Store, opts: { org: string; name: string; role: KeyRole; limits?: Limits | undefined }): Promise<CreatedKey> {
+export async function createKey(
+  store: Store,
+  opts: { org: string; name: string; role: KeyRole; limits?: Limits | undefined },
+): Promise<CreatedKey> {
   let orgCreated = false;
   if (!(await store.getOrg(opts.org))) {
     await store.createOrg({ id: opts.org, name: opts.org, created_at: nowSeconds() });
@@ -93,8 +96,13 @@ export async function ensureAdminKey(store: Store, configured: string | undefine
     }
     if (!existing) {
       await store.createKey({
-        id: parsed.id, org_id: ADMIN_ORG, name: BOOTSTRAP_KEY_NAME, role: 'admin',
-        hash: sha256Hex(parsed.secret), created_at: nowSeconds(), revoked_at: null,
+        id: parsed.id,
+        org_id: ADMIN_ORG,
+        name: BOOTSTRAP_KEY_NAME,
+        role: 'admin',
+        hash: sha256Hex(parsed.secret),
+        created_at: nowSeconds(),
+        revoked_at: null,
       });
     } else if (existing.revoked_at !== null || !secretMatches(parsed.secret, existing.hash)) {
       throw new Error('SWITCHYARD_ADMIN_KEY names a key that was revoked; choose a new value');

@@ -35,7 +35,8 @@ function malformed(r: UsageRecord): string | undefined {
     if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) return `${f} is ${JSON.stringify(v)}`;
   }
   if (r.cost !== null && (typeof r.cost !== 'number' || !Number.isFinite(r.cost) || r.cost < 0)) return `cost is ${JSON.stringify(r.cost)}`;
-  if (r.ttft_ms !== null && (typeof r.ttft_ms !== 'number' || !Number.isSafeInteger(r.ttft_ms))) return `ttft_ms is ${JSON.stringify(r.ttft_ms)}`;
+  if (r.ttft_ms !== null && (typeof r.ttft_ms !== 'number' || !Number.isSafeInteger(r.ttft_ms)))
+    return `ttft_ms is ${JSON.stringify(r.ttft_ms)}`;
   return undefined;
 }
 
@@ -79,7 +80,12 @@ export class Ledger {
   private flushing: Promise<void> = Promise.resolve();
   private canWrite = true;
 
-  constructor(private readonly store: Store, private readonly log: Logger, private readonly retryMs = 1000, private readonly hooks: LedgerHooks = {}) {}
+  constructor(
+    private readonly store: Store,
+    private readonly log: Logger,
+    private readonly retryMs = 1000,
+    private readonly hooks: LedgerHooks = {},
+  ) {}
 
   /** False while the last write failed because the database could not be written. */
   get writable(): boolean {
@@ -180,7 +186,10 @@ export class Ledger {
       this.setAside = list.concat(this.setAside);
       if (this.setAside.length > MAX_SET_ASIDE) {
         const lost = this.setAside.splice(0, this.setAside.length - MAX_SET_ASIDE);
-        this.log.error({ records: lost.map((q) => q.record) }, 'quarantined usage records dropped from memory (the quarantine table cannot be written)');
+        this.log.error(
+          { records: lost.map((q) => q.record) },
+          'quarantined usage records dropped from memory (the quarantine table cannot be written)',
+        );
       }
       this.log.error({ err, records: list.length }, 'cannot store quarantined usage records; will retry');
       return false;

@@ -71,7 +71,7 @@ export class RedisCounters implements Counters {
 
   async init(key: string, value: number, ttlMs: number): Promise<number> {
     await this.redis.set(`switchyard:${key}`, String(value), 'PX', ttlMs, 'NX');
-    return Number(await this.redis.get(`switchyard:${key}`) ?? value);
+    return Number((await this.redis.get(`switchyard:${key}`)) ?? value);
   }
 
   async close(): Promise<void> {
@@ -124,7 +124,11 @@ interface Scope {
  * request's worst case and settled to what it really cost when it ends.
  */
 export class Limiter {
-  constructor(private readonly counters: Counters, private readonly store: Store, private readonly metrics: Metrics) {}
+  constructor(
+    private readonly counters: Counters,
+    private readonly store: Store,
+    private readonly metrics: Metrics,
+  ) {}
 
   /**
    * `worstCase` gives the most the request can cost (its input and its largest possible output at
@@ -140,7 +144,9 @@ export class Limiter {
     if (who.orgLimits) scopes.push({ scope: 'org', id: who.orgId, limits: who.orgLimits });
     for (const { scope, limits } of scopes) {
       if (limits.models && !limits.models.includes(model)) {
-        throw new ApiError('model_not_allowed', `This ${scope === 'key' ? 'API key' : 'organization'} may not use the model '${model}'.`, { param: 'model' });
+        throw new ApiError('model_not_allowed', `This ${scope === 'key' ? 'API key' : 'organization'} may not use the model '${model}'.`, {
+          param: 'model',
+        });
       }
     }
 
@@ -162,20 +168,31 @@ export class Limiter {
           const n = await this.counters.add(`rpm:${scope}:${id}:${minute}`, 1, 2 * MINUTE);
           const remaining = Math.max(0, limits.rpm - n);
           if (!tightestRequests || remaining < tightestRequests.remaining) tightestRequests = { limit: limits.rpm, remaining };
-          if (n > limits.rpm) this.reject('requests', scope, limits.rpm, resetS, { 'x-ratelimit-limit-requests': String(limits.rpm), 'x-ratelimit-remaining-requests': '0', 'x-ratelimit-reset-requests': `${resetS}s` });
+          if (n > limits.rpm)
+            this.reject('requests', scope, limits.rpm, resetS, {
+              'x-ratelimit-limit-requests': String(limits.rpm),
+              'x-ratelimit-remaining-requests': '0',
+              'x-ratelimit-reset-requests': `${resetS}s`,
+            });
         }
         if (limits.tpm !== undefined) {
           const used = (await this.counters.get(`tpm:${scope}:${id}:${minute}`)) ?? 0;
           const remaining = Math.max(0, limits.tpm - used);
           if (!tightestTokens || remaining < tightestTokens.remaining) tightestTokens = { limit: limits.tpm, remaining };
-          if (used >= limits.tpm) this.reject('tokens', scope, limits.tpm, resetS, { 'x-ratelimit-limit-tokens': String(limits.tpm), 'x-ratelimit-remaining-tokens': '0', 'x-ratelimit-reset-tokens': `${resetS}s` });
+          if (used >= limits.tpm)
+            this.reject('tokens', scope, limits.tpm, resetS, {
+              'x-ratelimit-limit-tokens': String(limits.tpm),
+              'x-ratelimit-remaining-tokens': '0',
+              'x-ratelimit-reset-tokens': `${resetS}s`,
+            });
         }
         if (limits.budget !== undefined) {
           const period = limits.budget_period ?? 'month';
           const start = periodStart(period, new Date(now));
           const end = periodEnd(period, start);
           const key = `spend:${scope}:${id}:${start}`;
-          let spent = (await this.counters.get(key)) ?? await this.counters.init(key, await this.store.spentSince(scope, id, start), end - now);
+          let spent =
+            (await this.counters.get(key)) ?? (await this.counters.init(key, await this.store.spentSince(scope, id, start), end - now));
           if (spent < limits.budget && reserve > 0) {
             // The counter's value before this add is what was spent and reserved by others.
             const total = await this.counters.add(key, reserve, end - now);
@@ -184,9 +201,14 @@ export class Limiter {
           }
           if (spent >= limits.budget) {
             this.metrics.rateLimited.inc({ limit: 'budget' });
-            throw new ApiError('budget_exceeded', `The ${scope === 'key' ? 'API key' : 'organization'} has used its budget of $${limits.budget} for this ${period}.`, {
-              retryAfterMs: end - now, final: true,
-            });
+            throw new ApiError(
+              'budget_exceeded',
+              `The ${scope === 'key' ? 'API key' : 'organization'} has used its budget of $${limits.budget} for this ${period}.`,
+              {
+                retryAfterMs: end - now,
+                final: true,
+              },
+            );
           }
         }
       }
@@ -215,7 +237,8 @@ export class Limiter {
         // The reservation becomes what the request really cost (an unpriced request costs nothing here).
         giveBack((cost ?? 0) - reserve);
         for (const { scope, id, limits } of scopes) {
-          if (limits.tpm !== undefined && tokens > 0) void this.counters.add(`tpm:${scope}:${id}:${minute}`, tokens, 2 * MINUTE).catch(() => undefined);
+          if (limits.tpm !== undefined && tokens > 0)
+            void this.counters.add(`tpm:${scope}:${id}:${minute}`, tokens, 2 * MINUTE).catch(() => undefined);
           if (limits.budget !== undefined && cost && reserve === 0) {
             const period = limits.budget_period ?? 'month';
             const start = periodStart(period, new Date(now));
@@ -228,8 +251,13 @@ export class Limiter {
 
   private reject(kind: 'requests' | 'tokens', scope: string, limit: number, resetS: number, headers: Record<string, string>): never {
     this.metrics.rateLimited.inc({ limit: kind === 'requests' ? 'rpm' : 'tpm' });
-    throw new ApiError('rate_limit_exceeded', `Rate limit reached for ${scope === 'key' ? 'this API key' : 'this organization'}: ${limit} ${kind} per minute. Try again in ${resetS}s.`, {
-      retryAfterMs: resetS * 1000, headers,
-    });
+    throw new ApiError(
+      'rate_limit_exceeded',
+      `Rate limit reached for ${scope === 'key' ? 'this API key' : 'this organization'}: ${limit} ${kind} per minute. Try again in ${resetS}s.`,
+      {
+        retryAfterMs: resetS * 1000,
+        headers,
+      },
+    );
   }
 }

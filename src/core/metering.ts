@@ -36,7 +36,11 @@ function dayOf(ms: number): string {
 
 /** Where a metered generation's events come from: the router's open stream. */
 export interface EventSource {
-  open(req: GenerationRequest, model: Model, trace: { deployment?: string }): Promise<{ first: GenerationEvent | undefined; rest: AsyncIterator<GenerationEvent> }>;
+  open(
+    req: GenerationRequest,
+    model: Model,
+    trace: { deployment?: string },
+  ): Promise<{ first: GenerationEvent | undefined; rest: AsyncIterator<GenerationEvent> }>;
 }
 
 /**
@@ -55,10 +59,21 @@ export class MeteredStream {
   private rest: AsyncIterator<GenerationEvent> | undefined;
   private written: Promise<void> | undefined;
 
-  private constructor(private readonly c: MeterContext, private readonly tally: UsageTally, private readonly ledger: Ledger, private readonly metrics: Metrics) {}
+  private constructor(
+    private readonly c: MeterContext,
+    private readonly tally: UsageTally,
+    private readonly ledger: Ledger,
+    private readonly metrics: Metrics,
+  ) {}
 
   /** Starts the generation: problems before its first event (overflow, overload, upstream down) are thrown here. */
-  static async open(source: EventSource, req: GenerationRequest, c: MeterContext, ledger: Ledger, metrics: Metrics): Promise<MeteredStream> {
+  static async open(
+    source: EventSource,
+    req: GenerationRequest,
+    c: MeterContext,
+    ledger: Ledger,
+    metrics: Metrics,
+  ): Promise<MeteredStream> {
     const s = new MeteredStream(c, req.tally, ledger, metrics);
     try {
       const { first, rest } = await source.open(req, c.model, c.trace);
@@ -138,8 +153,14 @@ export class MeteredStream {
     this.ended = true;
     const { c, metrics, tally } = this;
     // No usage event (cancelled, failed mid-way): bill what the engine counted so far.
-    const usage: Usage = this.usage ?? { input: tally.input, cached: tally.cached, output: tally.output, reasoning: tally.reasoning, estimated: !tally.exact };
-    const cost = this.usage ? this.usage.cost ?? null : costOf(c.model, usage);
+    const usage: Usage = this.usage ?? {
+      input: tally.input,
+      cached: tally.cached,
+      output: tally.output,
+      reasoning: tally.reasoning,
+      estimated: !tally.exact,
+    };
+    const cost = this.usage ? (this.usage.cost ?? null) : costOf(c.model, usage);
     const missing = cost === null;
     const now = Date.now();
     const m = metrics.modelLabel(c.model);

@@ -27,7 +27,10 @@ const MAX_CACHE = 10_000;
 export class KeyAuthenticator {
   private readonly cache = new Map<string, CacheEntry>();
 
-  constructor(private readonly store: Store, private readonly ttlMs: number) {}
+  constructor(
+    private readonly store: Store,
+    private readonly ttlMs: number,
+  ) {}
 
   /**
    * The principal for a presented key (undefined: none was presented; '': an unusable one), at once
@@ -35,11 +38,14 @@ export class KeyAuthenticator {
    */
   authenticate(token: string | undefined): Principal | Promise<Principal> {
     if (token === undefined) {
-      throw new ApiError('missing_api_key',
-        "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' or as 'x-api-key: <key>'.");
+      throw new ApiError(
+        'missing_api_key',
+        "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' or as 'x-api-key: <key>'.",
+      );
     }
     const parsed = token === '' ? undefined : parseKey(token);
-    if (!parsed) throw new ApiError('invalid_api_key', 'Malformed API key. Send it as \'Authorization: Bearer <key>\' or as \'x-api-key: <key>\'.');
+    if (!parsed)
+      throw new ApiError('invalid_api_key', "Malformed API key. Send it as 'Authorization: Bearer <key>' or as 'x-api-key: <key>'.");
     const hit = this.cache.get(parsed.id);
     if (hit && hit.expires > Date.now()) return this.check(hit, parsed.secret);
     return this.lookup(parsed.id).then((entry) => this.check(entry, parsed.secret));

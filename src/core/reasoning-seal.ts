@@ -16,7 +16,7 @@ export class ReasoningSeal {
    * start stores a random one, so every instance sharing the database can open what another sealed.
    */
   static async open(store: Store, configured: string | undefined): Promise<ReasoningSeal> {
-    const secret = configured ?? await store.setSettingOnce('reasoning_seal_key', randomBytes(32).toString('base64'));
+    const secret = configured ?? (await store.setSettingOnce('reasoning_seal_key', randomBytes(32).toString('base64')));
     return new ReasoningSeal(createHash('sha256').update(`switchyard-reasoning:${secret}`).digest());
   }
 

@@ -62,10 +62,15 @@ export class Router {
     private readonly hooks: RouterHooks = {},
   ) {
     this.budget = new RetryBudget(policy.retryBudgetRatio);
-    this.health = new DeploymentHealth(policy.health, async (id) => {
-      const d = this.byId.get(id);
-      return d ? (await d.engine.probe?.(d.target)) ?? true : true;
-    }, log, hooks.onHealthChange);
+    this.health = new DeploymentHealth(
+      policy.health,
+      async (id) => {
+        const d = this.byId.get(id);
+        return d ? ((await d.engine.probe?.(d.target)) ?? true) : true;
+      },
+      log,
+      hooks.onHealthChange,
+    );
     this.setDeployments([]);
   }
 
@@ -79,12 +84,21 @@ export class Router {
       const refused = guarded && d.apiKeyEnv ? keyVarRefusal(d.apiKeyEnv, this.policy.keyVars) : undefined;
       if (refused) this.log.error({ deployment: d.id, env: d.apiKeyEnv }, `deployment key variable refused: ${refused}`);
       const apiKey = d.apiKeyEnv && !refused ? this.env[d.apiKeyEnv] : undefined;
-      if (d.apiKeyEnv && !refused && !apiKey) this.log.warn({ deployment: d.id, env: d.apiKeyEnv }, 'deployment API key variable is not set');
+      if (d.apiKeyEnv && !refused && !apiKey)
+        this.log.warn({ deployment: d.id, env: d.apiKeyEnv }, 'deployment API key variable is not set');
       const route: Route = {
         engine: this.upstream,
         weight: d.weight,
         deployment: d,
-        target: { engine: 'upstream', id: d.id, baseUrl: d.baseUrl, apiKey, upstreamModel: d.upstreamModel ?? d.model, api: d.api, guarded },
+        target: {
+          engine: 'upstream',
+          id: d.id,
+          baseUrl: d.baseUrl,
+          apiKey,
+          upstreamModel: d.upstreamModel ?? d.model,
+          api: d.api,
+          guarded,
+        },
       };
       table.set(d.model, [...(table.get(d.model) ?? []), route]);
       byId.set(d.id, route);
@@ -100,7 +114,9 @@ export class Router {
 
   /** Every deployment now routed to, with its health, for the admin API. */
   listDeployments(): Array<{ deployment: Deployment; health: Standing }> {
-    return [...this.byId.values()].flatMap((r) => (r.deployment ? [{ deployment: r.deployment, health: this.health.standing(r.deployment.id) }] : []));
+    return [...this.byId.values()].flatMap((r) =>
+      r.deployment ? [{ deployment: r.deployment, health: this.health.standing(r.deployment.id) }] : [],
+    );
   }
 
   /** Whether this server has an engine for the model: a local file, or at least one upstream deployment. */
@@ -118,7 +134,11 @@ export class Router {
       throw new ApiError('model_not_ready', `The model '${id}' is not ready yet.`, { param: 'model', retryAfterMs: 30_000 });
     }
     if (model.model_type !== 'text_generation') {
-      throw new ApiError('invalid_value', `The model '${id}' is a ${model.model_type} model; this endpoint needs a text_generation model.`, { param: 'model' });
+      throw new ApiError(
+        'invalid_value',
+        `The model '${id}' is a ${model.model_type} model; this endpoint needs a text_generation model.`,
+        { param: 'model' },
+      );
     }
     return model;
   }
@@ -126,9 +146,19 @@ export class Router {
   private deployments(model: Model): Route[] {
     const local = this.catalogue.localModels().find((l) => l.model.id === model.id);
     if (local) {
-      return [{ engine: this.local, weight: 1, deployment: undefined, target: {
-        engine: 'local', file: local.file, contextLength: model.context_length ?? Infinity, reasoning: model.capabilities.includes('reasoning'),
-      } }];
+      return [
+        {
+          engine: this.local,
+          weight: 1,
+          deployment: undefined,
+          target: {
+            engine: 'local',
+            file: local.file,
+            contextLength: model.context_length ?? Infinity,
+            reasoning: model.capabilities.includes('reasoning'),
+          },
+        },
+      ];
     }
     const ups = this.upstreams.get(model.id) ?? [];
     if (ups.length <= 1) return ups;
@@ -153,7 +183,8 @@ export class Router {
     const order = this.deployments(model);
     if (order.length === 0) {
       throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
-        param: 'model', final: true,
+        param: 'model',
+        final: true,
       });
     }
     const now = Date.now();
@@ -168,7 +199,11 @@ export class Router {
     }
     const usable = [...up, ...out];
     if (usable.length === 0) {
-      throw new ApiError('rate_limited', `Every deployment of '${model.id}' is rate limited upstream; retry after ${Math.max(1, Math.ceil(wait / 1000))} s.`, { retryAfterMs: wait });
+      throw new ApiError(
+        'rate_limited',
+        `Every deployment of '${model.id}' is rate limited upstream; retry after ${Math.max(1, Math.ceil(wait / 1000))} s.`,
+        { retryAfterMs: wait },
+      );
     }
     if (usable[0]!.target.engine === 'local') return usable;
     const tries = usable.length === 1 ? [usable[0]!, usable[0]!] : usable;
@@ -180,7 +215,11 @@ export class Router {
    * the rest of its stream (read directly from the engine: no extra async layer per event).
    * `trace.deployment` is set to the deployment that serves the request.
    */
-  async open(req: GenerationRequest, model: Model, trace: { deployment?: string } = {}): Promise<{ first: GenerationEvent | undefined; rest: AsyncIterator<GenerationEvent> }> {
+  async open(
+    req: GenerationRequest,
+    model: Model,
+    trace: { deployment?: string } = {},
+  ): Promise<{ first: GenerationEvent | undefined; rest: AsyncIterator<GenerationEvent> }> {
     const tries = this.attempts(model);
     this.budget.request();
     const deadline = Date.now() + this.policy.attemptsTimeoutMs;
@@ -201,7 +240,9 @@ export class Router {
       trace.deployment = id ?? `local:${basename((d.target as { file: string }).file)}`;
       // Each try starts from nothing: what a failed one counted was not produced for the client.
       Object.assign(req.tally, newTally());
-      const rest = d.engine.generate(req, d.target, { deadline, outputCap: req.maxOutputTokens ?? model.context_length ?? undefined })[Symbol.asyncIterator]();
+      const rest = d.engine
+        .generate(req, d.target, { deadline, outputCap: req.maxOutputTokens ?? model.context_length ?? undefined })
+        [Symbol.asyncIterator]();
       try {
         const first = await rest.next();
         if (id !== undefined) this.health.success(id);
@@ -209,7 +250,8 @@ export class Router {
       } catch (err) {
         // Every failed attempt on a deployment is counted once, here (metering counts only the
         // failures after a stream started).
-        const failed = err instanceof ApiError && id !== undefined && !req.signal.aborted && (err.failover || err.code.startsWith('upstream_'));
+        const failed =
+          err instanceof ApiError && id !== undefined && !req.signal.aborted && (err.failover || err.code.startsWith('upstream_'));
         if (failed) this.hooks.onDeploymentError?.(id, err.code);
         if (failed && err.failover) {
           lastError = err;

@@ -53,7 +53,8 @@ export function checkSchemaLimits(schema: unknown, limits: SchemaLimits, param: 
       bytes += 8;
       continue;
     }
-    if (depth > limits.maxDepth) refuse(param, `it nests deeper than ${limits.maxDepth} levels (at '${path.slice(0, 200)}')`, 'maxDepth', limits.maxDepth);
+    if (depth > limits.maxDepth)
+      refuse(param, `it nests deeper than ${limits.maxDepth} levels (at '${path.slice(0, 200)}')`, 'maxDepth', limits.maxDepth);
     if (++nodes > limits.maxNodes) refuse(param, `it has more than ${limits.maxNodes} objects and arrays`, 'maxNodes', limits.maxNodes);
     bytes += 2;
     if (Array.isArray(value)) {
@@ -68,7 +69,8 @@ export function checkSchemaLimits(schema: unknown, limits: SchemaLimits, param: 
     }
     for (const k of MIN_COUNT_KEYWORDS) {
       const n = obj[k];
-      if (typeof n === 'number' && n > limits.maxMinCount) refuse(param, `${k} at '${path || '/'}' is ${n}`, 'maxMinCount', limits.maxMinCount);
+      if (typeof n === 'number' && n > limits.maxMinCount)
+        refuse(param, `${k} at '${path || '/'}' is ${n}`, 'maxMinCount', limits.maxMinCount);
     }
     for (const key in obj) {
       bytes += key.length + 3;

@@ -34,4 +34,12 @@ export type DeploymentTarget =
    * `api`: whether the upstream speaks the Responses API natively or only chat completions.
    * `guarded`: set through the admin API or CLI, so every connection passes the address policy.
    */
-  | { engine: 'upstream'; baseUrl: string; apiKey: string | undefined; upstreamModel: string; id: string; api: 'chat' | 'responses'; guarded: boolean };
+  | {
+      engine: 'upstream';
+      baseUrl: string;
+      apiKey: string | undefined;
+      upstreamModel: string;
+      id: string;
+      api: 'chat' | 'responses';
+      guarded: boolean;
+    };

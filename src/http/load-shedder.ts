@@ -13,7 +13,10 @@ export class LoadShedder {
   private readonly histogram: IntervalHistogram | undefined;
   private readonly timer: NodeJS.Timeout | undefined;
 
-  constructor(private readonly maxInFlight: number, maxEventLoopDelayMs: number) {
+  constructor(
+    private readonly maxInFlight: number,
+    maxEventLoopDelayMs: number,
+  ) {
     if (maxEventLoopDelayMs > 0) {
       const h = monitorEventLoopDelay({ resolution: 10 });
       h.enable();

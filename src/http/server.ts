@@ -2,7 +2,15 @@ import { randomUUID } from 'node:crypto';
 import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyBodyParser, type FastifyError, type FastifyReply, type FastifyRequest, type HTTPMethods } from 'fastify';
+import Fastify, {
+  LogController,
+  type FastifyBaseLogger,
+  type FastifyBodyParser,
+  type FastifyError,
+  type FastifyReply,
+  type FastifyRequest,
+  type HTTPMethods,
+} from 'fastify';
 import cors from '@fastify/cors';
 import swagger from '@fastify/swagger';
 import { Ajv } from 'ajv';
@@ -81,7 +89,10 @@ interface ValidationIssue {
 
 /** `/messages/0/content` → `messages[0].content` */
 function paramName(pointer: string, extra?: string): string {
-  const parts = pointer.split('/').filter(Boolean).map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
+  const parts = pointer
+    .split('/')
+    .filter(Boolean)
+    .map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
   if (extra !== undefined) parts.push(extra);
   return parts.reduce((acc, p) => (/^\d+$/.test(p) ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
 }
@@ -90,7 +101,8 @@ function validationError(issues: readonly ValidationIssue[], where: string): Api
   // For unions ajv reports each branch, then the union; the branch that got past the type check
   // (a range, an enum) says what is really wrong.
   const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
-  const specific = union && issues.find((i) => i.instancePath.startsWith(union.instancePath) && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword));
+  const specific =
+    union && issues.find((i) => i.instancePath.startsWith(union.instancePath) && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword));
   const issue = specific ?? union ?? issues[0];
   if (!issue) return new ApiError('invalid_request', `Invalid ${where}.`);
   if (issue.keyword === 'required') {
@@ -159,19 +171,22 @@ function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
     socket.destroy();
     return;
   }
-  const e = err.code === 'HPE_HEADER_OVERFLOW'
-    ? new ApiError('request_header_too_large', 'The request headers are larger than this server accepts.')
-    : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-      ? new ApiError('request_timeout', 'The request did not arrive in time.')
-      : new ApiError('invalid_request', `The request is not valid HTTP (${err.code ?? 'parse error'}).`);
+  const e =
+    err.code === 'HPE_HEADER_OVERFLOW'
+      ? new ApiError('request_header_too_large', 'The request headers are larger than this server accepts.')
+      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? new ApiError('request_timeout', 'The request did not arrive in time.')
+        : new ApiError('invalid_request', `The request is not valid HTTP (${err.code ?? 'parse error'}).`);
   const body = JSON.stringify(e.toBody());
   const status = e.status;
   socket.removeAllListeners('data');
   socket.on('data', () => undefined);
   socket.once('end', () => socket.destroy());
   setTimeout(() => socket.destroy(), 2000).unref();
-  socket.end(`HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\n`
-    + `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: req_${randomUUID().replace(/-/g, '')}\r\nconnection: close\r\n\r\n${body}`);
+  socket.end(
+    `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\n` +
+      `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: req_${randomUUID().replace(/-/g, '')}\r\nconnection: close\r\n\r\n${body}`,
+  );
 }
 
 export async function buildServer(deps: ServerDeps): Promise<App> {
@@ -198,9 +213,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     forceCloseConnections: 'idle',
     frameworkErrors: (err, req, reply) => {
       reply.header('x-request-id', req.id);
-      const e = err.code === 'FST_ERR_BAD_URL'
-        ? new ApiError('invalid_url', `The request URL is malformed: ${req.url}`)
-        : toApiError(err, log);
+      const e =
+        err.code === 'FST_ERR_BAD_URL' ? new ApiError('invalid_url', `The request URL is malformed: ${req.url}`) : toApiError(err, log);
       void sendError(reply, e);
     },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
@@ -221,7 +235,9 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     shedder.close();
     done();
   });
-  const onEnd = () => { shedder.inFlight -= 1; };
+  const onEnd = () => {
+    shedder.inFlight -= 1;
+  };
   // Hooks on every request are callback-style: an async hook costs a promise per request.
   app.addHook('onRequest', (req, reply, done) => {
     req.startedAt = performance.now();
@@ -241,7 +257,10 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     const labels = { route: req.routeOptions.url ?? 'unmatched', model: req.metricsModel ?? '', status: String(reply.statusCode) };
     metrics.requests.inc(labels);
     metrics.duration.observe(labels, reply.elapsedTime / 1000);
-    req.log.info({ method: req.method, url: loggableUrl(req.url, config.adminKey), status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
+    req.log.info(
+      { method: req.method, url: loggableUrl(req.url, config.adminKey), status: reply.statusCode, ms: Math.round(reply.elapsedTime) },
+      'request',
+    );
     done();
   });
 
@@ -259,7 +278,9 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     openapi: {
       openapi: '3.0.3',
       info: { title: 'Switchyard', version: '0.1.0', description: 'OpenAI-compatible model inference service' },
-      components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' }, apiKey: { type: 'apiKey', in: 'header', name: 'x-api-key' } } },
+      components: {
+        securitySchemes: { bearer: { type: 'http', scheme: 'bearer' }, apiKey: { type: 'apiKey', in: 'header', name: 'x-api-key' } },
+      },
       security: [{ bearer: [] }, { apiKey: [] }],
     },
   });
@@ -267,7 +288,13 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   if (config.corsOrigin !== '') {
     await app.register(cors, {
       origin: config.corsOrigin === '*' ? '*' : config.corsOrigin.split(',').map((o) => o.trim()),
-      exposedHeaders: ['x-request-id', 'retry-after', 'x-ratelimit-limit-requests', 'x-ratelimit-remaining-requests', 'x-ratelimit-reset-requests'],
+      exposedHeaders: [
+        'x-request-id',
+        'retry-after',
+        'x-ratelimit-limit-requests',
+        'x-ratelimit-remaining-requests',
+        'x-ratelimit-reset-requests',
+      ],
       maxAge: 600,
     });
   }
@@ -280,7 +307,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     return sendError(reply, toApiError(err, req.log));
   });
   app.setNotFoundHandler((req, reply) =>
-    sendError(reply, new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)));
+    sendError(reply, new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)),
+  );
 
   // Remember which methods each path has, so the others answer 405 rather than 404.
   const methodsByPath = new Map<string, Set<string>>();
@@ -292,21 +320,23 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
 
   const { auth } = deps;
   // A key found in the cache is checked without a promise; a miss reads the database.
-  const authHook = (admin: boolean): AuthHook => (req, _reply, done) => {
-    const accept = (who: Principal) => {
-      if (admin && who.role !== 'admin') return done(new ApiError('permission_denied', 'This endpoint needs an admin key.'));
-      req.principal = who;
-      done();
+  const authHook =
+    (admin: boolean): AuthHook =>
+    (req, _reply, done) => {
+      const accept = (who: Principal) => {
+        if (admin && who.role !== 'admin') return done(new ApiError('permission_denied', 'This endpoint needs an admin key.'));
+        req.principal = who;
+        done();
+      };
+      let who: Principal | Promise<Principal>;
+      try {
+        who = auth.authenticate(extractToken(req.headers));
+      } catch (err) {
+        return done(err as Error);
+      }
+      if (who instanceof Promise) who.then(accept, done);
+      else accept(who);
     };
-    let who: Principal | Promise<Principal>;
-    try {
-      who = auth.authenticate(extractToken(req.headers));
-    } catch (err) {
-      return done(err as Error);
-    }
-    if (who instanceof Promise) who.then(accept, done);
-    else accept(who);
-  };
   const requireKey = authHook(false);
   const requireAdmin = authHook(true);
   const ctx: RouteContext = { ...deps, requireKey, requireAdmin };
@@ -329,8 +359,11 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
       method: others,
       url,
       schema: { hide: true },
-      handler: (req, reply) => sendError(reply, new ApiError('method_not_allowed',
-        `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } })),
+      handler: (req, reply) =>
+        sendError(
+          reply,
+          new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } }),
+        ),
     });
   }
   return app;

@@ -12,7 +12,8 @@ export function count(v: unknown): number | undefined {
   return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v <= MAX_COUNT ? v : undefined;
 }
 export const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
-export const obj = (v: unknown): Record<string, unknown> | undefined => (typeof v === 'object' && v !== null && !Array.isArray(v) ? v as Record<string, unknown> : undefined);
+export const obj = (v: unknown): Record<string, unknown> | undefined =>
+  typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined;
 
 /**
  * Usage as the upstream reported it, field by field: a count that is not a non-negative integer
@@ -29,8 +30,11 @@ export interface ReportedUsage {
 
 export function reported(input: unknown, cached: unknown, output: unknown, reasoning: unknown): ReportedUsage {
   const r = { input: count(input), cached: count(cached), output: count(output), reasoning: count(reasoning) };
-  const invalid = (input !== undefined && r.input === undefined) || (output !== undefined && r.output === undefined)
-    || (cached !== undefined && cached !== null && r.cached === undefined) || (reasoning !== undefined && reasoning !== null && r.reasoning === undefined);
+  const invalid =
+    (input !== undefined && r.input === undefined) ||
+    (output !== undefined && r.output === undefined) ||
+    (cached !== undefined && cached !== null && r.cached === undefined) ||
+    (reasoning !== undefined && reasoning !== null && r.reasoning === undefined);
   return { ...r, invalid };
 }
 

@@ -4,7 +4,22 @@ import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type Selectable 
 import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
-import type { ApiKeyRecord, ConversationRecord, DeploymentRecord, ItemPage, KeyRole, Limits, Org, QuarantinedUsage, ResponseRecord, Store, UsageFilter, UsageGroup, UsageRecord, UsageTotal } from './store.js';
+import type {
+  ApiKeyRecord,
+  ConversationRecord,
+  DeploymentRecord,
+  ItemPage,
+  KeyRole,
+  Limits,
+  Org,
+  QuarantinedUsage,
+  ResponseRecord,
+  Store,
+  UsageFilter,
+  UsageGroup,
+  UsageRecord,
+  UsageTotal,
+} from './store.js';
 import type { Capability, Model, ModelSource, ModelStatus, ModelType, Price, Visibility } from './model-record.js';
 
 /** A model row: enums as plain text, arrays as JSON text. */
@@ -58,7 +73,7 @@ function rowToModel(r: Selectable<ModelsTable>): Model {
   };
 }
 
-const parseLimits = (text: string | null): Limits | null => (text ? JSON.parse(text) as Limits : null);
+const parseLimits = (text: string | null): Limits | null => (text ? (JSON.parse(text) as Limits) : null);
 
 function rowToOrg(r: Selectable<Database['orgs']>): Org {
   return { ...r, created_at: Number(r.created_at), limits: parseLimits(r.limits) };
@@ -77,8 +92,27 @@ function rowToKey(r: Selectable<Database['api_keys']>): ApiKeyRecord {
 const INT8_OID = 20;
 
 const USAGE_COLUMNS: ReadonlyArray<keyof UsageRecord> = [
-  'id', 'at', 'day', 'request_id', 'key_id', 'org_id', 'model', 'deployment', 'endpoint', 'stream', 'input_tokens', 'cached_tokens',
-  'output_tokens', 'reasoning_tokens', 'cost', 'price_missing', 'estimated', 'latency_ms', 'ttft_ms', 'status', 'error_code',
+  'id',
+  'at',
+  'day',
+  'request_id',
+  'key_id',
+  'org_id',
+  'model',
+  'deployment',
+  'endpoint',
+  'stream',
+  'input_tokens',
+  'cached_tokens',
+  'output_tokens',
+  'reasoning_tokens',
+  'cost',
+  'price_missing',
+  'estimated',
+  'latency_ms',
+  'ttft_ms',
+  'status',
+  'error_code',
 ];
 const FLAG_COLUMNS = new Set<keyof UsageRecord>(['stream', 'price_missing', 'estimated']);
 
@@ -134,9 +168,10 @@ export class KyselyStore implements Store {
   async migrate(): Promise<void> {
     // Kysely looks for its own tables in every schema of a PostgreSQL database: name ours, so two
     // Switchyards in two schemas of one database (tests do that) each keep their own migrations.
-    const schema = this.dialect === 'postgres'
-      ? (await sql<{ schema: string }>`select current_schema() as schema`.execute(this.db)).rows[0]?.schema
-      : undefined;
+    const schema =
+      this.dialect === 'postgres'
+        ? (await sql<{ schema: string }>`select current_schema() as schema`.execute(this.db)).rows[0]?.schema
+        : undefined;
     const migrator = new Migrator({ db: this.db, provider: migrationProvider, ...(schema && { migrationTableSchema: schema }) });
     const { error, results } = await migrator.migrateToLatest();
     const failed = results?.find((r) => r.status === 'Error');
@@ -155,7 +190,10 @@ export class KyselyStore implements Store {
   }
 
   async createOrg(org: Org): Promise<void> {
-    await this.db.insertInto('orgs').values({ ...org, limits: org.limits ? JSON.stringify(org.limits) : null }).execute();
+    await this.db
+      .insertInto('orgs')
+      .values({ ...org, limits: org.limits ? JSON.stringify(org.limits) : null })
+      .execute();
   }
 
   async getOrg(id: string): Promise<Org | undefined> {
@@ -169,23 +207,36 @@ export class KyselyStore implements Store {
   }
 
   async createKey(key: ApiKeyRecord): Promise<void> {
-    await this.db.insertInto('api_keys').values({ ...key, limits: key.limits ? JSON.stringify(key.limits) : null }).execute();
+    await this.db
+      .insertInto('api_keys')
+      .values({ ...key, limits: key.limits ? JSON.stringify(key.limits) : null })
+      .execute();
   }
 
   async setKeyLimits(id: string, limits: Limits | null): Promise<boolean> {
-    const res = await this.db.updateTable('api_keys').set({ limits: limits ? JSON.stringify(limits) : null }).where('id', '=', id).executeTakeFirst();
+    const res = await this.db
+      .updateTable('api_keys')
+      .set({ limits: limits ? JSON.stringify(limits) : null })
+      .where('id', '=', id)
+      .executeTakeFirst();
     return Number(res.numUpdatedRows) > 0;
   }
 
   async setOrgLimits(id: string, limits: Limits | null): Promise<boolean> {
-    const res = await this.db.updateTable('orgs').set({ limits: limits ? JSON.stringify(limits) : null }).where('id', '=', id).executeTakeFirst();
+    const res = await this.db
+      .updateTable('orgs')
+      .set({ limits: limits ? JSON.stringify(limits) : null })
+      .where('id', '=', id)
+      .executeTakeFirst();
     return Number(res.numUpdatedRows) > 0;
   }
 
   async spentSince(scope: 'key' | 'org', id: string, sinceMs: number): Promise<number> {
-    const row = await this.db.selectFrom('usage_records')
+    const row = await this.db
+      .selectFrom('usage_records')
       .select((eb) => eb.fn.sum<number | string | null>('cost').as('spent'))
-      .where(scope === 'key' ? 'key_id' : 'org_id', '=', id).where('at', '>=', sinceMs)
+      .where(scope === 'key' ? 'key_id' : 'org_id', '=', id)
+      .where('at', '>=', sinceMs)
       .executeTakeFirst();
     return Number(row?.spent ?? 0);
   }
@@ -212,9 +263,11 @@ export class KyselyStore implements Store {
   }
 
   async countActiveAdminKeys(): Promise<number> {
-    const row = await this.db.selectFrom('api_keys')
+    const row = await this.db
+      .selectFrom('api_keys')
       .select((eb) => eb.fn.countAll<number | string>().as('n'))
-      .where('role', '=', 'admin').where('revoked_at', 'is', null)
+      .where('role', '=', 'admin')
+      .where('revoked_at', 'is', null)
       .executeTakeFirstOrThrow();
     return Number(row.n);
   }
@@ -222,13 +275,17 @@ export class KyselyStore implements Store {
   async upsertModel(model: Model): Promise<void> {
     const row = modelToRow(model);
     const { id: _id, created: _created, ...update } = row;
-    await this.db.insertInto('models').values(row)
+    await this.db
+      .insertInto('models')
+      .values(row)
       .onConflict((oc) => oc.column('id').doUpdateSet(update))
       .execute();
   }
 
   async insertModel(model: Model): Promise<boolean> {
-    const result = await this.db.insertInto('models').values(modelToRow(model))
+    const result = await this.db
+      .insertInto('models')
+      .values(modelToRow(model))
       .onConflict((oc) => oc.column('id').doNothing())
       .executeTakeFirst();
     return Number(result.numInsertedOrUpdatedRows ?? 0) > 0;
@@ -244,9 +301,11 @@ export class KyselyStore implements Store {
     return rows.map(rowToModel);
   }
 
-
   async createResponse(r: ResponseRecord): Promise<void> {
-    await this.db.insertInto('responses').values({ ...r, background: r.background ? 1 : 0 }).execute();
+    await this.db
+      .insertInto('responses')
+      .values({ ...r, background: r.background ? 1 : 0 })
+      .execute();
   }
 
   async getResponse(id: string): Promise<ResponseRecord | undefined> {
@@ -254,8 +313,17 @@ export class KyselyStore implements Store {
     return row && rowToResponse(row);
   }
 
-  async updateResponse(id: string, from: readonly string[], set: Partial<Pick<ResponseRecord, 'status' | 'body' | 'updated_at'>>): Promise<boolean> {
-    const res = await this.db.updateTable('responses').set(set).where('id', '=', id).where('status', 'in', [...from]).executeTakeFirst();
+  async updateResponse(
+    id: string,
+    from: readonly string[],
+    set: Partial<Pick<ResponseRecord, 'status' | 'body' | 'updated_at'>>,
+  ): Promise<boolean> {
+    const res = await this.db
+      .updateTable('responses')
+      .set(set)
+      .where('id', '=', id)
+      .where('status', 'in', [...from])
+      .executeTakeFirst();
     return Number(res.numUpdatedRows) > 0;
   }
 
@@ -265,12 +333,22 @@ export class KyselyStore implements Store {
   }
 
   async staleResponses(statuses: readonly string[], before: number): Promise<ResponseRecord[]> {
-    const rows = await this.db.selectFrom('responses').selectAll().where('status', 'in', [...statuses]).where('updated_at', '<', before).execute();
+    const rows = await this.db
+      .selectFrom('responses')
+      .selectAll()
+      .where('status', 'in', [...statuses])
+      .where('updated_at', '<', before)
+      .execute();
     return rows.map(rowToResponse);
   }
 
   async touchResponses(ids: readonly string[], at: number): Promise<void> {
-    if (ids.length) await this.db.updateTable('responses').set({ updated_at: at }).where('id', 'in', [...ids]).execute();
+    if (ids.length)
+      await this.db
+        .updateTable('responses')
+        .set({ updated_at: at })
+        .where('id', 'in', [...ids])
+        .execute();
   }
 
   async createConversation(c: ConversationRecord): Promise<void> {
@@ -301,47 +379,77 @@ export class KyselyStore implements Store {
       if (this.dialect === 'postgres') {
         await tx.selectFrom('conversations').select('id').where('id', '=', conversationId).forUpdate().execute();
       }
-      const row = await tx.selectFrom('conversation_items')
+      const row = await tx
+        .selectFrom('conversation_items')
         .select((eb) => eb.fn.max<number | string | null>('seq').as('top'))
-        .where('conversation_id', '=', conversationId).executeTakeFirst();
+        .where('conversation_id', '=', conversationId)
+        .executeTakeFirst();
       const start = Number(row?.top ?? 0) + 1;
-      await tx.insertInto('conversation_items')
+      await tx
+        .insertInto('conversation_items')
         .values(items.map((it, i) => ({ id: it.id, conversation_id: conversationId, seq: start + i, item: it.json, created_at: at })))
         .execute();
     });
   }
 
-  async listConversationItems(conversationId: string, opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' }): Promise<ItemPage> {
+  async listConversationItems(
+    conversationId: string,
+    opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
+  ): Promise<ItemPage> {
     let q = this.db.selectFrom('conversation_items').select(['item', 'seq']).where('conversation_id', '=', conversationId);
     if (opts.after !== undefined) {
-      const anchor = await this.db.selectFrom('conversation_items').select('seq')
-        .where('conversation_id', '=', conversationId).where('id', '=', opts.after).executeTakeFirst();
+      const anchor = await this.db
+        .selectFrom('conversation_items')
+        .select('seq')
+        .where('conversation_id', '=', conversationId)
+        .where('id', '=', opts.after)
+        .executeTakeFirst();
       if (anchor) q = q.where('seq', opts.order === 'asc' ? '>' : '<', Number(anchor.seq));
     }
-    const rows = await q.orderBy('seq', opts.order).limit(opts.limit + 1).execute();
+    const rows = await q
+      .orderBy('seq', opts.order)
+      .limit(opts.limit + 1)
+      .execute();
     return { items: rows.slice(0, opts.limit).map((r) => r.item), hasMore: rows.length > opts.limit };
   }
 
   async allConversationItems(conversationId: string): Promise<string[]> {
-    const rows = await this.db.selectFrom('conversation_items').select('item').where('conversation_id', '=', conversationId).orderBy('seq').execute();
+    const rows = await this.db
+      .selectFrom('conversation_items')
+      .select('item')
+      .where('conversation_id', '=', conversationId)
+      .orderBy('seq')
+      .execute();
     return rows.map((r) => r.item);
   }
 
   async getConversationItem(conversationId: string, itemId: string): Promise<string | undefined> {
-    const row = await this.db.selectFrom('conversation_items').select('item')
-      .where('conversation_id', '=', conversationId).where('id', '=', itemId).executeTakeFirst();
+    const row = await this.db
+      .selectFrom('conversation_items')
+      .select('item')
+      .where('conversation_id', '=', conversationId)
+      .where('id', '=', itemId)
+      .executeTakeFirst();
     return row?.item;
   }
 
   async conversationItemsIn(conversationId: string, itemIds: readonly string[]): Promise<string[]> {
     if (itemIds.length === 0) return [];
-    const rows = await this.db.selectFrom('conversation_items').select('id')
-      .where('conversation_id', '=', conversationId).where('id', 'in', [...itemIds]).execute();
+    const rows = await this.db
+      .selectFrom('conversation_items')
+      .select('id')
+      .where('conversation_id', '=', conversationId)
+      .where('id', 'in', [...itemIds])
+      .execute();
     return rows.map((r) => r.id);
   }
 
   async deleteConversationItem(conversationId: string, itemId: string): Promise<boolean> {
-    const res = await this.db.deleteFrom('conversation_items').where('conversation_id', '=', conversationId).where('id', '=', itemId).executeTakeFirst();
+    const res = await this.db
+      .deleteFrom('conversation_items')
+      .where('conversation_id', '=', conversationId)
+      .where('id', '=', itemId)
+      .executeTakeFirst();
     return Number(res.numDeletedRows) > 0;
   }
 
@@ -351,7 +459,11 @@ export class KyselyStore implements Store {
   }
 
   async setSettingOnce(key: string, value: string): Promise<string> {
-    await this.db.insertInto('settings').values({ key, value }).onConflict((oc) => oc.column('key').doNothing()).execute();
+    await this.db
+      .insertInto('settings')
+      .values({ key, value })
+      .onConflict((oc) => oc.column('key').doNothing())
+      .execute();
     return (await this.getSetting(key))!;
   }
 
@@ -364,8 +476,11 @@ export class KyselyStore implements Store {
       this.insertUsageBatch(records);
       return;
     }
-    await this.db.insertInto('usage_records')
-      .values(records.map((r) => ({ ...r, stream: r.stream ? 1 : 0, price_missing: r.price_missing ? 1 : 0, estimated: r.estimated ? 1 : 0 })))
+    await this.db
+      .insertInto('usage_records')
+      .values(
+        records.map((r) => ({ ...r, stream: r.stream ? 1 : 0, price_missing: r.price_missing ? 1 : 0, estimated: r.estimated ? 1 : 0 })),
+      )
       .onConflict((oc) => oc.column('id').doNothing())
       .execute();
   }
@@ -387,7 +502,11 @@ export class KyselyStore implements Store {
 
   async quarantineUsage(records: readonly QuarantinedUsage[]): Promise<void> {
     if (records.length === 0) return;
-    await this.db.insertInto('usage_quarantine').values([...records]).onConflict((oc) => oc.column('id').doNothing()).execute();
+    await this.db
+      .insertInto('usage_quarantine')
+      .values([...records])
+      .onConflict((oc) => oc.column('id').doNothing())
+      .execute();
   }
 
   async listQuarantinedUsage(): Promise<QuarantinedUsage[]> {
@@ -397,18 +516,20 @@ export class KyselyStore implements Store {
 
   async usageTotals(groupBy: UsageGroup, f: UsageFilter): Promise<UsageTotal[]> {
     const column = ({ key: 'key_id', org: 'org_id', model: 'model', day: 'day' } as const)[groupBy];
-    let q = this.db.selectFrom('usage_records').select((eb) => [
-      eb.ref(column).as('group'),
-      eb.fn.countAll<number | string>().as('requests'),
-      eb.fn.sum<number | string>(eb.case().when('status', '>=', 400).then(1).else(0).end()).as('errors'),
-      eb.fn.sum<number | string>('input_tokens').as('input_tokens'),
-      eb.fn.sum<number | string>('cached_tokens').as('cached_tokens'),
-      eb.fn.sum<number | string>('output_tokens').as('output_tokens'),
-      eb.fn.sum<number | string>('reasoning_tokens').as('reasoning_tokens'),
-      eb.fn.sum<number | string | null>('cost').as('cost'),
-      eb.fn.sum<number | string>('price_missing').as('unpriced_requests'),
-      eb.fn.sum<number | string>('estimated').as('estimated_requests'),
-    ]);
+    let q = this.db
+      .selectFrom('usage_records')
+      .select((eb) => [
+        eb.ref(column).as('group'),
+        eb.fn.countAll<number | string>().as('requests'),
+        eb.fn.sum<number | string>(eb.case().when('status', '>=', 400).then(1).else(0).end()).as('errors'),
+        eb.fn.sum<number | string>('input_tokens').as('input_tokens'),
+        eb.fn.sum<number | string>('cached_tokens').as('cached_tokens'),
+        eb.fn.sum<number | string>('output_tokens').as('output_tokens'),
+        eb.fn.sum<number | string>('reasoning_tokens').as('reasoning_tokens'),
+        eb.fn.sum<number | string | null>('cost').as('cost'),
+        eb.fn.sum<number | string>('price_missing').as('unpriced_requests'),
+        eb.fn.sum<number | string>('estimated').as('estimated_requests'),
+      ]);
     if (f.org !== undefined) q = q.where('org_id', '=', f.org);
     if (f.key !== undefined) q = q.where('key_id', '=', f.key);
     if (f.model !== undefined) q = q.where('model', '=', f.model);
@@ -431,11 +552,20 @@ export class KyselyStore implements Store {
 
   async listDeployments(): Promise<DeploymentRecord[]> {
     const rows = await this.db.selectFrom('deployments').selectAll().orderBy('model').orderBy('id').execute();
-    return rows.map((r) => ({ ...r, weight: Number(r.weight), created_at: Number(r.created_at), api: r.api === 'responses' ? 'responses' : 'chat' }));
+    return rows.map((r) => ({
+      ...r,
+      weight: Number(r.weight),
+      created_at: Number(r.created_at),
+      api: r.api === 'responses' ? 'responses' : 'chat',
+    }));
   }
 
   async createDeployment(d: DeploymentRecord): Promise<boolean> {
-    const res = await this.db.insertInto('deployments').values(d).onConflict((oc) => oc.column('id').doNothing()).executeTakeFirst();
+    const res = await this.db
+      .insertInto('deployments')
+      .values(d)
+      .onConflict((oc) => oc.column('id').doNothing())
+      .executeTakeFirst();
     return Number(res.numInsertedOrUpdatedRows ?? 0) > 0;
   }
 

@@ -11,12 +11,14 @@ import { sql, type Kysely, type Migration, type MigrationProvider } from 'kysely
 const migrations: Record<string, Migration> = {
   '0001_foundation': {
     async up(db: Kysely<unknown>) {
-      await db.schema.createTable('orgs')
+      await db.schema
+        .createTable('orgs')
         .addColumn('id', 'text', (c) => c.primaryKey())
         .addColumn('name', 'text', (c) => c.notNull())
         .addColumn('created_at', 'bigint', (c) => c.notNull())
         .execute();
-      await db.schema.createTable('api_keys')
+      await db.schema
+        .createTable('api_keys')
         .addColumn('id', 'text', (c) => c.primaryKey())
         .addColumn('org_id', 'text', (c) => c.notNull().references('orgs.id'))
         .addColumn('name', 'text', (c) => c.notNull())
@@ -26,7 +28,8 @@ const migrations: Record<string, Migration> = {
         .addColumn('revoked_at', 'bigint')
         .execute();
       await db.schema.createIndex('api_keys_org').on('api_keys').column('org_id').execute();
-      await db.schema.createTable('models')
+      await db.schema
+        .createTable('models')
         .addColumn('id', 'text', (c) => c.primaryKey())
         .addColumn('author', 'text', (c) => c.notNull())
         .addColumn('slug', 'text', (c) => c.notNull())
@@ -52,7 +55,8 @@ const migrations: Record<string, Migration> = {
   },
   '0002_responses': {
     async up(db: Kysely<unknown>) {
-      await db.schema.createTable('responses')
+      await db.schema
+        .createTable('responses')
         .addColumn('id', 'text', (c) => c.primaryKey())
         .addColumn('org_id', 'text', (c) => c.notNull())
         .addColumn('status', 'text', (c) => c.notNull())
@@ -65,13 +69,15 @@ const migrations: Record<string, Migration> = {
         .addColumn('input_items', 'text', (c) => c.notNull())
         .execute();
       await db.schema.createIndex('responses_status').on('responses').columns(['status', 'updated_at']).execute();
-      await db.schema.createTable('conversations')
+      await db.schema
+        .createTable('conversations')
         .addColumn('id', 'text', (c) => c.primaryKey())
         .addColumn('org_id', 'text', (c) => c.notNull())
         .addColumn('created_at', 'bigint', (c) => c.notNull())
         .addColumn('metadata', 'text', (c) => c.notNull())
         .execute();
-      await db.schema.createTable('conversation_items')
+      await db.schema
+        .createTable('conversation_items')
         .addColumn('id', 'text', (c) => c.primaryKey())
         .addColumn('conversation_id', 'text', (c) => c.notNull().references('conversations.id').onDelete('cascade'))
         .addColumn('seq', 'integer', (c) => c.notNull())
@@ -79,7 +85,8 @@ const migrations: Record<string, Migration> = {
         .addColumn('created_at', 'bigint', (c) => c.notNull())
         .execute();
       await db.schema.createIndex('conversation_items_seq').on('conversation_items').columns(['conversation_id', 'seq']).unique().execute();
-      await db.schema.createTable('settings')
+      await db.schema
+        .createTable('settings')
         .addColumn('key', 'text', (c) => c.primaryKey())
         .addColumn('value', 'text', (c) => c.notNull())
         .execute();
@@ -90,7 +97,8 @@ const migrations: Record<string, Migration> = {
   },
   '0003_usage': {
     async up(db: Kysely<unknown>) {
-      await db.schema.createTable('usage_records')
+      await db.schema
+        .createTable('usage_records')
         .addColumn('id', 'text', (c) => c.primaryKey())
         .addColumn('at', 'bigint', (c) => c.notNull())
         .addColumn('day', 'text', (c) => c.notNull())
@@ -131,7 +139,8 @@ const migrations: Record<string, Migration> = {
   },
   '0005_deployments': {
     async up(db: Kysely<unknown>) {
-      await db.schema.createTable('deployments')
+      await db.schema
+        .createTable('deployments')
         .addColumn('id', 'text', (c) => c.primaryKey())
         .addColumn('model', 'text', (c) => c.notNull())
         .addColumn('base_url', 'text', (c) => c.notNull())
@@ -148,8 +157,12 @@ const migrations: Record<string, Migration> = {
   },
   '0006_usage_estimates': {
     async up(db: Kysely<unknown>) {
-      await db.schema.alterTable('usage_records').addColumn('estimated', 'integer', (c) => c.notNull().defaultTo(0)).execute();
-      await db.schema.createTable('usage_quarantine')
+      await db.schema
+        .alterTable('usage_records')
+        .addColumn('estimated', 'integer', (c) => c.notNull().defaultTo(0))
+        .execute();
+      await db.schema
+        .createTable('usage_quarantine')
         .addColumn('id', 'text', (c) => c.primaryKey())
         .addColumn('at', 'bigint', (c) => c.notNull())
         .addColumn('record', 'text', (c) => c.notNull())
@@ -166,7 +179,8 @@ const migrations: Record<string, Migration> = {
     // turn, and another organization's id gave a 500 (and told the caller it existed). Ids are now
     // unique per conversation only.
     async up(db: Kysely<unknown>) {
-      await db.schema.createTable('conversation_items_v2')
+      await db.schema
+        .createTable('conversation_items_v2')
         .addColumn('conversation_id', 'text', (c) => c.notNull().references('conversations.id').onDelete('cascade'))
         .addColumn('id', 'text', (c) => c.notNull())
         .addColumn('seq', 'integer', (c) => c.notNull())
@@ -178,7 +192,12 @@ const migrations: Record<string, Migration> = {
         select conversation_id, id, seq, item, created_at from conversation_items`.execute(db);
       await db.schema.dropTable('conversation_items').execute();
       await db.schema.alterTable('conversation_items_v2').renameTo('conversation_items').execute();
-      await db.schema.createIndex('conversation_items_order').on('conversation_items').columns(['conversation_id', 'seq']).unique().execute();
+      await db.schema
+        .createIndex('conversation_items_order')
+        .on('conversation_items')
+        .columns(['conversation_id', 'seq'])
+        .unique()
+        .execute();
     },
     async down() {
       throw new Error('0007_conversation_item_scope cannot be undone');

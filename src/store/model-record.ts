@@ -12,7 +12,13 @@ export const VISIBILITIES = ['private', 'public'] as const;
 export type Visibility = (typeof VISIBILITIES)[number];
 /** `image_generation` is outside the spec's capability enum but is what image models carry. */
 export const CAPABILITIES = [
-  'streaming', 'vision', 'function_calling', 'structured_output', 'reasoning', 'image_editing', 'image_generation',
+  'streaming',
+  'vision',
+  'function_calling',
+  'structured_output',
+  'reasoning',
+  'image_editing',
+  'image_generation',
 ] as const;
 export type Capability = (typeof CAPABILITIES)[number];
 
@@ -42,4 +48,3 @@ export interface Model {
   source: ModelSource;
 }
 export type ModelSource = 'config' | 'admin' | 'local';
-

@@ -168,7 +168,11 @@ export interface Store {
   createResponse(r: ResponseRecord): Promise<void>;
   getResponse(id: string): Promise<ResponseRecord | undefined>;
   /** Updates only when the current status is one of `from` (a state transition); returns whether it did. */
-  updateResponse(id: string, from: readonly string[], set: Partial<Pick<ResponseRecord, 'status' | 'body' | 'updated_at'>>): Promise<boolean>;
+  updateResponse(
+    id: string,
+    from: readonly string[],
+    set: Partial<Pick<ResponseRecord, 'status' | 'body' | 'updated_at'>>,
+  ): Promise<boolean>;
   deleteResponse(id: string): Promise<boolean>;
   /** Running responses whose owner stopped refreshing them before `before` (ms). */
   staleResponses(statuses: readonly string[], before: number): Promise<ResponseRecord[]>;
@@ -180,7 +184,10 @@ export interface Store {
   deleteConversation(id: string): Promise<boolean>;
   /** Appends items as one contiguous block, atomically, after everything already there. */
   appendConversationItems(conversationId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<void>;
-  listConversationItems(conversationId: string, opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' }): Promise<ItemPage>;
+  listConversationItems(
+    conversationId: string,
+    opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
+  ): Promise<ItemPage>;
   allConversationItems(conversationId: string): Promise<string[]>;
   getConversationItem(conversationId: string, itemId: string): Promise<string | undefined>;
   /** Which of these item ids the conversation already holds (ids are unique per conversation). */

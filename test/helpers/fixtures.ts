@@ -9,7 +9,11 @@ export const GATEWAY_MODEL = 'meta-llama/tiny-stories';
  * A Switchyard whose only way to serve GATEWAY_MODEL is the given deployments (ids d0, d1, …).
  * `model` adds to (or overrides) the catalogue entry, e.g. its context length or pricing.
  */
-export function startGateway(deployments: Array<{ baseUrl: string; weight?: number }>, env: Record<string, string> = {}, model: Record<string, unknown> = {}): Promise<TestServer> {
+export function startGateway(
+  deployments: Array<{ baseUrl: string; weight?: number }>,
+  env: Record<string, string> = {},
+  model: Record<string, unknown> = {},
+): Promise<TestServer> {
   return startServer({
     modelsDir: tempDir(),
     env,
@@ -25,7 +29,11 @@ export function startGateway(deployments: Array<{ baseUrl: string; weight?: numb
 }
 
 /** Things a suite opened, closed in reverse order by `closeAll` (in an after hook). */
-export function closers(): { keep<T extends { close(): Promise<void> }>(x: T): T; add(fn: () => Promise<void>): void; closeAll(): Promise<void> } {
+export function closers(): {
+  keep<T extends { close(): Promise<void> }>(x: T): T;
+  add(fn: () => Promise<void>): void;
+  closeAll(): Promise<void>;
+} {
   const list: Array<() => Promise<void>> = [];
   return {
     keep(x) {
@@ -42,16 +50,19 @@ export function closers(): { keep<T extends { close(): Promise<void> }>(x: T): T
 }
 
 /** A fixture upstream, only for failures a real engine cannot produce on demand. */
-export async function fixture(handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ url: string; server: Server; close(): Promise<void> }> {
+export async function fixture(
+  handler: (req: IncomingMessage, res: ServerResponse) => void,
+): Promise<{ url: string; server: Server; close(): Promise<void> }> {
   const server = createServer(handler);
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
     server,
-    close: () => new Promise<void>((r) => {
-      server.closeAllConnections();
-      server.close(() => r());
-    }),
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
   };
 }
 
@@ -69,7 +80,10 @@ export const chunkFrame = (delta: object, finish: string | null = null): string 
 /** A whole non-stream chat completion, as an upstream answers it. */
 export function completionBody(text: string): string {
   return JSON.stringify({
-    id: 'chatcmpl-fixture', object: 'chat.completion', created: 1, model: 'm',
+    id: 'chatcmpl-fixture',
+    object: 'chat.completion',
+    created: 1,
+    model: 'm',
     choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }],
     usage: { prompt_tokens: 5, completion_tokens: 3, total_tokens: 8 },
   });

@@ -19,8 +19,12 @@ export async function startProcess(env: Record<string, string>): Promise<Running
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
-  child.stdout!.on('data', (d: Buffer) => { out += d.toString(); });
-  child.stderr!.on('data', (d: Buffer) => { out += d.toString(); });
+  child.stdout!.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  child.stderr!.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
   const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
   const url = await new Promise<string>((res, rej) => {
     const timer = setTimeout(() => rej(new Error(`server did not start:\n${out}`)), 20_000);

@@ -9,7 +9,14 @@ export interface WireResponse {
   background: boolean;
 }
 
-export type Ev = { type: string; sequence_number: number; output_index?: number; item_id?: string; item?: { id: string; type: string }; response?: WireResponse };
+export type Ev = {
+  type: string;
+  sequence_number: number;
+  output_index?: number;
+  item_id?: string;
+  item?: { id: string; type: string };
+  response?: WireResponse;
+};
 
 /** Checks a Responses event stream against the wire doc: numbering, first event, one terminal, item ids. */
 export function checkStream(events: SseEvent[]): Ev[] {
@@ -27,7 +34,11 @@ export function checkStream(events: SseEvent[]): Ev[] {
   assert.equal(ids.size, 1, 'one response id throughout');
   const added = parsed.filter((d) => d.type === 'response.output_item.added');
   added.forEach((d, i) => assert.equal(d.output_index, i, 'output_index appended in order'));
-  for (const d of parsed) if (d.item_id !== undefined) assert.ok(added.some((a) => a.item!.id === d.item_id), 'item_id names an added item');
+  for (const d of parsed)
+    if (d.item_id !== undefined)
+      assert.ok(
+        added.some((a) => a.item!.id === d.item_id),
+        'item_id names an added item',
+      );
   return parsed;
 }
-

@@ -73,17 +73,37 @@ export interface Envelope {
   error: { message: string; type: string; param: string | null; code: string | null };
 }
 export interface WireModel {
-  id: string; object: string; created: number; owned_by: string; author: string; slug: string; name: string;
-  description: string; status: string; visibility: string; pricing: { metric: string; rate: number }[];
-  context_length?: number; model_type: string; capabilities: string[]; output_size?: string; source?: string;
+  id: string;
+  object: string;
+  created: number;
+  owned_by: string;
+  author: string;
+  slug: string;
+  name: string;
+  description: string;
+  status: string;
+  visibility: string;
+  pricing: { metric: string; rate: number }[];
+  context_length?: number;
+  model_type: string;
+  capabilities: string[];
+  output_size?: string;
+  source?: string;
 }
 export interface WireList<T> {
   object: string;
   data: T[];
 }
 export interface WireKey {
-  id: string; object: string; org: string; name: string; role: string; created_at: number; revoked_at: number | null;
-  key?: string; org_created?: boolean;
+  id: string;
+  object: string;
+  org: string;
+  name: string;
+  role: string;
+  created_at: number;
+  revoked_at: number | null;
+  key?: string;
+  org_created?: boolean;
 }
 
 export interface HttpResult<T> {
@@ -120,7 +140,12 @@ export async function http<T = Envelope>(
 }
 
 /** Creates an inference (or admin) key through the admin API and returns the secret. */
-export async function createKey(server: TestServer, org: string, name = 'test', role: 'inference' | 'admin' = 'inference'): Promise<{ key: string; id: string }> {
+export async function createKey(
+  server: TestServer,
+  org: string,
+  name = 'test',
+  role: 'inference' | 'admin' = 'inference',
+): Promise<{ key: string; id: string }> {
   const res = await http<WireKey>(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: { org, name, role } });
   if (res.status !== 201 || res.json.key === undefined) throw new Error(`key creation failed: ${res.status} ${res.text}`);
   return { key: res.json.key, id: res.json.id };
@@ -151,22 +176,30 @@ export interface SseEvent {
 }
 
 /** Reads a whole SSE body into its events (for checking framing exactly as sent). */
-export async function readSse(base: string, method: string, path: string, opts: { key: string; body?: object }): Promise<{ status: number; events: SseEvent[] }> {
+export async function readSse(
+  base: string,
+  method: string,
+  path: string,
+  opts: { key: string; body?: object },
+): Promise<{ status: number; events: SseEvent[] }> {
   const res = await request(`${base}${path}`, {
     method: method as 'GET',
     headers: { authorization: `Bearer ${opts.key}`, 'content-type': 'application/json' },
     ...(opts.body !== undefined && { body: JSON.stringify(opts.body) }),
   });
   const text = await res.body.text();
-  const events = text.split('\n\n').filter((b) => b.trim() !== '').map((block) => {
-    let event: string | undefined;
-    const data: string[] = [];
-    for (const line of block.split('\n')) {
-      if (line.startsWith('event: ')) event = line.slice(7);
-      else if (line.startsWith('data: ')) data.push(line.slice(6));
-    }
-    return { event, data: data.join('\n') };
-  });
+  const events = text
+    .split('\n\n')
+    .filter((b) => b.trim() !== '')
+    .map((block) => {
+      let event: string | undefined;
+      const data: string[] = [];
+      for (const line of block.split('\n')) {
+        if (line.startsWith('event: ')) event = line.slice(7);
+        else if (line.startsWith('data: ')) data.push(line.slice(6));
+      }
+      return { event, data: data.join('\n') };
+    });
   return { status: res.statusCode, events };
 }
 

@@ -21,6 +21,8 @@ export async function eventually<T>(check: () => T | Promise<T>, timeoutMs = 10_
 /** A promise and the function that settles it, for turning a callback into something to await. */
 export function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => void } {
   let resolve!: (v: T) => void;
-  const promise = new Promise<T>((r) => { resolve = r; });
+  const promise = new Promise<T>((r) => {
+    resolve = r;
+  });
   return { promise, resolve };
 }

@@ -12,8 +12,12 @@ export interface Conversation {
   metadata: Record<string, string>;
 }
 
-const render = (c: ConversationRecord): Conversation =>
-  ({ id: c.id, object: 'conversation', created_at: c.created_at, metadata: JSON.parse(c.metadata) as Record<string, string> });
+const render = (c: ConversationRecord): Conversation => ({
+  id: c.id,
+  object: 'conversation',
+  created_at: c.created_at,
+  metadata: JSON.parse(c.metadata) as Record<string, string>,
+});
 
 /**
  * Conversations: stored, ordered lists of items that responses read from and append to. They
@@ -36,10 +40,19 @@ export class ConversationService {
 
   private async append(c: ConversationRecord, items: readonly Item[]): Promise<void> {
     try {
-      await this.store.appendConversationItems(c.id, items.map((i) => ({ id: i.id, json: JSON.stringify(i) })), nowSeconds());
+      await this.store.appendConversationItems(
+        c.id,
+        items.map((i) => ({ id: i.id, json: JSON.stringify(i) })),
+        nowSeconds(),
+      );
     } catch (err) {
       // Another request added the same id in between.
-      if (this.store.isDataError(err)) throw new ApiError('invalid_value', 'An item with one of these ids was just added to this conversation; item ids must be unique within it.', { param: 'items' });
+      if (this.store.isDataError(err))
+        throw new ApiError(
+          'invalid_value',
+          'An item with one of these ids was just added to this conversation; item ids must be unique within it.',
+          { param: 'items' },
+        );
       throw err;
     }
   }
@@ -71,12 +84,25 @@ export class ConversationService {
   async addItems(id: string, who: Principal, input: readonly InputItem[]): Promise<Item[]> {
     const c = await this.load(id, who);
     const items = this.newItems(input);
-    checkNewItemIds(items, new Set(await this.store.conversationItemsIn(c.id, items.map((i) => i.id))), (i) => `items[${i}].id`);
+    checkNewItemIds(
+      items,
+      new Set(
+        await this.store.conversationItemsIn(
+          c.id,
+          items.map((i) => i.id),
+        ),
+      ),
+      (i) => `items[${i}].id`,
+    );
     await this.append(c, items);
     return items;
   }
 
-  async listItems(id: string, who: Principal, page: { after?: string | undefined; limit: number; order: 'asc' | 'desc' }): Promise<{ items: Item[]; hasMore: boolean }> {
+  async listItems(
+    id: string,
+    who: Principal,
+    page: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
+  ): Promise<{ items: Item[]; hasMore: boolean }> {
     const c = await this.load(id, who);
     const found: ItemPage = await this.store.listConversationItems(c.id, page);
     return { items: found.items.map((j) => JSON.parse(j) as Item), hasMore: found.hasMore };

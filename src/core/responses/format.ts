@@ -71,7 +71,10 @@ export interface ResponsesCreate<Echo> {
   input: InputItem[];
   instructions: string | null;
   /** The generation part: sampling, limits, tools, output format, reasoning effort. */
-  generation: Pick<GenerationRequest, 'sampling' | 'maxOutputTokens' | 'tools' | 'toolChoice' | 'parallelToolCalls' | 'responseFormat' | 'reasoningEffort'>;
+  generation: Pick<
+    GenerationRequest,
+    'sampling' | 'maxOutputTokens' | 'tools' | 'toolChoice' | 'parallelToolCalls' | 'responseFormat' | 'reasoningEffort'
+  >;
   stream: boolean;
   store: boolean;
   background: boolean;

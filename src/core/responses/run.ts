@@ -44,7 +44,9 @@ export class EventLog {
           yield { event, index: next++ };
         }
         if (this.ended || stop?.aborted) return;
-        this.woken ??= new Promise<void>((resolve) => { this.wake = resolve; });
+        this.woken ??= new Promise<void>((resolve) => {
+          this.wake = resolve;
+        });
         await this.woken;
       }
     } finally {
@@ -71,7 +73,12 @@ export class Run extends EventLog {
   readonly abort = new AbortController();
   done: Promise<void> = Promise.resolve();
 
-  constructor(readonly fold: ResponseFold, readonly orgId: string, readonly background: boolean, private readonly isTerminal: (ev: ResponseEvent) => boolean) {
+  constructor(
+    readonly fold: ResponseFold,
+    readonly orgId: string,
+    readonly background: boolean,
+    private readonly isTerminal: (ev: ResponseEvent) => boolean,
+  ) {
     super();
   }
 

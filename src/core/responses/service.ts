@@ -25,7 +25,11 @@ export interface ResponseServiceOptions {
 
 /** Responses still queued or running that nobody refreshed since `before` become failed. */
 export async function failAbandonedResponses<E>(
-  store: Store, format: ResponsesFormat<E>, before: number, log: Logger, isRunningHere: (id: string) => boolean = () => false,
+  store: Store,
+  format: ResponsesFormat<E>,
+  before: number,
+  log: Logger,
+  isRunningHere: (id: string) => boolean = () => false,
 ): Promise<void> {
   for (const r of await store.staleResponses(['queued', 'in_progress'], before)) {
     if (isRunningHere(r.id)) continue;
@@ -61,13 +65,17 @@ export class ResponseService<Echo> {
 
   async start(): Promise<void> {
     await this.sweep(this.opts.singleInstance ? Date.now() + 1 : Date.now() - this.opts.staleAfterMs);
-    this.timer = setInterval(() => {
-      const ids = [...this.running.keys()];
-      this.store.touchResponses(ids, Date.now())
-        .then(() => this.stopCancelledElsewhere(ids))
-        .then(() => this.sweep(Date.now() - this.opts.staleAfterMs))
-        .catch((err: unknown) => this.log.warn({ err }, 'response heartbeat failed'));
-    }, Math.min(HEARTBEAT_MS, Math.max(1000, this.opts.staleAfterMs / 3)));
+    this.timer = setInterval(
+      () => {
+        const ids = [...this.running.keys()];
+        this.store
+          .touchResponses(ids, Date.now())
+          .then(() => this.stopCancelledElsewhere(ids))
+          .then(() => this.sweep(Date.now() - this.opts.staleAfterMs))
+          .catch((err: unknown) => this.log.warn({ err }, 'response heartbeat failed'));
+      },
+      Math.min(HEARTBEAT_MS, Math.max(1000, this.opts.staleAfterMs / 3)),
+    );
     this.timer.unref();
   }
 
@@ -181,7 +189,9 @@ export class ResponseService<Echo> {
       if (r.encrypted_content !== undefined) {
         const text = this.seal.unseal(r.encrypted_content, who.orgId);
         if (text === undefined) {
-          throw new ApiError('invalid_value', `The encrypted_content of reasoning item '${r.id}' could not be verified.`, { param: 'input' });
+          throw new ApiError('invalid_value', `The encrypted_content of reasoning item '${r.id}' could not be verified.`, {
+            param: 'input',
+          });
         }
         return text;
       }
@@ -195,7 +205,9 @@ export class ResponseService<Echo> {
    * starts are thrown as errors and nothing is stored.
    */
   async create(
-    body: ResponsesCreate<Echo>, who: Principal, request: { id: string; started: number },
+    body: ResponsesCreate<Echo>,
+    who: Principal,
+    request: { id: string; started: number },
   ): Promise<{ run: Run; firstEvents: Promise<void>; model: Model; headers: Record<string, string> }> {
     // The pipeline's order: the model first, then the context is built, then the needs and admission.
     const model = this.pipeline.resolve(body.model, who);
@@ -203,7 +215,8 @@ export class ResponseService<Echo> {
       throw new ApiError('invalid_request', 'Send previous_response_id or conversation, not both.', { param: 'conversation' });
     }
     const { store, background } = body;
-    if (background && !store) throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
+    if (background && !store)
+      throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
     const conv = await this.conversationFor(body.conversationId, who);
     const history = await this.history(body.previousResponseId, who, conv);
     const known = new Map(history.map((i) => [i.id, i]));
@@ -215,16 +228,33 @@ export class ResponseService<Echo> {
     const messages = itemsToMessages([...history, ...input], body.instructions, this.reasoningText(who));
 
     const fold: ResponseFold = this.format.open({
-      id: newId('resp'), createdAt: nowSeconds(), model: model.id, background, store,
-      previousResponseId: body.previousResponseId, conversationId: conv?.id ?? null, echo: body.echo, summary: body.summary,
+      id: newId('resp'),
+      createdAt: nowSeconds(),
+      model: model.id,
+      background,
+      store,
+      previousResponseId: body.previousResponseId,
+      conversationId: conv?.id ?? null,
+      echo: body.echo,
+      summary: body.summary,
       seal: body.includeSealedReasoning ? (text: string) => this.seal.seal(text, who.orgId) : undefined,
     });
     const id = String(fold.resource['id']);
     const run = new Run(fold, who.orgId, background, (ev) => this.format.isTerminal(ev));
-    const req: GenerationRequest = { ...body.generation, model: model.id, messages, stream: true, signal: run.abort.signal, tally: newTally() };
+    const req: GenerationRequest = {
+      ...body.generation,
+      model: model.id,
+      messages,
+      stream: true,
+      signal: run.abort.signal,
+      tally: newTally(),
+    };
 
     const { admission, open } = await this.pipeline.admit(model, req, who, {
-      endpoint: 'responses', requestId: request.id, stream: body.stream, started: request.started,
+      endpoint: 'responses',
+      requestId: request.id,
+      stream: body.stream,
+      started: request.started,
     });
     const persist = async (from: readonly ResponseStatus[]) => {
       if (!store) return;
@@ -239,9 +269,16 @@ export class ResponseService<Echo> {
     if (store) {
       try {
         await this.store.createResponse({
-          id, org_id: who.orgId, status: fold.status, background,
-          conversation_id: conv?.id ?? null, previous_response_id: body.previousResponseId,
-          created_at: nowSeconds(), updated_at: Date.now(), body: this.format.serialize(fold), input_items: JSON.stringify(input),
+          id,
+          org_id: who.orgId,
+          status: fold.status,
+          background,
+          conversation_id: conv?.id ?? null,
+          previous_response_id: body.previousResponseId,
+          created_at: nowSeconds(),
+          updated_at: Date.now(),
+          body: this.format.serialize(fold),
+          input_items: JSON.stringify(input),
         });
       } catch (err) {
         // Nothing was generated for anyone: stop, give the reservation back, and answer the error.
@@ -254,7 +291,9 @@ export class ResponseService<Echo> {
     if (background) run.emit(fold.queued());
 
     let startedResolve!: () => void;
-    const firstEvents = new Promise<void>((r) => { startedResolve = r; });
+    const firstEvents = new Promise<void>((r) => {
+      startedResolve = r;
+    });
     run.holdTerminal();
     run.done = (async () => {
       try {
@@ -283,7 +322,11 @@ export class ResponseService<Echo> {
           if (conv && (fold.status === 'completed' || fold.status === 'incomplete')) {
             // One contiguous block per response, appended when it ends: concurrent responses on one
             // conversation never interleave, and each saw the conversation as it was when it started.
-            await this.store.appendConversationItems(conv.id, [...added, ...fold.output].map((i) => ({ id: i.id, json: JSON.stringify(i) })), nowSeconds());
+            await this.store.appendConversationItems(
+              conv.id,
+              [...added, ...fold.output].map((i) => ({ id: i.id, json: JSON.stringify(i) })),
+              nowSeconds(),
+            );
           }
         } catch (err) {
           this.log.error({ err, response_id: id }, 'storing the response failed');

@@ -19,11 +19,38 @@ export interface GgufSummary {
 
 /** Bytes per block and elements per block of each ggml tensor type (ggml.h / ggml.c type traits). */
 const GGML_TYPE_SIZE: Readonly<Record<number, readonly [bytes: number, elements: number]>> = {
-  0: [4, 1], 1: [2, 1], 2: [18, 32], 3: [20, 32], 6: [22, 32], 7: [24, 32], 8: [34, 32], 9: [36, 32],
-  10: [84, 256], 11: [110, 256], 12: [144, 256], 13: [176, 256], 14: [210, 256], 15: [292, 256],
-  16: [66, 256], 17: [74, 256], 18: [98, 256], 19: [50, 256], 20: [18, 32], 21: [110, 256], 22: [82, 256],
-  23: [136, 256], 24: [1, 1], 25: [2, 1], 26: [4, 1], 27: [8, 1], 28: [8, 1], 29: [56, 256], 30: [2, 1],
-  34: [54, 256], 35: [66, 256], 39: [17, 32],
+  0: [4, 1],
+  1: [2, 1],
+  2: [18, 32],
+  3: [20, 32],
+  6: [22, 32],
+  7: [24, 32],
+  8: [34, 32],
+  9: [36, 32],
+  10: [84, 256],
+  11: [110, 256],
+  12: [144, 256],
+  13: [176, 256],
+  14: [210, 256],
+  15: [292, 256],
+  16: [66, 256],
+  17: [74, 256],
+  18: [98, 256],
+  19: [50, 256],
+  20: [18, 32],
+  21: [110, 256],
+  22: [82, 256],
+  23: [136, 256],
+  24: [1, 1],
+  25: [2, 1],
+  26: [4, 1],
+  27: [8, 1],
+  28: [8, 1],
+  29: [56, 256],
+  30: [2, 1],
+  34: [54, 256],
+  35: [66, 256],
+  39: [17, 32],
 };
 
 /** Per-architecture hyperparameters llama.cpp reads without a default. */
@@ -50,7 +77,10 @@ const positive = (v: unknown): boolean =>
 export function inspectGgufIsolated(path: string, timeoutMs = 5_000): Promise<GgufSummary> {
   return new Promise((resolve, reject) => {
     const worker = new Worker(new URL('./gguf-worker.js', import.meta.url), {
-      workerData: path, resourceLimits: { maxOldGenerationSizeMb: 256 }, stdout: true, stderr: true,
+      workerData: path,
+      resourceLimits: { maxOldGenerationSizeMb: 256 },
+      stdout: true,
+      stderr: true,
     });
     let settled = false;
     const settle = (fn: () => void) => {
@@ -60,9 +90,13 @@ export function inspectGgufIsolated(path: string, timeoutMs = 5_000): Promise<Gg
       void worker.terminate();
       fn();
     };
-    const timer = setTimeout(() => settle(() => reject(new GgufValidationError(`reading its metadata did not finish within ${timeoutMs} ms`))), timeoutMs);
+    const timer = setTimeout(
+      () => settle(() => reject(new GgufValidationError(`reading its metadata did not finish within ${timeoutMs} ms`))),
+      timeoutMs,
+    );
     worker.once('message', (m: { ok: true; summary: GgufSummary } | { ok: false; message: string }) =>
-      settle(() => (m.ok ? resolve(m.summary) : reject(new GgufValidationError(m.message)))));
+      settle(() => (m.ok ? resolve(m.summary) : reject(new GgufValidationError(m.message)))),
+    );
     worker.once('error', (err) => settle(() => reject(new GgufValidationError(`reading its metadata failed: ${err.message}`))));
     worker.once('exit', (code) => settle(() => reject(new GgufValidationError(`reading its metadata stopped (exit ${code})`))));
   });

@@ -1,9 +1,20 @@
 import { randomInt } from 'node:crypto';
-import { getLlama, LlamaGrammarEvaluationState, LlamaLogLevel, type Llama, type LlamaGrammar, type LlamaContext, type LlamaContextSequence, type LlamaModel, type Token } from 'node-llama-cpp';
+import {
+  getLlama,
+  LlamaGrammarEvaluationState,
+  LlamaLogLevel,
+  type Llama,
+  type LlamaGrammar,
+  type LlamaContext,
+  type LlamaContextSequence,
+  type LlamaModel,
+  type Token,
+} from 'node-llama-cpp';
 import type { Logger } from 'pino';
 import { ApiError, CancelledError } from '../../core/errors.js';
 import type { FunctionTool, GenerationEvent, GenerationRequest } from '../../core/canonical.js';
 import { Channel } from '../../core/channel.js';
+import { MAX_CHARS_PER_TOKEN } from '../../core/estimate.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
 import { inspectGgufIsolated } from './gguf.js';
 import { PromptRenderer } from './prompt.js';
@@ -106,6 +117,18 @@ function callSchema(tools: readonly FunctionTool[]): Record<string, unknown> {
   };
 }
 
+/** Characters of prompt text: message contents, tool calls and tool definitions. */
+function promptChars(messages: GenerationRequest['messages'], tools: readonly FunctionTool[]): number {
+  let n = 0;
+  for (const m of messages) {
+    if (typeof m.content === 'string') n += m.content.length;
+    else if (m.content) for (const p of m.content) if (p.type === 'text') n += p.text.length;
+    for (const c of m.toolCalls ?? []) n += c.name.length + c.arguments.length;
+  }
+  for (const t of tools) n += t.name.length + (t.description?.length ?? 0) + (t.parameters ? JSON.stringify(t.parameters).length : 0);
+  return n;
+}
+
 /** The few tokens before the ones being decoded, so a tokenizer knows about leading spaces. */
 function lastTokens(prompt: readonly Token[], generated: readonly Token[], pending: number): Token[] {
   const end = generated.length - pending;
@@ -122,7 +145,11 @@ export class LocalEngine implements Engine {
   schemaViolations = 0;
 
   constructor(private readonly opts: LocalEngineOptions) {
-    this.grammars = new SchemaGrammars(() => this.getLlama(), { cacheSize: opts.schemaCacheSize, compileTimeoutMs: opts.schemaCompileTimeoutMs, log: opts.log });
+    this.grammars = new SchemaGrammars(() => this.getLlama(), {
+      cacheSize: opts.schemaCacheSize,
+      compileTimeoutMs: opts.schemaCompileTimeoutMs,
+      log: opts.log,
+    });
   }
 
   /** Schemas compiled and kept now (bounded by schemaCacheSize). */
@@ -165,15 +192,34 @@ export class LocalEngine implements Engine {
       },
     });
     const contextSize = Math.min(info.contextLength, model.trainContextSize);
-    const estimate = model.fileInsights.estimateContextResourceRequirements({ contextSize, sequences: this.opts.parallel, modelGpuLayers: model.gpuLayers });
+    const estimate = model.fileInsights.estimateContextResourceRequirements({
+      contextSize,
+      sequences: this.opts.parallel,
+      modelGpuLayers: model.gpuLayers,
+    });
     const bytes = model.size + estimate.cpuRam + estimate.gpuVram;
     this.evictFor(bytes);
-    const context = await model.createContext({ contextSize, sequences: this.opts.parallel, threads: this.opts.threads, batching: { dispatchSchedule: (d) => queueMicrotask(d) } });
+    const context = await model.createContext({
+      contextSize,
+      sequences: this.opts.parallel,
+      threads: this.opts.threads,
+      batching: { dispatchSchedule: (d) => queueMicrotask(d) },
+    });
     const template = this.opts.templates.get(file) ?? info.chatTemplate;
     const loaded = new LoadedModel(file, model, context, new PromptRenderer(model, template), bytes);
     this.loaded.set(file, loaded);
-    log.info({ file, ms: Date.now() - started, context_size: contextSize, sequences: this.opts.parallel, threads: this.opts.threads,
-      chat_template: template ? 'template' : 'plain-text fallback', bytes }, 'model loaded');
+    log.info(
+      {
+        file,
+        ms: Date.now() - started,
+        context_size: contextSize,
+        sequences: this.opts.parallel,
+        threads: this.opts.threads,
+        chat_template: template ? 'template' : 'plain-text fallback',
+        bytes,
+      },
+      'model loaded',
+    );
     return loaded;
   }
 
@@ -186,7 +232,10 @@ export class LocalEngine implements Engine {
       this.loaded.delete(m.file);
       used -= m.bytes;
       this.opts.log.info({ file: m.file, freed: m.bytes }, 'unloading least-recently-used model');
-      void m.context.dispose().then(() => m.model.dispose()).catch(() => undefined);
+      void m.context
+        .dispose()
+        .then(() => m.model.dispose())
+        .catch(() => undefined);
     }
     if (used + incoming > this.opts.memoryBudgetBytes) {
       this.opts.log.warn({ used, incoming, budget: this.opts.memoryBudgetBytes }, 'memory budget exceeded: every loaded model is busy');
@@ -228,14 +277,27 @@ export class LocalEngine implements Engine {
       throw new ApiError('model_load_failed', `The model '${req.model}' could not be loaded.`);
     }
     const plan = await this.plan(req, target.reasoning);
-    const prompt = m.renderer.render(req.messages, plan.tools);
     const limit = Math.min(target.contextLength, m.context.contextSize);
     const requested = req.maxOutputTokens ?? 0;
+    // Tokenizing is synchronous (about a second per 2 MB here): text that cannot fit even at the most
+    // characters a token can stand for is refused before it holds the event loop.
+    const chars = promptChars(req.messages, plan.tools);
+    if (chars > limit * MAX_CHARS_PER_TOKEN) {
+      throw new ApiError(
+        'context_length_exceeded',
+        `This model's maximum context length is ${limit} tokens. However, the messages alone are ${chars} characters, ` +
+          `at least ${Math.ceil(chars / MAX_CHARS_PER_TOKEN)} tokens. Please reduce the length of the messages.`,
+        { param: 'messages' },
+      );
+    }
+    const prompt = m.renderer.render(req.messages, plan.tools);
     if (prompt.length + requested > limit || prompt.length >= limit) {
-      throw new ApiError('context_length_exceeded',
+      throw new ApiError(
+        'context_length_exceeded',
         `This model's maximum context length is ${limit} tokens. However, you requested ${prompt.length + requested} tokens ` +
-        `(${prompt.length} in the messages, ${requested} in the completion). Please reduce the length of the messages or completion.`,
-        { param: 'messages' });
+          `(${prompt.length} in the messages, ${requested} in the completion). Please reduce the length of the messages or completion.`,
+        { param: 'messages' },
+      );
     }
     const maxOut = req.maxOutputTokens ?? limit - prompt.length;
 
@@ -270,13 +332,18 @@ export class LocalEngine implements Engine {
       this.opts.log.error({ model: req.model, what, errors }, 'output failed schema validation despite the grammar (bug)');
     };
     const checkOf = (c: CompiledSchema): SchemaCheck => ({ check: c.check, onViolation });
-    const tools = req.toolChoice === 'none' ? [] : req.tools ?? [];
+    const tools = req.toolChoice === 'none' ? [] : (req.tools ?? []);
     const fmt = req.responseFormat;
     const wantsJson = fmt !== undefined && fmt.type !== 'text';
     const stop = req.sampling.stop ?? [];
     if (tools.length > 0 && !(wantsJson && (req.toolChoice === undefined || req.toolChoice === 'auto'))) {
       const choice = req.toolChoice;
-      const named = typeof choice === 'object' ? tools.find((t) => t.name === choice.name) : choice === 'required' && tools.length === 1 ? tools[0] : undefined;
+      const named =
+        typeof choice === 'object'
+          ? tools.find((t) => t.name === choice.name)
+          : choice === 'required' && tools.length === 1
+            ? tools[0]
+            : undefined;
       if (typeof choice === 'object' && !named) {
         throw new ApiError('invalid_value', `tool_choice names '${choice.name}', which is not one of the tools.`, { param: 'tool_choice' });
       }
@@ -288,7 +355,12 @@ export class LocalEngine implements Engine {
       for (const t of tools) checks.set(t.name, checkOf(await this.grammars.forSchema(parametersOf(t), 'tools')));
       const wrapper = await this.grammars.forSchema(callSchema(tools), 'tools');
       if (choice === 'required') return { grammar: wrapper.grammar, lazy: false, tools, make: (push) => new ChoiceSink(push, checks) };
-      return { grammar: wrapper.grammar, lazy: true, tools, make: (push) => new AutoSink(new TextSink(push, stop, reasoning), push, checks) };
+      return {
+        grammar: wrapper.grammar,
+        lazy: true,
+        tools,
+        make: (push) => new AutoSink(new TextSink(push, stop, reasoning), push, checks),
+      };
     }
     if (fmt?.type === 'json_schema') {
       const c = await this.grammars.forSchema(fmt.schema, 'response_format');
@@ -302,7 +374,13 @@ export class LocalEngine implements Engine {
   }
 
   private async run(
-    m: LoadedModel, seq: LlamaContextSequence, prompt: Token[], maxOut: number, req: GenerationRequest, out: Channel<GenerationEvent>, plan: OutputPlan,
+    m: LoadedModel,
+    seq: LlamaContextSequence,
+    prompt: Token[],
+    maxOut: number,
+    req: GenerationRequest,
+    out: Channel<GenerationEvent>,
+    plan: OutputPlan,
   ): Promise<void> {
     const { model } = m;
     const s = req.sampling;
@@ -365,7 +443,10 @@ export class LocalEngine implements Engine {
       }
       if (pending.length > 0) await sink.text(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length)));
       const reason = await sink.end(finish);
-      await out.push({ type: 'usage', usage: { input: prompt.length, cached: shared, output: generated.length, reasoning: reasoningTokens } });
+      await out.push({
+        type: 'usage',
+        usage: { input: prompt.length, cached: shared, output: generated.length, reasoning: reasoningTokens },
+      });
       await out.push({ type: 'finish', reason });
       out.close();
     } catch (err) {
@@ -380,7 +461,12 @@ export class LocalEngine implements Engine {
   /** What is loaded now, for operators (GET /admin/local/loaded). */
   status(): Array<{ file: string; bytes: number; active: number; queued: number; sequences: number; last_used: number }> {
     return [...this.loaded.values()].map((m) => ({
-      file: m.file, bytes: m.bytes, active: m.active, queued: m.waiters.length, sequences: m.slots.length, last_used: Math.floor(m.lastUsed / 1000),
+      file: m.file,
+      bytes: m.bytes,
+      active: m.active,
+      queued: m.waiters.length,
+      sequences: m.slots.length,
+      last_used: Math.floor(m.lastUsed / 1000),
     }));
   }
 

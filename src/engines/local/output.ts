@@ -42,7 +42,11 @@ export class TextSink implements Sink {
   private readonly splitter: ThinkSplitter | undefined;
   stopped = false;
 
-  constructor(private readonly push: Push, stop: string[], reasoning: boolean) {
+  constructor(
+    private readonly push: Push,
+    stop: string[],
+    reasoning: boolean,
+  ) {
     this.stops = new StopMatcher(stop);
     this.splitter = reasoning ? new ThinkSplitter() : undefined;
   }
@@ -55,7 +59,8 @@ export class TextSink implements Sink {
     if (!text) return undefined;
     if (!this.splitter) return this.push({ type: 'text.delta', text });
     let wait: Wait;
-    for (const p of this.splitter.push(text)) wait = this.push({ type: p.kind === 'reasoning' ? 'reasoning.delta' : 'text.delta', text: p.text }) ?? wait;
+    for (const p of this.splitter.push(text))
+      wait = this.push({ type: p.kind === 'reasoning' ? 'reasoning.delta' : 'text.delta', text: p.text }) ?? wait;
     return wait;
   }
 
@@ -67,7 +72,8 @@ export class TextSink implements Sink {
 
   async end(reason: 'stop' | 'length'): Promise<'stop' | 'length'> {
     await this.send(this.stops.flush());
-    for (const p of this.splitter?.flush() ?? []) await this.push({ type: p.kind === 'reasoning' ? 'reasoning.delta' : 'text.delta', text: p.text });
+    for (const p of this.splitter?.flush() ?? [])
+      await this.push({ type: p.kind === 'reasoning' ? 'reasoning.delta' : 'text.delta', text: p.text });
     return this.stopped ? 'stop' : reason;
   }
 }
@@ -78,7 +84,10 @@ export class JsonSink implements Sink {
   readonly stopped = false;
   readonly thinking = false;
 
-  constructor(private readonly push: Push, private readonly schema: SchemaCheck | undefined) {}
+  constructor(
+    private readonly push: Push,
+    private readonly schema: SchemaCheck | undefined,
+  ) {}
 
   text(t: string): Wait {
     this.buf += t;
@@ -98,7 +107,11 @@ export class CallSink implements Sink {
   readonly stopped = false;
   readonly thinking = false;
 
-  constructor(private readonly push: Push, private readonly tool: FunctionTool, private readonly schema: SchemaCheck | undefined) {}
+  constructor(
+    private readonly push: Push,
+    private readonly tool: FunctionTool,
+    private readonly schema: SchemaCheck | undefined,
+  ) {}
 
   text(t: string): Wait {
     this.args += t;
@@ -126,7 +139,10 @@ export class ChoiceSink implements Sink {
   readonly stopped = false;
   readonly thinking = false;
 
-  constructor(protected readonly push: Push, private readonly schemas: ReadonlyMap<string, SchemaCheck>) {}
+  constructor(
+    protected readonly push: Push,
+    private readonly schemas: ReadonlyMap<string, SchemaCheck>,
+  ) {}
 
   text(t: string): Wait {
     this.buf += t;
@@ -139,7 +155,10 @@ export class ChoiceSink implements Sink {
     try {
       call = JSON.parse(this.buf) as typeof call;
     } catch (err) {
-      this.schemas.values().next().value?.onViolation('tool call', (err as Error).message);
+      this.schemas
+        .values()
+        .next()
+        .value?.onViolation('tool call', (err as Error).message);
       return 'stop';
     }
     const name = String(call.name);
@@ -161,7 +180,11 @@ export class AutoSink implements Sink {
   private mode: 'undecided' | 'text' | 'call' = 'undecided';
   private readonly call: ChoiceSink;
 
-  constructor(private readonly textSink: TextSink, push: Push, schemas: ReadonlyMap<string, SchemaCheck>) {
+  constructor(
+    private readonly textSink: TextSink,
+    push: Push,
+    schemas: ReadonlyMap<string, SchemaCheck>,
+  ) {
     this.call = new ChoiceSink(push, schemas);
   }
 

@@ -15,7 +15,9 @@ export function textOf(content: Message['content']): string {
 function turnText(m: Message): string {
   let text = textOf(m.content);
   if (m.toolCalls?.length) {
-    const calls = m.toolCalls.map((c) => `${TOOL_TRIGGER}${JSON.stringify({ name: c.name, arguments: safeParse(c.arguments) })}</tool_call>`);
+    const calls = m.toolCalls.map(
+      (c) => `${TOOL_TRIGGER}${JSON.stringify({ name: c.name, arguments: safeParse(c.arguments) })}</tool_call>`,
+    );
     text = [text, ...calls].filter(Boolean).join('\n');
   }
   if (m.role === 'tool') text = `Tool result${m.toolCallId ? ` (${m.toolCallId})` : ''}: ${text}`;
@@ -52,14 +54,22 @@ export function toolsText(tools: readonly FunctionTool[]): string {
 export class PromptRenderer {
   private readonly wrapper: JinjaTemplateChatWrapper | undefined;
 
-  constructor(private readonly model: LlamaModel, template: string | undefined) {
-    this.wrapper = template ? new JinjaTemplateChatWrapper({ template, convertUnsupportedSystemMessagesToUserMessages: 'auto' }) : undefined;
+  constructor(
+    private readonly model: LlamaModel,
+    template: string | undefined,
+  ) {
+    this.wrapper = template
+      ? new JinjaTemplateChatWrapper({ template, convertUnsupportedSystemMessagesToUserMessages: 'auto' })
+      : undefined;
   }
 
   render(input: readonly Message[], tools: readonly FunctionTool[] = []): Token[] {
     const messages: readonly Message[] = tools.length ? [{ role: 'system', content: toolsText(tools) }, ...input] : input;
     if (!this.wrapper) {
-      const text = messages.map(turnText).filter((t) => t !== '').join('\n\n');
+      const text = messages
+        .map(turnText)
+        .filter((t) => t !== '')
+        .join('\n\n');
       const tokens = this.model.tokenize(text);
       const bos = this.model.tokens.bos;
       return bos !== null && this.model.tokens.shouldPrependBosToken ? [bos, ...tokens] : tokens;

@@ -15,9 +15,29 @@ type Schema = Record<string, unknown>;
 
 /** Keywords that only describe: ignored, as JSON Schema says unknown keywords are. */
 const UNSUPPORTED = new Set([
-  'pattern', 'patternProperties', 'propertyNames', 'minimum', 'maximum', 'exclusiveMinimum', 'exclusiveMaximum', 'multipleOf',
-  'not', 'if', 'then', 'else', 'uniqueItems', 'contains', 'minContains', 'maxContains', 'dependencies', 'dependentRequired',
-  'dependentSchemas', 'unevaluatedProperties', 'unevaluatedItems', '$dynamicRef', '$recursiveRef',
+  'pattern',
+  'patternProperties',
+  'propertyNames',
+  'minimum',
+  'maximum',
+  'exclusiveMinimum',
+  'exclusiveMaximum',
+  'multipleOf',
+  'not',
+  'if',
+  'then',
+  'else',
+  'uniqueItems',
+  'contains',
+  'minContains',
+  'maxContains',
+  'dependencies',
+  'dependentRequired',
+  'dependentSchemas',
+  'unevaluatedProperties',
+  'unevaluatedItems',
+  '$dynamicRef',
+  '$recursiveRef',
 ]);
 const TYPES = ['null', 'boolean', 'integer', 'number', 'string', 'array', 'object'] as const;
 type JsonType = (typeof TYPES)[number];
@@ -25,20 +45,22 @@ type JsonType = (typeof TYPES)[number];
 const HEX = '[0-9a-fA-F]';
 /** Fixed rules every grammar may use. A `\u` escape never encodes a surrogate (it would count as two characters). */
 const BASE_RULES: Record<string, string> = {
-  'null': '"null"',
-  'boolean': '"true" | "false"',
-  'integer': '"-"? ("0" | [1-9] [0-9]{0,15})',
-  'number': '"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,15})? ([eE] [-+]? [0-9]{1,2})?',
-  'char': `[^"\\\\\\x7F\\x00-\\x1F] | "\\\\" ["\\\\/bfnrt] | "\\\\u" ([0-9a-cA-CefEF] ${HEX}{3} | [dD] [0-7] ${HEX}{2})`,
-  'string': '"\\"" char* "\\""',
-  'value': 'object-any | array-any | string | number | boolean | null',
+  null: '"null"',
+  boolean: '"true" | "false"',
+  integer: '"-"? ("0" | [1-9] [0-9]{0,15})',
+  number: '"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,15})? ([eE] [-+]? [0-9]{1,2})?',
+  char: `[^"\\\\\\x7F\\x00-\\x1F] | "\\\\" ["\\\\/bfnrt] | "\\\\u" ([0-9a-cA-CefEF] ${HEX}{3} | [dD] [0-7] ${HEX}{2})`,
+  string: '"\\"" char* "\\""',
+  value: 'object-any | array-any | string | number | boolean | null',
   'object-any': '"{" ( string ":" value ( "," string ":" value )* )? "}"',
   'array-any': '"[" ( value ( "," value )* )? "]"',
   // Days 29–31 only in months that have them; 29 February is left out (it needs the year).
-  'date': '"\\"" date-body "\\""',
-  'date-body': '[0-9]{4} "-" ( ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) | ( "0" [13-9] | "1" [0-2] ) "-" ( "29" | "30" ) | ( "0" [13578] | "1" [02] ) "-31" )',
-  'time': '"\\"" time-body "\\""',
-  'time-body': '( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )',
+  date: '"\\"" date-body "\\""',
+  'date-body':
+    '[0-9]{4} "-" ( ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) | ( "0" [13-9] | "1" [0-2] ) "-" ( "29" | "30" ) | ( "0" [13578] | "1" [02] ) "-31" )',
+  time: '"\\"" time-body "\\""',
+  'time-body':
+    '( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )',
   'date-time': '"\\"" date-body "T" time-body "\\""',
 };
 const FORMATS = new Set(['date', 'time', 'date-time']);
@@ -59,7 +81,8 @@ export function gbnfLiteral(text: string): string {
 }
 
 const isSchema = (v: unknown): v is Schema => typeof v === 'object' && v !== null && !Array.isArray(v);
-const repeat = (min: number, max: number): string => (max === Infinity ? (min === 0 ? '*' : min === 1 ? '+' : `{${min},}`) : `{${min},${max}}`);
+const repeat = (min: number, max: number): string =>
+  max === Infinity ? (min === 0 ? '*' : min === 1 ? '+' : `{${min},}`) : `{${min},${max}}`;
 
 /** `rule ( "," rule )…`: between min and max elements (min ≥ 1). */
 function commaList(rule: string, min: number, max: number): string {
@@ -95,19 +118,31 @@ function merge(a: Schema, b: Schema, path: string): Schema {
       case 'type': {
         const left = Array.isArray(prev) ? prev : [prev];
         const right = Array.isArray(v) ? v : [v];
-        const both = left.filter((t) => right.includes(t) || (t === 'integer' && right.includes('number')))
+        const both = left
+          .filter((t) => right.includes(t) || (t === 'integer' && right.includes('number')))
           .concat(right.filter((t) => t === 'integer' && left.includes('number')));
         if (both.length === 0) throw new SchemaCompileError(`allOf at '${path}' requires incompatible types`);
         out[k] = [...new Set(both)];
         break;
       }
-      case 'minItems': case 'minLength': case 'minProperties':
+      case 'minItems':
+      case 'minLength':
+      case 'minProperties':
         out[k] = Math.max(Number(prev), Number(v));
         break;
-      case 'maxItems': case 'maxLength': case 'maxProperties':
+      case 'maxItems':
+      case 'maxLength':
+      case 'maxProperties':
         out[k] = Math.min(Number(prev), Number(v));
         break;
-      case 'description': case 'title': case 'default': case 'examples': case '$comment': case '$schema': case '$id': case 'id':
+      case 'description':
+      case 'title':
+      case 'default':
+      case 'examples':
+      case '$comment':
+      case '$schema':
+      case '$id':
+      case 'id':
         break;
       case 'additionalProperties':
         if (prev === false || v === false) out[k] = false;
@@ -115,7 +150,9 @@ function merge(a: Schema, b: Schema, path: string): Schema {
         else if (v !== true) out[k] = { allOf: [prev, v] };
         break;
       default:
-        throw new SchemaCompileError(`'${k}' appears in several parts of an allOf at '${path}' with different values, which the grammar cannot combine`);
+        throw new SchemaCompileError(
+          `'${k}' appears in several parts of an allOf at '${path}' with different values, which the grammar cannot combine`,
+        );
     }
   }
   return out;
@@ -134,7 +171,13 @@ class Compiler {
   private rule(hint: string, body: string): string {
     const known = this.byBody.get(body);
     if (known) return known;
-    const name = `${hint.replace(/[^a-zA-Z0-9-]+/g, '-').replace(/^-+|-+$/g, '').toLowerCase().slice(0, 40) || 'r'}-${this.counter++}`;
+    const name = `${
+      hint
+        .replace(/[^a-zA-Z0-9-]+/g, '-')
+        .replace(/^-+|-+$/g, '')
+        .toLowerCase()
+        .slice(0, 40) || 'r'
+    }-${this.counter++}`;
     this.rules.set(name, body);
     this.byBody.set(body, name);
     return name;
@@ -151,7 +194,8 @@ class Compiler {
 
   private resolve(ref: string, path: string): unknown {
     if (ref === '#') return this.root;
-    if (!ref.startsWith('#/')) throw new SchemaCompileError(`only references inside the schema ('#/…') are supported (at '${path}': '${ref}')`);
+    if (!ref.startsWith('#/'))
+      throw new SchemaCompileError(`only references inside the schema ('#/…') are supported (at '${path}': '${ref}')`);
     let cur: unknown = this.root;
     for (const raw of ref.slice(2).split('/')) {
       const part = decodeURIComponent(raw).replace(/~1/g, '/').replace(/~0/g, '~');
@@ -186,7 +230,8 @@ class Compiler {
     if (schema === false) throw new SchemaCompileError(`the schema at '${path || '/'}' accepts nothing`);
     if (!isSchema(schema)) throw new SchemaCompileError(`the schema at '${path || '/'}' must be an object`);
     for (const k of Object.keys(schema)) {
-      if (UNSUPPORTED.has(k)) throw new SchemaCompileError(`JSON schema keyword '${k}' (at '${path}/${k}') cannot be enforced by the local engine's grammar`);
+      if (UNSUPPORTED.has(k))
+        throw new SchemaCompileError(`JSON schema keyword '${k}' (at '${path}/${k}') cannot be enforced by the local engine's grammar`);
     }
     const ref = schema['$ref'];
     if (typeof ref === 'string') {
@@ -202,12 +247,15 @@ class Compiler {
     }
     if (Array.isArray(schema['allOf'])) {
       const { allOf, ...rest } = schema;
-      return this.visit((allOf as unknown[]).reduce<Schema>((acc, sub, i) => {
-        const s = isSchema(sub) && typeof sub['$ref'] === 'string' ? this.resolve(sub['$ref'], `${path}/allOf/${i}`) : sub;
-        if (s === true) return acc;
-        if (!isSchema(s)) throw new SchemaCompileError(`allOf at '${path}' holds a schema that is not an object`);
-        return merge(acc, s, `${path}/allOf/${i}`);
-      }, rest), path);
+      return this.visit(
+        (allOf as unknown[]).reduce<Schema>((acc, sub, i) => {
+          const s = isSchema(sub) && typeof sub['$ref'] === 'string' ? this.resolve(sub['$ref'], `${path}/allOf/${i}`) : sub;
+          if (s === true) return acc;
+          if (!isSchema(s)) throw new SchemaCompileError(`allOf at '${path}' holds a schema that is not an object`);
+          return merge(acc, s, `${path}/allOf/${i}`);
+        }, rest),
+        path,
+      );
     }
     const branches = schema['anyOf'] ?? schema['oneOf'];
     if (Array.isArray(branches)) {
@@ -218,7 +266,9 @@ class Compiler {
         this.checkExclusive(branches, path);
       }
       const { [key]: _drop, ...rest } = schema;
-      const own = Object.keys(rest).some((k) => !['description', 'title', 'default', 'examples', '$comment', '$schema', '$id', 'id', '$defs', 'definitions'].includes(k));
+      const own = Object.keys(rest).some(
+        (k) => !['description', 'title', 'default', 'examples', '$comment', '$schema', '$id', 'id', '$defs', 'definitions'].includes(k),
+      );
       const alts = branches.map((b, i) => {
         const target = isSchema(b) && typeof b['$ref'] === 'string' && own ? this.resolve(b['$ref'], `${path}/${key}/${i}`) : b;
         return this.visit(own && isSchema(target) ? merge(rest, target, `${path}/${key}/${i}`) : target, `${path}/${key}/${i}`);
@@ -250,9 +300,12 @@ class Compiler {
   }
 
   private checkExclusive(branches: unknown[], path: string): void {
-    const resolved = branches.map((b, i) => (isSchema(b) && typeof b['$ref'] === 'string' ? this.resolve(b['$ref'], `${path}/oneOf/${i}`) : b));
+    const resolved = branches.map((b, i) =>
+      isSchema(b) && typeof b['$ref'] === 'string' ? this.resolve(b['$ref'], `${path}/oneOf/${i}`) : b,
+    );
     const typeSets = resolved.map((b) => (isSchema(b) && typeof b['type'] === 'string' ? b['type'] : undefined));
-    if (typeSets.every((t) => t !== undefined) && new Set(typeSets.map((t) => (t === 'integer' ? 'number' : t))).size === typeSets.length) return;
+    if (typeSets.every((t) => t !== undefined) && new Set(typeSets.map((t) => (t === 'integer' ? 'number' : t))).size === typeSets.length)
+      return;
     // Every branch an object with a required property of the same name holding a different const.
     const objs = resolved.filter(isSchema);
     if (objs.length === resolved.length) {
@@ -267,8 +320,14 @@ class Compiler {
         if (consts.every((c) => c !== undefined) && new Set(consts).size === consts.length) return;
       }
     }
-    if (resolved.every((b) => isSchema(b) && 'const' in b) && new Set(resolved.map((b) => JSON.stringify((b as Schema)['const']))).size === resolved.length) return;
-    throw new SchemaCompileError(`oneOf at '${path}' has branches that could match the same value; the grammar can enforce it only as anyOf (use anyOf, or tell the branches apart by type or a const property)`);
+    if (
+      resolved.every((b) => isSchema(b) && 'const' in b) &&
+      new Set(resolved.map((b) => JSON.stringify((b as Schema)['const']))).size === resolved.length
+    )
+      return;
+    throw new SchemaCompileError(
+      `oneOf at '${path}' has branches that could match the same value; the grammar can enforce it only as anyOf (use anyOf, or tell the branches apart by type or a const property)`,
+    );
   }
 
   private typed(schema: Schema, type: JsonType, path: string): string {
@@ -290,7 +349,8 @@ class Compiler {
   private stringRule(schema: Schema, path: string): string {
     const format = schema['format'];
     if (typeof format === 'string') {
-      if (!FORMATS.has(format)) throw new SchemaCompileError(`string format '${format}' (at '${path}/format') cannot be enforced by the local engine's grammar`);
+      if (!FORMATS.has(format))
+        throw new SchemaCompileError(`string format '${format}' (at '${path}/format') cannot be enforced by the local engine's grammar`);
       return this.base(format);
     }
     const min = typeof schema['minLength'] === 'number' ? schema['minLength'] : 0;
@@ -303,14 +363,19 @@ class Compiler {
 
   private arrayRule(schema: Schema, path: string): string {
     const items = schema['items'];
-    const prefix: unknown[] = Array.isArray(schema['prefixItems']) ? schema['prefixItems'] as unknown[] : Array.isArray(items) ? items : [];
+    const prefix: unknown[] = Array.isArray(schema['prefixItems'])
+      ? (schema['prefixItems'] as unknown[])
+      : Array.isArray(items)
+        ? items
+        : [];
     const rest: unknown = Array.isArray(items) ? schema['additionalItems'] : Array.isArray(schema['prefixItems']) ? items : items;
     const min = typeof schema['minItems'] === 'number' ? schema['minItems'] : 0;
     const max = typeof schema['maxItems'] === 'number' ? schema['maxItems'] : Infinity;
     if (min > max) throw new SchemaCompileError(`minItems is above maxItems at '${path}'`);
     if (max === 0) return this.rule('empty-array', '"[" "]"');
     const restAllowed = rest !== false;
-    if (!restAllowed && min > prefix.length) throw new SchemaCompileError(`minItems at '${path}' asks for more items than the schema allows`);
+    if (!restAllowed && min > prefix.length)
+      throw new SchemaCompileError(`minItems at '${path}' asks for more items than the schema allows`);
     const restMin = Math.max(0, min - prefix.length);
     // After a tuple, unconstrained extra items are allowed but never needed: only as many as minItems asks for.
     const restOpen = rest === undefined || rest === true;
@@ -354,7 +419,8 @@ class Compiler {
     if (maxProps === 0) return this.rule('empty-object', '"{" "}"');
     for (const name of required) {
       if (!(name in properties)) {
-        if (additional === false) throw new SchemaCompileError(`required property '${name}' at '${path}' is not allowed by additionalProperties: false`);
+        if (additional === false)
+          throw new SchemaCompileError(`required property '${name}' at '${path}' is not allowed by additionalProperties: false`);
         properties[name] = additional === undefined || additional === true ? true : additional;
         declared.push(name);
       }
@@ -369,9 +435,16 @@ class Compiler {
     }
     const ordered = [...declared.filter((n) => required.has(n)), ...declared.filter((n) => !required.has(n))];
     if (required.size > maxProps) throw new SchemaCompileError(`maxProperties at '${path}' is below the number of required properties`);
-    if (minProps > required.size) throw new SchemaCompileError(`minProperties at '${path}' is more than its required properties; the grammar cannot enforce it`);
-    if (maxProps < ordered.length) throw new SchemaCompileError(`maxProperties at '${path}' is below the number of properties; the grammar cannot enforce it`);
-    const kv = ordered.map((name) => this.rule(`${path}-${name}-kv`, `${gbnfLiteral(JSON.stringify(name))} ":" ${this.visit(properties[name], `${path}/properties/${name}`)}`));
+    if (minProps > required.size)
+      throw new SchemaCompileError(`minProperties at '${path}' is more than its required properties; the grammar cannot enforce it`);
+    if (maxProps < ordered.length)
+      throw new SchemaCompileError(`maxProperties at '${path}' is below the number of properties; the grammar cannot enforce it`);
+    const kv = ordered.map((name) =>
+      this.rule(
+        `${path}-${name}-kv`,
+        `${gbnfLiteral(JSON.stringify(name))} ":" ${this.visit(properties[name], `${path}/properties/${name}`)}`,
+      ),
+    );
     const req = kv.slice(0, required.size);
     const opt = kv.slice(required.size);
     let body: string;
@@ -393,7 +466,14 @@ class Compiler {
 }
 
 function inferType(schema: Schema): JsonType | undefined {
-  if ('properties' in schema || 'required' in schema || 'additionalProperties' in schema || 'minProperties' in schema || 'maxProperties' in schema) return 'object';
+  if (
+    'properties' in schema ||
+    'required' in schema ||
+    'additionalProperties' in schema ||
+    'minProperties' in schema ||
+    'maxProperties' in schema
+  )
+    return 'object';
   if ('items' in schema || 'prefixItems' in schema || 'minItems' in schema || 'maxItems' in schema) return 'array';
   if ('minLength' in schema || 'maxLength' in schema || 'format' in schema) return 'string';
   return undefined;
@@ -401,13 +481,20 @@ function inferType(schema: Schema): JsonType | undefined {
 
 function matchesType(v: unknown, t: JsonType): boolean {
   switch (t) {
-    case 'null': return v === null;
-    case 'boolean': return typeof v === 'boolean';
-    case 'integer': return typeof v === 'number' && Number.isInteger(v);
-    case 'number': return typeof v === 'number';
-    case 'string': return typeof v === 'string';
-    case 'array': return Array.isArray(v);
-    case 'object': return isSchema(v);
+    case 'null':
+      return v === null;
+    case 'boolean':
+      return typeof v === 'boolean';
+    case 'integer':
+      return typeof v === 'number' && Number.isInteger(v);
+    case 'number':
+      return typeof v === 'number';
+    case 'string':
+      return typeof v === 'string';
+    case 'array':
+      return Array.isArray(v);
+    case 'object':
+      return isSchema(v);
   }
 }
 

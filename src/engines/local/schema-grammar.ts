@@ -56,11 +56,15 @@ class SchemaWorker {
   private readonly pending = new Map<number, Pending>();
   private closed = false;
 
-  constructor(private readonly cacheSize: number, private readonly log: Logger) {}
+  constructor(
+    private readonly cacheSize: number,
+    private readonly log: Logger,
+  ) {}
 
   private start(): Worker {
     const w = new Worker(new URL('./schema-worker.js', import.meta.url), {
-      workerData: { cacheSize: this.cacheSize }, resourceLimits: { maxOldGenerationSizeMb: 512 },
+      workerData: { cacheSize: this.cacheSize },
+      resourceLimits: { maxOldGenerationSizeMb: 512 },
     });
     w.on('message', (m: SchemaWorkerReply) => {
       const p = this.pending.get(m.id);
@@ -108,7 +112,13 @@ class SchemaWorker {
     }
   }
 
-  private post(msg: SchemaWorkerCall, timeoutMs: number | undefined, resolve: (r: Reply) => void, reject: (e: Error) => void, tries = 1): void {
+  private post(
+    msg: SchemaWorkerCall,
+    timeoutMs: number | undefined,
+    resolve: (r: Reply) => void,
+    reject: (e: Error) => void,
+    tries = 1,
+  ): void {
     if (this.closed) {
       reject(new Error('the schema worker is closed'));
       return;
@@ -154,7 +164,10 @@ export class SchemaGrammars {
   private readonly worker: SchemaWorker;
   private anyObjectGrammar: Promise<CompiledSchema> | undefined;
 
-  constructor(private readonly llama: () => Promise<Llama>, private readonly opts: SchemaGrammarOptions) {
+  constructor(
+    private readonly llama: () => Promise<Llama>,
+    private readonly opts: SchemaGrammarOptions,
+  ) {
     this.worker = new SchemaWorker(opts.cacheSize, opts.log);
   }
 
@@ -217,23 +230,34 @@ export class SchemaGrammars {
       reply = await this.worker.call({ op: 'compile', key, schema }, this.opts.compileTimeoutMs);
     } catch (err) {
       if (err instanceof SchemaTimeout) {
-        throw new ApiError('schema_too_large', `The JSON schema took longer than ${this.opts.compileTimeoutMs} ms to compile (SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS); simplify it.`, { param });
+        throw new ApiError(
+          'schema_too_large',
+          `The JSON schema took longer than ${this.opts.compileTimeoutMs} ms to compile (SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS); simplify it.`,
+          { param },
+        );
       }
       throw new ApiError('unsupported_schema', `The JSON schema could not be compiled (${(err as Error).message}).`, { param });
     }
     if (!reply.ok) {
-      if (reply.kind === 'unsupported') throw new ApiError('unsupported_schema', `${capitalise(reply.message)}; remove it or use another model.`, { param });
+      if (reply.kind === 'unsupported')
+        throw new ApiError('unsupported_schema', `${capitalise(reply.message)}; remove it or use another model.`, { param });
       throw new ApiError('invalid_value', `The JSON schema is invalid: ${reply.message}`, { param });
     }
     const gbnf = reply.gbnf ?? '';
     if (gbnf.length > MAX_GRAMMAR_BYTES) {
-      throw new ApiError('schema_too_large', `The JSON schema makes a grammar of ${gbnf.length} bytes; the limit is ${MAX_GRAMMAR_BYTES}.`, { param });
+      throw new ApiError(
+        'schema_too_large',
+        `The JSON schema makes a grammar of ${gbnf.length} bytes; the limit is ${MAX_GRAMMAR_BYTES}.`,
+        { param },
+      );
     }
     let grammar: LlamaGrammar;
     try {
       grammar = new LlamaGrammar(await this.llama(), { grammar: gbnf });
     } catch (err) {
-      throw new ApiError('unsupported_schema', `The JSON schema could not be turned into a grammar (${(err as Error).message}).`, { param });
+      throw new ApiError('unsupported_schema', `The JSON schema could not be turned into a grammar (${(err as Error).message}).`, {
+        param,
+      });
     }
     return { grammar, check: (text) => this.validate(key, schema, text) };
   }

@@ -51,7 +51,8 @@ function handle(m: SchemaWorkerRequest): SchemaWorkerReply {
         validate = compileValidator(m.schema as object);
       } catch (err) {
         // Ajv's code generator recurses per property and subschema: a huge flat schema can overflow it.
-        if (err instanceof RangeError) return { id: m.id, ok: false, kind: 'unsupported', message: 'the schema is too complex to build a validator for' };
+        if (err instanceof RangeError)
+          return { id: m.id, ok: false, kind: 'unsupported', message: 'the schema is too complex to build a validator for' };
         return { id: m.id, ok: false, kind: 'invalid', message: (err as Error).message };
       }
       let gbnf: string;
@@ -59,7 +60,8 @@ function handle(m: SchemaWorkerRequest): SchemaWorkerReply {
         gbnf = schemaToGbnf(m.schema);
       } catch (err) {
         if (err instanceof SchemaCompileError) return { id: m.id, ok: false, kind: 'unsupported', message: err.message };
-        if (err instanceof RangeError) return { id: m.id, ok: false, kind: 'unsupported', message: 'the schema is too deeply nested to compile' };
+        if (err instanceof RangeError)
+          return { id: m.id, ok: false, kind: 'unsupported', message: 'the schema is too deeply nested to compile' };
         throw err;
       }
       remember(m.key, validate);

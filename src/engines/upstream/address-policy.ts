@@ -5,14 +5,30 @@ import { buildConnector } from 'undici';
 /** IPv4 addresses a server should not be talked into reaching for someone else (SSRF). */
 const INTERNAL_V4 = new BlockList();
 for (const [net, bits] of [
-  ['0.0.0.0', 8], ['10.0.0.0', 8], ['100.64.0.0', 10], ['127.0.0.0', 8], ['169.254.0.0', 16], ['172.16.0.0', 12],
-  ['192.0.0.0', 24], ['192.168.0.0', 16], ['198.18.0.0', 15], ['224.0.0.0', 4], ['240.0.0.0', 4],
-] as const) INTERNAL_V4.addSubnet(net, bits, 'ipv4');
+  ['0.0.0.0', 8],
+  ['10.0.0.0', 8],
+  ['100.64.0.0', 10],
+  ['127.0.0.0', 8],
+  ['169.254.0.0', 16],
+  ['172.16.0.0', 12],
+  ['192.0.0.0', 24],
+  ['192.168.0.0', 16],
+  ['198.18.0.0', 15],
+  ['224.0.0.0', 4],
+  ['240.0.0.0', 4],
+] as const)
+  INTERNAL_V4.addSubnet(net, bits, 'ipv4');
 
 /** IPv6 ranges that are internal in themselves: unspecified, loopback, unique-local, link-local, site-local, multicast, discard, local-use NAT64. */
 const INTERNAL_V6: ReadonlyArray<[prefix: number[], bits: number]> = [
-  [[], 128], [[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 128], [[0xfc], 7], [[0xfe, 0x80], 10], [[0xfe, 0xc0], 10],
-  [[0xff], 8], [[0x01, 0x00, 0, 0, 0, 0, 0, 0], 64], [[0x00, 0x64, 0xff, 0x9b, 0x00, 0x01], 48],
+  [[], 128],
+  [[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], 128],
+  [[0xfc], 7],
+  [[0xfe, 0x80], 10],
+  [[0xfe, 0xc0], 10],
+  [[0xff], 8],
+  [[0x01, 0x00, 0, 0, 0, 0, 0, 0], 64],
+  [[0x00, 0x64, 0xff, 0x9b, 0x00, 0x01], 48],
 ];
 
 /** The 16 bytes of an IPv6 address (with an optional dotted IPv4 tail), or undefined. */
@@ -40,7 +56,7 @@ function v6Bytes(address: string): number[] | undefined {
 
 const inPrefix = (bytes: number[], prefix: number[], bits: number): boolean => {
   for (let i = 0; i < bits; i++) {
-    const p = (prefix[i >> 3] ?? 0) >> (7 - (i & 7)) & 1;
+    const p = ((prefix[i >> 3] ?? 0) >> (7 - (i & 7))) & 1;
     if (((bytes[i >> 3]! >> (7 - (i & 7))) & 1) !== p) return false;
   }
   return true;
@@ -120,9 +136,13 @@ export class AddressPolicy {
     if (this.hostAllowed(host)) return undefined;
     let addresses: string[];
     try {
-      addresses = isIP(host) ? [host] : (await new Promise<LookupAddress[]>((resolve, reject) => {
-        dnsLookup(host, { all: true }, (err, a) => (err ? reject(err) : resolve(a)));
-      })).map((a) => a.address);
+      addresses = isIP(host)
+        ? [host]
+        : (
+            await new Promise<LookupAddress[]>((resolve, reject) => {
+              dnsLookup(host, { all: true }, (err, a) => (err ? reject(err) : resolve(a)));
+            })
+          ).map((a) => a.address);
     } catch {
       return `its host '${host}' does not resolve`;
     }
@@ -136,7 +156,9 @@ export class AddressPolicy {
       if (err) return callback(err, []);
       const ok = this.hostAllowed(hostname) ? found : found.filter((a) => !this.refuses(a.address));
       if (ok.length === 0) {
-        const e: NodeJS.ErrnoException = new Error(`upstream host ${hostname} resolves only to internal addresses, which SWITCHYARD_UPSTREAM_ALLOW does not permit`);
+        const e: NodeJS.ErrnoException = new Error(
+          `upstream host ${hostname} resolves only to internal addresses, which SWITCHYARD_UPSTREAM_ALLOW does not permit`,
+        );
         e.code = 'EADDRNOTPERMITTED';
         return callback(e, []);
       }

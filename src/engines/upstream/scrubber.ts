@@ -79,7 +79,10 @@ export class Scrubber {
 export class StreamScrubber {
   private held = '';
 
-  constructor(private readonly forms: readonly string[], private readonly longest: number) {}
+  constructor(
+    private readonly forms: readonly string[],
+    private readonly longest: number,
+  ) {}
 
   push(text: string): string {
     if (this.forms.length === 0) return text;

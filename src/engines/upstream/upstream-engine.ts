@@ -73,16 +73,23 @@ export interface UpstreamOptions {
 function transportError(err: unknown, target: string, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
   const code = (err as { code?: string }).code;
   if (code === 'UND_ERR_CONNECT_TIMEOUT') {
-    return new ApiError('upstream_timeout', `The upstream ${target} did not accept a connection within ${o.connectTimeoutMs} ms.`, { failover: early });
+    return new ApiError('upstream_timeout', `The upstream ${target} did not accept a connection within ${o.connectTimeoutMs} ms.`, {
+      failover: early,
+    });
   }
   if (code === 'UND_ERR_HEADERS_TIMEOUT') {
     return new ApiError('upstream_timeout', `The upstream ${target} sent nothing within ${headersTimeoutMs} ms.`, { failover: early });
   }
   if (code === 'UND_ERR_BODY_TIMEOUT') {
-    return new ApiError('upstream_timeout', `The upstream ${target} went silent for ${o.idleTimeoutMs} ms mid-answer.`, { failover: early });
+    return new ApiError('upstream_timeout', `The upstream ${target} went silent for ${o.idleTimeoutMs} ms mid-answer.`, {
+      failover: early,
+    });
   }
-  return new ApiError(early ? 'upstream_unreachable' : 'upstream_error',
-    early ? `The upstream ${target} could not be reached.` : `The upstream ${target} broke off mid-answer.`, { failover: early });
+  return new ApiError(
+    early ? 'upstream_unreachable' : 'upstream_error',
+    early ? `The upstream ${target} could not be reached.` : `The upstream ${target} broke off mid-answer.`,
+    { failover: early },
+  );
 }
 
 class TooLarge extends Error {}
@@ -156,7 +163,11 @@ export class UpstreamEngine implements Engine {
   private readonly pools = new Map<string, Pool>();
   private readonly scrubbers = new Map<string, Scrubber>();
 
-  constructor(private readonly log: Logger, private readonly o: UpstreamOptions, private readonly hooks: { onInvalidUsage?: (deployment: string) => void } = {}) {}
+  constructor(
+    private readonly log: Logger,
+    private readonly o: UpstreamOptions,
+    private readonly hooks: { onInvalidUsage?: (deployment: string) => void } = {},
+  ) {}
 
   private readonly endpoints = new Map<string, { origin: string; path: string }>();
 
@@ -202,7 +213,11 @@ export class UpstreamEngine implements Engine {
     if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
     try {
       const res = await this.pool(url.origin, target.guarded).request({
-        path: url.path, method: 'GET', headers, headersTimeout: 5_000, bodyTimeout: 5_000,
+        path: url.path,
+        method: 'GET',
+        headers,
+        headersTimeout: 5_000,
+        bodyTimeout: 5_000,
       });
       await res.body.dump({ limit: 64 * 1024 });
       return res.statusCode < 500;
@@ -217,7 +232,10 @@ export class UpstreamEngine implements Engine {
     const native = target.api === 'responses';
     const stream = native || req.stream;
     const url = this.endpoint(target.baseUrl, native ? 'responses' : 'chat/completions');
-    const headers: Record<string, string> = { 'content-type': 'application/json', accept: stream ? 'text/event-stream' : 'application/json' };
+    const headers: Record<string, string> = {
+      'content-type': 'application/json',
+      accept: stream ? 'text/event-stream' : 'application/json',
+    };
     if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
     const body = native ? encodeResponsesRequest(req, target.upstreamModel) : encodeChatRequest(req, target.upstreamModel);
     const scrub = this.scrubber(target.apiKey);
@@ -327,7 +345,7 @@ export class UpstreamEngine implements Engine {
             let text = guard.admit(ev.arguments, false);
             if (argScrubs) {
               let sc = argScrubs.get(ev.index);
-              if (!sc) argScrubs.set(ev.index, sc = scrub.stream());
+              if (!sc) argScrubs.set(ev.index, (sc = scrub.stream()));
               text = sc.push(text);
             }
             if (text) events[n++] = text === ev.arguments ? ev : { type: 'tool_call.delta', index: ev.index, arguments: text };
@@ -347,7 +365,10 @@ export class UpstreamEngine implements Engine {
       if (!stream) {
         // A declared length within the cap is read by undici's own (faster) path; anything else is counted as it comes.
         const declared = Number(res.headers['content-length']);
-        const tooLarge = () => new ApiError('upstream_error', `The upstream ${target.id} sent an answer larger than ${this.o.maxBodyBytes} bytes.`, { failover: true });
+        const tooLarge = () =>
+          new ApiError('upstream_error', `The upstream ${target.id} sent an answer larger than ${this.o.maxBodyBytes} bytes.`, {
+            failover: true,
+          });
         if (declared > this.o.maxBodyBytes) throw tooLarge();
         let answer: unknown;
         if (declared >= 0) {
@@ -391,7 +412,11 @@ export class UpstreamEngine implements Engine {
           // chunk if an event ended in it, else everything since the last event.
           sinceEvent = sinceEvent === -1 ? chunk.length - chunk.lastIndexOf(10) - 1 : before + chunk.length;
           if (sinceEvent > this.o.maxLineBytes) {
-            throw new ApiError('upstream_error', `The upstream ${target.id} sent a stream event larger than ${this.o.maxLineBytes} bytes.`, { failover: early });
+            throw new ApiError(
+              'upstream_error',
+              `The upstream ${target.id} sent a stream event larger than ${this.o.maxLineBytes} bytes.`,
+              { failover: early },
+            );
           }
           if (out.length) {
             yield* see(out);
@@ -402,12 +427,14 @@ export class UpstreamEngine implements Engine {
           if (guard.capped) break;
         }
         if (failure) throw failure;
-        if (!done && !guard.capped && !stopped) throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
+        if (!done && !guard.capped && !stopped)
+          throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
       }
     } catch (err) {
       if (req.signal.aborted || err instanceof undiciErrors.RequestAbortedError) return;
       if (err instanceof ApiError) throw err;
-      if (err instanceof SyntaxError) throw new ApiError('upstream_error', `The upstream ${target.id} sent a reply that is not JSON.`, { failover: early });
+      if (err instanceof SyntaxError)
+        throw new ApiError('upstream_error', `The upstream ${target.id} sent a reply that is not JSON.`, { failover: early });
       this.log.warn({ deployment: target.id, err: (err as Error).message }, 'upstream broke off');
       throw transportError(err, target.id, this.o, early, headersTimeout);
     } finally {

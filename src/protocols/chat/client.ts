@@ -12,8 +12,14 @@ import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type R
 function wireMessages(messages: readonly Message[]): Record<string, unknown>[] {
   return messages.map((m) => {
     const out: Record<string, unknown> = { role: m.role };
-    out['content'] = typeof m.content === 'string' || m.content === null ? m.content
-      : m.content.map((p) => (p.type === 'text' ? { type: 'text', text: p.text } : { type: 'image_url', image_url: { url: p.url, ...(p.detail && { detail: p.detail }) } }));
+    out['content'] =
+      typeof m.content === 'string' || m.content === null
+        ? m.content
+        : m.content.map((p) =>
+            p.type === 'text'
+              ? { type: 'text', text: p.text }
+              : { type: 'image_url', image_url: { url: p.url, ...(p.detail && { detail: p.detail }) } },
+          );
     if (m.name !== undefined) out['name'] = m.name;
     if (m.toolCallId !== undefined) out['tool_call_id'] = m.toolCallId;
     if (m.reasoning) out['reasoning_content'] = m.reasoning;
@@ -38,22 +44,29 @@ export function encodeChatRequest(req: GenerationRequest, upstreamModel: string)
   if (req.tools?.length) {
     body['tools'] = req.tools.map((t) => ({ type: 'function', function: t }));
     if (req.toolChoice !== undefined) {
-      body['tool_choice'] = typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', function: { name: req.toolChoice.name } };
+      body['tool_choice'] =
+        typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', function: { name: req.toolChoice.name } };
     }
     if (req.parallelToolCalls !== undefined) body['parallel_tool_calls'] = req.parallelToolCalls;
   }
   if (req.responseFormat && req.responseFormat.type !== 'text') {
     const f = req.responseFormat;
-    body['response_format'] = f.type === 'json_schema'
-      ? { type: 'json_schema', json_schema: { name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) } }
-      : { type: 'json_object' };
+    body['response_format'] =
+      f.type === 'json_schema'
+        ? { type: 'json_schema', json_schema: { name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) } }
+        : { type: 'json_object' };
   }
   if (req.reasoningEffort !== undefined) body['reasoning_effort'] = req.reasoningEffort;
   return body;
 }
 
-
-const FINISH: Record<string, FinishReason> = { stop: 'stop', length: 'length', tool_calls: 'tool_calls', function_call: 'tool_calls', content_filter: 'content_filter' };
+const FINISH: Record<string, FinishReason> = {
+  stop: 'stop',
+  length: 'length',
+  tool_calls: 'tool_calls',
+  function_call: 'tool_calls',
+  content_filter: 'content_filter',
+};
 
 /** Chat completions chunks (or a whole non-stream reply); tracks tool-call starts. Reads every field defensively. */
 export class ChatReader implements StreamReader {
@@ -70,8 +83,12 @@ export class ChatReader implements StreamReader {
     if (error !== undefined && error !== null) throw upstreamFailure(obj(error)?.['message'] ?? error, this.clean);
     const u = obj(chunk['usage']);
     if (u) {
-      this.usage = reported(u['prompt_tokens'], obj(u['prompt_tokens_details'])?.['cached_tokens'], u['completion_tokens'],
-        obj(u['completion_tokens_details'])?.['reasoning_tokens']);
+      this.usage = reported(
+        u['prompt_tokens'],
+        obj(u['prompt_tokens_details'])?.['cached_tokens'],
+        u['completion_tokens'],
+        obj(u['completion_tokens_details'])?.['reasoning_tokens'],
+      );
     }
     const choices = chunk['choices'];
     const choice = Array.isArray(choices) ? obj(choices[0]) : undefined;
@@ -82,7 +99,7 @@ export class ChatReader implements StreamReader {
       if (reasoning) out.push({ type: 'reasoning.delta', text: reasoning });
       const content = str(d['content']);
       if (content) out.push({ type: 'text.delta', text: content });
-      const calls = Array.isArray(d['tool_calls']) ? d['tool_calls'] as unknown[] : [];
+      const calls = Array.isArray(d['tool_calls']) ? (d['tool_calls'] as unknown[]) : [];
       calls.forEach((raw, i) => {
         const c = obj(raw);
         if (!c) return;
@@ -93,7 +110,12 @@ export class ChatReader implements StreamReader {
         const fn = obj(c['function']);
         if (!this.started.has(index)) {
           this.started.add(index);
-          out.push({ type: 'tool_call.start', index, id: this.clean(str(c['id']) ?? `call_${index}`), name: this.clean(str(fn?.['name']) ?? '') });
+          out.push({
+            type: 'tool_call.start',
+            index,
+            id: this.clean(str(c['id']) ?? `call_${index}`),
+            name: this.clean(str(fn?.['name']) ?? ''),
+          });
         }
         const args = str(fn?.['arguments']);
         if (args) out.push({ type: 'tool_call.delta', index, arguments: args });
@@ -104,4 +126,3 @@ export class ChatReader implements StreamReader {
     return false;
   }
 }
-

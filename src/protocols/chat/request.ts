@@ -1,6 +1,13 @@
 import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
-import { newTally, type ContentPart, type GenerationRequest, type Message, type ResponseFormat, type ToolChoice } from '../../core/canonical.js';
+import {
+  newTally,
+  type ContentPart,
+  type GenerationRequest,
+  type Message,
+  type ResponseFormat,
+  type ToolChoice,
+} from '../../core/canonical.js';
 import { MaxOutputTokens, ModelField, NullableBoolean, Penalty, Seed, Stop, Temperature, TopP, nullable } from '../fields.js';
 
 const Part = Type.Object({ type: Type.String() });
@@ -39,18 +46,22 @@ export const ChatRequest = Type.Object({
   stream: NullableBoolean,
   stream_options: nullable(Type.Object({ include_usage: Type.Optional(Type.Boolean()) })),
   tools: nullable(Type.Array(Type.Object({ type: Type.Literal('function'), function: FunctionDef }))),
-  tool_choice: nullable(Type.Union([
-    Type.Enum(['none', 'auto', 'required']),
-    Type.Object({ type: Type.Literal('function'), function: Type.Object({ name: Type.String() }) }),
-  ])),
+  tool_choice: nullable(
+    Type.Union([
+      Type.Enum(['none', 'auto', 'required']),
+      Type.Object({ type: Type.Literal('function'), function: Type.Object({ name: Type.String() }) }),
+    ]),
+  ),
   parallel_tool_calls: NullableBoolean,
-  response_format: nullable(Type.Union([
-    Type.Object({ type: Type.Enum(['text', 'json_object']) }),
-    Type.Object({
-      type: Type.Literal('json_schema'),
-      json_schema: Type.Object({ name: Type.String(), schema: Type.Optional(Type.Object({})), strict: NullableBoolean }),
-    }),
-  ])),
+  response_format: nullable(
+    Type.Union([
+      Type.Object({ type: Type.Enum(['text', 'json_object']) }),
+      Type.Object({
+        type: Type.Literal('json_schema'),
+        json_schema: Type.Object({ name: Type.String(), schema: Type.Optional(Type.Object({})), strict: NullableBoolean }),
+      }),
+    ]),
+  ),
   reasoning_effort: nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high'])),
 });
 export type ChatRequest = Static<typeof ChatRequest>;
@@ -60,7 +71,8 @@ function toParts(parts: ReadonlyArray<{ type: string } & Record<string, unknown>
     if (p.type === 'text' && typeof p['text'] === 'string') return { type: 'text', text: p['text'] };
     if (p.type === 'image_url') {
       const img = p['image_url'] as { url?: unknown; detail?: unknown } | undefined;
-      if (typeof img?.url !== 'string') throw new ApiError('invalid_value', `${where}[${j}].image_url.url must be a string.`, { param: `${where}[${j}].image_url` });
+      if (typeof img?.url !== 'string')
+        throw new ApiError('invalid_value', `${where}[${j}].image_url.url must be a string.`, { param: `${where}[${j}].image_url` });
       return { type: 'image', url: img.url, ...(typeof img.detail === 'string' && { detail: img.detail }) };
     }
     throw new ApiError('unsupported_content', `Content part type '${p.type}' is not supported here.`, { param: `${where}[${j}].type` });
@@ -69,9 +81,12 @@ function toParts(parts: ReadonlyArray<{ type: string } & Record<string, unknown>
 
 export function toMessages(body: ChatRequest): Message[] {
   return body.messages.map((m, i) => {
-    const content = m.content === undefined || m.content === null ? null
-      : typeof m.content === 'string' ? m.content
-        : toParts(m.content as ReadonlyArray<{ type: string } & Record<string, unknown>>, `messages[${i}].content`);
+    const content =
+      m.content === undefined || m.content === null
+        ? null
+        : typeof m.content === 'string'
+          ? m.content
+          : toParts(m.content as ReadonlyArray<{ type: string } & Record<string, unknown>>, `messages[${i}].content`);
     if (content === null && m.role !== 'assistant') {
       throw new ApiError('invalid_value', `messages[${i}].content is required for role '${m.role}'.`, { param: `messages[${i}].content` });
     }
@@ -91,7 +106,14 @@ export function decodeChatRequest(body: ChatRequest, signal: AbortSignal): Gener
   if (body.n != null && body.n > 1) {
     throw new ApiError('unsupported_parameter', 'Only n=1 is supported; send several requests for several choices.', { param: 'n' });
   }
-  const req: GenerationRequest = { model: body.model, messages: toMessages(body), sampling: {}, stream: body.stream === true, signal, tally: newTally() };
+  const req: GenerationRequest = {
+    model: body.model,
+    messages: toMessages(body),
+    sampling: {},
+    stream: body.stream === true,
+    signal,
+    tally: newTally(),
+  };
   const s = req.sampling;
   if (body.temperature != null) s.temperature = body.temperature;
   if (body.top_p != null) s.topP = body.top_p;
@@ -111,19 +133,26 @@ export function decodeChatRequest(body: ChatRequest, signal: AbortSignal): Gener
     if (body.tool_choice != null) {
       const choice = body.tool_choice;
       if (typeof choice !== 'string' && !body.tools.some((t) => t.function.name === choice.function.name)) {
-        throw new ApiError('invalid_value', `tool_choice names '${choice.function.name}', which is not one of the tools.`, { param: 'tool_choice' });
+        throw new ApiError('invalid_value', `tool_choice names '${choice.function.name}', which is not one of the tools.`, {
+          param: 'tool_choice',
+        });
       }
-      req.toolChoice = typeof choice === 'string' ? choice : { name: choice.function.name } satisfies ToolChoice;
+      req.toolChoice = typeof choice === 'string' ? choice : ({ name: choice.function.name } satisfies ToolChoice);
     }
     if (body.parallel_tool_calls != null) req.parallelToolCalls = body.parallel_tool_calls;
   }
   const rf = body.response_format;
   if (rf != null) {
-    req.responseFormat = rf.type === 'json_schema'
-      ? { type: 'json_schema', name: rf.json_schema.name, schema: (rf.json_schema.schema ?? {}) as Record<string, unknown>, ...(rf.json_schema.strict != null && { strict: rf.json_schema.strict }) }
-      : { type: rf.type } as ResponseFormat;
+    req.responseFormat =
+      rf.type === 'json_schema'
+        ? {
+            type: 'json_schema',
+            name: rf.json_schema.name,
+            schema: (rf.json_schema.schema ?? {}) as Record<string, unknown>,
+            ...(rf.json_schema.strict != null && { strict: rf.json_schema.strict }),
+          }
+        : ({ type: rf.type } as ResponseFormat);
   }
   if (body.reasoning_effort != null) req.reasoningEffort = body.reasoning_effort;
   return req;
 }
-

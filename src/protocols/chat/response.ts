@@ -34,16 +34,26 @@ export class CompletionFold {
 
   apply(ev: GenerationEvent): void {
     switch (ev.type) {
-      case 'text.delta': this.text += ev.text; break;
-      case 'reasoning.delta': this.reasoning += ev.text; break;
-      case 'tool_call.start': this.calls[ev.index] = { id: ev.id, type: 'function', function: { name: ev.name, arguments: '' } }; break;
+      case 'text.delta':
+        this.text += ev.text;
+        break;
+      case 'reasoning.delta':
+        this.reasoning += ev.text;
+        break;
+      case 'tool_call.start':
+        this.calls[ev.index] = { id: ev.id, type: 'function', function: { name: ev.name, arguments: '' } };
+        break;
       case 'tool_call.delta': {
         const c = this.calls[ev.index];
         if (c) c.function.arguments += ev.arguments;
         break;
       }
-      case 'usage': this.usage = ev.usage; break;
-      case 'finish': this.finish = ev.reason; break;
+      case 'usage':
+        this.usage = ev.usage;
+        break;
+      case 'finish':
+        this.finish = ev.reason;
+        break;
     }
   }
 
@@ -72,7 +82,10 @@ export class ChunkRenderer {
   private readonly tail: string;
   private usage: Usage | undefined;
 
-  constructor(model: string, private readonly includeUsage: boolean) {
+  constructor(
+    model: string,
+    private readonly includeUsage: boolean,
+  ) {
     this.head = `{"id":"${newCompletionId()}","object":"chat.completion.chunk","created":${nowSeconds()},"model":${JSON.stringify(model)},"choices":[`;
     this.tail = includeUsage ? '],"usage":null}' : ']}';
   }
@@ -89,15 +102,21 @@ export class ChunkRenderer {
   /** The chunk for one event, or undefined (usage comes at the end, in `last`). */
   event(ev: GenerationEvent): string | undefined {
     switch (ev.type) {
-      case 'text.delta': return this.choice(`{"content":${JSON.stringify(ev.text)}}`);
-      case 'reasoning.delta': return this.choice(`{"reasoning_content":${JSON.stringify(ev.text)}}`);
+      case 'text.delta':
+        return this.choice(`{"content":${JSON.stringify(ev.text)}}`);
+      case 'reasoning.delta':
+        return this.choice(`{"reasoning_content":${JSON.stringify(ev.text)}}`);
       case 'tool_call.start':
-        return this.choice(`{"tool_calls":[{"index":${ev.index},"id":${JSON.stringify(ev.id)},"type":"function","function":{"name":${JSON.stringify(ev.name)},"arguments":""}}]}`);
-      case 'tool_call.delta': return this.choice(`{"tool_calls":[{"index":${ev.index},"function":{"arguments":${JSON.stringify(ev.arguments)}}}]}`);
+        return this.choice(
+          `{"tool_calls":[{"index":${ev.index},"id":${JSON.stringify(ev.id)},"type":"function","function":{"name":${JSON.stringify(ev.name)},"arguments":""}}]}`,
+        );
+      case 'tool_call.delta':
+        return this.choice(`{"tool_calls":[{"index":${ev.index},"function":{"arguments":${JSON.stringify(ev.arguments)}}}]}`);
       case 'usage':
         this.usage = ev.usage;
         return undefined;
-      case 'finish': return this.choice('{}', ev.reason);
+      case 'finish':
+        return this.choice('{}', ev.reason);
     }
   }
 

@@ -16,10 +16,14 @@ function responsesInput(messages: readonly Message[]): Record<string, unknown>[]
       items.push({ type: 'function_call_output', call_id: m.toolCallId ?? '', output: typeof m.content === 'string' ? m.content : '' });
       continue;
     }
-    const content = typeof m.content === 'string' || m.content === null ? m.content
-      : m.content.map((p) => (p.type === 'text'
-        ? { type: m.role === 'assistant' ? 'output_text' : 'input_text', text: p.text }
-        : { type: 'input_image', image_url: p.url, ...(p.detail && { detail: p.detail }) }));
+    const content =
+      typeof m.content === 'string' || m.content === null
+        ? m.content
+        : m.content.map((p) =>
+            p.type === 'text'
+              ? { type: m.role === 'assistant' ? 'output_text' : 'input_text', text: p.text }
+              : { type: 'input_image', image_url: p.url, ...(p.detail && { detail: p.detail }) },
+          );
     if (content !== null && content !== '') items.push({ role: m.role, content });
     for (const c of m.toolCalls ?? []) items.push({ type: 'function_call', call_id: c.id, name: c.name, arguments: c.arguments });
   }
@@ -34,17 +38,22 @@ export function encodeResponsesRequest(req: GenerationRequest, upstreamModel: st
   if (req.maxOutputTokens !== undefined) body['max_output_tokens'] = req.maxOutputTokens;
   if (req.tools?.length) {
     body['tools'] = req.tools.map((t) => ({ type: 'function', ...t }));
-    if (req.toolChoice !== undefined) body['tool_choice'] = typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', name: req.toolChoice.name };
+    if (req.toolChoice !== undefined)
+      body['tool_choice'] = typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', name: req.toolChoice.name };
     if (req.parallelToolCalls !== undefined) body['parallel_tool_calls'] = req.parallelToolCalls;
   }
   const f = req.responseFormat;
   if (f && f.type !== 'text') {
-    body['text'] = { format: f.type === 'json_schema' ? { type: 'json_schema', name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) } : { type: 'json_object' } };
+    body['text'] = {
+      format:
+        f.type === 'json_schema'
+          ? { type: 'json_schema', name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) }
+          : { type: 'json_object' },
+    };
   }
   if (req.reasoningEffort !== undefined) body['reasoning'] = { effort: req.reasoningEffort };
   return body;
 }
-
 
 /** Responses API stream events, for deployments that speak it natively. */
 export class ResponsesReader implements StreamReader {
@@ -78,7 +87,12 @@ export class ResponsesReader implements StreamReader {
           const index = this.calls.size;
           if (index >= MAX_TOOL_CALLS) throw new ApiError('upstream_error', 'The upstream sent too many tool calls.');
           this.calls.set(str(item['id']) ?? String(index), index);
-          out.push({ type: 'tool_call.start', index, id: this.clean(str(item['call_id']) ?? `call_${index}`), name: this.clean(str(item['name']) ?? '') });
+          out.push({
+            type: 'tool_call.start',
+            index,
+            id: this.clean(str(item['call_id']) ?? `call_${index}`),
+            name: this.clean(str(item['name']) ?? ''),
+          });
         }
         return false;
       }
@@ -92,10 +106,15 @@ export class ResponsesReader implements StreamReader {
         const r = obj(ev['response']) ?? {};
         const u = obj(r['usage']);
         if (u) {
-          this.usage = reported(u['input_tokens'], obj(u['input_tokens_details'])?.['cached_tokens'], u['output_tokens'],
-            obj(u['output_tokens_details'])?.['reasoning_tokens']);
+          this.usage = reported(
+            u['input_tokens'],
+            obj(u['input_tokens_details'])?.['cached_tokens'],
+            u['output_tokens'],
+            obj(u['output_tokens_details'])?.['reasoning_tokens'],
+          );
         }
-        if (ev['type'] === 'response.incomplete') this.finish = obj(r['incomplete_details'])?.['reason'] === 'content_filter' ? 'content_filter' : 'length';
+        if (ev['type'] === 'response.incomplete')
+          this.finish = obj(r['incomplete_details'])?.['reason'] === 'content_filter' ? 'content_filter' : 'length';
         else this.finish = this.calls.size > 0 ? 'tool_calls' : 'stop';
         return true;
       }
@@ -108,4 +127,3 @@ export class ResponsesReader implements StreamReader {
     }
   }
 }
-

@@ -10,7 +10,8 @@ function contentParts(raw: unknown, role: string, where: string): InputContent[]
   if (typeof raw === 'string') {
     return [role === 'assistant' ? { type: 'output_text', text: raw, annotations: [] } : { type: 'input_text', text: raw }];
   }
-  if (!Array.isArray(raw)) throw new ApiError('invalid_value', `${where}.content must be a string or an array of parts.`, { param: `${where}.content` });
+  if (!Array.isArray(raw))
+    throw new ApiError('invalid_value', `${where}.content must be a string or an array of parts.`, { param: `${where}.content` });
   return raw.map((p: Raw, j) => {
     const at = `${where}.content[${j}]`;
     switch (p['type']) {
@@ -46,7 +47,8 @@ const str = (v: unknown, where: string): string => {
  * a reference, for core to resolve against what the caller stored.
  */
 export function decodeInput(input: string | readonly Raw[]): InputItem[] {
-  if (typeof input === 'string') return [{ id: newId('msg'), type: 'message', role: 'user', content: [{ type: 'input_text', text: input }] }];
+  if (typeof input === 'string')
+    return [{ id: newId('msg'), type: 'message', role: 'user', content: [{ type: 'input_text', text: input }] }];
   return input.map((raw, i): InputItem => {
     const where = `input[${i}]`;
     const type = raw['type'] ?? 'message';
@@ -54,26 +56,41 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
       case 'message': {
         const role = raw['role'];
         if (role !== 'user' && role !== 'system' && role !== 'developer' && role !== 'assistant') {
-          throw new ApiError('invalid_value', `${where}.role must be one of 'user', 'system', 'developer', 'assistant'.`, { param: `${where}.role` });
+          throw new ApiError('invalid_value', `${where}.role must be one of 'user', 'system', 'developer', 'assistant'.`, {
+            param: `${where}.role`,
+          });
         }
-        return { id: typeof raw['id'] === 'string' ? raw['id'] : newId('msg'), type: 'message', role, content: contentParts(raw['content'], role, where) };
+        return {
+          id: typeof raw['id'] === 'string' ? raw['id'] : newId('msg'),
+          type: 'message',
+          role,
+          content: contentParts(raw['content'], role, where),
+        };
       }
       case 'function_call':
         return {
-          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fc'), type: 'function_call',
-          call_id: str(raw['call_id'], `${where}.call_id`), name: str(raw['name'], `${where}.name`), arguments: str(raw['arguments'], `${where}.arguments`),
+          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fc'),
+          type: 'function_call',
+          call_id: str(raw['call_id'], `${where}.call_id`),
+          name: str(raw['name'], `${where}.name`),
+          arguments: str(raw['arguments'], `${where}.arguments`),
         };
       case 'function_call_output': {
         const output = raw['output'];
         return {
-          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fco'), type: 'function_call_output',
-          call_id: str(raw['call_id'], `${where}.call_id`), output: typeof output === 'string' ? output : JSON.stringify(output ?? ''),
+          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fco'),
+          type: 'function_call_output',
+          call_id: str(raw['call_id'], `${where}.call_id`),
+          output: typeof output === 'string' ? output : JSON.stringify(output ?? ''),
         };
       }
       case 'reasoning': {
-        const summary = Array.isArray(raw['summary']) ? (raw['summary'] as Raw[]).map((s) => ({ type: 'summary_text' as const, text: String(s['text'] ?? '') })) : [];
+        const summary = Array.isArray(raw['summary'])
+          ? (raw['summary'] as Raw[]).map((s) => ({ type: 'summary_text' as const, text: String(s['text'] ?? '') }))
+          : [];
         const item: ReasoningItem = { id: typeof raw['id'] === 'string' ? raw['id'] : newId('rs'), type: 'reasoning', summary };
-        if (Array.isArray(raw['content'])) item.content = (raw['content'] as Raw[]).map((c) => ({ type: 'reasoning_text', text: String(c['text'] ?? '') }));
+        if (Array.isArray(raw['content']))
+          item.content = (raw['content'] as Raw[]).map((c) => ({ type: 'reasoning_text', text: String(c['text'] ?? '') }));
         if (typeof raw['encrypted_content'] === 'string') item.encrypted_content = raw['encrypted_content'];
         return item;
       }
@@ -84,7 +101,6 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
     }
   });
 }
-
 
 /** A cursor page of items, in the OpenAI list shape. */
 export function itemPage(data: readonly Item[], hasMore: boolean): Record<string, unknown> {

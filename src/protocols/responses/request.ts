@@ -22,22 +22,32 @@ export const ResponsesRequestSchema = Type.Object({
   temperature: Temperature,
   top_p: TopP,
   tools: nullable(Type.Array(FunctionTool)),
-  tool_choice: nullable(Type.Union([
-    Type.Enum(['auto', 'none', 'required']),
-    Type.Object({ type: Type.Literal('function'), name: Type.String() }),
-  ])),
+  tool_choice: nullable(
+    Type.Union([Type.Enum(['auto', 'none', 'required']), Type.Object({ type: Type.Literal('function'), name: Type.String() })]),
+  ),
   parallel_tool_calls: NullableBoolean,
   stream: NullableBoolean,
-  text: nullable(Type.Object({
-    format: Type.Optional(Type.Union([
-      Type.Object({ type: Type.Enum(['text', 'json_object']) }),
-      Type.Object({ type: Type.Literal('json_schema'), name: Type.String(), schema: Type.Record(Type.String(), Type.Unknown()), strict: NullableBoolean }),
-    ])),
-  })),
-  reasoning: nullable(Type.Object({
-    effort: nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high'])),
-    summary: nullable(Type.Enum(['auto', 'concise', 'detailed'])),
-  })),
+  text: nullable(
+    Type.Object({
+      format: Type.Optional(
+        Type.Union([
+          Type.Object({ type: Type.Enum(['text', 'json_object']) }),
+          Type.Object({
+            type: Type.Literal('json_schema'),
+            name: Type.String(),
+            schema: Type.Record(Type.String(), Type.Unknown()),
+            strict: NullableBoolean,
+          }),
+        ]),
+      ),
+    }),
+  ),
+  reasoning: nullable(
+    Type.Object({
+      effort: nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high'])),
+      summary: nullable(Type.Enum(['auto', 'concise', 'detailed'])),
+    }),
+  ),
   store: NullableBoolean,
   previous_response_id: nullable(Type.String({ minLength: 1 })),
   conversation: nullable(Type.Union([Type.String({ minLength: 1 }), Type.Object({ id: Type.String({ minLength: 1 }) })])),
@@ -74,9 +84,10 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
   }
   const fmt = body.text?.format;
   if (fmt && fmt.type !== 'text') {
-    generation.responseFormat = fmt.type === 'json_schema'
-      ? { type: 'json_schema', name: fmt.name, schema: fmt.schema, ...(fmt.strict != null && { strict: fmt.strict }) }
-      : { type: 'json_object' } satisfies ResponseFormat;
+    generation.responseFormat =
+      fmt.type === 'json_schema'
+        ? { type: 'json_schema', name: fmt.name, schema: fmt.schema, ...(fmt.strict != null && { strict: fmt.strict }) }
+        : ({ type: 'json_object' } satisfies ResponseFormat);
   }
   if (body.reasoning?.effort != null) generation.reasoningEffort = body.reasoning.effort;
   const conversation = body.conversation;

@@ -1,7 +1,15 @@
 import type { GenerationEvent, Usage } from '../../core/canonical.js';
 import { newId, nowSeconds } from '../../core/ids.js';
 import type { Item, ReasoningItem } from '../../core/items.js';
-import { TERMINAL, type NewResponse, type ResponseEvent, type ResponseFold, type ResponsesFormat, type ResponseStatus, type StoredResponse } from '../../core/responses/format.js';
+import {
+  TERMINAL,
+  type NewResponse,
+  type ResponseEvent,
+  type ResponseFold,
+  type ResponsesFormat,
+  type ResponseStatus,
+  type StoredResponse,
+} from '../../core/responses/format.js';
 import type { ResponsesRequest } from './request.js';
 
 /**
@@ -90,7 +98,10 @@ export class ResponseBuilder implements ResponseFold {
   private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
   private ids = 0;
 
-  constructor(readonly response: ResponseObject, private readonly opts: BuilderOptions) {}
+  constructor(
+    readonly response: ResponseObject,
+    private readonly opts: BuilderOptions,
+  ) {}
 
   get resource(): Readonly<Record<string, unknown>> {
     return this.response as unknown as Record<string, unknown>;
@@ -134,7 +145,14 @@ export class ResponseBuilder implements ResponseFold {
       case 'text.delta': {
         const o = this.ensure('message', out);
         o.text += ev.text;
-        out.push({ type: 'response.output_text.delta', item_id: o.id, output_index: o.index, content_index: 0, delta: ev.text, logprobs: [] });
+        out.push({
+          type: 'response.output_text.delta',
+          item_id: o.id,
+          output_index: o.index,
+          content_index: 0,
+          delta: ev.text,
+          logprobs: [],
+        });
         break;
       }
       case 'tool_call.start': {
@@ -150,7 +168,12 @@ export class ResponseBuilder implements ResponseFold {
       case 'tool_call.delta': {
         if (this.open?.kind !== 'function_call') break;
         this.open.args += ev.arguments;
-        out.push({ type: 'response.function_call_arguments.delta', item_id: this.open.id, output_index: this.open.index, delta: ev.arguments });
+        out.push({
+          type: 'response.function_call_arguments.delta',
+          item_id: this.open.id,
+          output_index: this.open.index,
+          delta: ev.arguments,
+        });
         break;
       }
       case 'usage':
@@ -211,12 +234,24 @@ export class ResponseBuilder implements ResponseFold {
       const item: Item = { id, type: 'message', status: 'in_progress', role: 'assistant', content: [] };
       this.response.output.push(item);
       out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
-      out.push({ type: 'response.content_part.added', item_id: id, output_index: index, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } });
+      out.push({
+        type: 'response.content_part.added',
+        item_id: id,
+        output_index: index,
+        content_index: 0,
+        part: { type: 'output_text', text: '', annotations: [] },
+      });
     } else {
       const item: Item = { id, type: 'reasoning', summary: [] };
       this.response.output.push(item);
       out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
-      out.push({ type: 'response.content_part.added', item_id: id, output_index: index, content_index: 0, part: { type: 'reasoning_text', text: '' } });
+      out.push({
+        type: 'response.content_part.added',
+        item_id: id,
+        output_index: index,
+        content_index: 0,
+        part: { type: 'reasoning_text', text: '' },
+      });
     }
     this.open = { kind, index, id, text: '' } as Extract<Open, { kind: K }>;
     return this.open as Extract<Open, { kind: K }>;
@@ -271,14 +306,20 @@ export function eventsOf(r: ResponseObject): GenerationEvent[] {
     }
   }
   const u = r.usage as {
-    input_tokens?: number; input_tokens_details?: { cached_tokens?: number }; output_tokens?: number;
-    output_tokens_details?: { reasoning_tokens?: number }; cost?: number | null;
+    input_tokens?: number;
+    input_tokens_details?: { cached_tokens?: number };
+    output_tokens?: number;
+    output_tokens_details?: { reasoning_tokens?: number };
+    cost?: number | null;
   } | null;
   events.push({
     type: 'usage',
     usage: {
-      input: u?.input_tokens ?? 0, cached: u?.input_tokens_details?.cached_tokens ?? 0, output: u?.output_tokens ?? 0,
-      reasoning: u?.output_tokens_details?.reasoning_tokens ?? 0, ...(u && 'cost' in u && { cost: u.cost ?? null }),
+      input: u?.input_tokens ?? 0,
+      cached: u?.input_tokens_details?.cached_tokens ?? 0,
+      output: u?.output_tokens ?? 0,
+      reasoning: u?.output_tokens_details?.reasoning_tokens ?? 0,
+      ...(u && 'cost' in u && { cost: u.cost ?? null }),
     },
   });
   return events;
@@ -310,7 +351,13 @@ function newResource(r: NewResponse<ResponsesRequest>): ResponseObject {
     temperature: body.temperature ?? 1,
     text: { format: body.text?.format ?? { type: 'text' } },
     tool_choice: body.tool_choice ?? 'auto',
-    tools: (body.tools ?? []).map((t) => ({ type: 'function', name: t.name, description: t.description ?? null, parameters: t.parameters ?? null, strict: t.strict ?? true })),
+    tools: (body.tools ?? []).map((t) => ({
+      type: 'function',
+      name: t.name,
+      description: t.description ?? null,
+      parameters: t.parameters ?? null,
+      strict: t.strict ?? true,
+    })),
     top_p: body.top_p ?? 1,
     truncation: body.truncation ?? 'disabled',
     usage: null,
@@ -339,7 +386,15 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
     const ids = r.output.map((o) => o.id);
     const sealed = r.output.filter((o): o is ReasoningItem => o.type === 'reasoning').map((o) => o.encrypted_content);
     let sealIndex = 0;
-    const base: ResponseObject = { ...structuredClone(r), status: 'in_progress', output: [], usage: null, completed_at: null, error: null, incomplete_details: null };
+    const base: ResponseObject = {
+      ...structuredClone(r),
+      status: 'in_progress',
+      output: [],
+      usage: null,
+      completed_at: null,
+      error: null,
+      incomplete_details: null,
+    };
     const builder = new ResponseBuilder(base, {
       summary: r.reasoning.summary,
       idFor: (_kind, i) => ids[i] ?? newId('item'),
@@ -349,7 +404,10 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
     for (const ev of eventsOf(r)) events.push(...builder.apply(ev));
     if (r.status === 'failed') events.push(...builder.fail(r.error?.code ?? 'server_error', r.error?.message ?? ''));
     else if (r.status === 'cancelled') events.push(...builder.cancel());
-    else if (r.status === 'incomplete') events.push(...builder.apply({ type: 'finish', reason: r.incomplete_details?.reason === 'content_filter' ? 'content_filter' : 'length' }));
+    else if (r.status === 'incomplete')
+      events.push(
+        ...builder.apply({ type: 'finish', reason: r.incomplete_details?.reason === 'content_filter' ? 'content_filter' : 'length' }),
+      );
     else if (r.status === 'completed') events.push(...builder.apply({ type: 'finish', reason: 'stop' }));
     return { events, finished: TERMINAL.includes(r.status) };
   },
