@@ -5,6 +5,7 @@
  * upstream, one Switchyard at a time (one worker), rounds alternating old and new so drift in the
  * machine's speed hits both. Prints the medians of each and their ratio; asserts nothing.
  */
+import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { join, resolve } from 'node:path';
 import { createBenchKey, DIST, median, spawnReady, startSwitchyard } from './lib.js';
@@ -18,7 +19,13 @@ const OLD = join(resolve(values.old), 'dist');
 const rounds = Number(values.rounds);
 const seconds = Number(values.seconds);
 
-type Row = { nonstream_rps: number; stream_rps: number; added_us: number };
+type Row = { nonstream_rps: number; stream_rps: number; added_us: number; nonstream_cpu_us: number; stream_cpu_us: number };
+
+/** CPU time (user + system) the process has used, in microseconds (Linux /proc; clock ticks of 10 ms). */
+function cpuUs(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  return (Number(fields[11]) + Number(fields[12])) * 10_000;
+}
 const results: Record<'old' | 'new', Row[]> = { old: [], new: [] };
 
 const fake = await spawnReady('fake-upstream.js', ['0']);
@@ -37,10 +44,23 @@ try {
           headers: { authorization: `Bearer ${key}` },
           model: 'openai/bench-fake',
         };
+        // CPU per request is what the code costs; unlike requests per second it hardly moves with a
+        // noisy machine. It includes the warm-up run, whose requests are counted in by rate.
+        const pid = sy.child.pid!;
+        let cpu = cpuUs(pid);
         const nonstream = await throughput(s, false, 64, seconds);
+        const nonstreamCpu = (cpuUs(pid) - cpu) / (nonstream.rps * (seconds + Math.max(1, Math.round(seconds / 4))));
+        cpu = cpuUs(pid);
         const stream = await throughput(s, true, 64, seconds);
+        const streamCpu = (cpuUs(pid) - cpu) / (stream.rps * (seconds + Math.max(1, Math.round(seconds / 4))));
         const one = await sequential(s, false, 2000);
-        const row = { nonstream_rps: nonstream.rps, stream_rps: stream.rps, added_us: Math.round((one.p50_ms - base) * 1000) };
+        const row = {
+          nonstream_rps: nonstream.rps,
+          stream_rps: stream.rps,
+          added_us: Math.round((one.p50_ms - base) * 1000),
+          nonstream_cpu_us: Math.round(nonstreamCpu),
+          stream_cpu_us: Math.round(streamCpu),
+        };
         results[which].push(row);
         console.log(`round ${r + 1} ${which}: ${JSON.stringify(row)}`);
       } finally {
@@ -53,7 +73,7 @@ try {
 }
 
 const med = (which: 'old' | 'new', k: keyof Row) => median(results[which].map((x) => x[k]));
-const summary = (['nonstream_rps', 'stream_rps', 'added_us'] as const).map((k) => ({
+const summary = (['nonstream_rps', 'stream_rps', 'added_us', 'nonstream_cpu_us', 'stream_cpu_us'] as const).map((k) => ({
   metric: k,
   old: med('old', k),
   new: med('new', k),
