@@ -18,6 +18,7 @@ import type { DeploymentTarget, Engine } from '../src/engines/engine.js';
 import { KyselyStore } from '../src/store/kysely-store.js';
 import type { Store, UsageRecord } from '../src/store/store.js';
 import { tempDir } from './helpers/server.js';
+import { usageRecord } from './helpers/usage.js';
 
 /**
  * Units of core that the end-to-end suites reach only through a server: the router (weights,
@@ -280,30 +281,8 @@ describe('ledger', () => {
   });
 
   let n = 0;
-  const record = (over: Partial<UsageRecord> = {}): UsageRecord => ({
-    id: `u${++n}`,
-    at: Date.now(),
-    day: '2026-11-24',
-    request_id: `req_${n}`,
-    key_id: 'key_l',
-    org_id: 'org_l',
-    model: 'm',
-    deployment: null,
-    endpoint: 'chat.completions',
-    stream: false,
-    input_tokens: 5,
-    cached_tokens: 0,
-    output_tokens: 3,
-    reasoning_tokens: 0,
-    cost: 0.001,
-    price_missing: false,
-    estimated: false,
-    latency_ms: 4,
-    ttft_ms: 2,
-    status: 200,
-    error_code: null,
-    ...over,
-  });
+  const record = (over: Partial<UsageRecord> = {}): UsageRecord =>
+    usageRecord(`u${++n}`, { key_id: 'key_l', org_id: 'org_l', deployment: null, ...over });
 
   /** The store, with its usage inserts counted (and optionally failing as an unreachable database would). */
   function counted(failures: { left: number }) {

@@ -9,6 +9,7 @@ import { KyselyStore } from '../src/store/kysely-store.js';
 import { Ledger } from '../src/core/ledger.js';
 import type { UsageRecord } from '../src/store/store.js';
 import { http, pgSchema, tempDir, type TestServer, type WireList } from './helpers/server.js';
+import { usageRecord } from './helpers/usage.js';
 import { GATEWAY_MODEL as MODEL, chunkFrame, closers, fixture, startGateway } from './helpers/fixtures.js';
 
 const log = pino({ level: 'silent' });
@@ -23,32 +24,8 @@ interface Total {
   cost: number;
 }
 
-function record(id: string, over: Partial<Record<keyof UsageRecord, unknown>> = {}): UsageRecord {
-  return {
-    id,
-    at: Date.now(),
-    day: '2026-11-24',
-    request_id: `req_${id}`,
-    key_id: 'key_x',
-    org_id: 'acme',
-    model: MODEL,
-    deployment: 'd0',
-    endpoint: 'chat.completions',
-    stream: false,
-    input_tokens: 5,
-    cached_tokens: 0,
-    output_tokens: 3,
-    reasoning_tokens: 0,
-    cost: 0.001,
-    price_missing: false,
-    estimated: false,
-    latency_ms: 4,
-    ttft_ms: 2,
-    status: 200,
-    error_code: null,
-    ...over,
-  } as UsageRecord;
-}
+const record = (id: string, over: Partial<Record<keyof UsageRecord, unknown>> = {}): UsageRecord =>
+  usageRecord(id, { model: MODEL, ...over });
 
 /** Usage values an upstream may send that are not counts of tokens. */
 const BAD_USAGE: Array<[string, Record<string, unknown>]> = [

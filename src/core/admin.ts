@@ -2,7 +2,7 @@ import { ApiError } from './errors.js';
 import { newId, nowSeconds } from './ids.js';
 import { createKey, type CreatedKey } from './keys.js';
 import type { Catalogue } from './catalogue.js';
-import { deploymentRecord, storedDeployment, type Deployment } from './deployments.js';
+import { deploymentFrom, deploymentRecord, storedDeployment, type Deployment, type DeploymentSpec } from './deployments.js';
 import { keyVarRefusal } from './upstream-keys.js';
 import type { Model, ModelPatch, ModelSpec } from './model-spec.js';
 import type { AddressPolicy } from '../engines/upstream/address-policy.js';
@@ -16,14 +16,8 @@ export interface AdminHooks {
 }
 
 /** A deployment to add, as the admin API and the CLI take it. */
-export interface NewDeployment {
-  model: string;
-  baseUrl: string;
-  apiKeyEnv?: string | undefined;
-  upstreamModel?: string | undefined;
-  weight?: number | undefined;
-  api?: 'chat' | 'responses' | undefined;
-}
+/** A deployment to add: a config-file entry's fields, without the id (one is made). */
+export type NewDeployment = Omit<DeploymentSpec, 'id'>;
 
 /**
  * The administration use cases, shared by the admin API and the CLI so that both validate alike:
@@ -139,17 +133,7 @@ export class AdminService {
       throw new ApiError('invalid_value', `api_key_env '${d.apiKeyEnv}' is refused: ${keyRefused}.`, { param: 'api_key_env' });
     const refused = await this.addresses.check(d.baseUrl);
     if (refused) throw new ApiError('invalid_value', `base_url ${d.baseUrl} is refused: ${refused}.`, { param: 'base_url' });
-    const deployment: Deployment = {
-      id: newId('dep'),
-      model: d.model,
-      baseUrl: d.baseUrl,
-      apiKeyEnv: d.apiKeyEnv ?? null,
-      upstreamModel: d.upstreamModel ?? null,
-      weight: d.weight ?? 1,
-      api: d.api ?? 'chat',
-      source: 'database',
-      createdAt: nowSeconds(),
-    };
+    const deployment = deploymentFrom(d, newId('dep'), 'database', nowSeconds());
     await this.store.createDeployment(deploymentRecord(deployment));
     await this.hooks.deploymentsChanged?.();
     return deployment;

@@ -34,19 +34,24 @@ export interface DeploymentSpec {
   api?: 'chat' | 'responses' | undefined;
 }
 
-/** A config-file deployment; without an id it is `config-<n>` (not named after the model: ids are metric labels, and a model may be private). */
-export function fileDeployment(d: DeploymentSpec, index: number): Deployment {
+/** A deployment from what an operator wrote (a config-file entry or an admin request), defaults filled in. */
+export function deploymentFrom(d: DeploymentSpec, id: string, source: Deployment['source'], createdAt: number | null): Deployment {
   return {
-    id: d.id ?? `config-${index}`,
+    id,
     model: d.model,
     baseUrl: d.baseUrl,
     apiKeyEnv: d.apiKeyEnv ?? null,
     upstreamModel: d.upstreamModel ?? null,
     weight: d.weight ?? 1,
     api: d.api ?? 'chat',
-    source: 'file',
-    createdAt: null,
+    source,
+    createdAt,
   };
+}
+
+/** A config-file deployment; without an id it is `config-<n>` (not named after the model: ids are metric labels, and a model may be private). */
+export function fileDeployment(d: DeploymentSpec, index: number): Deployment {
+  return deploymentFrom(d, d.id ?? `config-${index}`, 'file', null);
 }
 
 export function storedDeployment(r: DeploymentRecord): Deployment {

@@ -16,4 +16,5 @@ export const Penalty = nullable(Type.Number({ minimum: -2, maximum: 2 }));
 export const Seed = nullable(Type.Integer({ minimum: 0, maximum: 4_294_967_294 }));
 export const Stop = nullable(Type.Union([Type.String(), Type.Array(Type.String(), { maxItems: 4 })]));
 export const NullableBoolean = nullable(Type.Boolean());
+export const TopLogprobs = nullable(Type.Integer({ minimum: 0, maximum: 20 }));
 export { nullable };

@@ -8,7 +8,7 @@ import {
   type ResponseFormat,
   type ToolChoice,
 } from '../../core/canonical.js';
-import { MaxOutputTokens, ModelField, NullableBoolean, Penalty, Seed, Stop, Temperature, TopP, nullable } from '../fields.js';
+import { MaxOutputTokens, ModelField, NullableBoolean, Penalty, Seed, Stop, Temperature, TopLogprobs, TopP, nullable } from '../fields.js';
 
 const Part = Type.Object({ type: Type.String() });
 const WireToolCall = Type.Object({
@@ -53,6 +53,8 @@ export const ChatRequest = Type.Object({
     ]),
   ),
   parallel_tool_calls: NullableBoolean,
+  logprobs: NullableBoolean,
+  top_logprobs: TopLogprobs,
   response_format: nullable(
     Type.Union([
       Type.Object({ type: Type.Enum(['text', 'json_object']) }),
@@ -103,6 +105,11 @@ export function toMessages(body: ChatRequest): Message[] {
  * content parts, and that a named `tool_choice` names one of the tools.
  */
 export function decodeChatRequest(body: ChatRequest, signal: AbortSignal): GenerationRequest {
+  // Neither engine returns token log probabilities: a 400 naming the parameter, never a silent null.
+  if (body.logprobs === true || (body.top_logprobs != null && body.top_logprobs > 0)) {
+    const param = body.logprobs === true ? 'logprobs' : 'top_logprobs';
+    throw new ApiError('unsupported_parameter', `${param} is not supported: no model here returns log probabilities.`, { param });
+  }
   if (body.n != null && body.n > 1) {
     throw new ApiError('unsupported_parameter', 'Only n=1 is supported; send several requests for several choices.', { param: 'n' });
   }

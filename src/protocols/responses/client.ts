@@ -35,6 +35,9 @@ export function encodeResponsesRequest(req: GenerationRequest, upstreamModel: st
   const body: Record<string, unknown> = { model: upstreamModel, input: responsesInput(req.messages), stream: true, store: false };
   if (s.temperature !== undefined) body['temperature'] = s.temperature;
   if (s.topP !== undefined) body['top_p'] = s.topP;
+  // Open Responses has the penalties; an upstream that does not know them ignores unknown fields.
+  if (s.presencePenalty !== undefined) body['presence_penalty'] = s.presencePenalty;
+  if (s.frequencyPenalty !== undefined) body['frequency_penalty'] = s.frequencyPenalty;
   if (req.maxOutputTokens !== undefined) body['max_output_tokens'] = req.maxOutputTokens;
   if (req.tools?.length) {
     body['tools'] = req.tools.map((t) => ({ type: 'function', ...t }));

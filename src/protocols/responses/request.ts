@@ -2,7 +2,17 @@ import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
 import type { FunctionTool, ResponseFormat } from '../../core/canonical.js';
 import type { ResponsesCreate } from '../../core/responses/format.js';
-import { Instructions, MaxOutputTokens, ModelField, NullableBoolean, Temperature, TopP, nullable } from '../fields.js';
+import {
+  Instructions,
+  MaxOutputTokens,
+  ModelField,
+  NullableBoolean,
+  Penalty,
+  Temperature,
+  TopLogprobs,
+  TopP,
+  nullable,
+} from '../fields.js';
 import { decodeInput } from './items.js';
 
 const FunctionTool = Type.Object({
@@ -27,21 +37,32 @@ export const ResponsesRequestSchema = Type.Object({
   ),
   parallel_tool_calls: NullableBoolean,
   stream: NullableBoolean,
+  // One object for the three formats (not a union), so a bad `type` is answered with the three
+  // allowed values; what json_schema needs besides is checked in decodeResponsesRequest.
   text: nullable(
-    Type.Object({
-      format: Type.Optional(
-        Type.Union([
-          Type.Object({ type: Type.Enum(['text', 'json_object']) }),
+    Type.Object(
+      {
+        format: nullable(
           Type.Object({
-            type: Type.Literal('json_schema'),
-            name: Type.String(),
-            schema: Type.Record(Type.String(), Type.Unknown()),
+            type: Type.Enum(['text', 'json_object', 'json_schema']),
+            name: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_-]{1,64}$' })),
+            description: nullable(Type.String()),
+            schema: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
             strict: NullableBoolean,
           }),
-        ]),
-      ),
-    }),
+        ),
+        verbosity: nullable(Type.Enum(['low', 'medium', 'high'])),
+      },
+      { additionalProperties: false },
+    ),
   ),
+  presence_penalty: Penalty,
+  frequency_penalty: Penalty,
+  top_logprobs: TopLogprobs,
+  max_tool_calls: nullable(Type.Integer({ minimum: 1 })),
+  service_tier: nullable(Type.Enum(['auto', 'default', 'flex', 'priority'])),
+  safety_identifier: nullable(Type.String({ maxLength: 64 })),
+  prompt_cache_key: nullable(Type.String({ maxLength: 64 })),
   reasoning: nullable(
     Type.Object({
       effort: nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high'])),
@@ -65,6 +86,18 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
   const generation: ResponsesCreate<ResponsesRequest>['generation'] = { sampling: {} };
   if (body.temperature != null) generation.sampling.temperature = body.temperature;
   if (body.top_p != null) generation.sampling.topP = body.top_p;
+  if (body.presence_penalty != null) generation.sampling.presencePenalty = body.presence_penalty;
+  if (body.frequency_penalty != null) generation.sampling.frequencyPenalty = body.frequency_penalty;
+  if (body.top_logprobs != null && body.top_logprobs > 0) {
+    // Neither engine returns token log probabilities; saying so beats an empty list the client cannot tell apart.
+    throw new ApiError(
+      'unsupported_parameter',
+      'top_logprobs is not supported: no model here returns log probabilities. Send 0 or leave it out.',
+      {
+        param: 'top_logprobs',
+      },
+    );
+  }
   if (body.max_output_tokens != null) generation.maxOutputTokens = body.max_output_tokens;
   if (body.tools?.length) {
     generation.tools = body.tools.map((t): FunctionTool => ({
@@ -83,11 +116,21 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
     if (body.parallel_tool_calls != null) generation.parallelToolCalls = body.parallel_tool_calls;
   }
   const fmt = body.text?.format;
-  if (fmt && fmt.type !== 'text') {
-    generation.responseFormat =
-      fmt.type === 'json_schema'
-        ? { type: 'json_schema', name: fmt.name, schema: fmt.schema, ...(fmt.strict != null && { strict: fmt.strict }) }
-        : ({ type: 'json_object' } satisfies ResponseFormat);
+  if (fmt && fmt.type === 'json_schema') {
+    if (fmt.name === undefined)
+      throw new ApiError('missing_required_parameter', "Missing required parameter: 'text.format.name'.", { param: 'text.format.name' });
+    if (fmt.schema === undefined)
+      throw new ApiError('missing_required_parameter', "Missing required parameter: 'text.format.schema'.", {
+        param: 'text.format.schema',
+      });
+    generation.responseFormat = {
+      type: 'json_schema',
+      name: fmt.name,
+      schema: fmt.schema,
+      ...(fmt.strict != null && { strict: fmt.strict }),
+    };
+  } else if (fmt && fmt.type === 'json_object') {
+    generation.responseFormat = { type: 'json_object' } satisfies ResponseFormat;
   }
   if (body.reasoning?.effort != null) generation.reasoningEffort = body.reasoning.effort;
   const conversation = body.conversation;

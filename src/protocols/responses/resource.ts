@@ -39,7 +39,7 @@ export interface ResponseObject {
   reasoning: { effort: string | null; summary: string | null };
   store: boolean;
   temperature: number;
-  text: { format: Record<string, unknown> };
+  text: { format: Record<string, unknown>; verbosity?: string };
   tool_choice: unknown;
   tools: unknown[];
   top_p: number;
@@ -47,7 +47,28 @@ export interface ResponseObject {
   usage: Record<string, unknown> | null;
   user: string | null;
   metadata: Record<string, string>;
+  // Open Responses (2026-04-24) requires these on every response object and event.
+  presence_penalty: number;
+  frequency_penalty: number;
+  top_logprobs: number;
+  max_tool_calls: number | null;
+  service_tier: string;
+  safety_identifier: string | null;
+  prompt_cache_key: string | null;
 }
+
+/** What a response stored before the Open Responses fields existed reads as. */
+const OPEN_RESPONSES_DEFAULTS = {
+  presence_penalty: 0,
+  frequency_penalty: 0,
+  top_logprobs: 0,
+  max_tool_calls: null,
+  service_tier: 'default',
+  safety_identifier: null,
+  prompt_cache_key: null,
+} satisfies Partial<ResponseObject>;
+
+const parseStored = (stored: string): ResponseObject => ({ ...OPEN_RESPONSES_DEFAULTS, ...(JSON.parse(stored) as ResponseObject) });
 
 /** One server-sent event, before its sequence number is given. */
 export type WireEvent = { type: string } & Record<string, unknown>;
@@ -57,6 +78,8 @@ export interface BuilderOptions {
   summary: string | null;
   /** Seals reasoning into `encrypted_content`, when the request included it. */
   seal?: ((text: string) => string) | undefined;
+  /** `max_tool_calls`: calls past it are left out of the response. */
+  maxToolCalls?: number | null | undefined;
   /** Ids for the output items in order; replay passes the stored ones. */
   idFor?: (kind: 'msg' | 'rs' | 'fc', index: number) => string;
 }
@@ -97,6 +120,7 @@ export class ResponseBuilder implements ResponseFold {
   private open: Open | undefined;
   private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
   private ids = 0;
+  private toolCalls = 0;
 
   constructor(
     readonly response: ResponseObject,
@@ -157,6 +181,9 @@ export class ResponseBuilder implements ResponseFold {
       }
       case 'tool_call.start': {
         this.close(out, 'completed');
+        // Over max_tool_calls: the call and its arguments (which find no open call) are dropped.
+        if (this.opts.maxToolCalls != null && this.toolCalls >= this.opts.maxToolCalls) break;
+        this.toolCalls++;
         const index = this.response.output.length;
         const id = this.id('fc');
         const item: Item = { id, type: 'function_call', status: 'in_progress', arguments: '', call_id: ev.id, name: ev.name };
@@ -230,29 +257,14 @@ export class ResponseBuilder implements ResponseFold {
     this.close(out, 'completed');
     const index = this.response.output.length;
     const id = this.id(kind === 'message' ? 'msg' : 'rs');
-    if (kind === 'message') {
-      const item: Item = { id, type: 'message', status: 'in_progress', role: 'assistant', content: [] };
-      this.response.output.push(item);
-      out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
-      out.push({
-        type: 'response.content_part.added',
-        item_id: id,
-        output_index: index,
-        content_index: 0,
-        part: { type: 'output_text', text: '', annotations: [] },
-      });
-    } else {
-      const item: Item = { id, type: 'reasoning', summary: [] };
-      this.response.output.push(item);
-      out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
-      out.push({
-        type: 'response.content_part.added',
-        item_id: id,
-        output_index: index,
-        content_index: 0,
-        part: { type: 'reasoning_text', text: '' },
-      });
-    }
+    const item: Item =
+      kind === 'message'
+        ? { id, type: 'message', status: 'in_progress', role: 'assistant', content: [] }
+        : { id, type: 'reasoning', summary: [] };
+    const part = kind === 'message' ? { type: 'output_text', text: '', annotations: [] } : { type: 'reasoning_text', text: '' };
+    this.response.output.push(item);
+    out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
+    out.push({ type: 'response.content_part.added', item_id: id, output_index: index, content_index: 0, part });
     this.open = { kind, index, id, text: '' } as Extract<Open, { kind: K }>;
     return this.open as Extract<Open, { kind: K }>;
   }
@@ -328,6 +340,16 @@ export function eventsOf(r: ResponseObject): GenerationEvent[] {
 const TERMINAL_EVENTS = new Set(['response.completed', 'response.incomplete', 'response.failed']);
 
 /** The response object for a new request: what core decided, and the request's own fields echoed. */
+/**
+ * `text.format` as the response object carries it: Open Responses' JsonSchemaResponseFormat has
+ * `description` and `strict` always present and `schema` null (the schema is not echoed back).
+ */
+function echoFormat(f: NonNullable<ResponsesRequest['text']>['format']): Record<string, unknown> {
+  if (!f || f.type === 'text') return { type: 'text' };
+  if (f.type === 'json_object') return { type: 'json_object' };
+  return { type: 'json_schema', name: f.name ?? '', description: f.description ?? null, schema: null, strict: f.strict ?? false };
+}
+
 function newResource(r: NewResponse<ResponsesRequest>): ResponseObject {
   const body = r.echo;
   return {
@@ -349,7 +371,7 @@ function newResource(r: NewResponse<ResponsesRequest>): ResponseObject {
     reasoning: { effort: body.reasoning?.effort ?? null, summary: body.reasoning?.summary ?? null },
     store: r.store,
     temperature: body.temperature ?? 1,
-    text: { format: body.text?.format ?? { type: 'text' } },
+    text: { format: echoFormat(body.text?.format), ...(body.text?.verbosity != null && { verbosity: body.text.verbosity }) },
     tool_choice: body.tool_choice ?? 'auto',
     tools: (body.tools ?? []).map((t) => ({
       type: 'function',
@@ -363,17 +385,25 @@ function newResource(r: NewResponse<ResponsesRequest>): ResponseObject {
     usage: null,
     user: body.user ?? null,
     metadata: body.metadata ?? {},
+    presence_penalty: body.presence_penalty ?? 0,
+    frequency_penalty: body.frequency_penalty ?? 0,
+    top_logprobs: body.top_logprobs ?? 0,
+    max_tool_calls: body.max_tool_calls ?? null,
+    // One tier here, whatever was asked for: the answer says which was used.
+    service_tier: 'default',
+    safety_identifier: body.safety_identifier ?? null,
+    prompt_cache_key: body.prompt_cache_key ?? null,
   };
 }
 
 /** The Responses wire format, as core's lifecycle uses it (see core/responses/format.ts). */
 export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
   open(r) {
-    return new ResponseBuilder(newResource(r), { summary: r.summary, seal: r.seal });
+    return new ResponseBuilder(newResource(r), { summary: r.summary, seal: r.seal, maxToolCalls: r.echo.max_tool_calls });
   },
 
   read(stored): StoredResponse {
-    const resource = JSON.parse(stored) as ResponseObject;
+    const resource = parseStored(stored);
     return { resource: resource as unknown as Record<string, unknown>, status: resource.status, output: resource.output };
   },
 
@@ -382,7 +412,7 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
   },
 
   replay(stored) {
-    const r = JSON.parse(stored) as ResponseObject;
+    const r = parseStored(stored);
     const ids = r.output.map((o) => o.id);
     const sealed = r.output.filter((o): o is ReasoningItem => o.type === 'reasoning').map((o) => o.encrypted_content);
     let sealIndex = 0;
@@ -413,7 +443,7 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
   },
 
   end(stored, status, error) {
-    const r = JSON.parse(stored) as ResponseObject;
+    const r = parseStored(stored);
     r.status = status;
     if (error) r.error = error;
     return JSON.stringify(r);

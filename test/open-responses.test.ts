@@ -1,0 +1,205 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { Ajv2020, type ValidateFunction } from 'ajv/dist/2020.js';
+import { PACKAGE_ROOT } from '../src/config.js';
+import { closers, fixture } from './helpers/fixtures.js';
+import { createKey, http, readSse, startServer, tempDir, type TestServer } from './helpers/server.js';
+import { checkStream } from './helpers/responses.js';
+
+/**
+ * What the server emits on /v1/responses, validated against the Open Responses specification's own
+ * OpenAPI document (shared/spec/open-responses/openapi.json, release 2026-04-24), not against our
+ * types: the response object, and every stream event by the schema its `type` names.
+ */
+
+const SPEC = join(PACKAGE_ROOT, '..', 'shared', 'spec', 'open-responses', 'openapi.json');
+const doc = JSON.parse(readFileSync(SPEC, 'utf8')) as {
+  components: { schemas: Record<string, { properties?: { type?: { enum?: string[]; const?: string } } }> };
+};
+const ajv = new Ajv2020({ strict: false, allErrors: true, validateFormats: false });
+ajv.addSchema({ $id: 'open-responses', ...doc });
+const validator = (name: string): ValidateFunction => ajv.getSchema(`open-responses#/components/schemas/${name}`)!;
+const responseResource = validator('ResponseResource');
+/** Stream event schemas by the event type they are for. */
+const eventSchemas = new Map<string, ValidateFunction>();
+for (const [name, schema] of Object.entries(doc.components.schemas)) {
+  if (!name.endsWith('StreamingEvent')) continue;
+  const t = schema.properties?.type;
+  const type = t?.const ?? t?.enum?.[0];
+  if (type) eventSchemas.set(type, validator(name));
+}
+
+function valid(v: ValidateFunction, value: unknown, what: string): void {
+  assert.ok(v(value), `${what}: ${ajv.errorsText(v.errors, { separator: '\n' })}\n${JSON.stringify(value).slice(0, 600)}`);
+}
+
+const MODEL = 'local/stories260k';
+
+describe("Open Responses: what the server emits matches the specification's schemas", () => {
+  const c = closers();
+  let server: TestServer;
+  let key: string;
+  before(async () => {
+    assert.ok(eventSchemas.size >= 20, `event schemas found: ${[...eventSchemas.keys()].join(', ')}`);
+    server = c.keep(await startServer());
+    key = (await createKey(server, 'open-responses')).key;
+  });
+  after(() => c.closeAll());
+
+  it("a response object, with every required field and the request's values echoed", async () => {
+    const r = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: {
+        model: MODEL,
+        input: 'Once upon a time',
+        max_output_tokens: 8,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        top_logprobs: 0,
+        max_tool_calls: 3,
+        service_tier: 'auto',
+        safety_identifier: 'user-123',
+        prompt_cache_key: 'stories',
+        text: { format: { type: 'text' }, verbosity: 'low' },
+      },
+    });
+    assert.equal(r.status, 200, r.text);
+    valid(responseResource, r.json, 'response');
+    const o = r.json as unknown as Record<string, unknown>;
+    assert.equal(o['presence_penalty'], 0.5);
+    assert.equal(o['frequency_penalty'], 0.25);
+    assert.equal(o['top_logprobs'], 0);
+    assert.equal(o['max_tool_calls'], 3);
+    assert.equal(o['service_tier'], 'default', 'the tier that was used');
+    assert.equal(o['safety_identifier'], 'user-123');
+    assert.equal(o['prompt_cache_key'], 'stories');
+    assert.deepEqual(o['text'], { format: { type: 'text' }, verbosity: 'low' });
+
+    // The same object read back, and one with defaults only.
+    const got = await http(server.url, 'GET', `/v1/responses/${String(o['id'])}`, { key });
+    valid(responseResource, got.json, 'retrieved response');
+    const plain = await http(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: 'Once', max_output_tokens: 3 } });
+    valid(responseResource, plain.json, 'response with defaults');
+  });
+
+  for (const [label, extra] of [
+    ['text', {}],
+    [
+      'structured output',
+      {
+        text: {
+          format: {
+            type: 'json_schema',
+            name: 'flag',
+            strict: true,
+            schema: { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false },
+          },
+        },
+      },
+    ],
+  ] as const) {
+    it(`every stream event (${label}) by the schema of its type`, async () => {
+      const { status, events } = await readSse(server.url, 'POST', '/v1/responses', {
+        key,
+        body: { model: MODEL, input: 'Once upon a time', max_output_tokens: 12, stream: true, ...extra },
+      });
+      assert.equal(status, 200);
+      const parsed = checkStream(events);
+      for (const e of parsed) {
+        const v = eventSchemas.get(e.type);
+        assert.ok(v, `no schema for event ${e.type}`);
+        valid(v, e, e.type);
+      }
+    });
+  }
+
+  it('refuses what it cannot do with a 400 naming the parameter, never a silent null', async () => {
+    const logprobs = await http(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: 'x', top_logprobs: 2 } });
+    assert.equal(logprobs.status, 400);
+    assert.equal(logprobs.json.error.param, 'top_logprobs');
+    const chat = await http(server.url, 'POST', '/v1/chat/completions', {
+      key,
+      body: { model: MODEL, messages: [{ role: 'user', content: 'x' }], logprobs: true },
+    });
+    assert.equal(chat.status, 400);
+    assert.equal(chat.json.error.param, 'logprobs');
+    const chatTop = await http(server.url, 'POST', '/v1/chat/completions', {
+      key,
+      body: { model: MODEL, messages: [{ role: 'user', content: 'x' }], logprobs: false, top_logprobs: 3 },
+    });
+    assert.equal(chatTop.json.error.param, 'top_logprobs');
+  });
+
+  it('refuses a malformed `text` and lists every format type in the error', async () => {
+    const bogus = await http(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: 'x', text: { type: 'bogus' } } });
+    assert.equal(bogus.status, 400, bogus.text);
+    const badType = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: 'x', text: { format: { type: 'bogus' } } },
+    });
+    assert.equal(badType.status, 400);
+    assert.match(badType.json.error.message, /json_schema/);
+    assert.match(badType.json.error.message, /json_object/);
+    const noSchema = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: 'x', text: { format: { type: 'json_schema', name: 'x' } } },
+    });
+    assert.equal(noSchema.status, 400);
+    assert.equal(noSchema.json.error.param, 'text.format.schema');
+  });
+});
+
+describe('Open Responses: max_tool_calls', () => {
+  const c = closers();
+  let server: TestServer;
+  before(async () => {
+    // An upstream that always answers with two tool calls (OpenAI's stream shape, from the recorded fixtures).
+    const tools = readFileSync(join(PACKAGE_ROOT, 'test', 'fixtures', 'upstream', 'openai-chat-tools.sse'));
+    const upstream = c.keep(
+      await fixture((req, res) => {
+        req.resume();
+        req.on('end', () => res.writeHead(200, { 'content-type': 'text/event-stream' }).end(tools));
+      }),
+    );
+    server = c.keep(
+      await startServer({
+        modelsDir: tempDir(),
+        configFile: {
+          name: 'tools.json',
+          text: JSON.stringify({
+            defaultCatalogue: false,
+            models: [{ id: 'openai/two-calls', context_length: 8192, capabilities: ['streaming', 'function_calling'] }],
+            deployments: [{ id: 'u', model: 'openai/two-calls', baseUrl: upstream.url }],
+          }),
+        },
+      }),
+    );
+  });
+  after(() => c.closeAll());
+
+  it('keeps the calls a response returns to max_tool_calls', async () => {
+    const tools = ['get_weather', 'get_time'].map((name) => ({ type: 'function', name, parameters: { type: 'object' } }));
+    const all = await http(server.url, 'POST', '/v1/responses', {
+      key: server.adminKey,
+      body: { model: 'openai/two-calls', input: 'x', tools },
+    });
+    assert.equal(all.status, 200, all.text);
+    const calls = (r: typeof all) =>
+      (r.json as unknown as { output: Array<{ type: string; name?: string }> }).output.filter((o) => o.type === 'function_call');
+    assert.deepEqual(
+      calls(all).map((o) => o.name),
+      ['get_weather', 'get_time'],
+    );
+    const one = await http(server.url, 'POST', '/v1/responses', {
+      key: server.adminKey,
+      body: { model: 'openai/two-calls', input: 'x', tools, max_tool_calls: 1 },
+    });
+    assert.deepEqual(
+      calls(one).map((o) => o.name),
+      ['get_weather'],
+    );
+    valid(responseResource, one.json, 'response');
+  });
+});
