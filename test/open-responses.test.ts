@@ -151,6 +151,112 @@ describe("Open Responses: what the server emits matches the specification's sche
   });
 });
 
+describe('Open Responses: item_reference', () => {
+  const c = closers();
+  let server: TestServer;
+  before(async () => {
+    server = c.keep(await startServer());
+  });
+  after(() => c.closeAll());
+
+  it("resolves any item its organization stored, without chaining, and no other organization's", async () => {
+    const { key } = await createKey(server, 'refs');
+    const { key: other } = await createKey(server, 'someone-else');
+    const first = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: 'Once upon a time', max_output_tokens: 4 },
+    });
+    assert.equal(first.status, 200, first.text);
+    const output = (first.json as unknown as { id: string; output: Array<{ id: string; type: string }> }).output;
+    const message = output.find((o) => o.type === 'message')!;
+    const inputs = await http<{ data: Array<{ id: string }> }>(
+      server.url,
+      'GET',
+      `/v1/responses/${(first.json as unknown as { id: string }).id}/input_items`,
+      { key },
+    );
+
+    // Neither previous_response_id nor a conversation: the references name a stored response's items.
+    const refs = [
+      { type: 'item_reference', id: inputs.json.data[0]!.id },
+      { type: 'item_reference', id: message.id },
+      { role: 'user', content: 'The end.' },
+    ];
+    const next = await http(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: refs, max_output_tokens: 4 } });
+    assert.equal(next.status, 200, next.text);
+    const seen = await http<{ data: Array<{ id: string }> }>(
+      server.url,
+      'GET',
+      `/v1/responses/${(next.json as unknown as { id: string }).id}/input_items?order=asc`,
+      { key },
+    );
+    assert.deepEqual(
+      seen.json.data.slice(0, 2).map((i) => i.id),
+      [inputs.json.data[0]!.id, message.id],
+    );
+
+    const foreign = await http(server.url, 'POST', '/v1/responses', {
+      key: other,
+      body: { model: MODEL, input: refs, max_output_tokens: 4 },
+    });
+    assert.equal(foreign.status, 404);
+    assert.equal(foreign.json.error.param, 'input[0].id');
+    const missing = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: [{ type: 'item_reference', id: 'msg_nope' }], max_output_tokens: 4 },
+    });
+    assert.equal(missing.status, 404);
+    assert.equal(missing.json.error.message, foreign.json.error.message.replace(inputs.json.data[0]!.id, 'msg_nope'));
+
+    // A reference without its type (Open Responses allows that) works the same; a control character in an id is a 400.
+    const untyped = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: [{ id: message.id }], max_output_tokens: 4 },
+    });
+    assert.equal(untyped.status, 200, untyped.text);
+    const control = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: [{ type: 'item_reference', id: 'x\u0000' }] },
+    });
+    assert.equal(control.status, 400);
+    assert.equal(control.json.error.param, 'input[0].id');
+
+    // Referred into a conversation, the item becomes part of it.
+    const conv = await http<{ id: string }>(server.url, 'POST', '/v1/conversations', { key, body: {} });
+    const inConv = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: {
+        model: MODEL,
+        conversation: conv.json.id,
+        input: [
+          { type: 'item_reference', id: message.id },
+          { role: 'user', content: 'Then?' },
+        ],
+        max_output_tokens: 4,
+      },
+    });
+    assert.equal(inConv.status, 200, inConv.text);
+    const convItems = await http<{ data: Array<{ id: string }> }>(server.url, 'GET', `/v1/conversations/${conv.json.id}/items?order=asc`, {
+      key,
+    });
+    assert.equal(convItems.json.data[0]?.id, message.id);
+
+    // Deleting the response takes its items with it (the message lives on in the conversation above;
+    // the input item was only referred to since, never stored again).
+    assert.equal((await http(server.url, 'DELETE', `/v1/responses/${(first.json as unknown as { id: string }).id}`, { key })).status, 200);
+    const gone = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: [{ type: 'item_reference', id: inputs.json.data[0]!.id }], max_output_tokens: 4 },
+    });
+    assert.equal(gone.status, 404);
+    const kept = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: [{ type: 'item_reference', id: message.id }], max_output_tokens: 4 },
+    });
+    assert.equal(kept.status, 200, kept.text);
+  });
+});
+
 describe('Open Responses: max_tool_calls', () => {
   const c = closers();
   let server: TestServer;

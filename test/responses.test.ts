@@ -320,7 +320,6 @@ describe('POST /v1/responses with TinyStories', () => {
       [{ ...base, tool_choice: 'sometimes' }, 'tool_choice'],
       [{ model: STORIES }, 'input'],
       [{ ...base, input: [{ type: 'bogus' }] }, 'input[0].type'],
-      [{ ...base, input: [{ type: 'item_reference', id: 'msg_nope' }] }, 'input[0].id'],
       [{ ...base, previous_response_id: 'resp_1', conversation: 'conv_1' }, 'conversation'],
       [{ ...base, background: true, store: false }, 'background'],
     ];
@@ -329,6 +328,13 @@ describe('POST /v1/responses with TinyStories', () => {
       assert.equal(res.status, 400, `${JSON.stringify(body).slice(0, 100)} → ${res.text}`);
       assert.equal(res.json.error.param, param, res.text);
     }
+    // A reference to an item nobody stored is a 404, as one to another organization's item is.
+    const unknown = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { ...base, input: [{ type: 'item_reference', id: 'msg_nope' }] },
+    });
+    assert.equal(unknown.status, 404, unknown.text);
+    assert.equal(unknown.json.error.param, 'input[0].id');
     const ok = await http(server.url, 'POST', '/v1/responses', {
       key,
       body: { ...base, instructions: 'x'.repeat(100), max_output_tokens: 1 },

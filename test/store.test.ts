@@ -34,6 +34,46 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       await store.ping();
     });
 
+    it("finds stored items by organization, from responses and conversations, and forgets a deleted response's", async () => {
+      await store.createResponse({
+        id: 'resp_items',
+        org_id: 'org_a',
+        status: 'completed',
+        background: false,
+        conversation_id: null,
+        previous_response_id: null,
+        created_at: 1,
+        updated_at: 1,
+        body: '{}',
+        input_items: '[]',
+      });
+      await store.saveResponseItems(
+        'org_a',
+        'resp_items',
+        [
+          { id: 'msg_1', json: '{"v":1}' },
+          { id: 'msg_2', json: '{"v":2}' },
+          { id: 'msg_1', json: '{"v":3}' },
+        ],
+        1,
+      );
+      await store.saveResponseItems('org_b', 'resp_other', [{ id: 'msg_2', json: '{"b":true}' }], 1);
+      await store.createConversation({ id: 'conv_items', org_id: 'org_a', created_at: 1, metadata: '{}' });
+      await store.appendConversationItems('conv_items', [{ id: 'msg_c', json: '{"c":1}' }], 2);
+      assert.deepEqual(Object.fromEntries(await store.findItems('org_a', ['msg_1', 'msg_2', 'msg_c', 'msg_none'])), {
+        msg_1: '{"v":1}',
+        msg_2: '{"v":2}',
+        msg_c: '{"c":1}',
+      });
+      assert.deepEqual(Object.fromEntries(await store.findItems('org_c', ['msg_1', 'msg_c'])), {});
+      // An id stored before keeps its first item and response: a later save does not move it.
+      await store.saveResponseItems('org_a', 'resp_later', [{ id: 'msg_2', json: '{"v":4}' }], 2);
+      assert.equal((await store.findItems('org_a', ['msg_2'])).get('msg_2'), '{"v":2}');
+      assert.ok(await store.deleteResponse('resp_items'));
+      assert.deepEqual([...(await store.findItems('org_a', ['msg_1', 'msg_2', 'msg_c'])).keys()], ['msg_c']);
+      assert.equal((await store.findItems('org_b', ['msg_2'])).get('msg_2'), '{"b":true}');
+    });
+
     it('creates, reads and lists organizations', async () => {
       await store.createOrg({ id: 'acme', name: 'Acme Inc', created_at: 1_700_000_001 });
       await store.createOrg({ id: 'beta', name: 'Beta', created_at: 1_700_000_002 });

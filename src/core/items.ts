@@ -56,7 +56,8 @@ export function resolveInput(input: readonly InputItem[], lookup: (id: string) =
   return input.map((it) => {
     if (it.type !== 'item_reference') return it;
     const found = lookup(it.id);
-    if (!found) throw new ApiError('invalid_value', `Item '${it.id}' was not found.`, { param: it.param });
+    // Another organization's item reads exactly like one that does not exist.
+    if (!found) throw new ApiError('not_found', `Item '${it.id}' was not found.`, { param: it.param });
     return found;
   });
 }

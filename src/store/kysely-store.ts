@@ -39,11 +39,15 @@ interface Database {
   responses: Omit<ResponseRecord, 'background'> & { background: number };
   conversations: ConversationRecord;
   conversation_items: { id: string; conversation_id: string; seq: number; item: string; created_at: number };
+  stored_items: { org_id: string; id: string; response_id: string; item: string; created_at: number };
   settings: { key: string; value: string };
   deployments: Omit<DeploymentRecord, 'api'> & { api: string };
   usage_records: Omit<UsageRecord, 'stream' | 'price_missing' | 'estimated'> & { stream: number; price_missing: number; estimated: number };
   usage_quarantine: QuarantinedUsage;
 }
+
+/** Ids bound in one statement at most (5 parameters a row when inserting items). */
+const ID_SLICE = 500;
 
 function rowToResponse(r: Selectable<Database['responses']>): ResponseRecord {
   return { ...r, background: Number(r.background) === 1, created_at: Number(r.created_at), updated_at: Number(r.updated_at) };
@@ -328,8 +332,59 @@ export class KyselyStore implements Store {
   }
 
   async deleteResponse(id: string): Promise<boolean> {
-    const res = await this.db.deleteFrom('responses').where('id', '=', id).executeTakeFirst();
-    return Number(res.numDeletedRows) > 0;
+    return this.db.transaction().execute(async (tx) => {
+      await tx.deleteFrom('stored_items').where('response_id', '=', id).execute();
+      const res = await tx.deleteFrom('responses').where('id', '=', id).executeTakeFirst();
+      return Number(res.numDeletedRows) > 0;
+    });
+  }
+
+  async saveResponseItems(
+    orgId: string,
+    responseId: string,
+    items: ReadonlyArray<{ id: string; json: string }>,
+    at: number,
+  ): Promise<void> {
+    // An id already stored keeps the item (and response) it was first stored with: a later request
+    // that sends the same item inline must not move it to a response that may be deleted first.
+    const byId = new Map<string, string>();
+    for (const i of items) if (!byId.has(i.id)) byId.set(i.id, i.json);
+    const rows = [...byId].map(([id, item]) => ({ org_id: orgId, id, response_id: responseId, item, created_at: at }));
+    // In slices, well inside SQLite's and PostgreSQL's limits on bound parameters.
+    for (let n = 0; n < rows.length; n += ID_SLICE) {
+      await this.db
+        .insertInto('stored_items')
+        .values(rows.slice(n, n + ID_SLICE))
+        .onConflict((oc) => oc.columns(['org_id', 'id']).doNothing())
+        .execute();
+    }
+  }
+
+  async findItems(orgId: string, ids: readonly string[]): Promise<Map<string, string>> {
+    const found = new Map<string, string>();
+    const unique = [...new Set(ids)];
+    for (let n = 0; n < unique.length; n += ID_SLICE) {
+      const slice = unique.slice(n, n + ID_SLICE);
+      const stored = await this.db
+        .selectFrom('stored_items')
+        .select(['id', 'item'])
+        .where('org_id', '=', orgId)
+        .where('id', 'in', slice)
+        .execute();
+      for (const r of stored) found.set(r.id, r.item);
+      const rest = slice.filter((id) => !found.has(id));
+      if (rest.length === 0) continue;
+      const inConversations = await this.db
+        .selectFrom('conversation_items')
+        .innerJoin('conversations', 'conversations.id', 'conversation_items.conversation_id')
+        .select(['conversation_items.id as id', 'conversation_items.item as item'])
+        .where('conversations.org_id', '=', orgId)
+        .where('conversation_items.id', 'in', rest)
+        .orderBy('conversation_items.created_at', 'desc')
+        .execute();
+      for (const r of inConversations) if (!found.has(r.id)) found.set(r.id, r.item);
+    }
+    return found;
   }
 
   async staleResponses(statuses: readonly string[], before: number): Promise<ResponseRecord[]> {

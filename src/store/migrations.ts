@@ -203,6 +203,28 @@ const migrations: Record<string, Migration> = {
       throw new Error('0007_conversation_item_scope cannot be undone');
     },
   },
+  // The items of stored responses, by organization, so an item_reference can name any of them
+  // (the AI SDK's multi-step loop refers to the last step's reasoning item without chaining).
+  '0008_stored_items': {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable('stored_items')
+        .addColumn('org_id', 'text', (c) => c.notNull())
+        .addColumn('id', 'text', (c) => c.notNull())
+        .addColumn('response_id', 'text', (c) => c.notNull())
+        .addColumn('item', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'bigint', (c) => c.notNull())
+        .addPrimaryKeyConstraint('stored_items_pk', ['org_id', 'id'])
+        .execute();
+      await db.schema.createIndex('stored_items_response').on('stored_items').column('response_id').execute();
+      // Item references are looked up in conversations by item id alone (the key starts with the conversation).
+      await db.schema.createIndex('conversation_items_id').on('conversation_items').column('id').execute();
+    },
+    async down(db: Kysely<unknown>) {
+      await db.schema.dropIndex('conversation_items_id').execute();
+      await db.schema.dropTable('stored_items').execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

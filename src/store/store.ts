@@ -173,7 +173,12 @@ export interface Store {
     from: readonly string[],
     set: Partial<Pick<ResponseRecord, 'status' | 'body' | 'updated_at'>>,
   ): Promise<boolean>;
+  /** Deletes the response and its stored items. */
   deleteResponse(id: string): Promise<boolean>;
+  /** Keeps a stored response's items (input and output) findable by id within the organization; an id already stored keeps its first item. */
+  saveResponseItems(orgId: string, responseId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<void>;
+  /** Items with these ids the organization stored, in responses or conversations (JSON text by id). */
+  findItems(orgId: string, ids: readonly string[]): Promise<Map<string, string>>;
   /** Running responses whose owner stopped refreshing them before `before` (ms). */
   staleResponses(statuses: readonly string[], before: number): Promise<ResponseRecord[]>;
   touchResponses(ids: readonly string[], at: number): Promise<void>;

@@ -219,12 +219,20 @@ export class ResponseService<Echo> {
       throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
     const conv = await this.conversationFor(body.conversationId, who);
     const history = await this.history(body.previousResponseId, who, conv);
-    const known = new Map(history.map((i) => [i.id, i]));
-    const input = resolveInput(body.input, (id) => known.get(id));
+    const inHistory = new Map(history.map((i) => [i.id, i]));
+    const known = new Map(inHistory);
+    // Other references may name any item the organization stored, in a response or a conversation.
+    const elsewhere = body.input.flatMap((i) => (i.type === 'item_reference' && !known.has(i.id) ? [i.id] : []));
+    if (elsewhere.length)
+      for (const [itemId, json] of await this.store.findItems(who.orgId, elsewhere)) known.set(itemId, JSON.parse(json) as Item);
+    const input = resolveInput(body.input, (itemId) => known.get(itemId));
     // What this response adds to its conversation: its input, less items referenced from the
-    // conversation itself (already there); anything else reusing an id there is a 400.
-    const added = conv ? input.filter((i) => known.get(i.id) !== i) : input;
-    if (conv) checkNewItemIds(added, new Set(known.keys()), () => 'input');
+    // conversation itself (already there; items referenced from elsewhere are added); anything else
+    // reusing an id there is a 400.
+    const added = conv ? input.filter((i) => inHistory.get(i.id) !== i) : input;
+    if (conv) checkNewItemIds(added, new Set(inHistory.keys()), () => 'input');
+    /** The items this request brings, to be findable later (not those it refers to). */
+    const own = input.filter((i) => known.get(i.id) !== i);
     const messages = itemsToMessages([...history, ...input], body.instructions, this.reasoningText(who));
 
     const fold: ResponseFold = this.format.open({
@@ -256,9 +264,10 @@ export class ResponseService<Echo> {
       stream: body.stream,
       started: request.started,
     });
-    const persist = async (from: readonly ResponseStatus[]) => {
-      if (!store) return;
-      await this.store.updateResponse(id, from, { status: fold.status, body: this.format.serialize(fold), updated_at: Date.now() });
+    /** Stores the response as it is now; false when it is not stored or its row was changed elsewhere (cancelled, deleted). */
+    const persist = async (from: readonly ResponseStatus[]): Promise<boolean> => {
+      if (!store) return false;
+      return this.store.updateResponse(id, from, { status: fold.status, body: this.format.serialize(fold), updated_at: Date.now() });
     };
 
     let events: MeteredStream | undefined;
@@ -316,20 +325,40 @@ export class ResponseService<Echo> {
       } finally {
         startedResolve();
         await events?.close();
-        try {
-          await events?.persisted();
-          await persist(['queued', 'in_progress']);
-          if (conv && (fold.status === 'completed' || fold.status === 'incomplete')) {
-            // One contiguous block per response, appended when it ends: concurrent responses on one
-            // conversation never interleave, and each saw the conversation as it was when it started.
-            await this.store.appendConversationItems(
+        // Each write on its own, so one that fails does not lose the others.
+        const attempt = async (what: string, write: () => Promise<unknown>) => {
+          try {
+            await write();
+          } catch (err) {
+            this.log.error({ err, response_id: id }, `storing the response failed: ${what}`);
+          }
+        };
+        let kept = false;
+        await attempt('usage', async () => events?.persisted());
+        await attempt('response', async () => {
+          kept = await persist(['queued', 'in_progress']);
+        });
+        // Only while the response is still this run's: one deleted or cancelled elsewhere keeps no items.
+        if (kept) {
+          await attempt('items', () =>
+            this.store.saveResponseItems(
+              who.orgId,
+              id,
+              [...own, ...fold.output].map((i) => ({ id: i.id, json: JSON.stringify(i) })),
+              nowSeconds(),
+            ),
+          );
+        }
+        if (conv && (fold.status === 'completed' || fold.status === 'incomplete')) {
+          // One contiguous block per response, appended when it ends: concurrent responses on one
+          // conversation never interleave, and each saw the conversation as it was when it started.
+          await attempt('conversation', () =>
+            this.store.appendConversationItems(
               conv.id,
               [...added, ...fold.output].map((i) => ({ id: i.id, json: JSON.stringify(i) })),
               nowSeconds(),
-            );
-          }
-        } catch (err) {
-          this.log.error({ err, response_id: id }, 'storing the response failed');
+            ),
+          );
         }
         run.release();
         this.running.delete(id);

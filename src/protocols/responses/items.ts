@@ -46,12 +46,26 @@ const str = (v: unknown, where: string): string => {
  * `input` as canonical items with ids (a string is one user message). An `item_reference` is kept as
  * a reference, for core to resolve against what the caller stored.
  */
+/** A client's item id: 1 to 256 characters, none of them control characters (they are keys in the database). */
+function itemId(raw: Raw, where: string, prefix: string): string {
+  const id = raw['id'];
+  if (id === undefined || id === null) return newId(prefix);
+  if (typeof id !== 'string' || !/^[^\x00-\x1f\x7f]{1,256}$/.test(id)) {
+    throw new ApiError('invalid_value', `${where}.id must be a string of 1 to 256 characters without control characters.`, {
+      param: `${where}.id`,
+    });
+  }
+  return id;
+}
+
 export function decodeInput(input: string | readonly Raw[]): InputItem[] {
   if (typeof input === 'string')
     return [{ id: newId('msg'), type: 'message', role: 'user', content: [{ type: 'input_text', text: input }] }];
   return input.map((raw, i): InputItem => {
     const where = `input[${i}]`;
-    const type = raw['type'] ?? 'message';
+    // Open Responses lets a reference leave out its type: an object with an id and no message fields.
+    const type =
+      raw['type'] ?? (raw['id'] !== undefined && raw['role'] === undefined && raw['content'] === undefined ? 'item_reference' : 'message');
     switch (type) {
       case 'message': {
         const role = raw['role'];
@@ -61,7 +75,7 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
           });
         }
         return {
-          id: typeof raw['id'] === 'string' ? raw['id'] : newId('msg'),
+          id: itemId(raw, where, 'msg'),
           type: 'message',
           role,
           content: contentParts(raw['content'], role, where),
@@ -69,7 +83,7 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
       }
       case 'function_call':
         return {
-          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fc'),
+          id: itemId(raw, where, 'fc'),
           type: 'function_call',
           call_id: str(raw['call_id'], `${where}.call_id`),
           name: str(raw['name'], `${where}.name`),
@@ -78,7 +92,7 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
       case 'function_call_output': {
         const output = raw['output'];
         return {
-          id: typeof raw['id'] === 'string' ? raw['id'] : newId('fco'),
+          id: itemId(raw, where, 'fco'),
           type: 'function_call_output',
           call_id: str(raw['call_id'], `${where}.call_id`),
           output: typeof output === 'string' ? output : JSON.stringify(output ?? ''),
@@ -88,14 +102,18 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
         const summary = Array.isArray(raw['summary'])
           ? (raw['summary'] as Raw[]).map((s) => ({ type: 'summary_text' as const, text: String(s['text'] ?? '') }))
           : [];
-        const item: ReasoningItem = { id: typeof raw['id'] === 'string' ? raw['id'] : newId('rs'), type: 'reasoning', summary };
+        const item: ReasoningItem = { id: itemId(raw, where, 'rs'), type: 'reasoning', summary };
         if (Array.isArray(raw['content']))
           item.content = (raw['content'] as Raw[]).map((c) => ({ type: 'reasoning_text', text: String(c['text'] ?? '') }));
         if (typeof raw['encrypted_content'] === 'string') item.encrypted_content = raw['encrypted_content'];
         return item;
       }
       case 'item_reference':
-        return { type: 'item_reference', id: str(raw['id'], `${where}.id`), param: `${where}.id` };
+        return {
+          type: 'item_reference',
+          id: raw['id'] === undefined ? str(raw['id'], `${where}.id`) : itemId(raw, where, 'ref'),
+          param: `${where}.id`,
+        };
       default:
         throw new ApiError('unsupported_content', `Input item type '${String(type)}' is not supported.`, { param: `${where}.type` });
     }
