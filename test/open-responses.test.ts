@@ -7,6 +7,7 @@ import { PACKAGE_ROOT } from '../src/config.js';
 import { closers, fixture } from './helpers/fixtures.js';
 import { createKey, http, readSse, startServer, tempDir, type TestServer } from './helpers/server.js';
 import { checkStream } from './helpers/responses.js';
+import { eventually } from './helpers/wait.js';
 
 /**
  * What the server emits on /v1/responses, validated against the Open Responses specification's own
@@ -257,6 +258,44 @@ describe('Open Responses: item_reference', () => {
   });
 });
 
+describe('POST /v1/responses/input_tokens', () => {
+  const c = closers();
+  let server: TestServer;
+  before(async () => {
+    server = c.keep(await startServer());
+  });
+  after(() => c.closeAll());
+
+  it('counts exactly what the local model then reads, without generating, storing or billing', async () => {
+    const body = { model: MODEL, instructions: 'Once upon a time,', input: [{ role: 'user', content: 'there was a dog named Max.' }] };
+    const counted = await http(server.url, 'POST', '/v1/responses/input_tokens', { key: server.adminKey, body });
+    assert.equal(counted.status, 200, counted.text);
+    const answer = counted.json as unknown as { object: string; input_tokens: number };
+    assert.equal(answer.object, 'response.input_tokens');
+    assert.equal(counted.headers['x-switchyard-estimated'], undefined, 'the local tokenizer counts exactly');
+    const real = await http(server.url, 'POST', '/v1/responses', { key: server.adminKey, body: { ...body, max_output_tokens: 1 } });
+    assert.equal((real.json as unknown as { usage: { input_tokens: number } }).usage.input_tokens, answer.input_tokens);
+    // Nothing was recorded for the count: one request (the real one) in the usage.
+    const usage = await eventually(async () => {
+      const u = await http<{ data: Array<{ requests: number }> }>(server.url, 'GET', '/admin/usage?group_by=model', {
+        key: server.adminKey,
+      });
+      assert.equal(
+        u.json.data.reduce((n, r) => n + r.requests, 0),
+        1,
+      );
+      return u;
+    });
+    assert.equal(usage.status, 200);
+    // The same checks as a real request.
+    const unknown = await http(server.url, 'POST', '/v1/responses/input_tokens', {
+      key: server.adminKey,
+      body: { model: 'nobody/none', input: 'x' },
+    });
+    assert.equal(unknown.status, 404);
+  });
+});
+
 describe('Open Responses: max_tool_calls', () => {
   const c = closers();
   let server: TestServer;
@@ -284,6 +323,16 @@ describe('Open Responses: max_tool_calls', () => {
     );
   });
   after(() => c.closeAll());
+
+  it('estimates input tokens for an upstream model, and says so', async () => {
+    const counted = await http(server.url, 'POST', '/v1/responses/input_tokens', {
+      key: server.adminKey,
+      body: { model: 'openai/two-calls', input: 'x'.repeat(400) },
+    });
+    assert.equal(counted.status, 200, counted.text);
+    assert.equal(counted.headers['x-switchyard-estimated'], 'true');
+    assert.ok((counted.json as unknown as { input_tokens: number }).input_tokens >= 100);
+  });
 
   it('keeps the calls a response returns to max_tool_calls', async () => {
     const tools = ['get_weather', 'get_time'].map((name) => ({ type: 'function', name, parameters: { type: 'object' } }));

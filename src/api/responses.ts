@@ -5,6 +5,7 @@ import { ApiError } from '../core/errors.js';
 import type { Item } from '../core/items.js';
 import type { EventLog } from '../core/responses/run.js';
 import { ResponsesRequestSchema, decodeResponsesRequest } from '../protocols/responses/request.js';
+import { inputTokensObject } from '../protocols/responses/resource.js';
 import { IdParams, PageQuery } from '../protocols/responses/conversations.js';
 import { itemPage } from '../protocols/responses/items.js';
 import { sseFrame } from '../protocols/responses/stream.js';
@@ -52,6 +53,14 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     });
     await run.done;
     return run.resource();
+  });
+
+  // Counts without generating (OpenAI's input-token counting endpoint). A count that is an estimate
+  // (an upstream model, whose tokenizer is not here) says so in a header.
+  app.post('/v1/responses/input_tokens', { onRequest: ctx.requireKey, schema: { body: ResponsesRequestSchema } }, async (req, reply) => {
+    const { tokens, estimated } = await responses.countInputTokens(decodeResponsesRequest(req.body), req.principal!);
+    if (estimated) reply.header('x-switchyard-estimated', 'true');
+    return inputTokensObject(tokens);
   });
 
   app.get(

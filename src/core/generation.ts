@@ -62,6 +62,12 @@ export class GenerationPipeline {
     };
   }
 
+  /** A request's prompt tokens, counted without generating: the same checks, no admission (nothing runs or is billed). */
+  async countInputTokens(model: Model, req: GenerationRequest): Promise<{ tokens: number; estimated: boolean }> {
+    this.checkNeeds(model, req, 'responses');
+    return this.router.countInputTokens(req, model);
+  }
+
   /** All of it for a request whose context is complete (chat completions, Messages). */
   async start(req: GenerationRequest, who: Principal, meta: GenerationMeta): Promise<Admitted> {
     return this.admit(this.resolve(req.model, who), req, who, meta);

@@ -7,6 +7,7 @@ import { newTally, type GenerationEvent, type GenerationRequest } from './canoni
 import type { Model } from './model-spec.js';
 import type { DeploymentTarget, Engine } from '../engines/engine.js';
 import { keyVarRefusal } from './upstream-keys.js';
+import { estimateInputTokens } from './estimate.js';
 import type { Deployment } from './deployments.js';
 import { DeploymentHealth, RetryBudget, type HealthPolicy, type Standing } from './deployment-health.js';
 
@@ -208,6 +209,19 @@ export class Router {
     if (usable[0]!.target.engine === 'local') return usable;
     const tries = usable.length === 1 ? [usable[0]!, usable[0]!] : usable;
     return tries.slice(0, this.policy.maxAttempts);
+  }
+
+  /**
+   * The prompt tokens a request would use: counted by the engine where it can (a local model's own
+   * tokenizer), else estimated from the text (`estimated`), since chat-completions upstreams have
+   * no counting endpoint.
+   */
+  async countInputTokens(req: GenerationRequest, model: Model): Promise<{ tokens: number; estimated: boolean }> {
+    const first = this.deployments(model)[0];
+    if (!first)
+      throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, { param: 'model', final: true });
+    if (first.engine.countInputTokens) return { tokens: await first.engine.countInputTokens(req, first.target), estimated: false };
+    return { tokens: estimateInputTokens(req), estimated: true };
   }
 
   /**

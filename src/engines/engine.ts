@@ -13,6 +13,8 @@ import type { GenerationEvent, GenerationRequest } from '../core/canonical.js';
 export interface Engine {
   readonly kind: string;
   generate(req: GenerationRequest, target: DeploymentTarget, attempt?: Attempt): AsyncIterable<GenerationEvent>;
+  /** The prompt tokens a request would use, counted without generating; engines that cannot count leave it out. */
+  countInputTokens?(req: GenerationRequest, target: DeploymentTarget): Promise<number>;
   /** Active health check of a deployment (engines without remote targets need none). */
   probe?(target: DeploymentTarget): Promise<boolean>;
   close(): Promise<void>;

@@ -200,23 +200,14 @@ export class ResponseService<Echo> {
   }
 
   /**
-   * Creates a response. Returns the run (to follow or await), a promise of its first events, the
-   * model it runs on, and the rate-limit headers of its admission. Problems found before generation
-   * starts are thrown as errors and nothing is stored.
+   * What a request generates from, in the pipeline's order: the model first, then the context
+   * (previous response or conversation, then item references), which create and count share.
    */
-  async create(
-    body: ResponsesCreate<Echo>,
-    who: Principal,
-    request: { id: string; started: number },
-  ): Promise<{ run: Run; firstEvents: Promise<void>; model: Model; headers: Record<string, string> }> {
-    // The pipeline's order: the model first, then the context is built, then the needs and admission.
+  private async context(body: ResponsesCreate<Echo>, who: Principal) {
     const model = this.pipeline.resolve(body.model, who);
     if (body.previousResponseId && body.conversationId) {
       throw new ApiError('invalid_request', 'Send previous_response_id or conversation, not both.', { param: 'conversation' });
     }
-    const { store, background } = body;
-    if (background && !store)
-      throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
     const conv = await this.conversationFor(body.conversationId, who);
     const history = await this.history(body.previousResponseId, who, conv);
     const inHistory = new Map(history.map((i) => [i.id, i]));
@@ -234,6 +225,40 @@ export class ResponseService<Echo> {
     /** The items this request brings, to be findable later (not those it refers to). */
     const own = input.filter((i) => known.get(i.id) !== i);
     const messages = itemsToMessages([...history, ...input], body.instructions, this.reasoningText(who));
+    return { model, conv, input, added, own, messages };
+  }
+
+  /**
+   * `POST /v1/responses/input_tokens`: the tokens the request's input would take, without
+   * generating, storing or billing anything; the same checks as a real request.
+   */
+  async countInputTokens(body: ResponsesCreate<Echo>, who: Principal): Promise<{ tokens: number; estimated: boolean }> {
+    const { model, messages } = await this.context(body, who);
+    const req: GenerationRequest = {
+      ...body.generation,
+      model: model.id,
+      messages,
+      stream: false,
+      signal: new AbortController().signal,
+      tally: newTally(),
+    };
+    return this.pipeline.countInputTokens(model, req);
+  }
+
+  /**
+   * Creates a response. Returns the run (to follow or await), a promise of its first events, the
+   * model it runs on, and the rate-limit headers of its admission. Problems found before generation
+   * starts are thrown as errors and nothing is stored.
+   */
+  async create(
+    body: ResponsesCreate<Echo>,
+    who: Principal,
+    request: { id: string; started: number },
+  ): Promise<{ run: Run; firstEvents: Promise<void>; model: Model; headers: Record<string, string> }> {
+    const { store, background } = body;
+    if (background && !store)
+      throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
+    const { model, conv, input, added, own, messages } = await this.context(body, who);
 
     const fold: ResponseFold = this.format.open({
       id: newId('resp'),

@@ -266,16 +266,30 @@ export class LocalEngine implements Engine {
     });
   }
 
-  async *generate(req: GenerationRequest, target: DeploymentTarget): AsyncGenerator<GenerationEvent> {
+  async countInputTokens(req: GenerationRequest, target: DeploymentTarget): Promise<number> {
     if (target.engine !== 'local') throw new Error('local engine given a non-local target');
-    let m: LoadedModel;
+    const m = await this.loadFor(req, target);
+    const tools = req.toolChoice === 'none' ? [] : (req.tools ?? []);
+    const limit = Math.min(target.contextLength, m.context.contextSize);
+    // As in generate: text that cannot fit is not tokenized (it would hold the event loop).
+    const chars = promptChars(req.messages, tools);
+    if (chars > limit * MAX_CHARS_PER_TOKEN) return Math.ceil(chars / MAX_CHARS_PER_TOKEN);
+    return m.renderer.render(req.messages, tools).length;
+  }
+
+  private async loadFor(req: GenerationRequest, target: DeploymentTarget & { engine: 'local' }): Promise<LoadedModel> {
     try {
-      m = await this.load(target.file);
+      return await this.load(target.file);
     } catch (err) {
       if (err instanceof ApiError) throw err;
       this.opts.log.error({ err, file: target.file }, 'model failed to load');
       throw new ApiError('model_load_failed', `The model '${req.model}' could not be loaded.`);
     }
+  }
+
+  async *generate(req: GenerationRequest, target: DeploymentTarget): AsyncGenerator<GenerationEvent> {
+    if (target.engine !== 'local') throw new Error('local engine given a non-local target');
+    const m = await this.loadFor(req, target);
     const plan = await this.plan(req, target.reasoning);
     const limit = Math.min(target.contextLength, m.context.contextSize);
     const requested = req.maxOutputTokens ?? 0;

@@ -396,6 +396,9 @@ function newResource(r: NewResponse<ResponsesRequest>): ResponseObject {
   };
 }
 
+/** The answer of `POST /v1/responses/input_tokens`. */
+export const inputTokensObject = (tokens: number): Record<string, unknown> => ({ object: 'response.input_tokens', input_tokens: tokens });
+
 /** The Responses wire format, as core's lifecycle uses it (see core/responses/format.ts). */
 export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
   open(r) {
