@@ -42,11 +42,7 @@ const CORE_KERNEL = new Set([
   'estimate.ts',
   'stop-matcher.ts',
   'think-splitter.ts',
-  'model-spec.ts',
-  'principal.ts',
   'responses/format.ts',
-  'upstream-keys.ts',
-  'schema-limits.ts',
 ]);
 
 function layerOf(file: string): Layer {

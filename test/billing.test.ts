@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import { connect } from 'node:net';
 import { http, startServer, type TestServer, type WireKey, type WireList } from './helpers/server.js';
 import { GATEWAY_MODEL as MODEL, chunkFrame, closers, fixture, startGateway } from './helpers/fixtures.js';
+import { settle } from './helpers/wait.js';
 
 interface Total {
   requests: number;
@@ -20,14 +21,10 @@ const PRICE = [
 ];
 
 async function usageOnce(s: TestServer, want: number): Promise<Total> {
-  for (const deadline = Date.now() + 10_000; ; await new Promise((r) => setTimeout(r, 25))) {
-    const r = await http<WireList<Total>>(s.url, 'GET', '/admin/usage?group_by=model', { key: s.adminKey });
-    const t = r.json.data[0];
-    if ((t && t.requests >= want) || Date.now() > deadline) {
-      assert.ok(t, 'a usage record exists');
-      return t;
-    }
-  }
+  const read = async () => (await http<WireList<Total>>(s.url, 'GET', '/admin/usage?group_by=model', { key: s.adminKey })).json.data[0];
+  const t = await settle(read, (x) => x !== undefined && x.requests >= want, 10_000, 25);
+  assert.ok(t, 'a usage record exists');
+  return t;
 }
 
 /** Sends a streamed chat request on a raw socket, reads until `until` says so, then leaves. */

@@ -3,7 +3,8 @@ import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
 import fc from 'fast-check';
 import { tempDir } from './helpers/server.js';
-import { startProcess, type Running } from './helpers/process.js';
+import { processMemory, startProcess, type Running } from './helpers/process.js';
+import { settle } from './helpers/wait.js';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import {
@@ -43,11 +44,12 @@ async function settledMemory(
   baseline: { rss: number; heap: number },
   rssAllowanceMb: number,
 ): Promise<{ rss: number; heap: number }> {
-  let now = await memory(url);
-  for (const deadline = Date.now() + 30_000; now.heap > baseline.heap + 16 * 1024 * 1024 && Date.now() < deadline;) {
-    await new Promise((r) => setTimeout(r, 1000));
-    now = await memory(url);
-  }
+  const now = await settle(
+    () => processMemory(url),
+    (m) => m.heap <= baseline.heap + 16 * 1024 * 1024,
+    30_000,
+    1000,
+  );
   assert.ok(now.heap <= baseline.heap + 16 * 1024 * 1024, `heap ${now.heap} vs ${baseline.heap}`);
   assert.ok(now.rss <= baseline.rss + rssAllowanceMb * 1024 * 1024, `RSS ${now.rss} vs ${baseline.rss}`);
   return now;
@@ -58,12 +60,6 @@ function failIf<T>(details: fc.RunDetails<T>): void {
   if (!details.failed) return;
   const error = details.errorInstance instanceof Error ? details.errorInstance.message : String(details.errorInstance);
   assert.fail(`after ${details.numRuns} runs (seed ${details.seed}, path ${details.counterexamplePath ?? ''}): ${error.slice(0, 2000)}`);
-}
-
-async function memory(url: string): Promise<{ rss: number; heap: number }> {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const read = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1]);
-  return { rss: read('switchyard_process_process_resident_memory_bytes'), heap: read('switchyard_process_nodejs_heap_size_used_bytes') };
 }
 
 describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
@@ -98,7 +94,7 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
         const res = await sendRaw(port, encode(r));
         statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1);
         checkEnvelope(res, `${r.method} ${r.path.slice(0, 120)} (${r.label})`);
-        if (++count === warmup) baseline = await memory(proc!.url);
+        if (++count === warmup) baseline = await processMemory(proc!.url);
       }),
       { numRuns: RUNS, seed: Number(process.env['SWITCHYARD_FUZZ_SEED'] ?? 20261121), endOnFailure: true },
     );
@@ -123,12 +119,12 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
     // Memory: once idle (V8 collects an idle heap within seconds), the heap is back within 16 MB of
     // where it was after the warm-up; nothing the fuzz sent is kept.
     const limit = baseline!.heap + 16 * 1024 * 1024;
-    let now = await memory(proc.url);
-    const deadline = Date.now() + 30_000;
-    while (now.heap > limit && Date.now() < deadline) {
-      await new Promise((r) => setTimeout(r, 1000));
-      now = await memory(proc.url);
-    }
+    const now = await settle(
+      () => processMemory(proc!.url),
+      (m) => m.heap <= limit,
+      30_000,
+      1000,
+    );
     assert.ok(now.heap <= limit, `heap ${now.heap} vs baseline ${baseline!.heap}`);
     console.log(
       `# fuzz: ${RUNS} requests, statuses ${JSON.stringify([...statuses].sort((a, b) => a[0] - b[0]))}; heap ${Math.round(baseline!.heap / 1e6)} MB after warm-up, ${Math.round(now.heap / 1e6)} MB after; RSS ${Math.round(baseline!.rss / 1e6)} → ${Math.round(now.rss / 1e6)} MB`,
@@ -142,11 +138,11 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
     const runs = Math.max(100, Math.floor(RUNS / 5));
     // Memory is compared from half-way: the first half fills the caches and the allocator's working
     // set (RSS climbs ~150 MB over the first 1,500 schemas here, then stays); a leak keeps climbing.
-    let baseline = await memory(p.url);
+    let baseline = await processMemory(p.url);
     let count = 0;
     const details = await fc.check(
       fc.asyncProperty(schemaArb, fc.constantFrom('chat', 'responses', 'tool'), async (schema, where) => {
-        if (++count === Math.floor(runs / 2)) baseline = await memory(p.url);
+        if (++count === Math.floor(runs / 2)) baseline = await processMemory(p.url);
         const body =
           where === 'chat'
             ? {
@@ -235,7 +231,7 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
     });
     try {
       const port = Number(new URL(gw.url).port);
-      const baseline = await memory(gw.url);
+      const baseline = await processMemory(gw.url);
       const statuses = new Map<number, number>();
       const runs = Math.max(100, Math.floor(RUNS / 5));
       const details = await fc.check(

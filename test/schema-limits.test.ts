@@ -4,9 +4,9 @@ import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { Pool } from 'undici';
 import { http, SHARED_MODELS, startServer, tempDir, type TestServer } from './helpers/server.js';
-import { startProcess, type Running } from './helpers/process.js';
+import { processMemory, startProcess, type Running } from './helpers/process.js';
 import { closers } from './helpers/fixtures.js';
-import { eventually } from './helpers/wait.js';
+import { eventually, settle } from './helpers/wait.js';
 
 const STORIES = 'local/stories260k';
 const SCHEMAS = join(SHARED_MODELS, '..', 'schemas');
@@ -24,12 +24,6 @@ const chat = (schema: unknown) => ({
   messages: [{ role: 'user', content: 'Describe it.' }],
   response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
 });
-
-async function memory(url: string): Promise<{ rss: number; heap: number }> {
-  const text = (await http(url, 'GET', '/metrics')).text;
-  const read = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1]);
-  return { rss: read('switchyard_process_process_resident_memory_bytes'), heap: read('switchyard_process_nodejs_heap_size_used_bytes') };
-}
 
 describe('JSON schemas in requests: bounded, compiled off the event loop, never a 500', () => {
   const open = closers();
@@ -181,7 +175,7 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     const send = async () => {
       while (next < DISTINCT) {
         const i = next++;
-        if (i === warmup) baseline = await memory(proc!.url);
+        if (i === warmup) baseline = await processMemory(proc!.url);
         const schema = {
           type: 'object',
           properties: { [`field_${i}`]: { type: 'boolean' } },
@@ -204,11 +198,12 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     });
     assert.ok(loaded.json.cached_schemas <= 64, `cache holds ${loaded.json.cached_schemas}`);
     assert.equal(loaded.json.schema_violations, 0);
-    let end = await memory(proc.url);
-    for (const deadline = Date.now() + 20_000; end.heap > baseline.heap + 8 * 1024 * 1024 && Date.now() < deadline;) {
-      await new Promise((r) => setTimeout(r, 500));
-      end = await memory(proc.url);
-    }
+    const url = proc.url;
+    const end = await settle(
+      () => processMemory(url),
+      (m) => m.heap <= baseline.heap + 8 * 1024 * 1024,
+      20_000,
+    );
     const growth = end.rss - baseline.rss;
     console.log(
       `# ${DISTINCT} distinct schemas: RSS ${Math.round(baseline.rss / 1e6)} MB after ${warmup}, ${Math.round(end.rss / 1e6)} MB at the end; ${loaded.json.cached_schemas} cached`,

@@ -5,9 +5,9 @@ import { join } from 'node:path';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import OpenAI from 'openai';
 import { http, tempDir, type TestServer, type WireList } from './helpers/server.js';
-import { startProcess, type Running } from './helpers/process.js';
+import { processMemory, startProcess, type Running } from './helpers/process.js';
 import { GATEWAY_MODEL as MODEL, chunkFrame, closers, completionBody, fixture, startGateway } from './helpers/fixtures.js';
-import { eventually } from './helpers/wait.js';
+import { eventually, settle } from './helpers/wait.js';
 
 const ask = { model: MODEL, messages: [{ role: 'user' as const, content: 'Once upon a time' }] };
 
@@ -25,9 +25,7 @@ function pump(res: ServerResponse, piece: string, total: number, then?: string):
   go();
 }
 
-async function rss(url: string): Promise<number> {
-  return Number(/^switchyard_process_process_resident_memory_bytes (\S+)$/m.exec((await http(url, 'GET', '/metrics')).text)?.[1]);
-}
+const rss = async (url: string): Promise<number> => (await processMemory(url)).rss;
 
 describe('upstream replies are bounded', () => {
   const open = closers();
@@ -120,11 +118,12 @@ describe('upstream replies are bounded', () => {
         assert.ok(r.text.length < 2000);
       }
     }
-    let after = await rss(proc.url);
-    for (const deadline = Date.now() + 15_000; after - before > 64 * MB && Date.now() < deadline;) {
-      await new Promise((r) => setTimeout(r, 500));
-      after = await rss(proc.url);
-    }
+    const url = proc.url;
+    const after = await settle(
+      () => rss(url),
+      (r) => r - before <= 64 * MB,
+      15_000,
+    );
     console.log(
       `# oversized upstream replies: RSS ${Math.round(before / 1e6)} MB before, ${Math.round(after / 1e6)} MB after 12 (6 at a time, 200–300 MB each)`,
     );

@@ -45,3 +45,10 @@ export async function startProcess(env: Record<string, string>): Promise<Running
   });
   return { child, url, stdout: () => out, exited };
 }
+
+/** A server's resident memory and V8 heap, from its /metrics. */
+export async function processMemory(url: string): Promise<{ rss: number; heap: number }> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const read = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1]);
+  return { rss: read('switchyard_process_process_resident_memory_bytes'), heap: read('switchyard_process_nodejs_heap_size_used_bytes') };
+}

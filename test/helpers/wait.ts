@@ -26,3 +26,17 @@ export function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => 
   });
   return { promise, resolve };
 }
+
+/**
+ * Reads until `done` holds or `timeoutMs` passes, and returns the last reading either way (the
+ * caller asserts on it). For quantities that drift toward a value, such as memory as V8 collects.
+ */
+export async function settle<T>(read: () => Promise<T>, done: (v: T) => boolean, timeoutMs: number, everyMs = 500): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let v = await read();
+  while (!done(v) && Date.now() < deadline) {
+    await sleep(everyMs);
+    v = await read();
+  }
+  return v;
+}

@@ -51,9 +51,9 @@ const BASE_RULES: Record<string, string> = {
   number: '"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,15})? ([eE] [-+]? [0-9]{1,2})?',
   char: `[^"\\\\\\x7F\\x00-\\x1F] | "\\\\" ["\\\\/bfnrt] | "\\\\u" ([0-9a-cA-CefEF] ${HEX}{3} | [dD] [0-7] ${HEX}{2})`,
   string: '"\\"" char* "\\""',
-  value: 'object-any | array-any | string | number | boolean | null',
-  'object-any': '"{" ( string ":" value ( "," string ":" value )* )? "}"',
-  'array-any': '"[" ( value ( "," value )* )? "]"',
+  value: 'object-value | array-value | string | number | boolean | null',
+  'object-value': '"{" ( string ":" value ( "," string ":" value )* )? "}"',
+  'array-value': '"[" ( value ( "," value )* )? "]"',
   // Days 29–31 only in months that have them; 29 February is left out (it needs the year).
   date: '"\\"" date-body "\\""',
   'date-body':
@@ -210,7 +210,7 @@ class Compiler {
     const top = this.visit(this.root, '');
     const lines = [`root ::= ${top}`];
     for (const [name, body] of this.rules) lines.push(`${name} ::= ${body}`);
-    // Base rules reach each other (string → char, value → object-any → …): add them to a fixed point.
+    // Base rules reach each other (string → char, value → object-value → …): add them to a fixed point.
     const pending = [...this.used];
     const added = new Set<string>();
     while (pending.length) {
@@ -426,7 +426,7 @@ class Compiler {
       }
     }
     if (declared.length === 0) {
-      // A map: any keys, values of additionalProperties (or anything), as many as min/maxProperties allow.
+      // A map: arbitrary keys, values of additionalProperties (or anything), as many as min/maxProperties allow.
       if (additional === false) return this.rule('empty-object', '"{" "}"');
       const value = this.visit(additional === undefined ? true : additional, `${path}/additionalProperties`);
       const pair = this.rule(`${path}-pair`, `${this.base('string')} ":" ${value}`);

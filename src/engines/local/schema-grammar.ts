@@ -176,7 +176,7 @@ export class SchemaGrammars {
     return this.cache.size;
   }
 
-  /** `json_object`: any JSON object; checked to be an object. */
+  /** `json_object`: a JSON object of whatever shape; checked to be an object. */
   anyObject(): Promise<CompiledSchema> {
     this.anyObjectGrammar ??= (async () => {
       const grammar = new LlamaGrammar(await this.llama(), { grammar: anyObjectGbnf() });
