@@ -28,7 +28,8 @@ describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
     try {
       // The primary announces the service once both workers listen.
       assert.match(p.stdout(), /"workers":2,"msg":"switchyard listening"/);
-      assert.equal(p.stdout().match(/"worker":\d,"address".*"msg":"switchyard listening"/g)?.length, 2, p.stdout());
+      // Each worker's own line may reach stdout just after the primary's (two processes writing).
+      await eventually(() => assert.equal(p.stdout().match(/"worker":\d,"address".*"msg":"switchyard listening"/g)?.length, 2, p.stdout()));
       const created = await http<WireKey>(p.url, 'POST', '/admin/keys', {
         key: ADMIN,
         body: { org: 'acme', name: 'limited', limits: { rpm: 4 } },
