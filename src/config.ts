@@ -58,6 +58,7 @@ const ConfigSchema = Type.Object(
     redisUrl: Type.Optional(Type.String({ pattern: '^rediss?://' })),
     bodyLimit: Type.Integer({ minimum: 1024 }),
     shutdownTimeoutMs: Type.Integer({ minimum: 0 }),
+    websocketMaxConnectionMs: Type.Integer({ minimum: 1000 }),
     logLevel: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
     keyCacheTtlMs: Type.Integer({ minimum: 0 }),
     catalogueRefreshMs: Type.Integer({ minimum: 0 }),
@@ -150,6 +151,7 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool' | 'number
   ['REDIS_URL', 'redisUrl', 'string'],
   ['SWITCHYARD_BODY_LIMIT', 'bodyLimit', 'int'],
   ['SWITCHYARD_SHUTDOWN_TIMEOUT_MS', 'shutdownTimeoutMs', 'int'],
+  ['SWITCHYARD_WEBSOCKET_MAX_CONNECTION_MS', 'websocketMaxConnectionMs', 'int'],
   ['SWITCHYARD_LOG_LEVEL', 'logLevel', 'string'],
   ['SWITCHYARD_KEY_CACHE_TTL_MS', 'keyCacheTtlMs', 'int'],
   ['SWITCHYARD_CATALOGUE_REFRESH_MS', 'catalogueRefreshMs', 'int'],
@@ -201,6 +203,8 @@ const DEFAULTS = {
   modelsDir: './models',
   bodyLimit: 16 * 1024 * 1024,
   shutdownTimeoutMs: 10_000,
+  // Open Responses limits a Responses WebSocket to 60 minutes.
+  websocketMaxConnectionMs: 60 * 60_000,
   logLevel: 'info',
   // Revocations and limit changes made elsewhere (another instance, the CLI) apply within a second.
   keyCacheTtlMs: 1_000,

@@ -71,8 +71,21 @@ describe('error contract', () => {
     const res = await http(server.url, 'POST', '/v1/models', { key, body: {} });
     assertEnvelope(res, 405, 'method_not_allowed');
     assert.equal(res.headers['allow'], 'GET, HEAD');
-    assertEnvelope(await http(server.url, 'DELETE', '/v1/models/local/stories260k', { key }), 405, 'method_not_allowed');
     assertEnvelope(await http(server.url, 'PUT', '/admin/keys', { key: server.adminKey, body: {} }), 405, 'method_not_allowed');
+  });
+
+  it('answers a method a path with a parameter lacks with 404, not a 405 naming the pattern', async () => {
+    // `POST /v1/responses/<anything>` is not a path this server has, whatever `<anything>` is.
+    for (const [method, path] of [
+      ['DELETE', '/v1/models/local/stories260k'],
+      ['POST', '/v1/responses/resp_123'],
+      ['PUT', '/v1/responses/compact'],
+      ['POST', '/v1/conversations/conv_1/items/msg_1'],
+    ] as const) {
+      const res = await http(server.url, method, path, { key, body: {} });
+      assertEnvelope(res, 404, 'not_found');
+      assert.match(String((res.json as { error: { message: string } }).error.message), new RegExp(`${method} ${path}`));
+    }
   });
 
   it('answers bodies over the configured limit with 413', async () => {

@@ -2,39 +2,18 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { Ajv2020, type ValidateFunction } from 'ajv/dist/2020.js';
 import { PACKAGE_ROOT } from '../src/config.js';
 import { closers, fixture } from './helpers/fixtures.js';
 import { createKey, http, readSse, startServer, tempDir, type TestServer } from './helpers/server.js';
 import { checkStream } from './helpers/responses.js';
 import { eventually } from './helpers/wait.js';
+import { eventSchemas, responseResource, valid } from './helpers/open-responses.js';
 
 /**
  * What the server emits on /v1/responses, validated against the Open Responses specification's own
  * OpenAPI document (shared/spec/open-responses/openapi.json, release 2026-04-24), not against our
  * types: the response object, and every stream event by the schema its `type` names.
  */
-
-const SPEC = join(PACKAGE_ROOT, '..', 'shared', 'spec', 'open-responses', 'openapi.json');
-const doc = JSON.parse(readFileSync(SPEC, 'utf8')) as {
-  components: { schemas: Record<string, { properties?: { type?: { enum?: string[]; const?: string } } }> };
-};
-const ajv = new Ajv2020({ strict: false, allErrors: true, validateFormats: false });
-ajv.addSchema({ $id: 'open-responses', ...doc });
-const validator = (name: string): ValidateFunction => ajv.getSchema(`open-responses#/components/schemas/${name}`)!;
-const responseResource = validator('ResponseResource');
-/** Stream event schemas by the event type they are for. */
-const eventSchemas = new Map<string, ValidateFunction>();
-for (const [name, schema] of Object.entries(doc.components.schemas)) {
-  if (!name.endsWith('StreamingEvent')) continue;
-  const t = schema.properties?.type;
-  const type = t?.const ?? t?.enum?.[0];
-  if (type) eventSchemas.set(type, validator(name));
-}
-
-function valid(v: ValidateFunction, value: unknown, what: string): void {
-  assert.ok(v(value), `${what}: ${ajv.errorsText(v.errors, { separator: '\n' })}\n${JSON.stringify(value).slice(0, 600)}`);
-}
 
 const MODEL = 'local/stories260k';
 

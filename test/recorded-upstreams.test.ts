@@ -93,7 +93,7 @@ function fold(events: GenerationEvent[]) {
     else if (e.type === 'tool_call.start') calls[e.index] = { id: e.id, name: e.name, arguments: '' };
     else if (e.type === 'tool_call.delta') calls[e.index]!.arguments += e.arguments;
     else if (e.type === 'usage') usage = e.usage;
-    else finish = e.reason;
+    else if (e.type === 'finish') finish = e.reason;
   }
   return { text, reasoning, calls, finish, usage };
 }

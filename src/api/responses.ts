@@ -4,8 +4,13 @@ import type { App, RouteContext } from './context.js';
 import { ApiError } from '../core/errors.js';
 import type { Item } from '../core/items.js';
 import type { EventLog } from '../core/responses/run.js';
-import { ResponsesRequestSchema, decodeResponsesRequest } from '../protocols/responses/request.js';
-import { inputTokensObject } from '../protocols/responses/resource.js';
+import {
+  CompactRequestSchema,
+  ResponsesRequestSchema,
+  decodeCompactRequest,
+  decodeResponsesRequest,
+} from '../protocols/responses/request.js';
+import { compactionObject, inputTokensObject } from '../protocols/responses/resource.js';
 import { IdParams, PageQuery } from '../protocols/responses/conversations.js';
 import { itemPage } from '../protocols/responses/items.js';
 import { sseFrame } from '../protocols/responses/stream.js';
@@ -53,6 +58,17 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     });
     await run.done;
     return run.resource();
+  });
+
+  // Condenses a context into the user's messages and a sealed summary (Open Responses' compaction).
+  app.post('/v1/responses/compact', { onRequest: ctx.requireKey, schema: { body: CompactRequestSchema } }, async (req, reply) => {
+    const { compaction, model, headers } = await responses.compact(decodeCompactRequest(req.body), req.principal!, {
+      id: req.id,
+      started: req.startedAt,
+    });
+    req.metricsModel = ctx.metrics.modelLabel(model);
+    reply.headers(headers);
+    return compactionObject(compaction);
   });
 
   // Counts without generating (OpenAI's input-token counting endpoint). A count that is an estimate

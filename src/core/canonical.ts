@@ -23,7 +23,12 @@ export interface Message {
   toolCallId?: string;
   /** Reasoning an assistant turn was produced with, when a client sends it back. */
   reasoning?: string;
+  /** An assistant message's place in its turn, as the model labelled it (sent back to models that label). */
+  phase?: MessagePhase;
 }
+
+/** Open Responses' label of an assistant message: intermediate commentary, or the final answer. */
+export type MessagePhase = 'commentary' | 'final_answer';
 
 export interface FunctionTool {
   name: string;
@@ -96,6 +101,8 @@ export const newTally = (): UsageTally => ({ input: 0, cached: 0, output: 0, rea
 
 export type GenerationEvent =
   | { type: 'text.delta'; text: string }
+  /** The model labelled the message its text belongs to (Responses-speaking upstreams do). */
+  | { type: 'message.phase'; phase: MessagePhase }
   | { type: 'reasoning.delta'; text: string }
   | { type: 'tool_call.start'; index: number; id: string; name: string }
   | { type: 'tool_call.delta'; index: number; arguments: string }

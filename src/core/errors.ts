@@ -16,6 +16,9 @@ export const ERRORS = {
   unsupported_schema: { status: 400, type: 'invalid_request_error' },
   schema_too_large: { status: 400, type: 'invalid_request_error' },
   missing_capability: { status: 400, type: 'invalid_request_error' },
+  // Open Responses' codes (400, as its WebSocket example and OpenAI's HTTP API answer them).
+  previous_response_not_found: { status: 400, type: 'invalid_request_error' },
+  websocket_connection_limit_reached: { status: 400, type: 'invalid_request_error' },
   missing_api_key: { status: 401, type: 'authentication_error' },
   invalid_api_key: { status: 401, type: 'authentication_error' },
   permission_denied: { status: 403, type: 'permission_error' },

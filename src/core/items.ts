@@ -1,5 +1,5 @@
 import { ApiError } from './errors.js';
-import type { ContentPart, Message, ToolCall } from './canonical.js';
+import type { ContentPart, Message, MessagePhase, ToolCall } from './canonical.js';
 
 /**
  * Conversation items: the canonical record of a turn's parts (messages, function calls and their
@@ -19,6 +19,8 @@ export interface MessageItem {
   role: 'user' | 'system' | 'developer' | 'assistant';
   status?: string;
   content: InputContent[];
+  /** An assistant message's place in a turn, where the model gives it (Open Responses `phase`). */
+  phase?: MessagePhase;
 }
 export interface FunctionCallItem {
   id: string;
@@ -43,7 +45,24 @@ export interface ReasoningItem {
   encrypted_content?: string;
   status?: string;
 }
-export type Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem;
+/**
+ * The context before it, condensed by `POST /v1/responses/compact`: a summary the model wrote,
+ * sealed like reasoning (the client carries it, cannot read or alter it, and cannot use it in
+ * another organization).
+ */
+export interface CompactionItem {
+  id: string;
+  type: 'compaction';
+  encrypted_content: string;
+  created_by?: string;
+}
+export type Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | CompactionItem;
+
+/** How sealed content in items is opened for an engine (already verified; a failure is the caller's 400). */
+export interface SealedText {
+  reasoning: (r: ReasoningItem) => string;
+  compaction: (c: CompactionItem) => string;
+}
 
 /** An input item as a client may send it: an item, or a reference to one stored earlier. */
 export type InputItem = Item | { type: 'item_reference'; id: string; param: string };
@@ -91,11 +110,7 @@ function textOf(content: InputContent[]): string {
  * reasoning (given as `reasoningText`, already decrypted where it was sealed) goes into the next
  * assistant turn.
  */
-export function itemsToMessages(
-  items: readonly Item[],
-  instructions: string | null | undefined,
-  reasoningText: (r: ReasoningItem) => string,
-): Message[] {
+export function itemsToMessages(items: readonly Item[], instructions: string | null | undefined, sealed: SealedText): Message[] {
   const out: Message[] = [];
   if (instructions) out.push({ role: 'developer', content: instructions });
   let pendingReasoning = '';
@@ -113,6 +128,7 @@ export function itemsToMessages(
             )
           : textOf(it.content);
         const msg: Message = { role: it.role, content };
+        if (it.phase !== undefined && it.role === 'assistant') msg.phase = it.phase;
         if (it.role === 'assistant' && pendingReasoning) {
           msg.reasoning = pendingReasoning;
           pendingReasoning = '';
@@ -138,7 +154,11 @@ export function itemsToMessages(
         out.push({ role: 'tool', content: it.output, toolCallId: it.call_id });
         break;
       case 'reasoning':
-        pendingReasoning += reasoningText(it);
+        pendingReasoning += sealed.reasoning(it);
+        break;
+      case 'compaction':
+        // What the summary replaced came before it; the model reads it as context from the operator.
+        out.push({ role: 'developer', content: `Summary of the earlier conversation:\n${sealed.compaction(it)}` });
         break;
     }
   }

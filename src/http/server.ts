@@ -13,8 +13,10 @@ import Fastify, {
 } from 'fastify';
 import cors from '@fastify/cors';
 import swagger from '@fastify/swagger';
+import websocket from '@fastify/websocket';
 import { Ajv } from 'ajv';
 import { ApiError } from '../core/errors.js';
+import { validationError, type ValidationIssue } from '../protocols/validation.js';
 import { LoadShedder } from './load-shedder.js';
 import { extractToken } from './auth.js';
 import type { Principal } from '../core/principal.js';
@@ -24,6 +26,7 @@ import { registerHealthRoutes } from '../api/health.js';
 import { registerChatRoutes } from '../api/chat.js';
 import { registerResponseRoutes } from '../api/responses.js';
 import { registerConversationRoutes } from '../api/conversations.js';
+import { ResponseSockets, registerResponseSocket } from '../api/responses-socket.js';
 
 import type { App, AuthHook, RouteContext, ServerDeps } from '../api/context.js';
 
@@ -79,53 +82,6 @@ export function loggableUrl(url: string, knownSecret?: string): string {
 
 const INBOUND_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 const ROUTABLE_METHODS: HTTPMethods[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE'];
-
-interface ValidationIssue {
-  keyword: string;
-  instancePath: string;
-  message?: string | undefined;
-  params: Record<string, unknown>;
-}
-
-/** `/messages/0/content` → `messages[0].content` */
-function paramName(pointer: string, extra?: string): string {
-  const parts = pointer
-    .split('/')
-    .filter(Boolean)
-    .map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
-  if (extra !== undefined) parts.push(extra);
-  return parts.reduce((acc, p) => (/^\d+$/.test(p) ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
-}
-
-function validationError(issues: readonly ValidationIssue[], where: string): ApiError {
-  // For unions ajv reports each branch, then the union; the branch that got past the type check
-  // (a range, an enum) says what is really wrong.
-  const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
-  const specific =
-    union && issues.find((i) => i.instancePath.startsWith(union.instancePath) && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword));
-  const issue = specific ?? union ?? issues[0];
-  if (!issue) return new ApiError('invalid_request', `Invalid ${where}.`);
-  if (issue.keyword === 'required') {
-    const param = paramName(issue.instancePath, String(issue.params['missingProperty']));
-    return new ApiError('missing_required_parameter', `Missing required parameter: '${param}'.`, { param });
-  }
-  const param = paramName(issue.instancePath) || where;
-  let detail: string;
-  switch (issue.keyword) {
-    case 'enum':
-      detail = `must be one of ${(issue.params['allowedValues'] as unknown[]).map((v) => `'${String(v)}'`).join(', ')}`;
-      break;
-    case 'type':
-      return new ApiError('invalid_value', `Invalid type for '${param}': expected ${String(issue.params['type'])}.`, { param });
-    case 'anyOf':
-    case 'oneOf':
-      detail = 'does not match any of the accepted shapes';
-      break;
-    default:
-      detail = issue.message ?? 'is invalid';
-  }
-  return new ApiError('invalid_value', `Invalid value for '${param}': ${detail}.`, { param });
-}
 
 function toApiError(err: FastifyError, log: FastifyBaseLogger): ApiError {
   if (err instanceof ApiError) return err;
@@ -273,6 +229,17 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
   app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
 
+  // The Responses WebSocket transport. Open sockets are closed by their own shutdown (a running turn
+  // finishes first), not the plugin's default, which drops them at once.
+  const sockets = new ResponseSockets();
+  await app.register(websocket, {
+    options: { maxPayload: config.bodyLimit },
+    preClose: function (this: App, done: () => void) {
+      const end = () => this.websocketServer.close(() => done());
+      sockets.shutdown().then(end, end);
+    },
+  });
+
   // The OpenAPI document is generated from the route schemas that validate requests.
   await app.register(swagger, {
     openapi: {
@@ -346,6 +313,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   registerModelRoutes(app, ctx);
   registerChatRoutes(app, ctx);
   registerResponseRoutes(app, ctx);
+  registerResponseSocket(app, ctx, sockets);
   registerConversationRoutes(app, ctx);
   registerAdminRoutes(app, ctx);
 
@@ -355,6 +323,10 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     const others = ROUTABLE_METHODS.filter((m) => !methods.has(m));
     if (others.length === 0) continue;
     const allow = allowed.join(', ');
+    // A path with a parameter (`/v1/responses/:id`) cannot tell a resource it lacks a method for from
+    // a path that does not exist (`POST /v1/responses/compact` on a server without it): both are 404,
+    // as OpenAI answers them. A fixed path that exists answers 405 with the methods it has.
+    const parametric = url.includes(':') || url.includes('*');
     app.route({
       method: others,
       url,
@@ -362,7 +334,9 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
       handler: (req, reply) =>
         sendError(
           reply,
-          new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } }),
+          parametric
+            ? new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)
+            : new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } }),
         ),
     });
   }

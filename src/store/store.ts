@@ -71,7 +71,7 @@ export interface UsageRecord {
   org_id: string;
   model: string;
   deployment: string | null;
-  endpoint: 'chat.completions' | 'responses';
+  endpoint: 'chat.completions' | 'responses' | 'responses.compact';
   stream: boolean;
   input_tokens: number;
   cached_tokens: number;

@@ -1,4 +1,4 @@
-import type { GenerationEvent, GenerationRequest } from '../canonical.js';
+import type { GenerationEvent, GenerationRequest, Usage } from '../canonical.js';
 import type { InputItem, Item } from '../items.js';
 
 /**
@@ -86,4 +86,12 @@ export interface ResponsesCreate<Echo> {
   summary: string | null;
   /** The decoded request, which the protocol echoes in the response object. */
   echo: Echo;
+}
+
+/** The result of `POST /v1/responses/compact`, before the protocol renders it. */
+export interface Compaction {
+  id: string;
+  createdAt: number;
+  output: Item[];
+  usage: Usage;
 }

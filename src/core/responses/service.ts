@@ -2,19 +2,38 @@ import type { Logger } from 'pino';
 import { ApiError } from '../errors.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ResponseRecord, Store } from '../../store/store.js';
-import { newTally, type GenerationRequest } from '../canonical.js';
-import { checkNewItemIds, itemsToMessages, resolveInput, type InputItem, type Item, type ReasoningItem } from '../items.js';
+import { newTally, type GenerationRequest, type Usage } from '../canonical.js';
+import {
+  checkNewItemIds,
+  itemsToMessages,
+  resolveInput,
+  type CompactionItem,
+  type Item,
+  type MessageItem,
+  type SealedText,
+} from '../items.js';
 import { newId, nowSeconds } from '../ids.js';
-import type { ReasoningSeal } from '../reasoning-seal.js';
+import type { ReasoningSeal, SealPurpose } from '../reasoning-seal.js';
 import type { Model } from '../model-spec.js';
 import type { MeteredStream } from '../metering.js';
 import type { GenerationPipeline } from '../generation.js';
-import { TERMINAL, type ResponseFold, type ResponsesCreate, type ResponsesFormat, type ResponseStatus } from './format.js';
+import { TERMINAL, type Compaction, type ResponseFold, type ResponsesCreate, type ResponsesFormat, type ResponseStatus } from './format.js';
 import { EventLog, Run } from './run.js';
+import type { ConnectionResponses } from './connection-state.js';
 
 const HEARTBEAT_MS = 10_000;
 const MAX_CHAIN = 1000;
 const ABANDONED = { code: 'server_error', message: 'The server running this response stopped before it finished.' };
+
+/** What building a request's context reads of it (a create, a count, a compaction). */
+type ContextRequest = Pick<ResponsesCreate<unknown>, 'model' | 'input' | 'instructions' | 'previousResponseId' | 'conversationId'>;
+
+/** The most a compaction summary may take; the instruction below asks for far less. */
+const COMPACTION_MAX_TOKENS = 1024;
+const COMPACTION_PROMPT =
+  'Summarize the conversation above so that it can be continued from this summary alone. Keep every fact, ' +
+  'decision, constraint, tool result and open task that later turns may need; leave out pleasantries. ' +
+  'Write plain text, at most a few paragraphs.';
 
 export interface ResponseServiceOptions {
   /** A running response whose owner has not refreshed it for this long is taken as abandoned. */
@@ -172,30 +191,43 @@ export class ResponseService<Echo> {
   }
 
   /** Everything before this response's input: the previous-response chain, or the conversation. */
-  private async history(previousResponseId: string | null, who: Principal, conv: ConversationRecord | undefined): Promise<Item[]> {
+  private async history(
+    previousResponseId: string | null,
+    who: Principal,
+    conv: ConversationRecord | undefined,
+    local: ConnectionResponses | undefined,
+  ): Promise<Item[]> {
     if (conv) return (await this.store.allConversationItems(conv.id)).map((j) => JSON.parse(j) as Item);
+    const kept = previousResponseId === null ? undefined : local?.get(previousResponseId);
+    if (kept) return [...kept.items];
     const chain: Item[][] = [];
     for (let id = previousResponseId, n = 0; id !== null && n < MAX_CHAIN; n++) {
       const r = await this.store.getResponse(id);
-      if (!r || r.org_id !== who.orgId) throw new ApiError('not_found', `No response with id '${id}'.`, { param: 'previous_response_id' });
+      if (!r || r.org_id !== who.orgId) {
+        throw new ApiError('previous_response_not_found', `Previous response with id '${id}' not found.`, {
+          param: 'previous_response_id',
+        });
+      }
       chain.unshift([...(JSON.parse(r.input_items) as Item[]), ...this.format.read(r.body).output]);
       id = r.previous_response_id;
     }
     return chain.flat();
   }
 
-  private reasoningText(who: Principal): (r: ReasoningItem) => string {
-    return (r) => {
-      if (r.encrypted_content !== undefined) {
-        const text = this.seal.unseal(r.encrypted_content, who.orgId);
-        if (text === undefined) {
-          throw new ApiError('invalid_value', `The encrypted_content of reasoning item '${r.id}' could not be verified.`, {
-            param: 'input',
-          });
-        }
-        return text;
-      }
-      return (r.content ?? []).map((c) => c.text).join('') || r.summary.map((s) => s.text).join('');
+  /** Opens what was sealed for this organization; content sealed elsewhere or altered is a 400. */
+  private sealedText(who: Principal): SealedText {
+    const open = (sealed: string, purpose: SealPurpose, what: string): string => {
+      const text = this.seal.unseal(sealed, who.orgId, purpose);
+      if (text === undefined)
+        throw new ApiError('invalid_value', `The encrypted_content of ${what} could not be verified.`, { param: 'input' });
+      return text;
+    };
+    return {
+      reasoning: (r) =>
+        r.encrypted_content !== undefined
+          ? open(r.encrypted_content, 'reasoning', `reasoning item '${r.id}'`)
+          : (r.content ?? []).map((c) => c.text).join('') || r.summary.map((s) => s.text).join(''),
+      compaction: (c) => open(c.encrypted_content, 'compaction', `compaction item '${c.id}'`),
     };
   }
 
@@ -203,13 +235,13 @@ export class ResponseService<Echo> {
    * What a request generates from, in the pipeline's order: the model first, then the context
    * (previous response or conversation, then item references), which create and count share.
    */
-  private async context(body: ResponsesCreate<Echo>, who: Principal) {
+  private async context(body: ContextRequest, who: Principal, local?: ConnectionResponses) {
     const model = this.pipeline.resolve(body.model, who);
     if (body.previousResponseId && body.conversationId) {
       throw new ApiError('invalid_request', 'Send previous_response_id or conversation, not both.', { param: 'conversation' });
     }
     const conv = await this.conversationFor(body.conversationId, who);
-    const history = await this.history(body.previousResponseId, who, conv);
+    const history = await this.history(body.previousResponseId, who, conv, local);
     const inHistory = new Map(history.map((i) => [i.id, i]));
     const known = new Map(inHistory);
     // Other references may name any item the organization stored, in a response or a conversation.
@@ -224,8 +256,66 @@ export class ResponseService<Echo> {
     if (conv) checkNewItemIds(added, new Set(inHistory.keys()), () => 'input');
     /** The items this request brings, to be findable later (not those it refers to). */
     const own = input.filter((i) => known.get(i.id) !== i);
-    const messages = itemsToMessages([...history, ...input], body.instructions, this.reasoningText(who));
-    return { model, conv, input, added, own, messages };
+    const messages = itemsToMessages([...history, ...input], body.instructions, this.sealedText(who));
+    return { model, conv, history, input, added, own, messages };
+  }
+
+  /**
+   * `POST /v1/responses/compact`: the context (previous response chain and input) condensed into the
+   * user's messages, kept verbatim, and one compaction item: a summary the model writes of everything
+   * (sealed, so only this service can read it back). A real generation, admitted, metered and billed
+   * like any other; nothing is stored. A later request sends the output back as its input.
+   */
+  async compact(
+    body: ContextRequest,
+    who: Principal,
+    request: { id: string; started: number },
+  ): Promise<{ compaction: Compaction; model: Model; headers: Record<string, string> }> {
+    const { model, history, input, messages } = await this.context(body, who);
+    const kept = [...history, ...input].filter((i): i is MessageItem => i.type === 'message' && i.role === 'user');
+    const abort = new AbortController();
+    const req: GenerationRequest = {
+      sampling: { temperature: 0 },
+      maxOutputTokens: COMPACTION_MAX_TOKENS,
+      model: model.id,
+      messages: [...messages, { role: 'user', content: COMPACTION_PROMPT }],
+      stream: false,
+      signal: abort.signal,
+      tally: newTally(),
+    };
+    const { admission, open } = await this.pipeline.admit(model, req, who, {
+      endpoint: 'responses.compact',
+      requestId: request.id,
+      stream: false,
+      started: request.started,
+    });
+    const events = await open();
+    let summary = '';
+    let usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
+    try {
+      for (let ev = await events.next(); ev; ev = await events.next()) {
+        if (ev.type === 'text.delta') summary += ev.text;
+        else if (ev.type === 'usage') usage = ev.usage;
+      }
+      await events.persisted();
+    } finally {
+      await events.close();
+    }
+    const item: CompactionItem = {
+      id: newId('cmp'),
+      type: 'compaction',
+      encrypted_content: this.seal.seal(summary.trim(), who.orgId, 'compaction'),
+    };
+    return {
+      compaction: {
+        id: newId('resp'),
+        createdAt: nowSeconds(),
+        output: [...kept.map((m) => ({ ...m, status: 'completed' })), item],
+        usage,
+      },
+      model,
+      headers: admission.headers,
+    };
   }
 
   /**
@@ -254,11 +344,16 @@ export class ResponseService<Echo> {
     body: ResponsesCreate<Echo>,
     who: Principal,
     request: { id: string; started: number },
+    local?: ConnectionResponses,
   ): Promise<{ run: Run; firstEvents: Promise<void>; model: Model; headers: Record<string, string> }> {
     const { store, background } = body;
     if (background && !store)
       throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
-    const { model, conv, input, added, own, messages } = await this.context(body, who);
+    const { model, conv, history, input, added, own, messages } = await this.context(body, who, local);
+    // Continuing a response only this connection knows (`store: false`): a stored one cannot point
+    // at it, so it keeps the context it continues as its input.
+    const prev = body.previousResponseId === null ? undefined : local?.get(body.previousResponseId);
+    const detached = prev !== undefined && !prev.stored;
 
     const fold: ResponseFold = this.format.open({
       id: newId('resp'),
@@ -308,11 +403,11 @@ export class ResponseService<Echo> {
           status: fold.status,
           background,
           conversation_id: conv?.id ?? null,
-          previous_response_id: body.previousResponseId,
+          previous_response_id: detached ? null : body.previousResponseId,
           created_at: nowSeconds(),
           updated_at: Date.now(),
           body: this.format.serialize(fold),
-          input_items: JSON.stringify(input),
+          input_items: JSON.stringify(detached ? [...history, ...input] : input),
         });
       } catch (err) {
         // Nothing was generated for anyone: stop, give the reservation back, and answer the error.
@@ -385,6 +480,8 @@ export class ResponseService<Echo> {
             ),
           );
         }
+        if (local && (fold.status === 'completed' || fold.status === 'incomplete'))
+          local.remember(id, [...history, ...input, ...fold.output], kept);
         run.release();
         this.running.delete(id);
         run.finish();

@@ -117,6 +117,9 @@ export class ChunkRenderer {
         return undefined;
       case 'finish':
         return this.choice('{}', ev.reason);
+      case 'message.phase':
+        // Chat completions have no place for it.
+        return undefined;
     }
   }
 

@@ -24,7 +24,7 @@ function responsesInput(messages: readonly Message[]): Record<string, unknown>[]
               ? { type: m.role === 'assistant' ? 'output_text' : 'input_text', text: p.text }
               : { type: 'input_image', image_url: p.url, ...(p.detail && { detail: p.detail }) },
           );
-    if (content !== null && content !== '') items.push({ role: m.role, content });
+    if (content !== null && content !== '') items.push({ role: m.role, content, ...(m.phase && { phase: m.phase }) });
     for (const c of m.toolCalls ?? []) items.push({ type: 'function_call', call_id: c.id, name: c.name, arguments: c.arguments });
   }
   return items;
@@ -77,6 +77,7 @@ export class ResponsesReader implements StreamReader {
         if (delta) out.push({ type: 'text.delta', text: delta });
         return false;
       case 'response.reasoning_text.delta':
+      case 'response.reasoning.delta':
         this.rawReasoning.add(itemId);
         if (delta) out.push({ type: 'reasoning.delta', text: delta });
         return false;
@@ -86,6 +87,9 @@ export class ResponsesReader implements StreamReader {
         return false;
       case 'response.output_item.added': {
         const item = obj(ev['item']);
+        const phase = item?.['phase'];
+        if (item?.['type'] === 'message' && (phase === 'commentary' || phase === 'final_answer'))
+          out.push({ type: 'message.phase', phase });
         if (item?.['type'] === 'function_call') {
           const index = this.calls.size;
           if (index >= MAX_TOOL_CALLS) throw new ApiError('upstream_error', 'The upstream sent too many tool calls.');

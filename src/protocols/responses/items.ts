@@ -74,11 +74,18 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
             param: `${where}.role`,
           });
         }
+        const phase = raw['phase'];
+        if (phase != null && ((phase !== 'commentary' && phase !== 'final_answer') || role !== 'assistant')) {
+          throw new ApiError('invalid_value', `${where}.phase must be 'commentary' or 'final_answer', on an assistant message.`, {
+            param: `${where}.phase`,
+          });
+        }
         return {
           id: itemId(raw, where, 'msg'),
           type: 'message',
           role,
           content: contentParts(raw['content'], role, where),
+          ...(phase != null && { phase }),
         };
       }
       case 'function_call':
@@ -108,6 +115,12 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
         if (typeof raw['encrypted_content'] === 'string') item.encrypted_content = raw['encrypted_content'];
         return item;
       }
+      case 'compaction':
+        return {
+          id: itemId(raw, where, 'cmp'),
+          type: 'compaction',
+          encrypted_content: str(raw['encrypted_content'], `${where}.encrypted_content`),
+        };
       case 'item_reference':
         return {
           type: 'item_reference',

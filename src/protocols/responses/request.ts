@@ -149,3 +149,26 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
     echo: body,
   };
 }
+
+/** `POST /v1/responses/compact` (Open Responses' CompactResponseMethodPublicBody); unknown fields are ignored. */
+export const CompactRequestSchema = Type.Object({
+  model: ModelField,
+  input: nullable(Type.Union([Type.String(), Type.Array(Type.Record(Type.String(), Type.Unknown()))])),
+  previous_response_id: nullable(Type.String({ minLength: 1 })),
+  instructions: Instructions,
+  prompt_cache_key: nullable(Type.String({ maxLength: 64 })),
+});
+export type CompactRequest = Static<typeof CompactRequestSchema>;
+
+/** What a compaction reads of its request: the same context a response would have. */
+export function decodeCompactRequest(
+  body: CompactRequest,
+): Pick<ResponsesCreate<unknown>, 'model' | 'input' | 'instructions' | 'previousResponseId' | 'conversationId'> {
+  return {
+    model: body.model,
+    input: body.input == null ? [] : decodeInput(body.input),
+    instructions: body.instructions ?? null,
+    previousResponseId: body.previous_response_id ?? null,
+    conversationId: null,
+  };
+}

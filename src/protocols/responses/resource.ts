@@ -1,8 +1,9 @@
-import type { GenerationEvent, Usage } from '../../core/canonical.js';
+import type { GenerationEvent, MessagePhase, Usage } from '../../core/canonical.js';
 import { newId, nowSeconds } from '../../core/ids.js';
 import type { Item, ReasoningItem } from '../../core/items.js';
 import {
   TERMINAL,
+  type Compaction,
   type NewResponse,
   type ResponseEvent,
   type ResponseFold,
@@ -109,7 +110,7 @@ export function renderResponseUsage(u: Usage): Record<string, unknown> {
 }
 
 type Open =
-  | { kind: 'message'; index: number; id: string; text: string }
+  | { kind: 'message'; index: number; id: string; text: string; phase?: MessagePhase }
   | { kind: 'reasoning'; index: number; id: string; text: string }
   | { kind: 'function_call'; index: number; id: string; callId: string; name: string; args: string };
 
@@ -121,6 +122,8 @@ export class ResponseBuilder implements ResponseFold {
   private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
   private ids = 0;
   private toolCalls = 0;
+  /** The label the model gave its next (or current) message. */
+  private phase: MessagePhase | undefined;
 
   constructor(
     readonly response: ResponseObject,
@@ -163,7 +166,8 @@ export class ResponseBuilder implements ResponseFold {
       case 'reasoning.delta': {
         const o = this.ensure('reasoning', out);
         o.text += ev.text;
-        out.push({ type: 'response.reasoning_text.delta', item_id: o.id, output_index: o.index, content_index: 0, delta: ev.text });
+        // Open Responses names raw reasoning `response.reasoning.*` (OpenAI's own stream says `reasoning_text`).
+        out.push({ type: 'response.reasoning.delta', item_id: o.id, output_index: o.index, content_index: 0, delta: ev.text });
         break;
       }
       case 'text.delta': {
@@ -205,6 +209,14 @@ export class ResponseBuilder implements ResponseFold {
       }
       case 'usage':
         this.usage = ev.usage;
+        break;
+      case 'message.phase':
+        // A label starts the next message; one that already has text is finished (it had its own).
+        if (this.open?.kind === 'message' && this.open.text === '') this.open.phase = ev.phase;
+        else {
+          if (this.open?.kind === 'message') this.close(out, 'completed');
+          this.phase = ev.phase;
+        }
         break;
       case 'finish': {
         const incomplete = ev.reason === 'length' || ev.reason === 'content_filter';
@@ -257,15 +269,17 @@ export class ResponseBuilder implements ResponseFold {
     this.close(out, 'completed');
     const index = this.response.output.length;
     const id = this.id(kind === 'message' ? 'msg' : 'rs');
+    const phase = kind === 'message' ? this.phase : undefined;
+    this.phase = undefined;
     const item: Item =
       kind === 'message'
-        ? { id, type: 'message', status: 'in_progress', role: 'assistant', content: [] }
+        ? { id, type: 'message', status: 'in_progress', role: 'assistant', content: [], ...(phase && { phase }) }
         : { id, type: 'reasoning', summary: [] };
     const part = kind === 'message' ? { type: 'output_text', text: '', annotations: [] } : { type: 'reasoning_text', text: '' };
     this.response.output.push(item);
     out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
     out.push({ type: 'response.content_part.added', item_id: id, output_index: index, content_index: 0, part });
-    this.open = { kind, index, id, text: '' } as Extract<Open, { kind: K }>;
+    this.open = { kind, index, id, text: '', ...(phase && { phase }) } as Extract<Open, { kind: K }>;
     return this.open as Extract<Open, { kind: K }>;
   }
 
@@ -279,10 +293,10 @@ export class ResponseBuilder implements ResponseFold {
       const part = { type: 'output_text' as const, text: o.text, annotations: [] };
       out.push({ type: 'response.output_text.done', ...base, content_index: 0, text: o.text, logprobs: [] });
       out.push({ type: 'response.content_part.done', ...base, content_index: 0, part });
-      item = { id: o.id, type: 'message', status, role: 'assistant', content: [part] };
+      item = { id: o.id, type: 'message', status, role: 'assistant', content: [part], ...(o.phase && { phase: o.phase }) };
     } else if (o.kind === 'reasoning') {
       const part = { type: 'reasoning_text' as const, text: o.text };
-      out.push({ type: 'response.reasoning_text.done', ...base, content_index: 0, text: o.text });
+      out.push({ type: 'response.reasoning.done', ...base, content_index: 0, text: o.text });
       out.push({ type: 'response.content_part.done', ...base, content_index: 0, part });
       const summary: Array<{ type: 'summary_text'; text: string }> = [];
       if (this.opts.summary) {
@@ -311,6 +325,7 @@ export function eventsOf(r: ResponseObject): GenerationEvent[] {
   for (const item of r.output) {
     if (item.type === 'reasoning') events.push({ type: 'reasoning.delta', text: (item.content ?? []).map((c) => c.text).join('') });
     else if (item.type === 'message') {
+      if (item.phase) events.push({ type: 'message.phase', phase: item.phase });
       events.push({ type: 'text.delta', text: item.content.map((c) => (c.type === 'output_text' ? c.text : '')).join('') });
     } else if (item.type === 'function_call') {
       events.push({ type: 'tool_call.start', index: call, id: item.call_id, name: item.name });
@@ -456,3 +471,12 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
     return TERMINAL_EVENTS.has(ev.type);
   },
 };
+
+/** The answer of `POST /v1/responses/compact` (Open Responses' CompactResource). */
+export const compactionObject = (c: Compaction): Record<string, unknown> => ({
+  id: c.id,
+  object: 'response.compaction',
+  created_at: c.createdAt,
+  output: c.output,
+  usage: renderResponseUsage(c.usage),
+});

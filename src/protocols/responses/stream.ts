@@ -1,3 +1,4 @@
+import type { ApiError } from '../../core/errors.js';
 import type { ResponseEvent } from '../../core/responses/format.js';
 
 /**
@@ -6,4 +7,15 @@ import type { ResponseEvent } from '../../core/responses/format.js';
  */
 export function sseFrame(event: ResponseEvent, index: number): { name: string; data: string } {
   return { name: event.type, data: JSON.stringify({ ...event, sequence_number: index }) };
+}
+
+/** One Responses stream event as a WebSocket message: the same object as the SSE `data:`. */
+export function socketFrame(event: ResponseEvent, index: number): string {
+  return JSON.stringify({ ...event, sequence_number: index });
+}
+
+/** Open Responses' WebSocket error envelope: the HTTP status it would have had, and the error. */
+export function socketError(e: ApiError): string {
+  const { error } = e.toBody();
+  return JSON.stringify({ type: 'error', status: e.status, error });
 }

@@ -1,0 +1,247 @@
+import type { FastifyRequest } from 'fastify';
+import type { WebSocket, RawData } from 'ws';
+import { Ajv } from 'ajv';
+import type { App, RouteContext } from './context.js';
+import { ApiError } from '../core/errors.js';
+import type { Principal } from '../core/principal.js';
+import { ConnectionResponses } from '../core/responses/connection-state.js';
+import { ResponsesRequestSchema, decodeResponsesRequest, type ResponsesRequest } from '../protocols/responses/request.js';
+import { socketError, socketFrame } from '../protocols/responses/stream.js';
+import { validationError, type ValidationIssue } from '../protocols/validation.js';
+
+/** `response.create` messages a connection may queue behind the one running (Open Responses runs them in turn). */
+const MAX_PENDING = 8;
+/** Past this much unsent data, the next event waits until the client has read (a slow reader cannot grow memory). */
+const HIGH_WATER = 1024 * 1024;
+/** A peer that does not answer a ping within this long is gone. */
+const PING_MS = 30_000;
+/** HTTP/SSE transport fields that Open Responses forbids in a WebSocket `response.create`. */
+const HTTP_ONLY = ['stream', 'stream_options', 'background'] as const;
+
+// Bodies are checked exactly as on HTTP (one schema, no coercion), compiled once.
+const validate = new Ajv({ coerceTypes: false, useDefaults: true, removeAdditional: false, allErrors: false, strict: false }).compile(
+  ResponsesRequestSchema,
+);
+
+/**
+ * One Responses WebSocket (Open Responses' WebSocket transport): `response.create` messages run one
+ * after another, each streaming the same events as SSE; `previous_response_id` continues from the
+ * connection's own recent responses (so `store: false` ones can be continued) or the store; a failed
+ * continuation forgets the response it continued; the connection ends at its time limit with a
+ * `websocket_connection_limit_reached` error. Authenticated once, at the upgrade, like any request.
+ */
+class ResponseSocket {
+  private readonly local = new ConnectionResponses();
+  private readonly pending: RawData[] = [];
+  private running: AbortController | undefined;
+  private draining = false;
+  private idle: Promise<void> = Promise.resolve();
+  private turns = 0;
+  private expired = false;
+  private closing = false;
+  private alive = true;
+  private readonly timers: NodeJS.Timeout[] = [];
+  private readonly opened = performance.now();
+
+  constructor(
+    private readonly ws: WebSocket,
+    private readonly req: FastifyRequest,
+    private readonly who: Principal,
+    private readonly ctx: RouteContext,
+  ) {}
+
+  start(): void {
+    const { ws } = this;
+    ws.on('message', (data, isBinary) => this.receive(data, isBinary));
+    ws.on('pong', () => {
+      this.alive = true;
+    });
+    ws.once('close', () => this.closed());
+    this.timers.push(setTimeout(() => this.expire(), this.ctx.config.websocketMaxConnectionMs));
+    this.timers.push(
+      setInterval(() => {
+        if (!this.alive) return ws.terminate();
+        this.alive = false;
+        ws.ping();
+      }, PING_MS),
+    );
+    for (const t of this.timers) t.unref();
+  }
+
+  private receive(data: RawData, isBinary: boolean): void {
+    if (this.closing) return;
+    if (isBinary) return this.error(new ApiError('invalid_request', 'Send response.create events as JSON text messages.'));
+    if (this.expired) return this.limitReached();
+    if (this.pending.length >= MAX_PENDING) {
+      return this.error(
+        new ApiError(
+          'rate_limited',
+          `At most ${MAX_PENDING} response.create events may wait on one connection; open another for parallel runs.`,
+        ),
+      );
+    }
+    this.pending.push(data);
+    if (!this.draining) this.idle = this.drain();
+  }
+
+  /** Runs queued turns one at a time until none is left. */
+  private async drain(): Promise<void> {
+    this.draining = true;
+    try {
+      for (let data = this.pending.shift(); data !== undefined && !this.closing; data = this.pending.shift()) await this.turn(data);
+    } finally {
+      this.draining = false;
+    }
+    if (this.expired && !this.closing) this.limitReached();
+  }
+
+  private async turn(data: RawData): Promise<void> {
+    const n = ++this.turns;
+    let previous: string | null = null;
+    try {
+      const body = this.decode(data);
+      previous = body.previous_response_id ?? null;
+      const create = { ...decodeResponsesRequest(body), stream: true };
+      const abort = new AbortController();
+      this.running = abort;
+      const { run, model } = await this.ctx.responses.create(
+        create,
+        this.who,
+        { id: `${this.req.id}.${n}`, started: performance.now() },
+        this.local,
+      );
+      this.req.metricsModel = this.ctx.metrics.modelLabel(model);
+      abort.signal.addEventListener('abort', () => run.abort.abort(), { once: true });
+      for await (const { event, index } of run.follow(abort.signal)) {
+        if (!(await this.send(socketFrame(event, index)))) break;
+      }
+      await run.done;
+      if (run.fold.status === 'failed' && previous !== null) this.local.evict(previous);
+    } catch (err) {
+      // A continuation that fails forgets what it continued (Open Responses: a later try is not found).
+      if (previous !== null) this.local.evict(previous);
+      const e = err instanceof ApiError ? err : new ApiError('internal_error', 'The response failed.');
+      if (!(err instanceof ApiError)) this.req.log.error({ err, turn: n }, 'websocket turn failed');
+      this.error(e);
+    } finally {
+      this.running = undefined;
+    }
+  }
+
+  /** A `response.create` message as a validated request body; anything else is the turn's error. */
+  private decode(data: RawData): ResponsesRequest {
+    let msg: unknown;
+    try {
+      msg = JSON.parse(Buffer.isBuffer(data) ? data.toString('utf8') : Buffer.concat([data].flat() as Buffer[]).toString('utf8'));
+    } catch {
+      throw new ApiError('invalid_json', 'The message is not valid JSON.');
+    }
+    if (typeof msg !== 'object' || msg === null || Array.isArray(msg)) throw new ApiError('invalid_request', 'Send a JSON object.');
+    const { type, ...body } = msg as Record<string, unknown>;
+    if (type !== 'response.create') {
+      throw new ApiError('invalid_value', `Unknown event type ${JSON.stringify(type)}: a client sends 'response.create'.`, {
+        param: 'type',
+      });
+    }
+    for (const field of HTTP_ONLY) {
+      if (field in body) {
+        throw new ApiError('unsupported_parameter', `'${field}' is an HTTP field; leave it out of WebSocket response.create events.`, {
+          param: field,
+        });
+      }
+    }
+    if (!validate(body)) throw validationError((validate.errors ?? []) as ValidationIssue[], 'body');
+    return body as ResponsesRequest;
+  }
+
+  /** Sends one message; waits when the client reads slowly. False once the connection is gone. */
+  private async send(text: string): Promise<boolean> {
+    const { ws } = this;
+    if (ws.readyState !== ws.OPEN) return false;
+    if (ws.bufferedAmount < HIGH_WATER) {
+      ws.send(text);
+      return true;
+    }
+    return new Promise((resolve) => ws.send(text, (err) => resolve(!err)));
+  }
+
+  private error(e: ApiError): void {
+    void this.send(socketError(e));
+  }
+
+  private expire(): void {
+    this.expired = true;
+    if (!this.draining) this.limitReached();
+  }
+
+  /** The time limit: said once as an error event, then the connection closes (1000: a normal end). */
+  private limitReached(): void {
+    if (this.closing) return;
+    this.closing = true;
+    const minutes = Math.round(this.ctx.config.websocketMaxConnectionMs / 60_000);
+    this.error(
+      new ApiError(
+        'websocket_connection_limit_reached',
+        `This connection reached its limit of ${minutes} minutes; open a new WebSocket and continue with previous_response_id.`,
+      ),
+    );
+    this.ws.close(1000, 'connection limit reached');
+  }
+
+  /** Shutdown: no new turns; the running one finishes (within the shutdown timeout), then 1001. */
+  async shutdown(): Promise<void> {
+    this.closing = true;
+    this.pending.length = 0;
+    await this.idle;
+    if (this.ws.readyState === this.ws.OPEN) this.ws.close(1001, 'server shutting down');
+  }
+
+  private closed(): void {
+    this.closing = true;
+    this.pending.length = 0;
+    // The client left: a turn still running stops, like a streamed HTTP response whose client went away.
+    this.running?.abort();
+    for (const t of this.timers) clearTimeout(t);
+    this.req.log.info(
+      { method: 'GET', url: '/v1/responses', status: 101, turns: this.turns, ms: Math.round(performance.now() - this.opened) },
+      'websocket closed',
+    );
+  }
+}
+
+/** The open Responses WebSockets, to close on shutdown. */
+export class ResponseSockets {
+  private readonly open = new Set<ResponseSocket>();
+
+  add(s: ResponseSocket, ws: WebSocket): void {
+    this.open.add(s);
+    ws.once('close', () => this.open.delete(s));
+  }
+
+  async shutdown(): Promise<void> {
+    await Promise.all([...this.open].map((s) => s.shutdown()));
+  }
+}
+
+/**
+ * `GET /v1/responses` with an Upgrade: the WebSocket transport. The route's hooks (authentication,
+ * load shedding) run before the upgrade, so a refused connection gets the HTTP error, not a socket.
+ */
+export function registerResponseSocket(app: App, ctx: RouteContext, sockets: ResponseSockets): void {
+  app.route({
+    method: 'GET',
+    url: '/v1/responses',
+    onRequest: ctx.requireKey,
+    schema: { hide: true },
+    handler: async () => {
+      throw new ApiError('method_not_allowed', 'GET /v1/responses needs a WebSocket upgrade; create responses with POST.', {
+        headers: { allow: 'POST' },
+      });
+    },
+    wsHandler: (ws: WebSocket, req: FastifyRequest) => {
+      const s = new ResponseSocket(ws, req, req.principal!, ctx);
+      sockets.add(s, ws);
+      s.start();
+    },
+  });
+}

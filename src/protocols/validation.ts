@@ -1,0 +1,52 @@
+import { ApiError } from '../core/errors.js';
+
+/**
+ * A request that failed its schema, as one clear error naming the parameter: shared by every
+ * transport that validates a request body against a route's schema (HTTP, the Responses WebSocket).
+ */
+export interface ValidationIssue {
+  keyword: string;
+  instancePath: string;
+  message?: string | undefined;
+  params: Record<string, unknown>;
+}
+
+/** `/messages/0/content` → `messages[0].content` */
+function paramName(pointer: string, extra?: string): string {
+  const parts = pointer
+    .split('/')
+    .filter(Boolean)
+    .map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
+  if (extra !== undefined) parts.push(extra);
+  return parts.reduce((acc, p) => (/^\d+$/.test(p) ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
+}
+
+export function validationError(issues: readonly ValidationIssue[], where: string): ApiError {
+  // For unions ajv reports each branch, then the union; the branch that got past the type check
+  // (a range, an enum) says what is really wrong.
+  const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
+  const specific =
+    union && issues.find((i) => i.instancePath.startsWith(union.instancePath) && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword));
+  const issue = specific ?? union ?? issues[0];
+  if (!issue) return new ApiError('invalid_request', `Invalid ${where}.`);
+  if (issue.keyword === 'required') {
+    const param = paramName(issue.instancePath, String(issue.params['missingProperty']));
+    return new ApiError('missing_required_parameter', `Missing required parameter: '${param}'.`, { param });
+  }
+  const param = paramName(issue.instancePath) || where;
+  let detail: string;
+  switch (issue.keyword) {
+    case 'enum':
+      detail = `must be one of ${(issue.params['allowedValues'] as unknown[]).map((v) => `'${String(v)}'`).join(', ')}`;
+      break;
+    case 'type':
+      return new ApiError('invalid_value', `Invalid type for '${param}': expected ${String(issue.params['type'])}.`, { param });
+    case 'anyOf':
+    case 'oneOf':
+      detail = 'does not match any of the accepted shapes';
+      break;
+    default:
+      detail = issue.message ?? 'is invalid';
+  }
+  return new ApiError('invalid_value', `Invalid value for '${param}': ${detail}.`, { param });
+}

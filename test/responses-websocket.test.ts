@@ -1,0 +1,258 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import OpenAI from 'openai';
+import { ResponsesWS } from 'openai/resources/responses/ws';
+import { WebSocket } from 'ws';
+import { closers } from './helpers/fixtures.js';
+import { createKey, http, startServer, type TestServer } from './helpers/server.js';
+import { eventSchemas, valid, validator } from './helpers/open-responses.js';
+
+/**
+ * The Responses WebSocket transport (Open Responses 2026-04-24, "WebSocket Transport"), driven by the
+ * openai SDK's own WebSocket client and by a plain `ws` client for what the SDK does not send.
+ */
+
+const MODEL = 'local/stories260k';
+const errorEvent = validator('WebSocketErrorEvent');
+
+type Event = {
+  type: string;
+  sequence_number?: number;
+  response?: { id: string; status: string; usage?: { input_tokens: number } };
+} & Record<string, unknown>;
+
+/** A plain WebSocket client that reads every message the server sends, in order. */
+class Socket {
+  readonly messages: Event[] = [];
+  private waiters: Array<() => void> = [];
+  closed: Promise<[number, Buffer]>;
+
+  private constructor(readonly ws: WebSocket) {
+    ws.on('message', (data) => {
+      this.messages.push(JSON.parse(String(data)) as Event);
+      for (const w of this.waiters.splice(0)) w();
+    });
+    this.closed = once(ws, 'close') as Promise<[number, Buffer]>;
+  }
+
+  static async open(server: TestServer, headers: Record<string, string>): Promise<Socket> {
+    const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/responses`, { headers });
+    await once(ws, 'open');
+    return new Socket(ws);
+  }
+
+  send(msg: unknown): void {
+    this.ws.send(typeof msg === 'string' ? msg : JSON.stringify(msg));
+  }
+
+  /** Messages from `from` on until one matches (a terminal event, an error). */
+  async until(from: number, match: (e: Event) => boolean): Promise<Event[]> {
+    for (;;) {
+      const at = this.messages.slice(from).findIndex(match);
+      if (at >= 0) return this.messages.slice(from, from + at + 1);
+      await new Promise<void>((resolve) => this.waiters.push(resolve));
+    }
+  }
+
+  /** Sends one response.create and returns its messages, to its terminal event or error. */
+  async turn(body: Record<string, unknown>): Promise<Event[]> {
+    const from = this.messages.length;
+    this.send({ type: 'response.create', model: MODEL, max_output_tokens: 6, ...body });
+    return this.until(from, isEnd);
+  }
+}
+
+const TERMINAL = new Set(['response.completed', 'response.incomplete', 'response.failed', 'error']);
+const isEnd = (e: Event): boolean => TERMINAL.has(e.type);
+
+function checkTurn(events: Event[]): Event {
+  events.forEach((e, i) => {
+    if (e.type === 'error') return valid(errorEvent, e, 'error event');
+    const v = eventSchemas.get(e.type);
+    assert.ok(v, `no schema for event ${e.type}`);
+    valid(v, e, e.type);
+    assert.equal(e.sequence_number, i, 'each turn numbers its events from 0');
+  });
+  const end = events.at(-1)!;
+  assert.ok(end.type === 'response.completed' || end.type === 'response.incomplete', JSON.stringify(end));
+  return end;
+}
+
+describe('Responses over WebSocket', () => {
+  const c = closers();
+  let server: TestServer;
+  let key: string;
+  before(async () => {
+    server = c.keep(await startServer());
+    key = (await createKey(server, 'sockets')).key;
+  });
+  after(() => c.closeAll());
+
+  it("runs turns through the openai SDK's WebSocket client, continuing store:false responses on the connection", async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: `${server.url}/v1` });
+    const ws = new ResponsesWS(client);
+    const received: Event[] = [];
+    const errors: unknown[] = [];
+    ws.on('event', (e) => received.push(e as unknown as Event));
+    ws.on('error', (e) => errors.push(e));
+    const ended = () =>
+      new Promise<Event>((resolve) => {
+        const done = (e: unknown) => resolve(e as Event);
+        ws.once('response.completed', done);
+        ws.once('response.incomplete', done);
+      });
+
+    let end = ended();
+    ws.send({ type: 'response.create', model: MODEL, store: false, input: 'Once upon a time', max_output_tokens: 6 });
+    const first = await end;
+    checkTurn(received.splice(0));
+    assert.equal(first.response?.status, 'incomplete', 'the tiny model runs to its token limit');
+
+    // The next turn sends only new input and continues from the connection's memory: it was never stored.
+    end = ended();
+    ws.send({
+      type: 'response.create',
+      model: MODEL,
+      store: false,
+      previous_response_id: first.response!.id,
+      input: [{ type: 'message', role: 'user', content: 'And then?' }],
+      max_output_tokens: 6,
+    });
+    const second = await end;
+    checkTurn(received.splice(0));
+    assert.ok(
+      second.response!.usage!.input_tokens > first.response!.usage!.input_tokens + 6,
+      'the second turn read the first one as context',
+    );
+    assert.deepEqual(errors, []);
+    assert.equal((await http(server.url, 'GET', `/v1/responses/${first.response!.id}`, { key })).status, 404, 'store:false kept nothing');
+    ws.close();
+  });
+
+  it('fails a continuation it cannot find with previous_response_not_found, and the connection recovers', async () => {
+    const s = await Socket.open(server, { 'x-api-key': key });
+    const lost = await s.turn({ store: false, previous_response_id: 'resp_not_here', input: 'x' });
+    assert.equal(lost.length, 1);
+    valid(errorEvent, lost[0], 'error');
+    assert.equal(lost[0]!['status'], 400);
+    assert.deepEqual(lost[0]!['error'], {
+      type: 'invalid_request_error',
+      code: 'previous_response_not_found',
+      message: "Previous response with id 'resp_not_here' not found.",
+      param: 'previous_response_id',
+    });
+    // Recovery: a new chain with the full input, on the same connection.
+    checkTurn(await s.turn({ store: false, input: 'Once upon a time' }));
+    s.ws.close();
+    await s.closed;
+  });
+
+  it('forgets the response a failed continuation referred to (Open Responses: a later try is not found)', async () => {
+    const s = await Socket.open(server, { authorization: `Bearer ${key}` });
+    const a = checkTurn(await s.turn({ store: false, input: 'Once upon a time' }));
+    // The continuation fails (it refers to an item that does not exist): 4xx, and `a` is evicted.
+    const failed = await s.turn({
+      store: false,
+      previous_response_id: a.response!.id,
+      input: [{ type: 'item_reference', id: 'msg_none' }],
+    });
+    assert.equal(failed.at(-1)!.type, 'error');
+    assert.equal((failed.at(-1)!['error'] as { code: string }).code, 'not_found');
+    const again = await s.turn({ store: false, previous_response_id: a.response!.id, input: 'Then?' });
+    assert.equal((again.at(-1)!['error'] as { code: string }).code, 'previous_response_not_found');
+    s.ws.close();
+  });
+
+  it('continues a stored response from the store on a new connection', async () => {
+    const one = await Socket.open(server, { 'x-api-key': key });
+    const a = checkTurn(await one.turn({ input: 'Once upon a time' }));
+    one.ws.close();
+    await one.closed;
+    const stored = await http(server.url, 'GET', `/v1/responses/${a.response!.id}`, { key });
+    assert.equal(stored.status, 200, 'store defaults to true on WebSocket too');
+    const two = await Socket.open(server, { 'x-api-key': key });
+    const b = checkTurn(await two.turn({ previous_response_id: a.response!.id, input: 'Then?' }));
+    assert.ok(b.response!.usage!.input_tokens > a.response!.usage!.input_tokens);
+    two.ws.close();
+  });
+
+  it('runs response.create messages one after another, never interleaved', async () => {
+    const s = await Socket.open(server, { 'x-api-key': key });
+    const from = s.messages.length;
+    for (let i = 0; i < 3; i++) s.send({ type: 'response.create', model: MODEL, store: false, input: `Story ${i}`, max_output_tokens: 5 });
+    let at = from;
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const turn = await s.until(at, isEnd);
+      at += turn.length;
+      const end = checkTurn(turn);
+      const created = turn[0]!;
+      assert.equal(created.type, 'response.created');
+      assert.equal(created.response!.id, end.response!.id, 'one response per turn, from created to its end');
+      ids.push(end.response!.id);
+    }
+    assert.equal(new Set(ids).size, 3);
+    s.ws.close();
+  });
+
+  it('answers malformed messages and HTTP-only fields with error events naming the problem, and stays open', async () => {
+    const s = await Socket.open(server, { 'x-api-key': key });
+    const expectError = async (msg: unknown, code: string, param: string | null, status = 400) => {
+      const from = s.messages.length;
+      s.send(msg);
+      const [e] = await s.until(from, isEnd);
+      valid(errorEvent, e, 'error');
+      assert.equal(e!['status'], status);
+      assert.equal((e!['error'] as { code: string }).code, code);
+      assert.equal((e!['error'] as { param: string | null }).param, param);
+    };
+    await expectError('{not json', 'invalid_json', null);
+    await expectError({ type: 'response.cancel' }, 'invalid_value', 'type');
+    await expectError({ type: 'response.create', model: MODEL, input: 'x', stream: true }, 'unsupported_parameter', 'stream');
+    await expectError({ type: 'response.create', model: MODEL, input: 'x', background: false }, 'unsupported_parameter', 'background');
+    await expectError({ type: 'response.create', model: MODEL, input: 'x', temperature: 9 }, 'invalid_value', 'temperature');
+    await expectError({ type: 'response.create', input: 'x' }, 'missing_required_parameter', 'model');
+    await expectError({ type: 'response.create', model: 'nobody/none', input: 'x' }, 'model_not_found', 'model', 404);
+    checkTurn(await s.turn({ store: false, input: 'Once' }));
+    s.ws.close();
+  });
+
+  it('authenticates the upgrade like any request', async () => {
+    for (const headers of [{}, { authorization: 'Bearer sk-sy-wrong' }]) {
+      const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/responses`, { headers });
+      ws.on('error', () => undefined);
+      const [req, res] = (await once(ws, 'unexpected-response')) as [
+        { destroy(): void },
+        { statusCode: number; headers: Record<string, string>; resume(): void },
+      ];
+      assert.equal(res.statusCode, 401);
+      assert.ok(res.headers['x-request-id']);
+      res.resume();
+      req.destroy();
+    }
+    // A plain GET (no upgrade) says how to use the path.
+    const plain = await http(server.url, 'GET', '/v1/responses', { key });
+    assert.equal(plain.status, 405);
+    assert.equal(plain.headers['allow'], 'POST');
+  });
+});
+
+describe('Responses over WebSocket: the connection time limit', () => {
+  const c = closers();
+  let server: TestServer;
+  before(async () => {
+    server = c.keep(await startServer({ env: { SWITCHYARD_WEBSOCKET_MAX_CONNECTION_MS: '1500' } }));
+  });
+  after(() => c.closeAll());
+
+  it('ends a connection at its limit with websocket_connection_limit_reached, after the running turn', async () => {
+    const s = await Socket.open(server, { 'x-api-key': server.adminKey });
+    checkTurn(await s.turn({ store: false, input: 'Once upon a time' }));
+    const [code] = await s.closed;
+    const last = s.messages.at(-1)!;
+    valid(errorEvent, last, 'error');
+    assert.equal((last['error'] as { code: string }).code, 'websocket_connection_limit_reached');
+    assert.equal(code, 1000);
+  });
+});
