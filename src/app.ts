@@ -17,6 +17,7 @@ import { AddressPolicy } from './engines/upstream/address-policy.js';
 import { ReasoningSeal } from './core/reasoning-seal.js';
 import { ResponseService, failAbandonedResponses } from './core/responses/service.js';
 import { ConversationService } from './core/responses/conversations.js';
+import { StoredCompletions } from './core/stored-completions.js';
 import { responsesFormat } from './protocols/responses/resource.js';
 import { Ledger } from './core/ledger.js';
 import { Metrics } from './core/metrics.js';
@@ -174,6 +175,7 @@ export async function createService(
       localStatus,
       responses,
       conversations,
+      storedCompletions: new StoredCompletions(store),
       ledger,
       metrics,
       limiter,

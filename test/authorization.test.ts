@@ -24,6 +24,7 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
   let responseId = '';
   let conversationId = '';
   let itemId = '';
+  let storedChatId = '';
   let n = 0;
 
   const as = (who: Who, method: string, path: string, body?: object) => {
@@ -41,6 +42,15 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
     (await ok<{ id: string }>('POST', '/v1/responses', { model: LOCAL, input: 'Once', max_output_tokens: 2 })).id;
   const freshConversation = async () =>
     (await ok<{ id: string }>('POST', '/v1/conversations', { items: [{ type: 'message', role: 'user', content: 'hi' }] })).id;
+  const freshStoredChat = async () =>
+    (
+      await ok<{ id: string }>('POST', '/v1/chat/completions', {
+        model: LOCAL,
+        messages: [{ role: 'user', content: 'Once' }],
+        max_tokens: 2,
+        store: true,
+      })
+    ).id;
   const adminPost = async <T>(path: string, body: object): Promise<T> => {
     const r = await http<T>(s.url, 'POST', path, { key: s.adminKey, body });
     assert.equal(r.status, 201, r.text);
@@ -61,6 +71,7 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
     await adminPost('/admin/models', { id: PRIVATE, context_length: 512, visibility: 'private', owned_by: 'acme' });
     responseId = await freshResponse();
     conversationId = await freshConversation();
+    storedChatId = await freshStoredChat();
     itemId = (await ok<{ data: Array<{ id: string }> }>('GET', `/v1/conversations/${conversationId}/items`)).data[0]!.id;
   });
   after(async () => {
@@ -85,6 +96,11 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
       body: { model: PRIVATE, messages: [{ role: 'user', content: 'Once' }] },
       expect: [404, 503, 503],
     },
+    { method: 'GET', path: () => '/v1/chat/completions', expect: [200, 200, 200] },
+    { method: 'GET', path: () => `/v1/chat/completions/${storedChatId}`, expect: ISOLATED },
+    { method: 'POST', path: () => `/v1/chat/completions/${storedChatId}`, body: { metadata: { topic: 'x' } }, expect: ISOLATED },
+    { method: 'GET', path: () => `/v1/chat/completions/${storedChatId}/messages`, expect: ISOLATED },
+    { method: 'DELETE', path: async () => `/v1/chat/completions/${await freshStoredChat()}`, expect: ISOLATED },
     {
       method: 'POST',
       path: () => '/v1/responses',

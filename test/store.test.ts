@@ -74,6 +74,55 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.equal((await store.findItems('org_b', ['msg_2'])).get('msg_2'), '{"b":true}');
     });
 
+    it('stores chat completions per organization: metadata filters, update, cursor order with equal times, delete', async () => {
+      const cc = (id: string, org: string, stored_at: number, metadata: Record<string, string>, model = 'm/a') => ({
+        id,
+        org_id: org,
+        model,
+        created_at: 1_700_000_000,
+        stored_at,
+        metadata,
+        body: JSON.stringify({ id }),
+      });
+      // cc_b and cc_c share a time: the id decides between them, in both orders.
+      await store.createChatCompletion(cc('cc_c', 'org_a', 20, { k: 'v', n: '3' }), '[{"id":"cc_c-0"}]');
+      await store.createChatCompletion(cc('cc_a', 'org_a', 10, { k: 'v', n: '1' }, 'm/b'), '[]');
+      await store.createChatCompletion(cc('cc_b', 'org_a', 20, { k: 'w' }), '[]');
+      await store.createChatCompletion(cc('cc_x', 'org_b', 15, { k: 'v' }), '[]');
+      const ids = async (q: Partial<Parameters<Store['listChatCompletions']>[1]>, org = 'org_a') =>
+        (await store.listChatCompletions(org, { metadata: {}, limit: 10, order: 'asc', ...q })).records.map((r) => r.id);
+
+      assert.deepEqual(await ids({}), ['cc_a', 'cc_b', 'cc_c']);
+      assert.deepEqual(await ids({ order: 'desc' }), ['cc_c', 'cc_b', 'cc_a']);
+      assert.deepEqual(await ids({ after: { id: 'cc_b', stored_at: 20 } }), ['cc_c']);
+      assert.deepEqual(await ids({ after: { id: 'cc_c', stored_at: 20 }, order: 'desc' }), ['cc_b', 'cc_a']);
+      assert.deepEqual(await ids({ metadata: { k: 'v' } }), ['cc_a', 'cc_c']);
+      assert.deepEqual(await ids({ metadata: { k: 'v', n: '3' } }), ['cc_c']);
+      assert.deepEqual(await ids({ model: 'm/b' }), ['cc_a']);
+      assert.deepEqual(await ids({ metadata: { k: 'v' } }, 'org_b'), ['cc_x']);
+      const page = await store.listChatCompletions('org_a', { metadata: {}, limit: 2, order: 'asc' });
+      assert.deepEqual([page.records.length, page.hasMore], [2, true]);
+
+      assert.deepEqual(await store.getChatCompletion('org_a', 'cc_c'), cc('cc_c', 'org_a', 20, { k: 'v', n: '3' }));
+      assert.equal(await store.getChatCompletion('org_b', 'cc_c'), undefined, "another organization's id is not found");
+      assert.equal(await store.getChatCompletionMessages('org_a', 'cc_c'), '[{"id":"cc_c-0"}]');
+      assert.equal(await store.getChatCompletionMessages('org_b', 'cc_c'), undefined);
+
+      assert.equal(await store.updateChatCompletionMetadata('org_b', 'cc_c', { k: 'stolen' }), false);
+      assert.equal(await store.updateChatCompletionMetadata('org_a', 'cc_c', { k: 'z' }), true);
+      assert.deepEqual((await store.getChatCompletion('org_a', 'cc_c'))!.metadata, { k: 'z' });
+      assert.deepEqual(await ids({ metadata: { n: '3' } }), [], 'update replaces every pair');
+      assert.deepEqual(await ids({ metadata: { k: 'z' } }), ['cc_c']);
+
+      assert.equal(await store.deleteChatCompletion('org_b', 'cc_c'), false);
+      assert.equal(await store.deleteChatCompletion('org_a', 'cc_c'), true);
+      assert.equal(await store.deleteChatCompletion('org_a', 'cc_c'), false);
+      assert.deepEqual(await ids({ metadata: { k: 'z' } }), []);
+      // Its metadata rows went with it: the id can be stored again.
+      await store.createChatCompletion(cc('cc_c', 'org_a', 30, { k: 'z' }), '[]');
+      assert.deepEqual(await ids({ metadata: { k: 'z' } }), ['cc_c']);
+    });
+
     it('creates, reads and lists organizations', async () => {
       await store.createOrg({ id: 'acme', name: 'Acme Inc', created_at: 1_700_000_001 });
       await store.createOrg({ id: 'beta', name: 'Beta', created_at: 1_700_000_002 });

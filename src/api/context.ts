@@ -7,6 +7,7 @@ import type { Catalogue } from '../core/catalogue.js';
 import type { Router } from '../core/router.js';
 import type { ResponseService } from '../core/responses/service.js';
 import type { ConversationService } from '../core/responses/conversations.js';
+import type { StoredCompletions } from '../core/stored-completions.js';
 import type { Ledger } from '../core/ledger.js';
 import type { Metrics } from '../core/metrics.js';
 import type { Limiter } from '../core/limits.js';
@@ -43,6 +44,8 @@ export interface ServerDeps {
   localStatus: () => LocalStatus;
   responses: ResponseService<ResponsesRequest>;
   conversations: ConversationService;
+  /** Chat completions created with `store: true`. */
+  storedCompletions: StoredCompletions;
   ledger: Ledger;
   metrics: Metrics;
   limiter: Limiter;

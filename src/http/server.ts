@@ -24,6 +24,7 @@ import { registerModelRoutes } from '../api/models.js';
 import { registerAdminRoutes } from '../api/admin.js';
 import { registerHealthRoutes } from '../api/health.js';
 import { registerChatRoutes } from '../api/chat.js';
+import { registerStoredChatRoutes } from '../api/stored-chat.js';
 import { registerResponseRoutes } from '../api/responses.js';
 import { registerConversationRoutes } from '../api/conversations.js';
 import { ResponseSockets, registerResponseSocket } from '../api/responses-socket.js';
@@ -312,6 +313,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   registerHealthRoutes(app, ctx);
   registerModelRoutes(app, ctx);
   registerChatRoutes(app, ctx);
+  registerStoredChatRoutes(app, ctx);
   registerResponseRoutes(app, ctx);
   registerResponseSocket(app, ctx, sockets);
   registerConversationRoutes(app, ctx);

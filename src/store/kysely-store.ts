@@ -6,6 +6,8 @@ import pg from 'pg';
 import { migrationProvider } from './migrations.js';
 import type {
   ApiKeyRecord,
+  ChatCompletionQuery,
+  ChatCompletionRecord,
   ConversationRecord,
   DeploymentRecord,
   ItemPage,
@@ -41,6 +43,8 @@ interface Database {
   conversation_items: { id: string; conversation_id: string; seq: number; item: string; created_at: number };
   stored_items: { org_id: string; id: string; response_id: string; item: string; created_at: number };
   settings: { key: string; value: string };
+  chat_completions: Omit<ChatCompletionRecord, 'metadata'> & { metadata: string; messages: string };
+  chat_completion_metadata: { completion_id: string; key: string; value: string };
   deployments: Omit<DeploymentRecord, 'api'> & { api: string };
   usage_records: Omit<UsageRecord, 'stream' | 'price_missing' | 'estimated'> & { stream: number; price_missing: number; estimated: number };
   usage_quarantine: QuarantinedUsage;
@@ -76,6 +80,22 @@ function rowToModel(r: Selectable<ModelsTable>): Model {
     source: r.source as ModelSource,
   };
 }
+
+const CHAT_COMPLETION_COLUMNS = ['id', 'org_id', 'model', 'created_at', 'stored_at', 'metadata', 'body'] as const;
+
+function rowToChatCompletion(
+  r: Pick<Selectable<Database['chat_completions']>, (typeof CHAT_COMPLETION_COLUMNS)[number]>,
+): ChatCompletionRecord {
+  return {
+    ...r,
+    created_at: Number(r.created_at),
+    stored_at: Number(r.stored_at),
+    metadata: JSON.parse(r.metadata) as Record<string, string>,
+  };
+}
+
+const metadataRows = (completionId: string, metadata: Readonly<Record<string, string>>) =>
+  Object.entries(metadata).map(([key, value]) => ({ completion_id: completionId, key, value }));
 
 const parseLimits = (text: string | null): Limits | null => (text ? (JSON.parse(text) as Limits) : null);
 
@@ -506,6 +526,92 @@ export class KyselyStore implements Store {
       .where('id', '=', itemId)
       .executeTakeFirst();
     return Number(res.numDeletedRows) > 0;
+  }
+
+  async createChatCompletion(c: ChatCompletionRecord, messages: string): Promise<void> {
+    await this.db.transaction().execute(async (tx) => {
+      await tx
+        .insertInto('chat_completions')
+        .values({ ...c, metadata: JSON.stringify(c.metadata), messages })
+        .execute();
+      const pairs = metadataRows(c.id, c.metadata);
+      if (pairs.length) await tx.insertInto('chat_completion_metadata').values(pairs).execute();
+    });
+  }
+
+  async getChatCompletion(orgId: string, id: string): Promise<ChatCompletionRecord | undefined> {
+    const row = await this.db
+      .selectFrom('chat_completions')
+      .select(CHAT_COMPLETION_COLUMNS)
+      .where('org_id', '=', orgId)
+      .where('id', '=', id)
+      .executeTakeFirst();
+    return row && rowToChatCompletion(row);
+  }
+
+  async getChatCompletionMessages(orgId: string, id: string): Promise<string | undefined> {
+    const row = await this.db
+      .selectFrom('chat_completions')
+      .select('messages')
+      .where('org_id', '=', orgId)
+      .where('id', '=', id)
+      .executeTakeFirst();
+    return row?.messages;
+  }
+
+  async updateChatCompletionMetadata(orgId: string, id: string, metadata: Readonly<Record<string, string>>): Promise<boolean> {
+    return this.db.transaction().execute(async (tx) => {
+      const res = await tx
+        .updateTable('chat_completions')
+        .set({ metadata: JSON.stringify(metadata) })
+        .where('org_id', '=', orgId)
+        .where('id', '=', id)
+        .executeTakeFirst();
+      if (Number(res.numUpdatedRows) === 0) return false;
+      await tx.deleteFrom('chat_completion_metadata').where('completion_id', '=', id).execute();
+      const pairs = metadataRows(id, metadata);
+      if (pairs.length) await tx.insertInto('chat_completion_metadata').values(pairs).execute();
+      return true;
+    });
+  }
+
+  async deleteChatCompletion(orgId: string, id: string): Promise<boolean> {
+    return this.db.transaction().execute(async (tx) => {
+      const res = await tx.deleteFrom('chat_completions').where('org_id', '=', orgId).where('id', '=', id).executeTakeFirst();
+      if (Number(res.numDeletedRows) === 0) return false;
+      // The foreign key cascades too; deleting here does not depend on SQLite's foreign_keys pragma.
+      await tx.deleteFrom('chat_completion_metadata').where('completion_id', '=', id).execute();
+      return true;
+    });
+  }
+
+  async listChatCompletions(orgId: string, q: ChatCompletionQuery): Promise<{ records: ChatCompletionRecord[]; hasMore: boolean }> {
+    let query = this.db.selectFrom('chat_completions').select(CHAT_COMPLETION_COLUMNS).where('org_id', '=', orgId);
+    if (q.model !== undefined) query = query.where('model', '=', q.model);
+    for (const [key, value] of Object.entries(q.metadata)) {
+      query = query.where(({ exists, selectFrom }) =>
+        exists(
+          selectFrom('chat_completion_metadata')
+            .select('completion_id')
+            .whereRef('chat_completion_metadata.completion_id', '=', 'chat_completions.id')
+            .where('key', '=', key)
+            .where('value', '=', value),
+        ),
+      );
+    }
+    const after = q.after;
+    if (after !== undefined) {
+      const op = q.order === 'asc' ? '>' : '<';
+      query = query.where((eb) =>
+        eb.or([eb('stored_at', op, after.stored_at), eb.and([eb('stored_at', '=', after.stored_at), eb('id', op, after.id)])]),
+      );
+    }
+    const rows = await query
+      .orderBy('stored_at', q.order)
+      .orderBy('id', q.order)
+      .limit(q.limit + 1)
+      .execute();
+    return { records: rows.slice(0, q.limit).map(rowToChatCompletion), hasMore: rows.length > q.limit };
   }
 
   async getSetting(key: string): Promise<string | undefined> {

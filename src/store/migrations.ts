@@ -6,7 +6,7 @@ import { sql, type Kysely, type Migration, type MigrationProvider } from 'kysely
  * used so one list serves both dialects: JSON is kept as text, times as integers. Times shown to
  * clients (`created_at`, `created`, `revoked_at`) are unix seconds, as the wire formats have them;
  * times used for ordering and expiry (`usage_records.at`, `responses.updated_at`, the quarantine's
- * `at`) are unix milliseconds. `day` is the UTC date of `at`, for grouping.
+ * `at`, `chat_completions.stored_at`) are unix milliseconds. `day` is the UTC date of `at`, for grouping.
  */
 const migrations: Record<string, Migration> = {
   '0001_foundation': {
@@ -223,6 +223,37 @@ const migrations: Record<string, Migration> = {
     async down(db: Kysely<unknown>) {
       await db.schema.dropIndex('conversation_items_id').execute();
       await db.schema.dropTable('stored_items').execute();
+    },
+  },
+  // Chat completions created with `store: true`. Metadata is kept twice: as JSON text on the row
+  // (what reads return) and as one row per pair (what list filters match, with the same SQL on both
+  // dialects and no JSON functions).
+  '0009_stored_chat_completions': {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable('chat_completions')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('org_id', 'text', (c) => c.notNull())
+        .addColumn('model', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'bigint', (c) => c.notNull())
+        .addColumn('stored_at', 'bigint', (c) => c.notNull())
+        .addColumn('metadata', 'text', (c) => c.notNull())
+        .addColumn('body', 'text', (c) => c.notNull())
+        .addColumn('messages', 'text', (c) => c.notNull())
+        .execute();
+      // The list's order within an organization, and its cursor.
+      await db.schema.createIndex('chat_completions_order').on('chat_completions').columns(['org_id', 'stored_at', 'id']).execute();
+      await db.schema
+        .createTable('chat_completion_metadata')
+        .addColumn('completion_id', 'text', (c) => c.notNull().references('chat_completions.id').onDelete('cascade'))
+        .addColumn('key', 'text', (c) => c.notNull())
+        .addColumn('value', 'text', (c) => c.notNull())
+        .addPrimaryKeyConstraint('chat_completion_metadata_pk', ['completion_id', 'key'])
+        .execute();
+    },
+    async down(db: Kysely<unknown>) {
+      await db.schema.dropTable('chat_completion_metadata').execute();
+      await db.schema.dropTable('chat_completions').execute();
     },
   },
 };

@@ -55,6 +55,30 @@ export interface ConversationRecord {
   metadata: string;
 }
 
+/** A chat completion stored with `store: true`. Its request messages are read separately. */
+export interface ChatCompletionRecord {
+  id: string;
+  org_id: string;
+  model: string;
+  /** Unix seconds: the completion's `created`. */
+  created_at: number;
+  /** Unix milliseconds when it was stored: lists are ordered by it, then by id. */
+  stored_at: number;
+  metadata: Record<string, string>;
+  /** The chat.completion object as served when it was created, JSON. */
+  body: string;
+}
+
+export interface ChatCompletionQuery {
+  model?: string | undefined;
+  /** Every pair must match. */
+  metadata: Readonly<Record<string, string>>;
+  /** The completion the page starts after, in `order`. */
+  after?: Pick<ChatCompletionRecord, 'id' | 'stored_at'> | undefined;
+  limit: number;
+  order: 'asc' | 'desc';
+}
+
 export interface ItemPage {
   items: string[];
   hasMore: boolean;
@@ -198,6 +222,16 @@ export interface Store {
   /** Which of these item ids the conversation already holds (ids are unique per conversation). */
   conversationItemsIn(conversationId: string, itemIds: readonly string[]): Promise<string[]>;
   deleteConversationItem(conversationId: string, itemId: string): Promise<boolean>;
+
+  /** Stores a completion with its request messages (JSON array), metadata included, in one transaction. */
+  createChatCompletion(c: ChatCompletionRecord, messages: string): Promise<void>;
+  /** Every chat-completion method is scoped by organization: another one's id is not found. */
+  getChatCompletion(orgId: string, id: string): Promise<ChatCompletionRecord | undefined>;
+  getChatCompletionMessages(orgId: string, id: string): Promise<string | undefined>;
+  /** Replaces the metadata; false when there is no such completion. */
+  updateChatCompletionMetadata(orgId: string, id: string, metadata: Readonly<Record<string, string>>): Promise<boolean>;
+  deleteChatCompletion(orgId: string, id: string): Promise<boolean>;
+  listChatCompletions(orgId: string, q: ChatCompletionQuery): Promise<{ records: ChatCompletionRecord[]; hasMore: boolean }>;
 
   listDeployments(): Promise<DeploymentRecord[]>;
   /** Returns false when the id is taken. */

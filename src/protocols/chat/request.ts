@@ -8,7 +8,19 @@ import {
   type ResponseFormat,
   type ToolChoice,
 } from '../../core/canonical.js';
-import { MaxOutputTokens, ModelField, NullableBoolean, Penalty, Seed, Stop, Temperature, TopLogprobs, TopP, nullable } from '../fields.js';
+import {
+  MaxOutputTokens,
+  Metadata,
+  ModelField,
+  NullableBoolean,
+  Penalty,
+  Seed,
+  Stop,
+  Temperature,
+  TopLogprobs,
+  TopP,
+  nullable,
+} from '../fields.js';
 
 const Part = Type.Object({ type: Type.String() });
 const WireToolCall = Type.Object({
@@ -65,6 +77,9 @@ export const ChatRequest = Type.Object({
     ]),
   ),
   reasoning_effort: nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high'])),
+  // Keep the completion for later reads (GET /v1/chat/completions/{id}); false unless asked, as at OpenAI.
+  store: NullableBoolean,
+  metadata: nullable(Metadata),
 });
 export type ChatRequest = Static<typeof ChatRequest>;
 

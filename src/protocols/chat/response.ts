@@ -24,6 +24,9 @@ export function renderUsage(u: Usage): Record<string, unknown> {
   return out;
 }
 
+/** A chat.completion object, with the fields stored ones are filed under. */
+export type ChatCompletionObject = Record<string, unknown> & { id: string; model: string; created: number };
+
 /** Folds the event stream into one chat.completion object. */
 export class CompletionFold {
   private text = '';
@@ -31,6 +34,8 @@ export class CompletionFold {
   private readonly calls: Array<{ id: string; type: 'function'; function: { name: string; arguments: string } }> = [];
   private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
   private finish: FinishReason = 'stop';
+  /** A finish event came: the completion ended (by any reason) rather than breaking off. */
+  finished = false;
 
   apply(ev: GenerationEvent): void {
     switch (ev.type) {
@@ -53,19 +58,21 @@ export class CompletionFold {
         break;
       case 'finish':
         this.finish = ev.reason;
+        this.finished = true;
         break;
     }
   }
 
-  result(model: string): Record<string, unknown> {
+  /** The chat.completion object; a stream's fold takes the id and time its chunks carried. */
+  result(model: string, id = newCompletionId(), created = nowSeconds()): ChatCompletionObject {
     const calls = this.calls.filter(Boolean);
     const message: Record<string, unknown> = { role: 'assistant', content: calls.length && !this.text ? null : this.text, refusal: null };
     if (this.reasoning) message['reasoning_content'] = this.reasoning;
     if (calls.length) message['tool_calls'] = calls;
     return {
-      id: newCompletionId(),
+      id,
       object: 'chat.completion',
-      created: nowSeconds(),
+      created,
       model,
       choices: [{ index: 0, message, logprobs: null, finish_reason: this.finish }],
       usage: renderUsage(this.usage),
@@ -81,12 +88,15 @@ export class ChunkRenderer {
   private readonly head: string;
   private readonly tail: string;
   private usage: Usage | undefined;
+  /** The id and creation time every chunk carries (a stored stream is kept under them). */
+  readonly id = newCompletionId();
+  readonly created = nowSeconds();
 
   constructor(
     model: string,
     private readonly includeUsage: boolean,
   ) {
-    this.head = `{"id":"${newCompletionId()}","object":"chat.completion.chunk","created":${nowSeconds()},"model":${JSON.stringify(model)},"choices":[`;
+    this.head = `{"id":"${this.id}","object":"chat.completion.chunk","created":${this.created},"model":${JSON.stringify(model)},"choices":[`;
     this.tail = includeUsage ? '],"usage":null}' : ']}';
   }
 
