@@ -79,7 +79,7 @@ describe('error contract', () => {
     for (const [method, path] of [
       ['DELETE', '/v1/models/local/stories260k'],
       ['POST', '/v1/responses/resp_123'],
-      ['PUT', '/v1/responses/compact'],
+      ['PATCH', '/v1/responses/resp_123'],
       ['POST', '/v1/conversations/conv_1/items/msg_1'],
     ] as const) {
       const res = await http(server.url, method, path, { key, body: {} });

@@ -7,7 +7,9 @@ import { closers, fixture } from './helpers/fixtures.js';
 import { createKey, http, readSse, startServer, tempDir, type TestServer } from './helpers/server.js';
 import { checkStream } from './helpers/responses.js';
 import { eventually } from './helpers/wait.js';
-import { eventSchemas, responseResource, valid } from './helpers/open-responses.js';
+import { eventSchemas, responseResource, valid, validator } from './helpers/open-responses.js';
+import { once } from 'node:events';
+import { WebSocket } from 'ws';
 
 /**
  * What the server emits on /v1/responses, validated against the Open Responses specification's own
@@ -335,5 +337,119 @@ describe('Open Responses: max_tool_calls', () => {
       ['get_weather'],
     );
     valid(responseResource, one.json, 'response');
+  });
+});
+
+describe('POST /v1/responses/compact', () => {
+  const c = closers();
+  let server: TestServer;
+  let key: string;
+  before(async () => {
+    server = c.keep(await startServer());
+    key = (await createKey(server, 'compaction')).key;
+  });
+  after(() => c.closeAll());
+
+  it("condenses a context into the user's messages and a sealed summary that a later response continues from", async () => {
+    const first = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: 'Once upon a time there was a cat named Tom.', max_output_tokens: 8 },
+    });
+    assert.equal(first.status, 200, first.text);
+    const firstId = (first.json as unknown as { id: string }).id;
+    const compacted = await http(server.url, 'POST', '/v1/responses/compact', {
+      key,
+      body: { model: MODEL, previous_response_id: firstId, input: [{ role: 'user', content: 'Tom liked milk.' }] },
+    });
+    assert.equal(compacted.status, 200, compacted.text);
+    valid(validator('CompactResource'), compacted.json, 'compaction');
+    const out = compacted.json as unknown as {
+      object: string;
+      output: Array<{ type: string; role?: string; encrypted_content?: string; content?: Array<{ text: string }> }>;
+      usage: { input_tokens: number; output_tokens: number };
+    };
+    assert.equal(out.object, 'response.compaction');
+    assert.deepEqual(
+      out.output.map((i) => `${i.type}:${i.role ?? ''}`),
+      ['message:user', 'message:user', 'compaction:'],
+      "both user messages verbatim, then the summary of everything (the model's answer included)",
+    );
+    assert.equal(out.output[1]!.content![0]!.text, 'Tom liked milk.');
+    assert.ok(out.usage.input_tokens > 0 && out.usage.output_tokens > 0, 'the summary is a real generation');
+    const compaction = out.output[2]!;
+
+    // A new chain starts from the compacted window plus the next message (no previous_response_id).
+    const next = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: [...out.output, { role: 'user', content: 'What did Tom like?' }], max_output_tokens: 4 },
+    });
+    assert.equal(next.status, 200, next.text);
+    valid(responseResource, next.json, 'response after compaction');
+    const read = (next.json as unknown as { usage: { input_tokens: number } }).usage.input_tokens;
+    const withoutSummary = await http(server.url, 'POST', '/v1/responses/input_tokens', {
+      key,
+      body: { model: MODEL, input: [...out.output.slice(0, 2), { role: 'user', content: 'What did Tom like?' }] },
+    });
+    assert.ok(read > (withoutSummary.json as unknown as { input_tokens: number }).input_tokens, 'the model read the summary');
+
+    // The summary is sealed: altered, or sent by another organization, it is refused.
+    const tampered = { ...compaction, encrypted_content: `${compaction.encrypted_content!.slice(0, -4)}AAAA` };
+    const bad = await http(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: [tampered], max_output_tokens: 2 } });
+    assert.equal(bad.status, 400);
+    const { key: other } = await createKey(server, 'other-org');
+    const foreign = await http(server.url, 'POST', '/v1/responses', {
+      key: other,
+      body: { model: MODEL, input: [compaction], max_output_tokens: 2 },
+    });
+    assert.equal(foreign.status, 400);
+    assert.match(foreign.json.error.message, /could not be verified/);
+    // Nor can it stand in for sealed reasoning.
+    const asReasoning = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: {
+        model: MODEL,
+        input: [
+          { type: 'reasoning', summary: [], encrypted_content: compaction.encrypted_content },
+          { role: 'user', content: 'x' },
+        ],
+        max_output_tokens: 2,
+      },
+    });
+    assert.equal(asReasoning.status, 400);
+
+    // Over a WebSocket too: the compacted window as the base input of a new chain.
+    const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/responses`, { headers: { 'x-api-key': key } });
+    const ended = new Promise<{ type: string }>((resolve) =>
+      ws.on('message', (data) => {
+        const e = JSON.parse(String(data)) as { type: string };
+        if (['response.completed', 'response.incomplete', 'response.failed', 'error'].includes(e.type)) resolve(e);
+      }),
+    );
+    await once(ws, 'open');
+    ws.send(
+      JSON.stringify({
+        type: 'response.create',
+        model: MODEL,
+        store: false,
+        input: [...out.output, { role: 'user', content: 'And then?' }],
+        max_output_tokens: 4,
+      }),
+    );
+    assert.equal((await ended).type, 'response.incomplete');
+    ws.close();
+  });
+
+  it('answers what the specification requires of its body, and unknown ids, like a response would', async () => {
+    const noModel = await http(server.url, 'POST', '/v1/responses/compact', { key, body: { input: 'x' } });
+    assert.equal(noModel.status, 400);
+    assert.equal(noModel.json.error.param, 'model');
+    const lost = await http(server.url, 'POST', '/v1/responses/compact', {
+      key,
+      body: { model: MODEL, previous_response_id: 'resp_nope' },
+    });
+    assert.equal(lost.status, 400);
+    assert.equal(lost.json.error.code, 'previous_response_not_found');
+    const unauth = await http(server.url, 'POST', '/v1/responses/compact', { body: { model: MODEL, input: 'x' } });
+    assert.equal(unauth.status, 401);
   });
 });

@@ -10,6 +10,7 @@ import { UpstreamEngine } from '../src/engines/upstream/upstream-engine.js';
 import { newTally, type GenerationEvent, type GenerationRequest, type Usage } from '../src/core/canonical.js';
 import { closers, fixture } from './helpers/fixtures.js';
 import { createKey, startServer, tempDir, type TestServer } from './helpers/server.js';
+import { eventSchemas, responseResource, valid } from './helpers/open-responses.js';
 
 /**
  * The upstream engine against streams in the shapes other servers send (test/fixtures/upstream:
@@ -235,7 +236,14 @@ describe('the gateway re-rendering recorded upstream streams, read by the openai
           strict: false,
         })),
       });
+      // Every event and the final object, held to the Open Responses schemas, whatever the upstream spoke.
+      for await (const ev of stream) {
+        const v = eventSchemas.get(ev.type);
+        assert.ok(v, `no Open Responses schema for ${ev.type}`);
+        valid(v, ev, ev.type);
+      }
       const r = await stream.finalResponse();
+      valid(responseResource, r, 'response');
       assert.equal(r.output_text, x.text);
       const calls = r.output
         .filter((o) => o.type === 'function_call')

@@ -301,7 +301,11 @@ describe('POST /v1/responses with TinyStories', () => {
     await assert.rejects(other.responses.delete(mine.id), nf);
     await assert.rejects(other.responses.inputItems.list(mine.id), nf);
     await assert.rejects(other.responses.cancel(mine.id), nf);
-    await assert.rejects(other.responses.create({ model: STORIES, input: 'x', previous_response_id: mine.id }), nf);
+    // Continuing from another organization's response reads exactly like continuing from a missing one.
+    await assert.rejects(
+      other.responses.create({ model: STORIES, input: 'x', previous_response_id: mine.id }),
+      (e: unknown) => e instanceof OpenAI.BadRequestError && e.code === 'previous_response_not_found',
+    );
     await assert.rejects(other.conversations.retrieve(conv.id), nf);
     await assert.rejects(other.conversations.items.list(conv.id), nf);
     await assert.rejects(other.responses.create({ model: STORIES, input: 'x', conversation: conv.id }), nf);

@@ -276,7 +276,8 @@ export class ResponseService<Echo> {
     const abort = new AbortController();
     const req: GenerationRequest = {
       sampling: { temperature: 0 },
-      maxOutputTokens: COMPACTION_MAX_TOKENS,
+      // A quarter of the context at most, so that the summary fits beside what it summarises.
+      maxOutputTokens: Math.max(1, Math.min(COMPACTION_MAX_TOKENS, Math.floor((model.context_length ?? 4 * COMPACTION_MAX_TOKENS) / 4))),
       model: model.id,
       messages: [...messages, { role: 'user', content: COMPACTION_PROMPT }],
       stream: false,

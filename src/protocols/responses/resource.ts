@@ -166,8 +166,9 @@ export class ResponseBuilder implements ResponseFold {
       case 'reasoning.delta': {
         const o = this.ensure('reasoning', out);
         o.text += ev.text;
-        // Open Responses names raw reasoning `response.reasoning.*` (OpenAI's own stream says `reasoning_text`).
-        out.push({ type: 'response.reasoning.delta', item_id: o.id, output_index: o.index, content_index: 0, delta: ev.text });
+        // OpenAI's name: Open Responses says `response.reasoning.delta`, which the openai SDK's stream
+        // helper rejects as an unknown event (docs/decisions.md, "Reasoning stream events").
+        out.push({ type: 'response.reasoning_text.delta', item_id: o.id, output_index: o.index, content_index: 0, delta: ev.text });
         break;
       }
       case 'text.delta': {
@@ -296,7 +297,7 @@ export class ResponseBuilder implements ResponseFold {
       item = { id: o.id, type: 'message', status, role: 'assistant', content: [part], ...(o.phase && { phase: o.phase }) };
     } else if (o.kind === 'reasoning') {
       const part = { type: 'reasoning_text' as const, text: o.text };
-      out.push({ type: 'response.reasoning.done', ...base, content_index: 0, text: o.text });
+      out.push({ type: 'response.reasoning_text.done', ...base, content_index: 0, text: o.text });
       out.push({ type: 'response.content_part.done', ...base, content_index: 0, part });
       const summary: Array<{ type: 'summary_text'; text: string }> = [];
       if (this.opts.summary) {
