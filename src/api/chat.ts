@@ -1,9 +1,36 @@
+import type { FastifyRequest } from 'fastify';
 import type { App, RouteContext } from './context.js';
 import { ApiError } from '../core/errors.js';
 import { ChatRequest, decodeChatRequest } from '../protocols/chat/request.js';
 import { ChunkRenderer, CompletionFold, type ChatCompletionObject } from '../protocols/chat/response.js';
 import { storeMessages } from '../protocols/chat/stored.js';
 import { drained, writeSse, openSse } from './sse.js';
+
+/**
+ * `store: true`: resolves once the usage record and the finished completion are both in the
+ * database, so a completion the client was given is one it can read back. The completion is written
+ * while the ledger's group commit is awaited anyway; requests that store nothing never come here
+ * and await the usage record alone.
+ */
+async function persistStored(
+  ctx: RouteContext,
+  req: FastifyRequest,
+  body: ChatRequest,
+  events: { persisted(): Promise<void> },
+  stored: ChatCompletionObject,
+): Promise<void> {
+  const saved = ctx.storedCompletions
+    .save(req.principal!, { completion: stored, messages: storeMessages(stored.id, body.messages) }, body.metadata ?? {})
+    .then(
+      () => true,
+      (err: unknown) => {
+        req.log.error({ err, completion_id: stored.id }, 'storing the chat completion failed');
+        return false;
+      },
+    );
+  await events.persisted();
+  if (!(await saved)) throw new ApiError('internal_error', 'The completion could not be stored (store: true), so it is not returned.');
+}
 
 /** `POST /v1/chat/completions`: decode, run the pipeline, render (one object, or a stream). */
 export function registerChatRoutes(app: App, ctx: RouteContext): void {
@@ -26,33 +53,13 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
     // Errors before the first event (overflow, overload, upstream down) still get a real status.
     const events = await open();
 
-    /**
-     * `store: true`: resolves once the usage record and the finished completion are both in the
-     * database, so a completion the client was given is one it can read back. The completion is
-     * written while the ledger's group commit is awaited anyway; requests that store nothing never
-     * come here and await the usage record alone, as before.
-     */
-    const persistStored = async (stored: ChatCompletionObject): Promise<void> => {
-      const saved = ctx.storedCompletions
-        .save(req.principal!, { completion: stored, messages: storeMessages(stored.id, body.messages) }, body.metadata ?? {})
-        .then(
-          () => true,
-          (err: unknown) => {
-            req.log.error({ err, completion_id: stored.id }, 'storing the chat completion failed');
-            return false;
-          },
-        );
-      await events.persisted();
-      if (!(await saved)) throw new ApiError('internal_error', 'The completion could not be stored (store: true), so it is not returned.');
-    };
-
     if (body.stream !== true) {
       try {
         const fold = new CompletionFold();
         for (let ev = await events.next(); ev; ev = await events.next()) fold.apply(ev);
         const completion = fold.result(model.id);
         // The answer goes out only once its usage record is stored.
-        await (body.store === true && fold.finished ? persistStored(completion) : events.persisted());
+        await (body.store === true && fold.finished ? persistStored(ctx, req, body, events, completion) : events.persisted());
         return completion;
       } finally {
         await events.close();
@@ -73,7 +80,7 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
         if (raw.destroyed) return reply;
       }
       // The stream is complete for the client only with [DONE]: its usage record is stored first.
-      await (fold?.finished ? persistStored(fold.result(model.id, chunks.id, chunks.created)) : events.persisted());
+      await (fold?.finished ? persistStored(ctx, req, body, events, fold.result(model.id, chunks.id, chunks.created)) : events.persisted());
       for (const line of chunks.last()) writeSse(raw, line);
     } catch (err) {
       const e = err instanceof ApiError ? err : new ApiError('internal_error', 'The stream failed.');

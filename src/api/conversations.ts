@@ -1,7 +1,9 @@
 import Type from 'typebox';
 import type { App, RouteContext } from './context.js';
-import { decodeInput, itemPage } from '../protocols/responses/items.js';
-import { CreateConversation, IdParams, ItemParams, Items, Metadata, PageQuery } from '../protocols/responses/conversations.js';
+import { decodeInput } from '../protocols/responses/items.js';
+import { PageQuery, listPage } from '../protocols/pages.js';
+import { Metadata } from '../protocols/fields.js';
+import { CreateConversation, IdParams, ItemParams, Items } from '../protocols/responses/conversations.js';
 
 /** The Conversations API: stored, ordered lists of items that responses read from and append to. */
 export function registerConversationRoutes(app: App, ctx: RouteContext): void {
@@ -29,7 +31,7 @@ export function registerConversationRoutes(app: App, ctx: RouteContext): void {
   app.post(
     '/v1/conversations/:id/items',
     { onRequest: ctx.requireKey, schema: { params: IdParams, body: Type.Object({ items: Items }) } },
-    async (req) => itemPage(await conversations.addItems(req.params.id, req.principal!, decodeInput(req.body.items)), false),
+    async (req) => listPage(await conversations.addItems(req.params.id, req.principal!, decodeInput(req.body.items)), false),
   );
 
   app.get(
@@ -41,7 +43,7 @@ export function registerConversationRoutes(app: App, ctx: RouteContext): void {
         limit: req.query.limit ?? 20,
         order: req.query.order ?? 'desc',
       });
-      return itemPage(page.items, page.hasMore);
+      return listPage(page.items, page.hasMore);
     },
   );
 

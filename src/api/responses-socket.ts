@@ -104,14 +104,15 @@ class ResponseSocket {
       const create = { ...decodeResponsesRequest(body), stream: true };
       const abort = new AbortController();
       this.running = abort;
-      const { run, model } = await this.ctx.responses.create(
+      const { run } = await this.ctx.responses.create(
         create,
         this.who,
         { id: `${this.req.id}.${n}`, started: performance.now() },
         this.local,
       );
-      this.req.metricsModel = this.ctx.metrics.modelLabel(model);
-      abort.signal.addEventListener('abort', () => run.abort.abort(), { once: true });
+      // The client may have left while the response was being created.
+      if (abort.signal.aborted) run.abort.abort();
+      else abort.signal.addEventListener('abort', () => run.abort.abort(), { once: true });
       for await (const { event, index } of run.follow(abort.signal)) {
         if (!(await this.send(socketFrame(event, index)))) break;
       }
@@ -132,7 +133,9 @@ class ResponseSocket {
   private decode(data: RawData): ResponsesRequest {
     let msg: unknown;
     try {
-      msg = JSON.parse(Buffer.isBuffer(data) ? data.toString('utf8') : Buffer.concat([data].flat() as Buffer[]).toString('utf8'));
+      // Text frames arrive as one Buffer (ws's default binary type); a fragmented one as a list of them.
+      const bytes = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data);
+      msg = JSON.parse(bytes.toString('utf8'));
     } catch {
       throw new ApiError('invalid_json', 'The message is not valid JSON.');
     }

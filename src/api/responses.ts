@@ -2,7 +2,6 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import Type from 'typebox';
 import type { App, RouteContext } from './context.js';
 import { ApiError } from '../core/errors.js';
-import type { Item } from '../core/items.js';
 import type { EventLog } from '../core/responses/run.js';
 import {
   CompactRequestSchema,
@@ -11,8 +10,10 @@ import {
   decodeResponsesRequest,
 } from '../protocols/responses/request.js';
 import { compactionObject, inputTokensObject } from '../protocols/responses/resource.js';
-import { IdParams, PageQuery } from '../protocols/responses/conversations.js';
-import { itemPage } from '../protocols/responses/items.js';
+import { IdParams } from '../protocols/responses/conversations.js';
+import { PageQuery } from '../protocols/pages.js';
+import { listPage } from '../protocols/pages.js';
+import { pageOf } from '../core/paging.js';
 import { sseFrame } from '../protocols/responses/stream.js';
 import { drained, openSse, writeSse } from './sse.js';
 
@@ -112,15 +113,9 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     { onRequest: ctx.requireKey, schema: { params: IdParams, querystring: PageQuery } },
     async (req) => {
       const items = await responses.inputItems(req.params.id, req.principal!);
-      const order = req.query.order ?? 'desc';
-      const limit = req.query.limit ?? 20;
-      let list: Item[] = order === 'desc' ? [...items].reverse() : items;
-      if (req.query.after !== undefined) {
-        const at = list.findIndex((i) => i.id === req.query.after);
-        if (at < 0) throw new ApiError('invalid_value', `No item '${req.query.after}' in this response's input.`, { param: 'after' });
-        list = list.slice(at + 1);
-      }
-      return itemPage(list.slice(0, limit), list.length > limit);
+      const { after, limit = 20, order = 'desc' } = req.query;
+      const page = pageOf(items, { after, limit, order }, (id) => `No item '${id}' in this response's input.`);
+      return listPage(page.data, page.hasMore);
     },
   );
 }

@@ -2,13 +2,12 @@ import type { App, RouteContext } from './context.js';
 import {
   CompletionParams,
   ListQuery,
-  MessagesQuery,
   UpdateBody,
   deletedObject,
-  listPage,
   metadataFilter,
   storedCompletionObject,
 } from '../protocols/chat/stored.js';
+import { PageQuery, listPage } from '../protocols/pages.js';
 
 /**
  * Stored chat completions (those created with `store: true`): read, relabel, list, delete, and
@@ -42,7 +41,7 @@ export function registerStoredChatRoutes(app: App, ctx: RouteContext): void {
 
   app.get(
     '/v1/chat/completions/:id/messages',
-    { onRequest: ctx.requireKey, schema: { params: CompletionParams, querystring: MessagesQuery } },
+    { onRequest: ctx.requireKey, schema: { params: CompletionParams, querystring: PageQuery } },
     async (req) => {
       const page = await storedCompletions.messages(req.params.id, req.principal!, {
         after: req.query.after,

@@ -1,6 +1,7 @@
 import { ApiError } from './errors.js';
 import type { Principal } from './principal.js';
 import type { ChatCompletionRecord, Store } from '../store/store.js';
+import { pageOf, type Page, type PageRequest } from './paging.js';
 
 /** A stored chat completion as the protocol renders it: the object served at creation, and its metadata. */
 export interface StoredCompletion {
@@ -12,17 +13,6 @@ export interface StoredCompletion {
 
 /** One of a stored completion's request messages, in its wire form; ids are unique within the completion. */
 export type StoredMessage = { id: string } & Record<string, unknown>;
-
-export interface Page<T> {
-  data: T[];
-  hasMore: boolean;
-}
-
-export interface PageRequest {
-  after?: string | undefined;
-  limit: number;
-  order: 'asc' | 'desc';
-}
 
 const toStored = (r: ChatCompletionRecord): StoredCompletion => ({
   id: r.id,
@@ -114,13 +104,6 @@ export class StoredCompletions {
   async messages(id: string, who: Principal, page: PageRequest): Promise<Page<StoredMessage>> {
     const json = await this.store.getChatCompletionMessages(who.orgId, id);
     if (json === undefined) throw this.notFound(id);
-    const all = JSON.parse(json) as StoredMessage[];
-    let list = page.order === 'desc' ? all.reverse() : all;
-    if (page.after !== undefined) {
-      const at = list.findIndex((m) => m.id === page.after);
-      if (at < 0) throw new ApiError('invalid_value', `No message '${page.after}' in this chat completion.`, { param: 'after' });
-      list = list.slice(at + 1);
-    }
-    return { data: list.slice(0, page.limit), hasMore: list.length > page.limit };
+    return pageOf(JSON.parse(json) as StoredMessage[], page, (after) => `No message '${after}' in this chat completion.`);
   }
 }

@@ -1,6 +1,7 @@
 import Type from 'typebox';
 import { ApiError } from '../../core/errors.js';
 import { Metadata } from '../fields.js';
+import { PageQuery } from '../pages.js';
 import type { ChatRequest } from './request.js';
 
 /**
@@ -10,14 +11,8 @@ import type { ChatRequest } from './request.js';
 
 export const CompletionParams = Type.Object({ id: Type.String({ minLength: 1 }) });
 
-const Page = {
-  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100 })),
-  after: Type.Optional(Type.String()),
-  order: Type.Optional(Type.Enum(['asc', 'desc'])),
-};
 /** The list's query; `metadata[key]=value` filters come as further parameters (see metadataFilter). */
-export const ListQuery = Type.Object({ ...Page, model: Type.Optional(Type.String()) });
-export const MessagesQuery = Type.Object(Page);
+export const ListQuery = Type.Object({ ...PageQuery.properties, model: Type.Optional(Type.String()) });
 
 /** Only the metadata can be changed; null clears it. */
 export const UpdateBody = Type.Object({ metadata: Type.Union([Metadata, Type.Null()]) });
@@ -79,9 +74,5 @@ export const storedCompletionObject = (c: {
   completion: { id: string } & Record<string, unknown>;
   metadata: Record<string, string>;
 }): { id: string } & Record<string, unknown> => ({ ...c.completion, metadata: c.metadata });
-
-export function listPage<T extends { id: string }>(data: readonly T[], hasMore: boolean): Record<string, unknown> {
-  return { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: hasMore };
-}
 
 export const deletedObject = (id: string) => ({ id, object: 'chat.completion.deleted', deleted: true });

@@ -132,8 +132,3 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
     }
   });
 }
-
-/** A cursor page of items, in the OpenAI list shape. */
-export function itemPage(data: readonly Item[], hasMore: boolean): Record<string, unknown> {
-  return { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: hasMore };
-}

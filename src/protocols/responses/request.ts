@@ -5,6 +5,7 @@ import type { ResponsesCreate } from '../../core/responses/format.js';
 import {
   Instructions,
   MaxOutputTokens,
+  Metadata,
   ModelField,
   NullableBoolean,
   Penalty,
@@ -74,7 +75,7 @@ export const ResponsesRequestSchema = Type.Object({
   conversation: nullable(Type.Union([Type.String({ minLength: 1 }), Type.Object({ id: Type.String({ minLength: 1 }) })])),
   background: NullableBoolean,
   include: nullable(Type.Array(Type.String())),
-  metadata: nullable(Type.Record(Type.String({ maxLength: 64 }), Type.String({ maxLength: 512 }), { maxProperties: 16 })),
+  metadata: nullable(Metadata),
   truncation: nullable(Type.Enum(['auto', 'disabled'])),
   user: nullable(Type.String()),
 });
