@@ -1,6 +1,7 @@
 /** The results' shape, the targets (issue 7) and the Markdown table written to bench/README.md. */
 import type { IdleStreams, Latency, Throughput } from './gateway.js';
 import type { LocalResult } from './local.js';
+import type { SchemaBench } from './schemas.js';
 
 type Name = 'direct' | 'reference' | 'switchyard';
 
@@ -16,6 +17,7 @@ export interface Results {
     idle_streams?: IdleStreams & { workers: number };
   };
   local: LocalResult[];
+  schemas?: SchemaBench;
 }
 
 export const TARGETS = {

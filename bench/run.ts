@@ -3,7 +3,7 @@
  * in the same run. Writes bench/results/<date>.json and the table in bench/README.md.
  * `npm run bench -- --quick` runs every scenario briefly to check that the harness works; it writes
  * its results to the temp folder and leaves the committed ones alone. `--only=gateway|local`
- * runs one part.
+ * runs one part; `--only=schemas` the structured-output costs over ../shared/schemas.
  */
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
@@ -13,6 +13,7 @@ import { createBenchKey, spawnReady, startSwitchyard, type Proc } from './lib.js
 import { check, idleStreams, sequential, throughput, type Subject } from './gateway.js';
 import { localScenarios, type LocalResult } from './local.js';
 import { renderTable, TARGETS, type Results } from './report.js';
+import { renderSchemaTable, schemaScenario } from './schemas.js';
 
 const quick = process.argv.includes('--quick');
 const only = process.argv.find((a) => a.startsWith('--only='))?.slice(7);
@@ -89,16 +90,18 @@ async function main(): Promise<void> {
     gateway: { throughput: { non_stream: {}, stream: {} }, one_connection: { non_stream: {}, first_chunk: {} }, workers: {} },
     local: [] as LocalResult[],
   };
-  if (only !== 'local') await gateway(results);
-  if (only !== 'gateway') results.local = await localScenarios({ quick, log });
+  if (only === undefined || only === 'gateway') await gateway(results);
+  if (only === undefined || only === 'local') results.local = await localScenarios({ quick, log });
+  if (only === undefined || only === 'schemas') results.schemas = await schemaScenario({ quick, log });
 
-  const table = renderTable(results);
+  const table = `${renderTable(results)}${results.schemas ? `\n\n${renderSchemaTable(results.schemas)}` : ''}`;
   process.stdout.write(`${table}\n`);
   const day = results.date.slice(0, 10);
-  if (quick) {
-    const path = join(tmpdir(), `switchyard-bench-quick-${day}.json`);
+  if (quick || only !== undefined) {
+    // A quick or partial run would leave the README's table incomplete: it goes to the temp folder.
+    const path = join(tmpdir(), `switchyard-bench-${quick ? 'quick' : only}-${day}.json`);
     writeFileSync(path, JSON.stringify(results, null, 2));
-    log(`quick run: results in ${path}; bench/README.md left as it was`);
+    log(`${quick ? 'quick' : 'partial'} run: results in ${path}; bench/README.md left as it was`);
   } else {
     const dir = join(PACKAGE_ROOT, 'bench', 'results');
     mkdirSync(dir, { recursive: true });

@@ -105,6 +105,7 @@ export async function createService(
       return {
         models: local.status().map((st) => ({ model: byFile.get(st.file) ?? 'unknown', active: st.active, queued: st.queued })),
         schemaViolations: local.schemaViolations,
+        schemaOutcomes: local.schemaOutcomes,
       };
     }, config.metricsToken !== undefined);
     const upstream = new UpstreamEngine(log, upstreamOptions(config), {
@@ -162,6 +163,7 @@ export async function createService(
       return {
         models: local.status().map((st) => ({ model: byFile.get(st.file) ?? null, ...st })),
         schemaViolations: local.schemaViolations,
+        schemaOutcomes: local.schemaOutcomes,
         cachedSchemas: local.cachedSchemas,
       };
     };

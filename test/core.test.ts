@@ -208,7 +208,7 @@ describe('limiter', () => {
     await store.close();
     rmSync(dir, { recursive: true, force: true });
   });
-  const metrics = new Metrics(() => ({ models: [], schemaViolations: 0 }));
+  const metrics = new Metrics(() => ({ models: [], schemaViolations: 0, schemaOutcomes: { resampled: 0, failed: 0, returnedInvalid: 0 } }));
   const who = (keyLimits: Limited['keyLimits'], orgLimits: Limited['orgLimits'] = null, keyId = 'key_1'): Limited => ({
     keyId,
     orgId: 'org_1',

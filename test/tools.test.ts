@@ -1,6 +1,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { Ajv } from 'ajv';
+import addFormatsModule from 'ajv-formats';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { request } from 'undici';
@@ -9,6 +10,7 @@ import { createKey, http, startServer, tempDir, type TestServer } from './helper
 
 const STORIES = 'local/stories260k';
 const ajv = new Ajv({ strict: false });
+const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ?? addFormatsModule) as (a: Ajv) => Ajv;
 
 const weatherParams = {
   type: 'object',
@@ -227,31 +229,164 @@ describe('function calling and structured output on the local engine (stories260
     assert.ok(next.choices[0]!.message.content!.length > 0);
   });
 
-  it('answers a schema feature the grammar cannot enforce with a 400 naming it', async () => {
-    await assert.rejects(
-      client.chat.completions.create({
+  // Zod's .int().min(1).max(14), a pattern, formats and an exclusive bound: all enforced by the grammar.
+  const bookingParams = {
+    type: 'object',
+    properties: {
+      nights: { type: 'integer', minimum: 1, maximum: 14 },
+      score: { type: 'number', exclusiveMinimum: 0, maximum: 1 },
+      code: { type: 'string', pattern: '^[A-Z]{3}-[0-9]{2,4}$' },
+      email: { type: 'string', format: 'email' },
+      when: { type: 'string', format: 'date-time' },
+      id: { type: 'string', format: 'uuid' },
+      tags: { type: 'array', items: { type: 'string', enum: ['sea', 'city', 'hills'] }, uniqueItems: true },
+    },
+    required: ['nights', 'score', 'code', 'email', 'when', 'id', 'tags'],
+    additionalProperties: false,
+  } as const;
+  const validBooking = new Ajv({ strict: false });
+  addFormats(validBooking);
+  const checkBooking = validBooking.compile(bookingParams);
+
+  it('ranges, patterns and formats: 50 of 50 tool calls and 50 of 50 json_schema documents valid at temperature 1', async () => {
+    // Two at a time: the local model's queue is bounded (SWITCHYARD_LOCAL_QUEUE).
+    const results: unknown[][] = [];
+    for (let i = 0; i < 50; i++) {
+      results.push(
+        await (async () => {
+          const [call, doc] = await Promise.all([
+            client.chat.completions.create({
+              model: STORIES,
+              messages: [{ role: 'user', content: 'Book a stay.' }],
+              temperature: 1,
+              tools: [{ type: 'function', function: { name: 'book', parameters: bookingParams, strict: true } }],
+              tool_choice: 'required',
+            }),
+            client.chat.completions.create({
+              model: STORIES,
+              messages: [{ role: 'user', content: 'Book a stay.' }],
+              temperature: 1,
+              response_format: { type: 'json_schema', json_schema: { name: 'booking', schema: bookingParams, strict: true } },
+            }),
+          ]);
+          const tc = call.choices[0]!.message.tool_calls![0]!;
+          assert.equal(tc.type, 'function');
+          return [JSON.parse(tc.function.arguments) as unknown, JSON.parse(doc.choices[0]!.message.content!) as unknown];
+        })(),
+      );
+    }
+    for (const pair of results)
+      for (const v of pair) assert.ok(checkBooking(v), `${JSON.stringify(v)}: ${JSON.stringify(checkBooking.errors)}`);
+  });
+
+  it('a strict: false tool with a schema the grammar cannot hold whole is never refused (tool_choice auto and required)', async () => {
+    const zodTool = {
+      type: 'function' as const,
+      function: {
+        name: 'plan',
+        strict: false,
+        parameters: {
+          type: 'object',
+          properties: { days: { type: 'integer', minimum: 1, maximum: 14 }, not_this: { not: { const: 3 } } },
+          required: ['days'],
+        },
+      },
+    };
+    for (const tool_choice of ['auto', 'required'] as const) {
+      const c = await client.chat.completions.create({
         model: STORIES,
-        messages: [{ role: 'user', content: 'x' }],
-        tools: [
-          { type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { n: { type: 'number', minimum: 3 } } } } },
-        ],
-        tool_choice: 'required',
-      }),
-      (e: unknown) => e instanceof OpenAI.BadRequestError && e.code === 'unsupported_schema' && /minimum/.test(e.message),
-    );
+        messages: [{ role: 'user', content: 'Plan a trip.' }],
+        tools: [zodTool],
+        tool_choice,
+      });
+      assert.ok(['stop', 'tool_calls', 'length'].includes(c.choices[0]!.finish_reason), c.choices[0]!.finish_reason);
+    }
+  });
+
+  it('keywords the grammar cannot hold (oneOf overlap, uniqueItems) are checked and sampled again: never an invalid document', async () => {
+    const schema = {
+      type: 'object',
+      properties: {
+        n: {
+          oneOf: [
+            { type: 'integer', minimum: 0, maximum: 9 },
+            { type: 'integer', minimum: 5, maximum: 20 },
+          ],
+        },
+        picks: { type: 'array', items: { enum: ['a', 'b', 'c'] }, uniqueItems: true, minItems: 2, maxItems: 2 },
+      },
+      required: ['n', 'picks'],
+      additionalProperties: false,
+    };
+    const check = new Ajv({ strict: false }).compile(schema);
+    const resampled = async (): Promise<number> =>
+      (
+        (await http(server.url, 'GET', '/admin/local/loaded', { key: server.adminKey })).json as unknown as {
+          schema_checks: { resampled: number };
+        }
+      ).schema_checks.resampled;
+    const before = await resampled();
+    let valid = 0;
+    for (let i = 0; i < 20; i++) {
+      for (const stream of [false, true]) {
+        try {
+          let text = '';
+          if (stream) {
+            const s = await client.chat.completions.create({
+              model: STORIES,
+              messages: [{ role: 'user', content: 'x' }],
+              temperature: 1,
+              stream: true,
+              response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
+            });
+            for await (const chunk of s) text += chunk.choices[0]?.delta.content ?? '';
+          } else {
+            const c = await client.chat.completions.create({
+              model: STORIES,
+              messages: [{ role: 'user', content: 'x' }],
+              temperature: 1,
+              response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
+            });
+            text = c.choices[0]!.message.content!;
+          }
+          assert.ok(check(JSON.parse(text)), `${text}: ${JSON.stringify(check.errors)}`);
+          valid++;
+        } catch (err) {
+          // The only other outcome allowed: every attempt failed the check, and the request says so.
+          if (!(err instanceof OpenAI.APIError) || err.code !== 'structured_output_failed') throw err;
+        }
+      }
+    }
+    assert.ok(valid >= 30, `${valid} of 40 valid`);
+    assert.ok((await resampled()) > before, 'some outputs failed the check and were sampled again');
+  });
+
+  it('refuses a schema that accepts no value (400 invalid_value) and one with an unresolvable reference', async () => {
     const res = await http(server.url, 'POST', '/v1/responses', {
       key: server.adminKey,
       body: {
         model: STORIES,
         input: 'x',
         text: {
-          format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { e: { type: 'string', format: 'email' } } } },
+          format: {
+            type: 'json_schema',
+            name: 'x',
+            schema: { type: 'object', properties: { a: { type: 'string' } }, required: ['b'], additionalProperties: false },
+          },
         },
       },
     });
     assert.equal(res.status, 400);
-    assert.equal(res.json.error.code, 'unsupported_schema');
-    assert.match(res.json.error.message, /email/);
+    assert.equal(res.json.error.code, 'invalid_value');
+    assert.match(res.json.error.message, /accepts no value/);
+    await assert.rejects(
+      client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { $ref: 'https://example.com/elsewhere.json' } } },
+      }),
+      (e: unknown) => e instanceof OpenAI.BadRequestError && e.code === 'invalid_value',
+    );
   });
 
   it('structured output through the Responses API (text.format)', async () => {

@@ -132,6 +132,13 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
       data: local.models,
       // Outputs that failed the JSON-schema check although a grammar constrained them; should stay 0.
       schema_violations: local.schemaViolations,
+      // Outputs whose schema the grammar checks only in part and that failed the check: sampled again,
+      // given up (structured_output_failed), or returned as they were (strict: false tools).
+      schema_checks: {
+        resampled: local.schemaOutcomes.resampled,
+        failed: local.schemaOutcomes.failed,
+        returned_invalid: local.schemaOutcomes.returnedInvalid,
+      },
       // Compiled JSON schemas kept for reuse (bounded by SWITCHYARD_SCHEMA_CACHE_SIZE).
       cached_schemas: local.cachedSchemas,
     };

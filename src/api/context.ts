@@ -5,6 +5,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../config.js';
 import type { Catalogue } from '../core/catalogue.js';
 import type { Router } from '../core/router.js';
+import type { SchemaOutcomes } from '../core/metrics.js';
 import type { ResponseService } from '../core/responses/service.js';
 import type { ConversationService } from '../core/responses/conversations.js';
 import type { StoredCompletions } from '../core/stored-completions.js';
@@ -29,6 +30,7 @@ export interface LocalStatus {
     last_used: number;
   }>;
   schemaViolations: number;
+  schemaOutcomes: SchemaOutcomes;
   cachedSchemas: number;
 }
 

@@ -34,6 +34,8 @@ export const ERRORS = {
   rate_limit_exceeded: { status: 429, type: 'rate_limit_error' },
   budget_exceeded: { status: 429, type: 'insufficient_quota' },
   internal_error: { status: 500, type: 'server_error' },
+  // The model's output failed the JSON schema on every attempt (a retry samples anew; clients retry 500s).
+  structured_output_failed: { status: 500, type: 'server_error' },
   upstream_error: { status: 502, type: 'server_error' },
   upstream_unreachable: { status: 502, type: 'server_error' },
   upstream_timeout: { status: 504, type: 'server_error' },

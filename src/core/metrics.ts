@@ -11,6 +11,13 @@ export interface LocalModelGauge {
  * Prometheus metrics, on a registry of this service's own (several servers can share a process in
  * tests). Counters are plain in-memory increments: nothing here waits on I/O.
  */
+/** What became of outputs that failed their schema check (see the local engine). */
+export interface SchemaOutcomes {
+  resampled: number;
+  failed: number;
+  returnedInvalid: number;
+}
+
 export class Metrics {
   readonly registry = new Registry();
 
@@ -40,7 +47,7 @@ export class Metrics {
    * `private`: their ids are visible only to their owners.
    */
   constructor(
-    local: () => { models: LocalModelGauge[]; schemaViolations: number },
+    local: () => { models: LocalModelGauge[]; schemaViolations: number; schemaOutcomes: SchemaOutcomes },
     private readonly revealPrivate = false,
   ) {
     const registers = [this.registry];
@@ -155,6 +162,18 @@ export class Metrics {
       registers,
       collect() {
         this.set(local().schemaViolations);
+      },
+    });
+    new Gauge({
+      name: 'switchyard_schema_checks',
+      help: 'Schema-checked outputs that failed since start, by what followed: resampled, failed (the request got structured_output_failed), returned_invalid (strict: false tools)',
+      labelNames: ['outcome'],
+      registers,
+      collect() {
+        const o = local().schemaOutcomes;
+        this.set({ outcome: 'resampled' }, o.resampled);
+        this.set({ outcome: 'failed' }, o.failed);
+        this.set({ outcome: 'returned_invalid' }, o.returnedInvalid);
       },
     });
   }

@@ -20,6 +20,7 @@ import { inspectGgufIsolated } from './gguf.js';
 import { PromptRenderer } from './prompt.js';
 import { AutoSink, CallSink, ChoiceSink, JsonSink, TextSink, type Push, type SchemaCheck, type Sink } from './output.js';
 import { SchemaGrammars, type CompiledSchema } from './schema-grammar.js';
+import { ClosingBias } from './closing-bias.js';
 
 export interface LocalEngineOptions {
   /** llama.cpp threads per context. More than one on a 2-core box collapsed throughput (see README). */
@@ -55,6 +56,8 @@ class LoadedModel {
   readonly waiters: Waiter[] = [];
   lastUsed = Date.now();
   active = 0;
+  /** Made at the first structured output (reading the vocabulary takes a while on large models). */
+  private closing: Promise<ClosingBias | undefined> | undefined;
 
   constructor(
     readonly file: string,
@@ -64,6 +67,11 @@ class LoadedModel {
     readonly bytes: number,
   ) {
     this.slots = Array.from({ length: context.totalSequences }, () => ({ sequence: context.getSequence(), busy: false }));
+  }
+
+  closingBias(): Promise<ClosingBias | undefined> {
+    this.closing ??= ClosingBias.for(this.model).catch(() => undefined);
+    return this.closing;
   }
 
   /** A free sequence, preferring the one whose cached tokens share the longest prefix with the prompt. */
@@ -95,8 +103,20 @@ interface OutputPlan {
   lazy: boolean;
   /** Tools described in the prompt. */
   tools: FunctionTool[];
-  make(push: Push): Sink;
+  /** Outputs sampled at most: more than one where a schema is checked after the grammar. */
+  attempts: number;
+  /** A sink for one attempt; `last`: no attempt follows it. */
+  make(push: Push, last: boolean): Sink;
 }
+
+/**
+ * Attempts at an output whose schema the grammar does not enforce whole (each within max_tokens;
+ * every token of every attempt is billed). Found by measurement on the JSONSchemaBench sample: a
+ * failed check is rare, and a second failure rarer still.
+ */
+const SCHEMA_ATTEMPTS = 4;
+/** A retry samples at least this hot: at temperature 0 it would write the same failing output again. */
+const RETRY_TEMPERATURE = 0.8;
 
 const EMPTY_PARAMETERS = { type: 'object', properties: {}, additionalProperties: false };
 
@@ -105,12 +125,16 @@ function parametersOf(t: FunctionTool): Record<string, unknown> {
   return t.parameters && Object.keys(t.parameters).length > 0 ? t.parameters : EMPTY_PARAMETERS;
 }
 
-/** `{"name": <one of the tools>, "arguments": <that tool's parameters>}` */
+/**
+ * `{"name": <one of the tools>, "arguments": <that tool's parameters>}`. Each tool's parameters get
+ * an `$id` of their own (unless they name themselves), so that their `#/$defs/…` references still
+ * resolve inside them and not against this wrapper.
+ */
 function callSchema(tools: readonly FunctionTool[]): Record<string, unknown> {
   return {
-    oneOf: tools.map((t) => ({
+    oneOf: tools.map((t, i) => ({
       type: 'object',
-      properties: { name: { const: t.name }, arguments: parametersOf(t) },
+      properties: { name: { const: t.name }, arguments: { $id: `tool-${i}.json`, ...parametersOf(t) } },
       required: ['name', 'arguments'],
       additionalProperties: false,
     })),
@@ -141,8 +165,6 @@ export class LocalEngine implements Engine {
   private readonly loaded = new Map<string, LoadedModel>();
   private readonly loading = new Map<string, Promise<LoadedModel>>();
   private readonly grammars: SchemaGrammars;
-  /** Outputs that failed schema validation although a grammar constrained them: should stay 0. */
-  schemaViolations = 0;
 
   constructor(private readonly opts: LocalEngineOptions) {
     this.grammars = new SchemaGrammars(() => this.getLlama(), {
@@ -339,13 +361,58 @@ export class LocalEngine implements Engine {
     }
   }
 
+  /** What happened to schema-checked outputs since start, for operators and metrics. */
+  readonly schemaOutcomes = { violations: 0, resampled: 0, failed: 0, returnedInvalid: 0 };
+
+  /** Outputs that failed schema validation although the grammar alone should have made that impossible: should stay 0. */
+  get schemaViolations(): number {
+    return this.schemaOutcomes.violations;
+  }
+
+  /**
+   * A tool's grammar and check. A `strict: false` tool is never refused for its schema: one that
+   * cannot be compiled (`fallback`) takes any JSON object as its arguments.
+   */
+  private async toolSchema(t: FunctionTool, model: string): Promise<{ c: CompiledSchema; fallback: boolean }> {
+    try {
+      return { c: await this.grammars.forSchema(parametersOf(t), 'tools'), fallback: false };
+    } catch (err) {
+      if (t.strict === true || !(err instanceof ApiError)) throw err;
+      this.opts.log.warn(
+        { model, tool: t.name, reason: err.message },
+        'strict: false tool schema not compiled; its arguments are any JSON object',
+      );
+      return { c: await this.grammars.anyObject(), fallback: true };
+    }
+  }
+
   /** Which sink the text goes to, and the grammar (if any) that constrains decoding. */
   private async plan(req: GenerationRequest, reasoning: boolean): Promise<OutputPlan> {
-    const onViolation = (what: string, errors: unknown) => {
-      this.schemaViolations++;
-      this.opts.log.error({ model: req.model, what, errors }, 'output failed schema validation despite the grammar (bug)');
-    };
-    const checkOf = (c: CompiledSchema): SchemaCheck => ({ check: c.check, onViolation });
+    const outcomes = this.schemaOutcomes;
+    const log = this.opts.log;
+    const checkOf = (c: CompiledSchema, lenient: boolean): SchemaCheck => ({
+      check: c.check,
+      // Nobody reads a non-streamed answer before it is complete, so it is always held until it passes.
+      enforce: c.checked.length > 0 || req.stream !== true,
+      lenient,
+      onViolation: (what, errors, final) => {
+        if (c.checked.length === 0) {
+          outcomes.violations++;
+          log.error({ model: req.model, what, errors }, 'output failed schema validation despite the grammar (bug)');
+        }
+        if (!final) {
+          outcomes.resampled++;
+          log.info({ model: req.model, what, errors, checked: c.checked }, 'output failed its schema check; sampling again');
+        } else if (lenient) {
+          outcomes.returnedInvalid++;
+          log.warn({ model: req.model, what, errors }, 'strict: false tool call failed its schema check; returned as it is');
+        } else {
+          outcomes.failed++;
+          log.warn({ model: req.model, what, errors }, 'output failed its schema check on every attempt');
+        }
+      },
+    });
+    const attemptsFor = (checks: Iterable<SchemaCheck>): number => ([...checks].some((c) => c.enforce) ? SCHEMA_ATTEMPTS : 1);
     const tools = req.toolChoice === 'none' ? [] : (req.tools ?? []);
     const fmt = req.responseFormat;
     const wantsJson = fmt !== undefined && fmt.type !== 'text';
@@ -362,29 +429,52 @@ export class LocalEngine implements Engine {
         throw new ApiError('invalid_value', `tool_choice names '${choice.name}', which is not one of the tools.`, { param: 'tool_choice' });
       }
       if (named) {
-        const c = await this.grammars.forSchema(parametersOf(named), 'tools');
-        return { grammar: c.grammar, lazy: false, tools, make: (push) => new CallSink(push, named, checkOf(c)) };
+        const { c } = await this.toolSchema(named, req.model);
+        const check = checkOf(c, named.strict !== true);
+        return {
+          grammar: c.grammar,
+          lazy: false,
+          tools,
+          attempts: attemptsFor([check]),
+          make: (push, last) => new CallSink(push, named, check, last),
+        };
       }
       const checks = new Map<string, SchemaCheck>();
-      for (const t of tools) checks.set(t.name, checkOf(await this.grammars.forSchema(parametersOf(t), 'tools')));
-      const wrapper = await this.grammars.forSchema(callSchema(tools), 'tools');
-      if (choice === 'required') return { grammar: wrapper.grammar, lazy: false, tools, make: (push) => new ChoiceSink(push, checks) };
+      const callable: FunctionTool[] = [];
+      for (const t of tools) {
+        const { c, fallback } = await this.toolSchema(t, req.model);
+        callable.push(fallback ? { ...t, parameters: { type: 'object' } } : t);
+        checks.set(t.name, checkOf(c, t.strict !== true));
+      }
+      const wrapper = await this.grammars.forSchema(callSchema(callable), 'tools');
+      const attempts = attemptsFor(checks.values());
+      if (choice === 'required')
+        return { grammar: wrapper.grammar, lazy: false, tools, attempts, make: (push, last) => new ChoiceSink(push, checks, last) };
       return {
         grammar: wrapper.grammar,
         lazy: true,
         tools,
-        make: (push) => new AutoSink(new TextSink(push, stop, reasoning), push, checks),
+        attempts,
+        make: (push, last) => new AutoSink(new TextSink(push, stop, reasoning), push, checks, last),
       };
     }
     if (fmt?.type === 'json_schema') {
       const c = await this.grammars.forSchema(fmt.schema, 'response_format');
-      return { grammar: c.grammar, lazy: false, tools: [], make: (push) => new JsonSink(push, checkOf(c)) };
+      const check = checkOf(c, false);
+      return {
+        grammar: c.grammar,
+        lazy: false,
+        tools: [],
+        attempts: attemptsFor([check]),
+        make: (push, last) => new JsonSink(push, check, last),
+      };
     }
     if (fmt?.type === 'json_object') {
       const c = await this.grammars.anyObject();
-      return { grammar: c.grammar, lazy: false, tools: [], make: (push) => new JsonSink(push, checkOf(c)) };
+      const check = checkOf(c, false);
+      return { grammar: c.grammar, lazy: false, tools: [], attempts: 1, make: (push, last) => new JsonSink(push, check, last) };
     }
-    return { lazy: false, tools: [], make: (push) => new TextSink(push, stop, reasoning) };
+    return { lazy: false, tools: [], attempts: 1, make: (push) => new TextSink(push, stop, reasoning) };
   }
 
   private async run(
@@ -398,33 +488,105 @@ export class LocalEngine implements Engine {
   ): Promise<void> {
     const { model } = m;
     const s = req.sampling;
+    const tally = req.tally;
+    tally.input = prompt.length;
+    tally.exact = true;
+    const push: Push = (ev) => out.push(ev);
+    // Every attempt's tokens are generated, so every one is billed.
+    let output = 0;
+    let reasoningTokens = 0;
+    let cached = 0;
+    try {
+      for (let attempt = 0; ; attempt++) {
+        const last = attempt + 1 >= plan.attempts;
+        const sink = plan.make(push, last);
+        const done = await this.attempt(
+          m,
+          seq,
+          prompt,
+          maxOut,
+          req,
+          plan,
+          sink,
+          attempt,
+          () => out.isCancelled,
+          (n, reasoning) => {
+            tally.output = output + n;
+            if (reasoning) tally.reasoning = ++reasoningTokens;
+          },
+        );
+        if (done === undefined) return;
+        if (attempt === 0) cached = done.cached;
+        output += done.output;
+        const reason = await sink.end(done.finish);
+        if (reason === 'retry') continue;
+        if (reason === 'failed') {
+          await out.push({ type: 'usage', usage: { input: prompt.length, cached, output, reasoning: reasoningTokens } });
+          out.close(
+            new ApiError(
+              'structured_output_failed',
+              `The model did not produce output that satisfies the schema in ${plan.attempts} attempts; retry, or simplify the schema.`,
+            ),
+          );
+          return;
+        }
+        await out.push({ type: 'usage', usage: { input: prompt.length, cached, output, reasoning: reasoningTokens } });
+        await out.push({ type: 'finish', reason });
+        out.close();
+        return;
+      }
+    } catch (err) {
+      this.opts.log.error({ err }, 'local generation failed');
+      out.close(new ApiError('internal_error', 'The local engine failed while generating.'));
+    } finally {
+      out.close();
+    }
+  }
+
+  /**
+   * One pass of decoding into `sink`. A retry starts again from the prompt with its own seed and at
+   * least RETRY_TEMPERATURE. Returns undefined when the request was cancelled.
+   */
+  private async attempt(
+    m: LoadedModel,
+    seq: LlamaContextSequence,
+    prompt: Token[],
+    maxOut: number,
+    req: GenerationRequest,
+    plan: OutputPlan,
+    sink: Sink,
+    attempt: number,
+    cancelled: () => boolean,
+    onToken: (generated: number, reasoning: boolean) => void,
+  ): Promise<{ finish: 'stop' | 'length'; output: number; cached: number } | undefined> {
+    const { model } = m;
+    const s = req.sampling;
     const generated: Token[] = [];
     let pending: Token[] = [];
     // The token stream also ends on its own once a grammar is complete: that is a stop too.
     let finish: 'stop' | 'length' = 'stop';
     const penalties = (s.presencePenalty ?? 0) !== 0 || (s.frequencyPenalty ?? 0) !== 0;
     let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
-    let reasoningTokens = 0;
-    const sink = plan.make((ev) => out.push(ev));
     const grammarState = plan.grammar ? new LlamaGrammarEvaluationState({ model, grammar: plan.grammar }) : undefined;
+    const temperature = s.temperature ?? 1;
+    // A document under a grammar is nudged to close before max_tokens cuts it (closing-bias.ts).
+    const closing = plan.grammar && !plan.lazy ? await m.closingBias() : undefined;
     try {
       // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
       const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
       if (seq.nextTokenIndex > shared) await seq.eraseContextTokenRanges([{ start: shared, end: seq.nextTokenIndex }]);
-      const tally = req.tally;
-      tally.input = prompt.length;
-      tally.cached = shared;
-      tally.exact = true;
+      if (attempt === 0) req.tally.cached = shared;
       tokens = seq.evaluate(prompt.slice(shared), {
-        temperature: s.temperature ?? 1,
+        temperature: attempt === 0 ? temperature : Math.max(temperature, RETRY_TEMPERATURE),
         topP: s.topP ?? 1,
         // node-llama-cpp's default seed is the current second: without one of our own, every request
-        // in the same second would sample the same text.
-        seed: s.seed ?? randomInt(0x1_0000_0000),
+        // in the same second would sample the same text. A retry with a seed given varies it predictably.
+        seed: s.seed !== undefined ? (s.seed + attempt) >>> 0 : randomInt(0x1_0000_0000),
         ...(grammarState && {
           // A lazy grammar (tool_choice auto) applies only once the model has opened a tool call.
           grammarEvaluationState: plan.lazy ? () => ((sink as AutoSink).triggered ? grammarState : undefined) : grammarState,
         }),
+        ...(closing && { tokenBias: () => closing.at(generated.length, maxOut) }),
         ...(penalties && {
           repeatPenalty: {
             punishTokens: () => generated,
@@ -435,10 +597,9 @@ export class LocalEngine implements Engine {
         }),
       });
       for await (const token of tokens) {
-        if (req.signal.aborted || out.isCancelled) return;
+        if (req.signal.aborted || cancelled()) return undefined;
         if (model.isEogToken(token)) break;
         generated.push(token);
-        req.tally.output = generated.length;
         pending.push(token);
         const text = model.detokenize(pending, false, lastTokens(prompt, generated, pending.length));
         // A character split across tokens decodes as U+FFFD until its last byte arrives.
@@ -449,25 +610,15 @@ export class LocalEngine implements Engine {
           if (full) await full;
           if (sink.stopped) break;
         }
-        if (sink.thinking) req.tally.reasoning = ++reasoningTokens;
+        onToken(generated.length, sink.thinking);
         if (generated.length >= maxOut) {
           finish = 'length';
           break;
         }
       }
       if (pending.length > 0) await sink.text(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length)));
-      const reason = await sink.end(finish);
-      await out.push({
-        type: 'usage',
-        usage: { input: prompt.length, cached: shared, output: generated.length, reasoning: reasoningTokens },
-      });
-      await out.push({ type: 'finish', reason });
-      out.close();
-    } catch (err) {
-      this.opts.log.error({ err }, 'local generation failed');
-      out.close(new ApiError('internal_error', 'The local engine failed while generating.'));
+      return { finish, output: generated.length, cached: shared };
     } finally {
-      out.close();
       await tokens?.return();
     }
   }

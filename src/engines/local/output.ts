@@ -17,24 +17,46 @@ export interface Sink {
   readonly stopped: boolean;
   /** True while the text is inside a thought segment (counted as reasoning tokens). */
   readonly thinking: boolean;
-  /** Called once generation ended; returns the finish reason to report. */
-  end(reason: 'stop' | 'length'): Promise<'stop' | 'length' | 'tool_calls'>;
+  /** Called once generation ended; returns the finish reason to report (or that the attempt failed its schema). */
+  end(reason: 'stop' | 'length'): Promise<Ending>;
 }
 
 export const TOOL_TRIGGER = '<tool_call>';
 export const newCallId = (): string => newId('call');
 
-/** Second line of defence: the grammar should make this impossible; when it happens it is a bug to see. */
+/**
+ * The JSON-schema check of a grammar-constrained output. Where the grammar is exact, it is a second
+ * line of defence (a failure is a bug to see). Where it is not (`enforce`), the output is held back
+ * until it passes; one that fails makes the engine sample again (`retry`), and after the last attempt
+ * it is refused, or for a lenient (`strict: false`) tool returned as it is and counted.
+ */
 export interface SchemaCheck {
   /** Validates against the original schema (in the schema worker); `valid` is undefined when it could not be checked. */
   check(text: string): Promise<{ valid: boolean | undefined; errors?: string | undefined }>;
-  onViolation(what: string, errors: unknown): void;
+  /** Hold the output back until it passes (the grammar does not enforce the whole schema, or nobody reads it streamed). */
+  enforce: boolean;
+  /** After the last attempt, return an output that failed instead of refusing it (`strict: false` tools). */
+  lenient: boolean;
+  /** An output failed its check (logged and counted); `final`: no attempt is left after it. */
+  onViolation(what: string, errors: unknown, final: boolean): void;
 }
 
-async function check(text: string, c: SchemaCheck | undefined, what: string): Promise<void> {
-  if (!c) return;
-  const verdict = await c.check(text);
-  if (verdict.valid === false) c.onViolation(what, verdict.errors);
+/** What ending an attempt decided: a finish reason, or sample again, or give up (the output failed its schema). */
+export type Ending = 'stop' | 'length' | 'tool_calls' | 'retry' | 'failed';
+
+/**
+ * Checks an output; 'ok' to emit it, 'retry' to sample again, 'failed' to give up. `last`: no
+ * attempt is left after this one.
+ */
+async function verdict(text: string, c: SchemaCheck | undefined, what: string, last: boolean): Promise<'ok' | 'retry' | 'failed'> {
+  if (!c) return 'ok';
+  const v = await c.check(text);
+  if (v.valid !== false) return 'ok';
+  // Output that was streamed as it was made cannot be taken back: the request ends with an error
+  // after it (never a finish that claims it valid); held output is sampled again.
+  c.onViolation(what, v.errors, last || !c.enforce);
+  if (c.enforce && !last) return 'retry';
+  return c.lenient ? 'ok' : 'failed';
 }
 
 export class TextSink implements Sink {
@@ -78,7 +100,10 @@ export class TextSink implements Sink {
   }
 }
 
-/** Structured output: the grammar makes the text JSON of the schema; it streams as text. */
+/**
+ * Structured output: the grammar makes the text JSON of the schema; it streams as text, or, where the
+ * schema is checked after the grammar, is held back until it passes.
+ */
 export class JsonSink implements Sink {
   private buf = '';
   readonly stopped = false;
@@ -87,20 +112,29 @@ export class JsonSink implements Sink {
   constructor(
     private readonly push: Push,
     private readonly schema: SchemaCheck | undefined,
+    private readonly last: boolean,
   ) {}
+
+  private get holding(): boolean {
+    return this.schema?.enforce === true;
+  }
 
   text(t: string): Wait {
     this.buf += t;
-    return this.push({ type: 'text.delta', text: t });
+    return this.holding ? undefined : this.push({ type: 'text.delta', text: t });
   }
 
-  async end(reason: 'stop' | 'length'): Promise<'stop' | 'length'> {
-    if (reason === 'stop') await check(this.buf, this.schema, 'structured output');
+  async end(reason: 'stop' | 'length'): Promise<Ending> {
+    if (reason === 'stop') {
+      const v = await verdict(this.buf, this.schema, 'structured output', this.last);
+      if (v !== 'ok') return v;
+    }
+    if (this.holding && this.buf) await this.push({ type: 'text.delta', text: this.buf });
     return reason;
   }
 }
 
-/** One forced call to a known function: the text is its arguments, streamed as they are generated. */
+/** One forced call to a known function: the text is its arguments, streamed as they are generated (or held, as JsonSink). */
 export class CallSink implements Sink {
   private started = false;
   private args = '';
@@ -111,21 +145,36 @@ export class CallSink implements Sink {
     private readonly push: Push,
     private readonly tool: FunctionTool,
     private readonly schema: SchemaCheck | undefined,
+    private readonly last: boolean,
   ) {}
+
+  private get holding(): boolean {
+    return this.schema?.enforce === true;
+  }
+
+  private start(): void {
+    if (this.started) return;
+    this.started = true;
+    this.push({ type: 'tool_call.start', index: 0, id: newCallId(), name: this.tool.name });
+  }
 
   text(t: string): Wait {
     this.args += t;
-    if (!this.started) {
-      this.started = true;
-      this.push({ type: 'tool_call.start', index: 0, id: newCallId(), name: this.tool.name });
-    }
+    if (this.holding) return undefined;
+    this.start();
     return this.push({ type: 'tool_call.delta', index: 0, arguments: t });
   }
 
-  async end(reason: 'stop' | 'length'): Promise<'length' | 'tool_calls'> {
-    if (reason === 'length') return 'length';
-    await check(this.args, this.schema, `arguments of ${this.tool.name}`);
-    return 'tool_calls';
+  async end(reason: 'stop' | 'length'): Promise<Ending> {
+    if (reason !== 'length') {
+      const v = await verdict(this.args, this.schema, `arguments of ${this.tool.name}`, this.last);
+      if (v !== 'ok') return v;
+    }
+    if (this.holding) {
+      this.start();
+      if (this.args) await this.push({ type: 'tool_call.delta', index: 0, arguments: this.args });
+    }
+    return reason === 'length' ? 'length' : 'tool_calls';
   }
 }
 
@@ -142,6 +191,7 @@ export class ChoiceSink implements Sink {
   constructor(
     protected readonly push: Push,
     private readonly schemas: ReadonlyMap<string, SchemaCheck>,
+    private readonly last: boolean,
   ) {}
 
   text(t: string): Wait {
@@ -149,7 +199,7 @@ export class ChoiceSink implements Sink {
     return undefined;
   }
 
-  async end(reason: 'stop' | 'length'): Promise<'stop' | 'length' | 'tool_calls'> {
+  async end(reason: 'stop' | 'length'): Promise<Ending> {
     if (reason === 'length') return 'length';
     let call: { name?: unknown; arguments?: unknown };
     try {
@@ -158,12 +208,13 @@ export class ChoiceSink implements Sink {
       this.schemas
         .values()
         .next()
-        .value?.onViolation('tool call', (err as Error).message);
-      return 'stop';
+        .value?.onViolation('tool call', (err as Error).message, this.last);
+      return this.last ? 'failed' : 'retry';
     }
     const name = String(call.name);
     const args = JSON.stringify(call.arguments ?? {});
-    await check(args, this.schemas.get(name), `arguments of ${name}`);
+    const v = await verdict(args, this.schemas.get(name), `arguments of ${name}`, this.last);
+    if (v !== 'ok') return v;
     await this.push({ type: 'tool_call.start', index: 0, id: newCallId(), name });
     await this.push({ type: 'tool_call.delta', index: 0, arguments: args });
     return 'tool_calls';
@@ -184,8 +235,9 @@ export class AutoSink implements Sink {
     private readonly textSink: TextSink,
     push: Push,
     schemas: ReadonlyMap<string, SchemaCheck>,
+    last: boolean,
   ) {
-    this.call = new ChoiceSink(push, schemas);
+    this.call = new ChoiceSink(push, schemas, last);
   }
 
   get triggered(): boolean {
@@ -214,7 +266,7 @@ export class AutoSink implements Sink {
     return this.textSink.text(this.held);
   }
 
-  async end(reason: 'stop' | 'length'): Promise<'stop' | 'length' | 'tool_calls'> {
+  async end(reason: 'stop' | 'length'): Promise<Ending> {
     if (this.mode === 'call') return this.call.end(reason);
     if (this.mode === 'undecided' && this.held) await this.textSink.text(this.held);
     return this.textSink.end(reason);

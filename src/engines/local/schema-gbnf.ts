@@ -1,44 +1,107 @@
 /**
- * JSON schema → GBNF (llama.cpp's grammar format), so that a local model can only write JSON the
- * schema accepts. Pure and synchronous; it runs in a worker thread (schema-worker.ts), never on the
- * request path's event loop. What it cannot enforce exactly it refuses with a SchemaCompileError
- * naming the keyword: silently dropping a constraint would break the guarantee that an accepted
- * request never returns a document the schema rejects.
+ * JSON schema → GBNF (llama.cpp's grammar format), so that a local model writes JSON the schema
+ * accepts. Pure and synchronous; it runs in a worker thread (schema-worker.ts), never on the request
+ * path's event loop. Reads drafts 04, 06, 07, 2019-09 and 2020-12.
+ *
+ * The rule for every keyword: the grammar accepts either exactly the values the schema accepts, or
+ * a subset of them (a uniqueItems array of at most one item, a number range through whole parts, a
+ * pattern matched in full, a plain host for `format: uri`). Either way every document it allows is
+ * valid. A keyword that no grammar can hold (oneOf's "exactly one", `not` in general, uniqueItems
+ * over several items) is compiled as loosely as it must be and named in `checked`: the engine then
+ * validates each document and samples again when one fails (see local-engine.ts), so the guarantee
+ * holds without the grammar. Unknown keywords and annotations are ignored, as JSON Schema says.
  *
  * The output is compact JSON (no whitespace), which costs a model the fewest tokens and leaves it
  * no room to wander. Properties come in declared order, required ones first.
  */
+import { STRING_FORMATS, INTEGER_FORMATS } from './schema-formats.js';
+import { integerRange, multiplesIn, numberRange, type NumberBounds } from './schema-numbers.js';
+import { patternMatches, patternToGbnf } from './schema-regex.js';
+import type { Draft } from './schema-validator.js';
 
-export class SchemaCompileError extends Error {}
+/** The schema cannot be compiled (the request is refused with this message): unsupported, or invalid (it accepts nothing). */
+export class SchemaCompileError extends Error {
+  constructor(
+    message: string,
+    readonly kind: 'unsupported' | 'invalid' = 'unsupported',
+  ) {
+    super(message);
+  }
+}
+/** No value satisfies this (sub)schema: an optional place drops it, a required one fails. */
+class Unsatisfiable extends SchemaCompileError {}
+
+export interface CompiledGrammar {
+  gbnf: string;
+  /** Keywords (with their paths) the grammar does not enforce exactly: the validator must. Empty: the grammar is exact. */
+  checked: string[];
+}
 
 type Schema = Record<string, unknown>;
 
-/** Keywords that only describe: ignored, as JSON Schema says unknown keywords are. */
-const UNSUPPORTED = new Set([
-  'pattern',
-  'patternProperties',
-  'propertyNames',
-  'minimum',
-  'maximum',
-  'exclusiveMinimum',
-  'exclusiveMaximum',
+/** Keywords that constrain values; every other keyword is an annotation or unknown and is ignored. */
+const CONSTRAINTS = new Set([
+  'type',
+  'enum',
+  'const',
   'multipleOf',
-  'not',
-  'if',
-  'then',
-  'else',
+  'maximum',
+  'exclusiveMaximum',
+  'minimum',
+  'exclusiveMinimum',
+  'maxLength',
+  'minLength',
+  'pattern',
+  'format',
+  'items',
+  'prefixItems',
+  'additionalItems',
+  'maxItems',
+  'minItems',
   'uniqueItems',
   'contains',
   'minContains',
   'maxContains',
+  'properties',
+  'patternProperties',
+  'additionalProperties',
+  'required',
+  'maxProperties',
+  'minProperties',
+  'propertyNames',
+  'dependencies',
+  'dependentRequired',
+  'dependentSchemas',
+  'allOf',
+  'anyOf',
+  'oneOf',
+  'not',
+  'if',
+  'then',
+  'else',
+  '$ref',
+  '$recursiveRef',
+  '$dynamicRef',
+  'unevaluatedProperties',
+  'unevaluatedItems',
+  'nullable',
+]);
+const STRING_KEYS = ['minLength', 'maxLength', 'pattern', 'format'];
+const NUMBER_KEYS = ['minimum', 'maximum', 'exclusiveMinimum', 'exclusiveMaximum', 'multipleOf'];
+const ARRAY_KEYS = ['items', 'prefixItems', 'additionalItems', 'minItems', 'maxItems', 'uniqueItems', 'contains', 'unevaluatedItems'];
+const OBJECT_KEYS = [
+  'properties',
+  'patternProperties',
+  'additionalProperties',
+  'required',
+  'minProperties',
+  'maxProperties',
+  'propertyNames',
   'dependencies',
   'dependentRequired',
   'dependentSchemas',
   'unevaluatedProperties',
-  'unevaluatedItems',
-  '$dynamicRef',
-  '$recursiveRef',
-]);
+];
 const TYPES = ['null', 'boolean', 'integer', 'number', 'string', 'array', 'object'] as const;
 type JsonType = (typeof TYPES)[number];
 
@@ -47,23 +110,18 @@ const HEX = '[0-9a-fA-F]';
 const BASE_RULES: Record<string, string> = {
   null: '"null"',
   boolean: '"true" | "false"',
-  integer: '"-"? ("0" | [1-9] [0-9]{0,15})',
-  number: '"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,15})? ([eE] [-+]? [0-9]{1,2})?',
+  integer: '"-"? ("0" | [1-9] [0-9]{0,14})',
+  number: '"-"? ("0" | [1-9] [0-9]{0,14}) ("." [0-9]{1,15})? ([eE] [-+]? [0-9]{1,2})?',
   char: `[^"\\\\\\x7F\\x00-\\x1F] | "\\\\" ["\\\\/bfnrt] | "\\\\u" ([0-9a-cA-CefEF] ${HEX}{3} | [dD] [0-7] ${HEX}{2})`,
   string: '"\\"" char* "\\""',
   value: 'object-value | array-value | string | number | boolean | null',
   'object-value': '"{" ( string ":" value ( "," string ":" value )* )? "}"',
   'array-value': '"[" ( value ( "," value )* )? "]"',
-  // Days 29–31 only in months that have them; 29 February is left out (it needs the year).
-  date: '"\\"" date-body "\\""',
-  'date-body':
-    '[0-9]{4} "-" ( ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) | ( "0" [13-9] | "1" [0-2] ) "-" ( "29" | "30" ) | ( "0" [13578] | "1" [02] ) "-31" )',
-  time: '"\\"" time-body "\\""',
-  'time-body':
-    '( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )',
-  'date-time': '"\\"" date-body "T" time-body "\\""',
 };
-const FORMATS = new Set(['date', 'time', 'date-time']);
+/** Rules made beyond this are a schema too complex to compile (the compile time limit is the other bound). */
+const MAX_RULES = 50_000;
+/** Where relative `$id`s and `$ref`s of a schema without an absolute `$id` resolve. */
+const ROOT_BASE = 'https://switchyard.invalid/schema.json';
 
 /** A GBNF string literal for `text` (matched byte for byte). */
 export function gbnfLiteral(text: string): string {
@@ -81,8 +139,20 @@ export function gbnfLiteral(text: string): string {
 }
 
 const isSchema = (v: unknown): v is Schema => typeof v === 'object' && v !== null && !Array.isArray(v);
-const repeat = (min: number, max: number): string =>
-  max === Infinity ? (min === 0 ? '*' : min === 1 ? '+' : `{${min},}`) : `{${min},${max}}`;
+const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined);
+const same = (a: unknown, b: unknown): boolean => JSON.stringify(a) === JSON.stringify(b);
+const hasConstraints = (s: Schema): boolean => Object.keys(s).some((k) => CONSTRAINTS.has(k));
+/** llama.cpp refuses repetition counts of 2000 and more. */
+const MAX_COUNT = 1999;
+/** A bounded repetition longer than this is cut to it: a subset, and a grammar llama.cpp expands quickly. */
+const LONG_REPEAT = 1000;
+
+function repeat(min: number, max: number): string {
+  if (min > MAX_COUNT)
+    throw new SchemaCompileError(`a repetition of at least ${min} is more than the grammar engine allows (${MAX_COUNT})`);
+  const top = max === Infinity ? max : max > LONG_REPEAT ? Math.max(min, LONG_REPEAT) : max;
+  return top === Infinity ? (min === 0 ? '*' : min === 1 ? '+' : `{${min},}`) : min === top ? `{${min}}` : `{${min},${top}}`;
+}
 
 /** `rule ( "," rule )…`: between min and max elements (min ≥ 1). */
 function commaList(rule: string, min: number, max: number): string {
@@ -90,393 +160,11 @@ function commaList(rule: string, min: number, max: number): string {
   return `${rule} ( "," ${rule} )${repeat(min - 1, max - 1)}`;
 }
 
-/**
- * Merges schemas that must all hold (`allOf`, and a schema's own keywords with each `anyOf`/`oneOf`
- * branch). Only merges that keep the meaning exactly are made; anything else is refused.
- */
-function merge(a: Schema, b: Schema, path: string): Schema {
-  const out: Schema = { ...a };
-  for (const [k, v] of Object.entries(b)) {
-    if (!(k in out)) {
-      out[k] = v;
-      continue;
-    }
-    const prev = out[k];
-    if (JSON.stringify(prev) === JSON.stringify(v)) continue;
-    switch (k) {
-      case 'properties': {
-        const props: Schema = { ...(prev as Schema) };
-        for (const [name, sub] of Object.entries(v as Schema)) {
-          props[name] = name in props ? { allOf: [props[name], sub] } : sub;
-        }
-        out[k] = props;
-        break;
-      }
-      case 'required':
-        out[k] = [...new Set([...(prev as string[]), ...(v as string[])])];
-        break;
-      case 'type': {
-        const left = Array.isArray(prev) ? prev : [prev];
-        const right = Array.isArray(v) ? v : [v];
-        const both = left
-          .filter((t) => right.includes(t) || (t === 'integer' && right.includes('number')))
-          .concat(right.filter((t) => t === 'integer' && left.includes('number')));
-        if (both.length === 0) throw new SchemaCompileError(`allOf at '${path}' requires incompatible types`);
-        out[k] = [...new Set(both)];
-        break;
-      }
-      case 'minItems':
-      case 'minLength':
-      case 'minProperties':
-        out[k] = Math.max(Number(prev), Number(v));
-        break;
-      case 'maxItems':
-      case 'maxLength':
-      case 'maxProperties':
-        out[k] = Math.min(Number(prev), Number(v));
-        break;
-      case 'description':
-      case 'title':
-      case 'default':
-      case 'examples':
-      case '$comment':
-      case '$schema':
-      case '$id':
-      case 'id':
-        break;
-      case 'additionalProperties':
-        if (prev === false || v === false) out[k] = false;
-        else if (prev === true) out[k] = v;
-        else if (v !== true) out[k] = { allOf: [prev, v] };
-        break;
-      default:
-        throw new SchemaCompileError(
-          `'${k}' appears in several parts of an allOf at '${path}' with different values, which the grammar cannot combine`,
-        );
-    }
-  }
-  return out;
-}
-
-class Compiler {
-  private readonly rules = new Map<string, string>();
-  private readonly byBody = new Map<string, string>();
-  private readonly refs = new Map<string, string>();
-  private readonly used = new Set<string>();
-  private counter = 0;
-
-  constructor(private readonly root: unknown) {}
-
-  /** A rule with this body (an existing one when the same body was made before). */
-  private rule(hint: string, body: string): string {
-    const known = this.byBody.get(body);
-    if (known) return known;
-    const name = `${
-      hint
-        .replace(/[^a-zA-Z0-9-]+/g, '-')
-        .replace(/^-+|-+$/g, '')
-        .toLowerCase()
-        .slice(0, 40) || 'r'
-    }-${this.counter++}`;
-    this.rules.set(name, body);
-    this.byBody.set(body, name);
-    return name;
-  }
-
-  private base(name: string): string {
-    this.used.add(name);
-    return name;
-  }
-
-  private literal(value: unknown): string {
-    return gbnfLiteral(JSON.stringify(value));
-  }
-
-  private resolve(ref: string, path: string): unknown {
-    if (ref === '#') return this.root;
-    if (!ref.startsWith('#/'))
-      throw new SchemaCompileError(`only references inside the schema ('#/…') are supported (at '${path}': '${ref}')`);
-    let cur: unknown = this.root;
-    for (const raw of ref.slice(2).split('/')) {
-      const part = decodeURIComponent(raw).replace(/~1/g, '/').replace(/~0/g, '~');
-      if (!isSchema(cur) && !Array.isArray(cur)) throw new SchemaCompileError(`reference '${ref}' (at '${path}') points nowhere`);
-      cur = (cur as Record<string, unknown>)[part];
-      if (cur === undefined) throw new SchemaCompileError(`reference '${ref}' (at '${path}') points nowhere`);
-    }
-    return cur;
-  }
-
-  compile(): string {
-    const top = this.visit(this.root, '');
-    const lines = [`root ::= ${top}`];
-    for (const [name, body] of this.rules) lines.push(`${name} ::= ${body}`);
-    // Base rules reach each other (string → char, value → object-value → …): add them to a fixed point.
-    const pending = [...this.used];
-    const added = new Set<string>();
-    while (pending.length) {
-      const name = pending.pop()!;
-      if (added.has(name)) continue;
-      added.add(name);
-      const body = BASE_RULES[name]!;
-      lines.push(`${name} ::= ${body}`);
-      for (const other of Object.keys(BASE_RULES)) if (new RegExp(`(^|[^a-z-])${other}($|[^a-z-])`).test(body)) pending.push(other);
-    }
-    return `${lines.join('\n')}\n`;
-  }
-
-  /** A rule name (or inline expression) matching exactly the JSON values `schema` accepts, or a subset of them. */
-  private visit(schema: unknown, path: string): string {
-    if (schema === true || (isSchema(schema) && Object.keys(schema).length === 0)) return this.base('value');
-    if (schema === false) throw new SchemaCompileError(`the schema at '${path || '/'}' accepts nothing`);
-    if (!isSchema(schema)) throw new SchemaCompileError(`the schema at '${path || '/'}' must be an object`);
-    for (const k of Object.keys(schema)) {
-      if (UNSUPPORTED.has(k))
-        throw new SchemaCompileError(`JSON schema keyword '${k}' (at '${path}/${k}') cannot be enforced by the local engine's grammar`);
-    }
-    const ref = schema['$ref'];
-    if (typeof ref === 'string') {
-      let name = this.refs.get(ref);
-      if (!name) {
-        // Reserved before the target is compiled, so a recursive schema refers to itself.
-        name = `ref-${this.counter++}`;
-        this.refs.set(ref, name);
-        this.rules.set(name, '');
-        this.rules.set(name, this.visit(this.resolve(ref, path), `${path}/$ref`));
-      }
-      return name;
-    }
-    if (Array.isArray(schema['allOf'])) {
-      const { allOf, ...rest } = schema;
-      return this.visit(
-        (allOf as unknown[]).reduce<Schema>((acc, sub, i) => {
-          const s = isSchema(sub) && typeof sub['$ref'] === 'string' ? this.resolve(sub['$ref'], `${path}/allOf/${i}`) : sub;
-          if (s === true) return acc;
-          if (!isSchema(s)) throw new SchemaCompileError(`allOf at '${path}' holds a schema that is not an object`);
-          return merge(acc, s, `${path}/allOf/${i}`);
-        }, rest),
-        path,
-      );
-    }
-    const branches = schema['anyOf'] ?? schema['oneOf'];
-    if (Array.isArray(branches)) {
-      const key = 'anyOf' in schema ? 'anyOf' : 'oneOf';
-      if (key === 'oneOf') {
-        // Alternatives that can match the same value would make a "one of" produce two; refuse unless
-        // the branches are told apart by type or by a constant property (a discriminator).
-        this.checkExclusive(branches, path);
-      }
-      const { [key]: _drop, ...rest } = schema;
-      const own = Object.keys(rest).some(
-        (k) => !['description', 'title', 'default', 'examples', '$comment', '$schema', '$id', 'id', '$defs', 'definitions'].includes(k),
-      );
-      const alts = branches.map((b, i) => {
-        const target = isSchema(b) && typeof b['$ref'] === 'string' && own ? this.resolve(b['$ref'], `${path}/${key}/${i}`) : b;
-        return this.visit(own && isSchema(target) ? merge(rest, target, `${path}/${key}/${i}`) : target, `${path}/${key}/${i}`);
-      });
-      return this.rule(`${path}-alt`, alts.join(' | '));
-    }
-    if ('const' in schema) return this.rule(`${path}-const`, this.literal(schema['const']));
-    const types = this.types(schema, path);
-    if (Array.isArray(schema['enum'])) {
-      const values = (schema['enum'] as unknown[]).filter((v) => types === undefined || types.some((t) => matchesType(v, t)));
-      if (values.length === 0) throw new SchemaCompileError(`the enum at '${path}' has no value of the schema's type`);
-      return this.rule(`${path}-enum`, [...new Set(values.map((v) => this.literal(v)))].join(' | '));
-    }
-    const list = types ?? [inferType(schema)];
-    if (list.includes(undefined)) return this.base('value');
-    const alts = (list as JsonType[]).filter((t) => !(t === 'integer' && list.includes('number'))).map((t) => this.typed(schema, t, path));
-    return alts.length === 1 ? alts[0]! : this.rule(`${path}-types`, alts.join(' | '));
-  }
-
-  private types(schema: Schema, path: string): JsonType[] | undefined {
-    const t = schema['type'];
-    if (t === undefined) return undefined;
-    const list = Array.isArray(t) ? t : [t];
-    for (const x of list) {
-      if (!TYPES.includes(x as JsonType)) throw new SchemaCompileError(`unknown type '${String(x)}' at '${path}/type'`);
-    }
-    if (schema['nullable'] === true && !list.includes('null')) list.push('null');
-    return list as JsonType[];
-  }
-
-  private checkExclusive(branches: unknown[], path: string): void {
-    const resolved = branches.map((b, i) =>
-      isSchema(b) && typeof b['$ref'] === 'string' ? this.resolve(b['$ref'], `${path}/oneOf/${i}`) : b,
-    );
-    const typeSets = resolved.map((b) => (isSchema(b) && typeof b['type'] === 'string' ? b['type'] : undefined));
-    if (typeSets.every((t) => t !== undefined) && new Set(typeSets.map((t) => (t === 'integer' ? 'number' : t))).size === typeSets.length)
-      return;
-    // Every branch an object with a required property of the same name holding a different const.
-    const objs = resolved.filter(isSchema);
-    if (objs.length === resolved.length) {
-      const first = objs[0];
-      const props = first ? Object.entries((first['properties'] as Schema | undefined) ?? {}) : [];
-      for (const [name] of props) {
-        const consts = objs.map((o) => {
-          const p = (o['properties'] as Schema | undefined)?.[name];
-          const required = Array.isArray(o['required']) && (o['required'] as unknown[]).includes(name);
-          return required && isSchema(p) && 'const' in p ? JSON.stringify(p['const']) : undefined;
-        });
-        if (consts.every((c) => c !== undefined) && new Set(consts).size === consts.length) return;
-      }
-    }
-    if (
-      resolved.every((b) => isSchema(b) && 'const' in b) &&
-      new Set(resolved.map((b) => JSON.stringify((b as Schema)['const']))).size === resolved.length
-    )
-      return;
-    throw new SchemaCompileError(
-      `oneOf at '${path}' has branches that could match the same value; the grammar can enforce it only as anyOf (use anyOf, or tell the branches apart by type or a const property)`,
-    );
-  }
-
-  private typed(schema: Schema, type: JsonType, path: string): string {
-    switch (type) {
-      case 'null':
-      case 'boolean':
-      case 'integer':
-      case 'number':
-        return this.base(type);
-      case 'string':
-        return this.stringRule(schema, path);
-      case 'array':
-        return this.arrayRule(schema, path);
-      case 'object':
-        return this.objectRule(schema, path);
-    }
-  }
-
-  private stringRule(schema: Schema, path: string): string {
-    const format = schema['format'];
-    if (typeof format === 'string') {
-      if (!FORMATS.has(format))
-        throw new SchemaCompileError(`string format '${format}' (at '${path}/format') cannot be enforced by the local engine's grammar`);
-      return this.base(format);
-    }
-    const min = typeof schema['minLength'] === 'number' ? schema['minLength'] : 0;
-    const max = typeof schema['maxLength'] === 'number' ? schema['maxLength'] : Infinity;
-    if (min > max) throw new SchemaCompileError(`minLength is above maxLength at '${path}'`);
-    if (min === 0 && max === Infinity) return this.base('string');
-    this.base('char');
-    return this.rule(`${path}-string`, `"\\"" char${repeat(min, max)} "\\""`);
-  }
-
-  private arrayRule(schema: Schema, path: string): string {
-    const items = schema['items'];
-    const prefix: unknown[] = Array.isArray(schema['prefixItems'])
-      ? (schema['prefixItems'] as unknown[])
-      : Array.isArray(items)
-        ? items
-        : [];
-    const rest: unknown = Array.isArray(items) ? schema['additionalItems'] : Array.isArray(schema['prefixItems']) ? items : items;
-    const min = typeof schema['minItems'] === 'number' ? schema['minItems'] : 0;
-    const max = typeof schema['maxItems'] === 'number' ? schema['maxItems'] : Infinity;
-    if (min > max) throw new SchemaCompileError(`minItems is above maxItems at '${path}'`);
-    if (max === 0) return this.rule('empty-array', '"[" "]"');
-    const restAllowed = rest !== false;
-    if (!restAllowed && min > prefix.length)
-      throw new SchemaCompileError(`minItems at '${path}' asks for more items than the schema allows`);
-    const restMin = Math.max(0, min - prefix.length);
-    // After a tuple, unconstrained extra items are allowed but never needed: only as many as minItems asks for.
-    const restOpen = rest === undefined || rest === true;
-    const restMax = prefix.length > 0 && restOpen ? restMin : max === Infinity ? Infinity : max - prefix.length;
-    const restRule = restAllowed && restMax > 0 ? this.visit(rest === undefined ? true : rest, `${path}/items`) : undefined;
-    const slots = prefix.slice(0, max).map((p, i) => this.visit(p, `${path}/prefixItems/${i}`));
-    // Elements in order: the prefix, then repetitions of the rest, each optional past minItems.
-    const parts: Array<{ rule: string; required: boolean }> = slots.map((rule, i) => ({ rule, required: i < min }));
-    let tail = '';
-    if (restRule) {
-      if (parts.length === 0) {
-        const body = restMin === 0 ? `( ${commaList(restRule, 1, restMax)} )?` : commaList(restRule, restMin, restMax);
-        return this.rule(`${path}-array`, `"[" ${body} "]"`);
-      }
-      tail = `( "," ${restRule} )${repeat(restMin, restMax)}`;
-    }
-    // Nest optional elements: "[" A ( "," B ( "," C tail )? )? "]"
-    let body = tail;
-    for (let i = parts.length - 1; i >= 0; i--) {
-      const p = parts[i]!;
-      const sep = i === 0 ? '' : '"," ';
-      const inner = `${sep}${p.rule}${body ? ` ${body}` : ''}`;
-      body = p.required ? inner : `( ${inner} )?`;
-    }
-    return this.rule(`${path}-array`, `"[" ${body} "]"`);
-  }
-
-  private objectRule(schema: Schema, path: string): string {
-    const properties: Schema = isSchema(schema['properties']) ? { ...schema['properties'] } : {};
-    const required = new Set(Array.isArray(schema['required']) ? (schema['required'] as unknown[]).map(String) : []);
-    const additional = schema['additionalProperties'];
-    const minProps = typeof schema['minProperties'] === 'number' ? schema['minProperties'] : 0;
-    const maxProps = typeof schema['maxProperties'] === 'number' ? schema['maxProperties'] : Infinity;
-    // A property whose schema is `false` may not appear: leave it out (unless it is required).
-    for (const [name, sub] of Object.entries(properties)) {
-      if (sub !== false) continue;
-      if (required.has(name)) throw new SchemaCompileError(`required property '${name}' at '${path}' has the schema false`);
-      delete properties[name];
-    }
-    const declared = Object.keys(properties);
-    if (maxProps === 0) return this.rule('empty-object', '"{" "}"');
-    for (const name of required) {
-      if (!(name in properties)) {
-        if (additional === false)
-          throw new SchemaCompileError(`required property '${name}' at '${path}' is not allowed by additionalProperties: false`);
-        properties[name] = additional === undefined || additional === true ? true : additional;
-        declared.push(name);
-      }
-    }
-    if (declared.length === 0) {
-      // A map: arbitrary keys, values of additionalProperties (or anything), as many as min/maxProperties allow.
-      if (additional === false) return this.rule('empty-object', '"{" "}"');
-      const value = this.visit(additional === undefined ? true : additional, `${path}/additionalProperties`);
-      const pair = this.rule(`${path}-pair`, `${this.base('string')} ":" ${value}`);
-      const body = minProps === 0 ? `( ${commaList(pair, 1, maxProps)} )?` : commaList(pair, minProps, maxProps);
-      return this.rule(`${path}-object`, `"{" ${body} "}"`);
-    }
-    const ordered = [...declared.filter((n) => required.has(n)), ...declared.filter((n) => !required.has(n))];
-    if (required.size > maxProps) throw new SchemaCompileError(`maxProperties at '${path}' is below the number of required properties`);
-    if (minProps > required.size)
-      throw new SchemaCompileError(`minProperties at '${path}' is more than its required properties; the grammar cannot enforce it`);
-    if (maxProps < ordered.length)
-      throw new SchemaCompileError(`maxProperties at '${path}' is below the number of properties; the grammar cannot enforce it`);
-    const kv = ordered.map((name) =>
-      this.rule(
-        `${path}-${name}-kv`,
-        `${gbnfLiteral(JSON.stringify(name))} ":" ${this.visit(properties[name], `${path}/properties/${name}`)}`,
-      ),
-    );
-    const req = kv.slice(0, required.size);
-    const opt = kv.slice(required.size);
-    let body: string;
-    if (req.length > 0) {
-      body = [req.join(' "," '), ...opt.map((o) => `( "," ${o} )?`)].join(' ');
-    } else {
-      // Any subset of the optional properties, in order: S_i ::= kv_i T_{i+1} | S_{i+1}, T_i ::= ("," kv_i)? T_{i+1}.
-      let t = '';
-      const tails: string[] = [];
-      for (let i = opt.length - 1; i >= 0; i--) {
-        tails[i] = t;
-        t = `( "," ${opt[i]} )?${t ? ` ${t}` : ''}`;
-      }
-      const alts = opt.map((o, i) => `${o}${tails[i] ? ` ${tails[i]}` : ''}`);
-      body = `( ${alts.join(' | ')} )?`;
-    }
-    return this.rule(`${path}-object`, `"{" ${body} "}"`);
-  }
-}
-
-function inferType(schema: Schema): JsonType | undefined {
-  if (
-    'properties' in schema ||
-    'required' in schema ||
-    'additionalProperties' in schema ||
-    'minProperties' in schema ||
-    'maxProperties' in schema
-  )
-    return 'object';
-  if ('items' in schema || 'prefixItems' in schema || 'minItems' in schema || 'maxItems' in schema) return 'array';
-  if ('minLength' in schema || 'maxLength' in schema || 'format' in schema) return 'string';
-  return undefined;
+function jsonType(v: unknown): JsonType {
+  if (v === null) return 'null';
+  if (Array.isArray(v)) return 'array';
+  if (typeof v === 'number') return Number.isInteger(v) ? 'integer' : 'number';
+  return typeof v as 'boolean' | 'string' | 'object';
 }
 
 function matchesType(v: unknown, t: JsonType): boolean {
@@ -498,12 +186,977 @@ function matchesType(v: unknown, t: JsonType): boolean {
   }
 }
 
-/** The grammar for values of `schema`; throws SchemaCompileError for what it cannot enforce. */
-export function schemaToGbnf(schema: unknown): string {
-  return new Compiler(schema).compile();
+/** draft-04's boolean `exclusiveMinimum`/`exclusiveMaximum` in the later form (a bound of their own). */
+function normaliseBounds(s: Schema): Schema {
+  const exMin = s['exclusiveMinimum'];
+  const exMax = s['exclusiveMaximum'];
+  if (typeof exMin !== 'boolean' && typeof exMax !== 'boolean') return s;
+  const out: Schema = { ...s };
+  if (typeof exMin === 'boolean') {
+    delete out['exclusiveMinimum'];
+    if (exMin && num(s['minimum']) !== undefined) {
+      out['exclusiveMinimum'] = s['minimum'];
+      delete out['minimum'];
+    }
+  }
+  if (typeof exMax === 'boolean') {
+    delete out['exclusiveMaximum'];
+    if (exMax && num(s['maximum']) !== undefined) {
+      out['exclusiveMaximum'] = s['maximum'];
+      delete out['maximum'];
+    }
+  }
+  return out;
+}
+
+class Compiler {
+  private readonly rules = new Map<string, string>();
+  private readonly byBody = new Map<string, string>();
+  private readonly refs = new Map<string, string>();
+  private readonly used = new Set<string>();
+  private readonly checked = new Set<string>();
+  /** Schemas by absolute URI (`$id`, and `#anchor`s), for `$ref`. */
+  private readonly index = new Map<string, unknown>();
+  /** The base URI each subschema object resolves references against. */
+  private readonly bases = new WeakMap<object, string>();
+  private counter = 0;
+  /** While above zero, merges are only being looked at (oneOf analysis): they leave nothing to the check. */
+  private quiet = 0;
+
+  constructor(
+    private readonly root: unknown,
+    private readonly draft: Draft,
+  ) {
+    this.index.set(ROOT_BASE, root);
+    this.walk(root, ROOT_BASE);
+  }
+
+  /** Leaves a keyword to the validator. */
+  private check(keyword: string, path: string): void {
+    if (this.quiet > 0) return;
+    this.checked.add(`${keyword} at '${path || '/'}'`);
+  }
+
+  /** Records every subschema's base URI and every `$id` and anchor. */
+  private walk(node: unknown, base: string): void {
+    if (Array.isArray(node)) {
+      for (const n of node) this.walk(n, base);
+      return;
+    }
+    if (!isSchema(node) || this.bases.has(node)) return;
+    const id = this.draft === '04' ? node['id'] : node['$id'];
+    if (typeof id === 'string') {
+      try {
+        const url = new URL(id, base);
+        if (id.startsWith('#')) this.index.set(url.href, node);
+        else {
+          if (url.hash) this.index.set(url.href, node);
+          url.hash = '';
+          base = url.href;
+          this.index.set(base, node);
+        }
+      } catch {
+        // An id that is not a URI reference: the validator decides whether the schema is usable.
+      }
+    }
+    for (const k of ['$anchor', '$dynamicAnchor', '$recursiveAnchor']) {
+      const a = node[k];
+      if (typeof a === 'string') this.index.set(`${base}#${a}`, node);
+    }
+    this.bases.set(node, base);
+    for (const k of ['properties', 'patternProperties', 'definitions', '$defs', 'dependentSchemas', 'dependencies']) {
+      const v = node[k];
+      if (isSchema(v)) for (const sub of Object.values(v)) this.walk(sub, base);
+    }
+    for (const k of ['items', 'prefixItems', 'allOf', 'anyOf', 'oneOf']) this.walk(node[k], base);
+    for (const k of [
+      'additionalProperties',
+      'additionalItems',
+      'not',
+      'if',
+      'then',
+      'else',
+      'contains',
+      'propertyNames',
+      'unevaluatedProperties',
+      'unevaluatedItems',
+    ])
+      this.walk(node[k], base);
+  }
+
+  private resolve(ref: string, base: string, path: string): { target: unknown; base: string } {
+    let url: URL;
+    try {
+      url = new URL(ref, base);
+    } catch {
+      throw new SchemaCompileError(`reference '${ref}' at '${path}' is not a URI reference`);
+    }
+    const fragment = url.hash.slice(1);
+    url.hash = '';
+    const doc = this.index.get(url.href);
+    if (doc === undefined) throw new SchemaCompileError(`reference '${ref}' at '${path}' points outside the schema`);
+    let target: unknown = doc;
+    if (fragment.startsWith('/')) {
+      for (const raw of fragment.slice(1).split('/')) {
+        const part = decodeURIComponent(raw).replace(/~1/g, '/').replace(/~0/g, '~');
+        target = isSchema(target) || Array.isArray(target) ? (target as Record<string, unknown>)[part] : undefined;
+        if (target === undefined) throw new SchemaCompileError(`reference '${ref}' at '${path}' points nowhere`);
+      }
+    } else if (fragment) {
+      target = this.index.get(`${url.href}#${decodeURIComponent(fragment)}`);
+      if (target === undefined) throw new SchemaCompileError(`reference '${ref}' at '${path}' names no anchor`);
+    }
+    return { target, base: (isSchema(target) && this.bases.get(target)) || url.href };
+  }
+
+  /** A rule with this body (an existing one when the same body was made before). */
+  private rule(hint: string, body: string): string {
+    const known = this.byBody.get(body);
+    if (known) return known;
+    if (this.rules.size >= MAX_RULES) throw new SchemaCompileError('the schema is too complex to compile');
+    const name = `${
+      hint
+        .replace(/[^a-zA-Z0-9-]+/g, '-')
+        .replace(/^-+|-+$/g, '')
+        .toLowerCase()
+        .slice(-40)
+        .replace(/^-+/, '') || 'r'
+    }-${this.counter++}`;
+    this.rules.set(name, body);
+    this.byBody.set(body, name);
+    return name;
+  }
+
+  private base(name: string): string {
+    this.used.add(name);
+    return name;
+  }
+
+  compile(): CompiledGrammar {
+    let top: string;
+    try {
+      top = this.visit(this.root, '', ROOT_BASE);
+    } catch (err) {
+      if (err instanceof Unsatisfiable) throw new SchemaCompileError(`the schema accepts no value (${err.message})`, 'invalid');
+      throw err;
+    }
+    const lines = [`root ::= ${top}`];
+    for (const [name, body] of this.rules) lines.push(`${name} ::= ${body}`);
+    // Base rules reach each other (string → char, value → object-value → …): add them to a fixed point.
+    const pending = [...this.used];
+    const added = new Set<string>();
+    while (pending.length) {
+      const name = pending.pop()!;
+      if (added.has(name)) continue;
+      added.add(name);
+      const body = BASE_RULES[name]!;
+      lines.push(`${name} ::= ${body}`);
+      for (const other of Object.keys(BASE_RULES)) if (new RegExp(`(^|[^a-z-])${other}($|[^a-z-])`).test(body)) pending.push(other);
+    }
+    return { gbnf: `${lines.join('\n')}\n`, checked: [...this.checked] };
+  }
+
+  /** The rule for `$ref`: one per target, made before the target is compiled so recursion refers to itself. */
+  private refRule(ref: string, base: string, path: string): string {
+    const { target, base: targetBase } = this.resolve(ref, base, path);
+    const key = `${targetBase} ${ref.startsWith('#') ? ref : new URL(ref, base).href}`;
+    let name = this.refs.get(key);
+    if (!name) {
+      name = `ref-${this.counter++}`;
+      this.refs.set(key, name);
+      this.rules.set(name, '');
+      try {
+        this.rules.set(name, this.visit(target, `${path}/$ref`, targetBase));
+      } catch (err) {
+        this.rules.delete(name);
+        this.refs.delete(key);
+        throw err;
+      }
+    }
+    return name;
+  }
+
+  /** Follows `$ref`s (for merging); a reference already being followed stays as it is. */
+  private deref(s: unknown, base: string, path: string, seen: Set<string>): { schema: unknown; base: string } {
+    let cur = s;
+    let b = base;
+    while (isSchema(cur) && typeof cur['$ref'] === 'string') {
+      const { $ref, ...siblings } = cur;
+      const ref = $ref as string;
+      if (seen.has(ref) || seen.size > 64) return { schema: cur, base: b };
+      seen.add(ref);
+      const r = this.resolve(ref, b, path);
+      // From 2019-09 on, keywords beside $ref apply too; before, they are ignored.
+      const keep = (this.draft === '2019-09' || this.draft === '2020-12') && hasConstraints(siblings);
+      cur = keep && isSchema(r.target) ? { ...siblings, allOf: [r.target] } : r.target;
+      b = keep ? b : r.base;
+    }
+    return { schema: cur, base: b };
+  }
+
+  /** A rule name (or inline expression) matching the JSON values `schema` accepts, or a subset of them. */
+  private visit(schema: unknown, path: string, inherited: string): string {
+    if (schema === true) return this.base('value');
+    if (schema === false) throw new Unsatisfiable(`the schema at '${path || '/'}' accepts nothing`);
+    if (!isSchema(schema)) throw new SchemaCompileError(`the schema at '${path || '/'}' must be an object or a boolean`);
+    const base = this.bases.get(schema) ?? inherited;
+    let s = normaliseBounds(schema);
+    if (!hasConstraints(s)) return this.base('value');
+
+    const dyn = s['$recursiveRef'] ?? s['$dynamicRef'];
+    if (typeof dyn === 'string' && typeof s['$ref'] !== 'string') {
+      // Resolved statically: within one document the dynamic scope ends where the static one does.
+      const { $recursiveRef: _r, $dynamicRef: _d, ...rest } = s;
+      s = { ...rest, $ref: dyn };
+    }
+    if (typeof s['$ref'] === 'string') {
+      const { $ref, ...siblings } = s;
+      const modern = this.draft === '2019-09' || this.draft === '2020-12';
+      if (!modern || !hasConstraints(siblings)) return this.refRule($ref as string, base, path);
+      s = { ...siblings, allOf: [...(Array.isArray(siblings['allOf']) ? siblings['allOf'] : []), { $ref }] };
+    }
+    if (Array.isArray(s['allOf'])) return this.visit(this.mergeAllOf(s, path, base), path, base);
+
+    const oneOf = Array.isArray(s['oneOf']) ? (s['oneOf'] as unknown[]) : undefined;
+    const anyOf = Array.isArray(s['anyOf']) ? (s['anyOf'] as unknown[]) : undefined;
+    if (oneOf || anyOf) {
+      const key = oneOf ? 'oneOf' : 'anyOf';
+      const branches = (oneOf ?? anyOf)!;
+      const { oneOf: _o, anyOf: _a, ...rest } = s;
+      if (oneOf && anyOf) {
+        // Both: the branches of anyOf are merged into the rest, one of them at a time would be a
+        // product; the grammar follows oneOf and the validator checks anyOf.
+        this.check('anyOf', path);
+      }
+      const plan = oneOf ? this.oneOfPlan(oneOf, rest, base, path) : undefined;
+      if (oneOf && !plan) this.check('oneOf', path);
+      const own = hasConstraints(rest);
+      const alts: string[] = [];
+      let why: Error | undefined;
+      branches.forEach((b, i) => {
+        const where = `${path}/${key}/${i}`;
+        try {
+          let target: unknown = b;
+          let targetBase = base;
+          const leave = plan?.[i] ?? [];
+          if (own || leave.length > 0) {
+            const d = this.deref(b, base, where, new Set());
+            if (d.schema === false) return;
+            target = d.schema === true ? rest : isSchema(d.schema) ? this.merge(rest, normaliseBounds(d.schema), where) : d.schema;
+            targetBase = d.base;
+            if (leave.length > 0 && isSchema(target)) {
+              const props = isSchema(target['properties']) ? { ...target['properties'] } : {};
+              for (const name of leave) props[name] = false;
+              target = { ...target, properties: props };
+            }
+          }
+          alts.push(this.visit(target, where, targetBase));
+        } catch (err) {
+          if (!(err instanceof Unsatisfiable)) throw err;
+          why ??= err;
+        }
+      });
+      if (alts.length === 0) throw why ?? new Unsatisfiable(`no branch of the ${key} at '${path || '/'}' can be satisfied`);
+      const unique = [...new Set(alts)];
+      return unique.length === 1 ? unique[0]! : this.rule(`${path}-alt`, unique.join(' | '));
+    }
+
+    if ('if' in s) {
+      const { if: cond, then: yes, else: no, ...rest } = s;
+      // Satisfying `if` and `then` together is always valid (a subset); `else` only when that is impossible.
+      try {
+        const withIf = isSchema(cond) ? this.merge(rest, normaliseBounds(cond), `${path}/if`) : cond === false ? undefined : rest;
+        if (withIf) return this.visit(isSchema(yes) ? this.merge(withIf, normaliseBounds(yes), `${path}/then`) : withIf, path, base);
+      } catch (err) {
+        if (!(err instanceof Unsatisfiable)) throw err;
+      }
+      this.check('if', path);
+      return this.visit(isSchema(no) ? this.merge(rest, normaliseBounds(no), `${path}/else`) : rest, path, base);
+    }
+    if ('then' in s || 'else' in s) {
+      const { then: _t, else: _e, ...rest } = s;
+      return this.visit(rest, path, base);
+    }
+
+    if ('not' in s) {
+      const { not, ...rest } = s;
+      return this.visit(this.applyNot(rest, not, path), path, base);
+    }
+
+    const types = this.types(s, path);
+    if ('const' in s || Array.isArray(s['enum'])) {
+      const values = 'const' in s ? [s['const']] : (s['enum'] as unknown[]);
+      const allowed = values.filter((v) => types === undefined || types.some((t) => matchesType(v, t)));
+      if (allowed.length === 0) throw new Unsatisfiable(`no value of the enum at '${path || '/'}' has the schema's type`);
+      const others = Object.keys(s).filter((k) => CONSTRAINTS.has(k) && !['type', 'enum', 'const', 'nullable'].includes(k));
+      if (others.length > 0 || ('const' in s && Array.isArray(s['enum']))) this.check(others[0] ?? 'enum', path);
+      return this.rule(`${path}-enum`, [...new Set(allowed.map((v) => gbnfLiteral(JSON.stringify(v))))].join(' | '));
+    }
+    const list = types ?? this.inferTypes(s);
+    if (list === undefined) return this.base('value');
+    const alts: string[] = [];
+    let why: Error | undefined;
+    for (const t of list.filter((t) => !(t === 'integer' && list.includes('number')))) {
+      try {
+        alts.push(this.typed(s, t, path, base));
+      } catch (err) {
+        if (!(err instanceof Unsatisfiable)) throw err;
+        why ??= err;
+      }
+    }
+    if (alts.length === 0) throw why ?? new Unsatisfiable(`no value of any type the schema at '${path || '/'}' allows satisfies it`);
+    return alts.length === 1 ? alts[0]! : this.rule(`${path}-types`, alts.join(' | '));
+  }
+
+  private types(s: Schema, path: string): JsonType[] | undefined {
+    const t = s['type'];
+    if (t === undefined) return undefined;
+    const list = (Array.isArray(t) ? t : [t]).filter((x) => {
+      if (TYPES.includes(x as JsonType)) return true;
+      throw new SchemaCompileError(`unknown type '${String(x)}' at '${path}/type'`);
+    }) as JsonType[];
+    if (s['nullable'] === true && !list.includes('null')) list.push('null');
+    return list;
+  }
+
+  /** A schema without `type`: the types its keywords speak of (others would pass unchecked, so any would do; these are the point). */
+  private inferTypes(s: Schema): JsonType[] | undefined {
+    const out: JsonType[] = [];
+    if (OBJECT_KEYS.some((k) => k in s)) out.push('object');
+    if (ARRAY_KEYS.some((k) => k in s)) out.push('array');
+    if (STRING_KEYS.some((k) => k in s)) out.push('string');
+    if (NUMBER_KEYS.some((k) => k in s)) out.push('number');
+    return out.length > 0 ? out : undefined;
+  }
+
+  /** A oneOf branch as one schema (references followed, allOf merged), for looking at; undefined if that fails. */
+  private flat(b: unknown, base: string, path: string): unknown {
+    this.quiet++;
+    try {
+      const d = this.deref(b, base, path, new Set());
+      return isSchema(d.schema) && Array.isArray(d.schema['allOf']) ? this.mergeAllOf(d.schema, path, d.base) : d.schema;
+    } catch {
+      return undefined;
+    } finally {
+      this.quiet--;
+    }
+  }
+
+  /**
+   * How the branches of a oneOf are kept apart, so that the grammar's "any of" means "exactly one":
+   * per branch, property names it must leave out (so that no other branch's required properties are
+   * all present). `undefined` when they cannot be told apart here: the validator then checks.
+   * Branches are apart when their types differ, when a required property holds different constants
+   * in each, when they are different constants, or (objects) by their required properties.
+   */
+  private oneOfPlan(branches: unknown[], rest: Schema, base: string, path: string): string[][] | undefined {
+    const flat = branches.map((b, i) => this.flat(b, base, `${path}/oneOf/${i}`));
+    const none = branches.map((): string[] => []);
+    const typeSet = (b: unknown): Set<string> | undefined => {
+      if (!isSchema(b)) return undefined;
+      let list: unknown[] | undefined;
+      if (b['type'] !== undefined) list = Array.isArray(b['type']) ? b['type'] : [b['type']];
+      else if ('const' in b) list = [jsonType(b['const'])];
+      else if (Array.isArray(b['enum'])) list = (b['enum'] as unknown[]).map(jsonType);
+      if (!list) return undefined;
+      const set = new Set(list.map((t) => (t === 'integer' ? 'number' : String(t))));
+      if (b['nullable'] === true) set.add('null');
+      return set;
+    };
+    const sets = flat.map(typeSet);
+    if (sets.every((t) => t !== undefined)) {
+      const all = sets.flatMap((t) => [...t!]);
+      if (new Set(all).size === all.length) return none;
+    }
+    const literals = flat.map((b) =>
+      isSchema(b) && 'const' in b ? [b['const']] : isSchema(b) && Array.isArray(b['enum']) ? b['enum'] : undefined,
+    );
+    if (literals.every((l) => l !== undefined)) {
+      const all = literals.flat().map((v) => JSON.stringify(v));
+      if (new Set(all).size === all.length) return none;
+    }
+    // From here on every branch must make objects only.
+    const restTypes = typeSet(rest);
+    const objectsOnly = (b: unknown): boolean => {
+      if (!isSchema(b)) return false;
+      const t = typeSet(b) ?? restTypes;
+      return t !== undefined ? t.size === 1 && t.has('object') : (this.inferTypes(b) ?? this.inferTypes(rest))?.join() === 'object';
+    };
+    if (!flat.every(objectsOnly)) return undefined;
+    const objs = flat as Schema[];
+    const requiredOf = (o: Schema): Set<string> =>
+      new Set(
+        [
+          ...(Array.isArray(o['required']) ? (o['required'] as unknown[]) : []),
+          ...(Array.isArray(rest['required']) ? (rest['required'] as unknown[]) : []),
+        ].map(String),
+      );
+    const names = new Set(objs.flatMap((o) => Object.keys(isSchema(o['properties']) ? o['properties'] : {})));
+    for (const name of names) {
+      const values = objs.map((o) => {
+        const p = isSchema(o['properties']) ? o['properties'][name] : undefined;
+        if (!requiredOf(o).has(name) || !isSchema(p)) return undefined;
+        if ('const' in p) return [JSON.stringify(p['const'])];
+        if (Array.isArray(p['enum'])) return (p['enum'] as unknown[]).map((v) => JSON.stringify(v));
+        return undefined;
+      });
+      if (values.every((v) => v !== undefined)) {
+        const all = values.flat();
+        if (new Set(all).size === all.length) return none;
+      }
+    }
+    // By required properties: branch i leaves out one property that each other branch requires and it does not.
+    const required = objs.map(requiredOf);
+    const plan: string[][] = [];
+    for (let i = 0; i < objs.length; i++) {
+      const leave = new Set<string>();
+      for (let j = 0; j < objs.length; j++) {
+        if (j === i) continue;
+        const candidates = [...required[j]!].filter((n) => !required[i]!.has(n));
+        if (candidates.length === 0) return undefined;
+        if (!candidates.some((n) => leave.has(n))) leave.add(candidates[0]!);
+      }
+      plan.push([...leave]);
+    }
+    return plan;
+  }
+
+  /** `not`: the common exact cases (a property that must be absent, a type that is excluded); others left to the check. */
+  private applyNot(rest: Schema, not: unknown, path: string): Schema {
+    if (not === false) return rest;
+    if (not === true) throw new Unsatisfiable(`the schema at '${path || '/'}' is 'not: true'`);
+    if (!isSchema(not)) return rest;
+    const keys = Object.keys(not).filter((k) => CONSTRAINTS.has(k));
+    if (keys.length === 1 && keys[0] === 'required' && Array.isArray(not['required'])) {
+      // Any one of the names absent is enough: make an optional one impossible.
+      const required = new Set(Array.isArray(rest['required']) ? (rest['required'] as unknown[]).map(String) : []);
+      const name = (not['required'] as unknown[]).map(String).find((n) => !required.has(n));
+      if (name === undefined) throw new Unsatisfiable(`the schema at '${path || '/'}' requires what its 'not' forbids`);
+      const props = isSchema(rest['properties']) ? rest['properties'] : {};
+      return { ...rest, properties: { ...props, [name]: false } };
+    }
+    if (keys.length === 1 && keys[0] === 'type') {
+      const excluded = new Set(Array.isArray(not['type']) ? (not['type'] as unknown[]) : [not['type']]);
+      const current = this.types(rest, path) ?? this.inferTypes(rest) ?? [...TYPES];
+      const left = current.filter((t) => !excluded.has(t) && !(t === 'integer' && excluded.has('number')));
+      if (left.length === 0) throw new Unsatisfiable(`the schema at '${path || '/'}' excludes every type it allows`);
+      // `number` minus `integer` is a number with a fraction: left to the check.
+      if (left.includes('number') && excluded.has('integer')) this.check('not', path);
+      const { nullable: _n, ...out } = rest;
+      return { ...out, type: left };
+    }
+    this.check('not', path);
+    return rest;
+  }
+
+  /** `allOf` merged into one schema (with references followed); what cannot be merged is left to the check. */
+  private mergeAllOf(s: Schema, path: string, base: string, seen = new Set<string>()): Schema {
+    const { allOf, ...rest } = s;
+    let acc: Schema = rest;
+    (allOf as unknown[]).forEach((sub, i) => {
+      const where = `${path}/allOf/${i}`;
+      const d = this.deref(sub, base, where, seen);
+      if (d.schema === true) return;
+      if (d.schema === false) throw new Unsatisfiable(`allOf at '${path || '/'}' holds false`);
+      if (!isSchema(d.schema)) throw new SchemaCompileError(`allOf at '${path || '/'}' holds a schema that is not an object`);
+      let part = normaliseBounds(d.schema);
+      if (typeof part['$ref'] === 'string') {
+        // A reference that is already being merged (recursion): it cannot be folded in.
+        this.check('allOf', where);
+        return;
+      }
+      if (Array.isArray(part['allOf'])) part = this.mergeAllOf(part, where, d.base, seen);
+      acc = this.merge(acc, part, where);
+    });
+    return acc;
+  }
+
+  /**
+   * Two schemas that must both hold, as one. Exact where the keywords combine (bounds, required,
+   * properties, types, enums); where they do not, the first is kept and the keyword left to the check.
+   */
+  private merge(a: Schema, b: Schema, path: string): Schema {
+    // A reference cannot sit beside other keywords (before 2019-09 they would be ignored): it becomes an allOf member.
+    const refsOf = (x: Schema): unknown[] => (typeof x['$ref'] === 'string' ? [{ $ref: x['$ref'] }] : []);
+    const out: Schema = { ...a };
+    delete out['$ref'];
+    const refs = [...refsOf(a), ...refsOf(b)];
+    if (refs.length > 0) out['allOf'] = [...(Array.isArray(out['allOf']) ? out['allOf'] : []), ...refs];
+    for (const [k, v] of Object.entries(b)) {
+      if (k === '$ref') continue;
+      if (!CONSTRAINTS.has(k) && k !== '$defs' && k !== 'definitions') continue;
+      if (!(k in out)) {
+        out[k] = v;
+        continue;
+      }
+      const prev = out[k];
+      if (same(prev, v)) continue;
+      switch (k) {
+        case 'properties':
+        case 'patternProperties':
+        case 'dependentSchemas': {
+          const props: Schema = { ...(prev as Schema) };
+          for (const [name, sub] of Object.entries(v as Schema)) props[name] = name in props ? { allOf: [props[name], sub] } : sub;
+          out[k] = props;
+          break;
+        }
+        case '$defs':
+        case 'definitions':
+          break;
+        case 'required':
+          out[k] = [...new Set([...(prev as unknown[]), ...(v as unknown[])])];
+          break;
+        case 'type': {
+          const left = Array.isArray(prev) ? prev : [prev];
+          const right = Array.isArray(v) ? v : [v];
+          const both = left
+            .filter((t) => right.includes(t) || (t === 'integer' && right.includes('number')))
+            .concat(right.filter((t) => t === 'integer' && left.includes('number') && !right.includes('number')));
+          if (both.length === 0) throw new Unsatisfiable(`allOf at '${path}' requires incompatible types`);
+          out[k] = [...new Set(both)];
+          break;
+        }
+        case 'enum':
+        case 'const': {
+          const left = k === 'enum' ? (prev as unknown[]) : [prev];
+          const right = k === 'enum' ? (v as unknown[]) : [v];
+          const both = left.filter((x) => right.some((y) => same(x, y)));
+          if (both.length === 0) throw new Unsatisfiable(`allOf at '${path}' allows no common value`);
+          if (k === 'const') out[k] = both[0];
+          else out[k] = both;
+          break;
+        }
+        case 'minItems':
+        case 'minLength':
+        case 'minProperties':
+        case 'minimum':
+        case 'exclusiveMinimum':
+        case 'minContains':
+          out[k] = Math.max(Number(prev), Number(v));
+          break;
+        case 'maxItems':
+        case 'maxLength':
+        case 'maxProperties':
+        case 'maximum':
+        case 'exclusiveMaximum':
+        case 'maxContains':
+          out[k] = Math.min(Number(prev), Number(v));
+          break;
+        case 'uniqueItems':
+          out[k] = prev === true || v === true;
+          break;
+        case 'nullable':
+          out[k] = prev === true && v === true;
+          break;
+        case 'items':
+        case 'additionalItems':
+        case 'contains':
+        case 'propertyNames':
+        case 'unevaluatedItems':
+        case 'unevaluatedProperties':
+          if (Array.isArray(prev) || Array.isArray(v)) {
+            this.check(k, path);
+            break;
+          }
+          out[k] = prev === true ? v : v === true ? prev : prev === false || v === false ? false : { allOf: [prev, v] };
+          break;
+        case 'additionalProperties':
+          if (prev === false || v === false) out[k] = false;
+          else if (prev === true) out[k] = v;
+          else if (v !== true) out[k] = { allOf: [prev, v] };
+          break;
+        case 'dependentRequired':
+        case 'dependencies': {
+          const deps: Schema = { ...(prev as Schema) };
+          for (const [name, d] of Object.entries(v as Schema)) {
+            const p = deps[name];
+            deps[name] =
+              p === undefined
+                ? d
+                : Array.isArray(p) && Array.isArray(d)
+                  ? [...new Set([...p, ...d])]
+                  : { allOf: [Array.isArray(p) ? { required: p } : p, Array.isArray(d) ? { required: d } : d] };
+          }
+          out[k] = deps;
+          break;
+        }
+        case 'anyOf':
+        case 'oneOf': {
+          const left = prev as unknown[];
+          const right = v as unknown[];
+          if (left.length * right.length <= 16) {
+            out[k] = left.flatMap((x) => right.map((y) => ({ allOf: [x, y] })));
+            if (k === 'oneOf') this.check('oneOf', path);
+          } else this.check(k, path);
+          break;
+        }
+        case 'allOf':
+          out[k] = [...(prev as unknown[]), ...(v as unknown[])];
+          break;
+        default:
+          // pattern, format, multipleOf, not, if/then/else, $ref: two of them cannot become one.
+          this.check(k, path);
+      }
+    }
+    return out;
+  }
+
+  private typed(s: Schema, type: JsonType, path: string, base: string): string {
+    switch (type) {
+      case 'null':
+      case 'boolean':
+        return this.base(type);
+      case 'integer':
+      case 'number':
+        return this.numberRule(s, type, path);
+      case 'string':
+        return this.stringRule(s, path);
+      case 'array':
+        return this.arrayRule(s, path, base);
+      case 'object':
+        return this.objectRule(s, path, base);
+    }
+  }
+
+  private numberRule(s: Schema, type: 'integer' | 'number', path: string): string {
+    let min = num(s['minimum']) ?? -Infinity;
+    let max = num(s['maximum']) ?? Infinity;
+    let exclusiveMin = false;
+    let exclusiveMax = false;
+    const exMin = num(s['exclusiveMinimum']);
+    const exMax = num(s['exclusiveMaximum']);
+    if (exMin !== undefined && exMin >= min) [min, exclusiveMin] = [exMin, true];
+    if (exMax !== undefined && exMax <= max) [max, exclusiveMax] = [exMax, true];
+    let integer = type === 'integer';
+    const format = s['format'];
+    if (typeof format === 'string' && format in INTEGER_FORMATS) {
+      const [lo, hi] = INTEGER_FORMATS[format]!;
+      if (lo > min) [min, exclusiveMin] = [lo, false];
+      if (hi < max) [max, exclusiveMax] = [hi, false];
+      integer = true;
+    }
+    const bounds: NumberBounds = { min, max, exclusiveMin, exclusiveMax };
+    const multipleOf = num(s['multipleOf']);
+    if (multipleOf !== undefined && multipleOf > 0 && !(integer && multipleOf === 1)) {
+      const values = multiplesIn(multipleOf, bounds, integer);
+      if (values.length > 0) return this.rule(`${path}-multiple`, values.map((v) => `"${v}"`).join(' | '));
+      this.check('multipleOf', path);
+    }
+    const bounded = min !== -Infinity || max !== Infinity;
+    if (!bounded) return this.base(integer ? 'integer' : 'number');
+    const lo = exclusiveMin ? (Number.isInteger(min) ? min + 1 : Math.ceil(min)) : Math.ceil(min);
+    const hi = exclusiveMax ? (Number.isInteger(max) ? max - 1 : Math.floor(max)) : Math.floor(max);
+    const body = integer ? integerRange(lo, hi) : numberRange(bounds);
+    if (body !== undefined) return this.rule(`${path}-range`, body);
+    if (integer) throw new Unsatisfiable(`no integer lies in the range at '${path || '/'}'`);
+    this.check('minimum/maximum', path);
+    return this.base('number');
+  }
+
+  private stringRule(s: Schema, path: string): string {
+    const min = num(s['minLength']) ?? 0;
+    const max = num(s['maxLength']) ?? Infinity;
+    if (min > max) throw new Unsatisfiable(`minLength is above maxLength at '${path || '/'}'`);
+    const format = typeof s['format'] === 'string' ? STRING_FORMATS[s['format']] : undefined;
+    const pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
+    const patternBody = pattern !== undefined ? patternToGbnf(pattern) : undefined;
+    if (pattern !== undefined && patternBody === undefined) this.check('pattern', path);
+    const shaped = format ?? patternBody;
+    if (shaped !== undefined) {
+      if (format !== undefined && pattern !== undefined) this.check('pattern', path);
+      if (min > 0 || max !== Infinity) this.check('minLength/maxLength', path);
+      return this.rule(`${path}-${format !== undefined ? 'format' : 'pattern'}`, `"\\"" ${shaped} "\\""`);
+    }
+    if (min === 0 && max === Infinity) return this.base('string');
+    this.base('char');
+    return this.rule(`${path}-string`, `"\\"" char${repeat(min, max)} "\\""`);
+  }
+
+  private arrayRule(s: Schema, path: string, base: string): string {
+    const modern = this.draft === '2020-12';
+    const items = s['items'];
+    const prefix: unknown[] = modern
+      ? Array.isArray(s['prefixItems'])
+        ? (s['prefixItems'] as unknown[])
+        : []
+      : Array.isArray(items)
+        ? items
+        : Array.isArray(s['prefixItems'])
+          ? (s['prefixItems'] as unknown[])
+          : [];
+    let rest: unknown = modern ? items : Array.isArray(items) ? s['additionalItems'] : Array.isArray(s['prefixItems']) ? items : items;
+    if (rest === undefined && s['unevaluatedItems'] !== undefined) rest = s['unevaluatedItems'];
+    if (Array.isArray(rest)) rest = undefined;
+    const min = num(s['minItems']) ?? 0;
+    let max = num(s['maxItems']) ?? Infinity;
+    if (min > max) throw new Unsatisfiable(`minItems is above maxItems at '${path || '/'}'`);
+    // uniqueItems: one item cannot repeat; more are left to the check.
+    if (s['uniqueItems'] === true) {
+      if (min <= 1 && prefix.length <= 1) max = Math.min(max, 1);
+      else this.check('uniqueItems', path);
+    }
+    let first: string | undefined;
+    const contains = s['contains'];
+    if (contains !== undefined && contains !== true) {
+      const minContains = num(s['minContains']) ?? 1;
+      if (prefix.length === 0 && minContains <= 1 && s['maxContains'] === undefined && minContains > 0) {
+        // The first item satisfies `contains` (and `items`).
+        first = this.visit(
+          rest === undefined || rest === true ? contains : isSchema(rest) && isSchema(contains) ? { allOf: [rest, contains] } : contains,
+          `${path}/contains`,
+          base,
+        );
+      } else if (minContains > 0 || s['maxContains'] !== undefined) this.check('contains', path);
+    }
+    if (max === 0) {
+      if (first !== undefined) throw new Unsatisfiable(`contains needs an item where maxItems allows none at '${path || '/'}'`);
+      return this.rule('empty-array', '"[" "]"');
+    }
+    // Items in order: the tuple (cut where an item is impossible), then repetitions of the rest.
+    const slots: string[] = [];
+    for (let i = 0; i < Math.min(prefix.length, max); i++) {
+      try {
+        slots.push(this.visit(prefix[i], `${path}/prefixItems/${i}`, base));
+      } catch (err) {
+        if (!(err instanceof Unsatisfiable) || i < min) throw err;
+        max = i;
+        break;
+      }
+    }
+    let restRule: string | undefined;
+    if (slots.length === prefix.length && rest !== false && max > slots.length) {
+      try {
+        // After a tuple, unconstrained extra items are allowed but never needed.
+        const open = rest === undefined || rest === true;
+        if (!(prefix.length > 0 && open && min <= prefix.length)) restRule = this.visit(rest ?? true, `${path}/items`, base);
+      } catch (err) {
+        if (!(err instanceof Unsatisfiable)) throw err;
+      }
+    }
+    const fixed = first !== undefined ? [first] : slots;
+    const restMin = Math.max(0, min - fixed.length);
+    const restMax = max === Infinity ? Infinity : max - fixed.length;
+    if (!restRule && restMin > 0) throw new Unsatisfiable(`minItems at '${path || '/'}' asks for more items than the schema allows`);
+    if (fixed.length === 0) {
+      if (!restRule || restMax <= 0) return this.rule('empty-array', '"[" "]"');
+      const body = restMin === 0 ? `( ${commaList(restRule, 1, restMax)} )?` : commaList(restRule, restMin, restMax);
+      return this.rule(`${path}-array`, `"[" ${body} "]"`);
+    }
+    const tail = restRule && restMax > 0 ? `( "," ${restRule} )${repeat(restMin, restMax)}` : '';
+    // Nest optional items: "[" A ( "," B ( "," C tail )? )? "]"
+    let body = tail;
+    for (let i = fixed.length - 1; i >= 0; i--) {
+      const sep = i === 0 ? '' : '"," ';
+      const inner = `${sep}${fixed[i]!}${body ? ` ${body}` : ''}`;
+      body = i < min || first !== undefined ? inner : `( ${inner} )?`;
+    }
+    return this.rule(`${path}-array`, `"[" ${body} "]"`);
+  }
+
+  /** Whether a property name satisfies `propertyNames` (undefined: cannot tell here, the check will). */
+  private nameAllowed(name: string, rule: unknown): boolean | undefined {
+    if (rule === undefined || rule === true) return true;
+    if (rule === false) return false;
+    if (!isSchema(rule)) return undefined;
+    for (const k of Object.keys(rule)) {
+      if (!CONSTRAINTS.has(k) || k === 'type') continue;
+      const v = rule[k];
+      if (k === 'pattern' && typeof v === 'string') {
+        if (!patternMatches(v, name)) return false;
+      } else if (k === 'maxLength' && typeof v === 'number') {
+        if ([...name].length > v) return false;
+      } else if (k === 'minLength' && typeof v === 'number') {
+        if ([...name].length < v) return false;
+      } else if (k === 'enum' && Array.isArray(v)) {
+        if (!v.includes(name)) return false;
+      } else if (k === 'const') {
+        if (v !== name) return false;
+      } else return undefined;
+    }
+    return true;
+  }
+
+  private objectRule(s: Schema, path: string, base: string): string {
+    const properties: Schema = isSchema(s['properties']) ? { ...s['properties'] } : {};
+    const required = new Set(Array.isArray(s['required']) ? (s['required'] as unknown[]).map(String) : []);
+    let additional = s['additionalProperties'];
+    if (additional === undefined && s['unevaluatedProperties'] !== undefined) additional = s['unevaluatedProperties'];
+    const patterns = isSchema(s['patternProperties']) ? Object.entries(s['patternProperties']) : [];
+    const names = s['propertyNames'];
+    const minProps = num(s['minProperties']) ?? 0;
+    const maxProps = num(s['maxProperties']) ?? Infinity;
+    if (minProps > maxProps) throw new Unsatisfiable(`minProperties is above maxProperties at '${path || '/'}'`);
+
+    // Dependencies: a present property requires others (or a schema). Required ones pull theirs in;
+    // an optional one whose dependencies are not all required is left out (a subset).
+    const deps = new Map<string, unknown>();
+    for (const k of ['dependencies', 'dependentRequired', 'dependentSchemas']) {
+      const v = s[k];
+      if (isSchema(v)) for (const [name, d] of Object.entries(v)) deps.set(name, deps.has(name) ? { allOf: [deps.get(name), d] } : d);
+    }
+    const dropped = new Set<string>();
+    for (let changed = true; changed;) {
+      changed = false;
+      for (const [name, d] of deps) {
+        const needs = Array.isArray(d)
+          ? d.map(String)
+          : isSchema(d) && Array.isArray(d['required'])
+            ? (d['required'] as unknown[]).map(String)
+            : [];
+        const schemaDep =
+          !Array.isArray(d) && d !== true && !(isSchema(d) && Object.keys(d).every((k) => k === 'required' || !CONSTRAINTS.has(k)));
+        if (required.has(name)) {
+          for (const n of needs)
+            if (!required.has(n)) {
+              required.add(n);
+              changed = true;
+            }
+          if (schemaDep) this.check('dependentSchemas', path);
+        } else if (!dropped.has(name) && (schemaDep || needs.some((n) => !required.has(n)))) {
+          dropped.add(name);
+        }
+      }
+    }
+
+    // A property whose schema is false (or dropped, or a name propertyNames forbids) may not appear.
+    for (const name of Object.keys(properties)) {
+      let allowed = properties[name] !== false && !dropped.has(name);
+      const byName = this.nameAllowed(name, names);
+      if (byName === false) allowed = false;
+      if (byName === undefined) this.check('propertyNames', path);
+      if (allowed) {
+        // A declared property whose name matches a pattern must satisfy that pattern's schema too.
+        const extra = patterns.filter(([p]) => patternMatches(p, name)).map(([, v]) => v);
+        if (extra.length > 0) properties[name] = { allOf: [properties[name], ...extra] };
+        continue;
+      }
+      if (required.has(name)) throw new Unsatisfiable(`required property '${name}' at '${path || '/'}' cannot be present`);
+      delete properties[name];
+    }
+    for (const name of required) {
+      if (name in properties) continue;
+      const byName = this.nameAllowed(name, names);
+      if (byName === false || dropped.has(name))
+        throw new Unsatisfiable(`required property '${name}' at '${path || '/'}' cannot be present`);
+      if (byName === undefined) this.check('propertyNames', path);
+      const matching = patterns.filter(([p]) => patternMatches(p, name)).map(([, v]) => v);
+      if (matching.length > 0) properties[name] = matching.length === 1 ? matching[0] : { allOf: matching };
+      else if (additional === false) throw new Unsatisfiable(`required property '${name}' at '${path || '/'}' is not allowed`);
+      else properties[name] = additional ?? true;
+    }
+
+    const declared = Object.keys(properties);
+    // Keys made up in a map could happen to be a name that had to stay out.
+    if (
+      declared.length === 0 &&
+      isSchema(s['properties']) &&
+      Object.keys(s['properties']).length > 0 &&
+      (additional !== false || patterns.length > 0)
+    )
+      this.check('properties', path);
+    if (declared.length === 0) return this.mapRule(s, path, base, additional, patterns, names, minProps, maxProps);
+
+    if (required.size > maxProps) throw new Unsatisfiable(`maxProperties at '${path || '/'}' is below the required properties`);
+    if (minProps > declared.length) this.check('minProperties', path);
+    const optional = declared.filter((n) => !required.has(n));
+    // minProperties: the first optional properties become required; maxProperties: the last ones go.
+    const promoted = optional.slice(0, Math.max(0, minProps - required.size));
+    const mustHave = [...declared.filter((n) => required.has(n)), ...promoted];
+    const mayHave = optional.slice(promoted.length, Math.max(promoted.length, maxProps - required.size));
+    const kv = (name: string): string =>
+      this.rule(
+        `${path}-${name}-kv`,
+        `${gbnfLiteral(JSON.stringify(name))} ":" ${this.visit(properties[name], `${path}/properties/${name}`, base)}`,
+      );
+    const req: string[] = mustHave.map(kv);
+    const opt: string[] = [];
+    for (const name of mayHave) {
+      try {
+        opt.push(kv(name));
+      } catch (err) {
+        if (!(err instanceof Unsatisfiable)) throw err;
+      }
+    }
+    // Optional properties in order, each one at most once: T_i ::= ( "," kv_i )? T_{i+1}.
+    const tails: string[] = [];
+    for (let i = opt.length - 1; i >= 0; i--) {
+      const next = tails[i + 1];
+      tails[i] = this.rule(`${path}-tail`, `( "," ${opt[i]!} )?${next ? ` ${next}` : ''}`);
+    }
+    let body: string;
+    if (req.length > 0) {
+      body = `${req.join(' "," ')}${tails[0] ? ` ${tails[0]}` : ''}`;
+    } else if (opt.length === 0) {
+      body = '';
+    } else {
+      // No required property: the first one present starts the list, S ::= kv_i T_{i+1} | … | empty.
+      const alts = opt.map((o, i) => `${o}${tails[i + 1] ? ` ${tails[i + 1]}` : ''}`);
+      body = `( ${this.rule(`${path}-first`, alts.join(' | '))} )?`;
+    }
+    return this.rule(`${path}-object`, `"{" ${body} "}"`);
+  }
+
+  /** An object with no declared properties: keys by patternProperties or propertyNames, values by their schema. */
+  private mapRule(
+    s: Schema,
+    path: string,
+    base: string,
+    additional: unknown,
+    patterns: Array<[string, unknown]>,
+    names: unknown,
+    minProps: number,
+    maxProps: number,
+  ): string {
+    let key: string | undefined;
+    let value: unknown;
+    if (patterns.length > 0) {
+      const [pattern, schema] = patterns[0]!;
+      const body = patternToGbnf(pattern);
+      // A key that also matches another pattern must satisfy that one's schema as well.
+      if (patterns.length > 1) this.check('patternProperties', path);
+      if (body !== undefined) {
+        key = this.rule(`${path}-key`, `"\\"" ${body} "\\""`);
+        value = schema;
+      } else {
+        this.check('patternProperties', path);
+        value = additional === false || additional === undefined ? schema : additional;
+      }
+    } else {
+      if (additional === false) {
+        if (minProps > 0) throw new Unsatisfiable(`the object at '${path || '/'}' may have no properties but needs ${minProps}`);
+        return this.rule('empty-object', '"{" "}"');
+      }
+      value = additional ?? true;
+    }
+    if (names !== undefined && names !== true) {
+      if (key !== undefined) this.check('propertyNames', path);
+      else {
+        const n = isSchema(names) ? { ...names, type: 'string' } : names;
+        key = this.visit(n, `${path}/propertyNames`, base);
+      }
+    }
+    key ??= this.base('string');
+    if (maxProps === 0) return this.rule('empty-object', '"{" "}"');
+    // The same key twice would count once: more than one required entry is left to the check.
+    if (minProps > 1) this.check('minProperties', path);
+    let pair: string;
+    try {
+      pair = this.rule(`${path}-pair`, `${key} ":" ${this.visit(value, `${path}/additionalProperties`, base)}`);
+    } catch (err) {
+      if (!(err instanceof Unsatisfiable) || minProps > 0) throw err;
+      return this.rule('empty-object', '"{" "}"');
+    }
+    const body = minProps === 0 ? `( ${commaList(pair, 1, maxProps)} )?` : commaList(pair, minProps, maxProps);
+    return this.rule(`${path}-object`, `"{" ${body} "}"`);
+  }
+}
+
+/** The grammar for values of `schema` (read as `draft`); throws SchemaCompileError when no grammar can be made. */
+export function schemaToGbnf(schema: unknown, draft: Draft = '07'): CompiledGrammar {
+  return new Compiler(schema, draft).compile();
 }
 
 /** Any JSON object (`json_object`). */
 export function anyObjectGbnf(): string {
-  return new Compiler({ type: 'object' }).compile();
+  return new Compiler({ type: 'object' }, '07').compile().gbnf;
 }

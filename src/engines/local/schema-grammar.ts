@@ -14,6 +14,8 @@ export interface Verdict {
 
 export interface CompiledSchema {
   grammar: LlamaGrammar;
+  /** Keywords the grammar does not enforce exactly (with paths); empty when it does enforce the whole schema. */
+  checked: readonly string[];
   /** Validates a generated document against the original schema (off the main thread). */
   check(text: string): Promise<Verdict>;
 }
@@ -182,6 +184,7 @@ export class SchemaGrammars {
       const grammar = new LlamaGrammar(await this.llama(), { grammar: anyObjectGbnf() });
       return {
         grammar,
+        checked: [],
         check: async (text: string): Promise<Verdict> => {
           try {
             const v: unknown = JSON.parse(text);
@@ -259,7 +262,7 @@ export class SchemaGrammars {
         param,
       });
     }
-    return { grammar, check: (text) => this.validate(key, schema, text) };
+    return { grammar, checked: reply.checked ?? [], check: (text) => this.validate(key, schema, text) };
   }
 
   private async validate(key: string, schema: Record<string, unknown>, text: string, again = true): Promise<Verdict> {

@@ -7,7 +7,7 @@ export type SchemaWorkerRequest =
 export type SchemaWorkerReply =
   /** Sent when the worker starts on a compile: its time limit counts from here, not from the queue. */
   | { id: number; started: true }
-  | { id: number; ok: true; gbnf?: string; valid?: boolean; errors?: string }
+  | { id: number; ok: true; gbnf?: string; checked?: string[]; valid?: boolean; errors?: string }
   | { id: number; ok: false; kind: 'invalid' | 'unsupported' | 'missing'; message: string };
 
 /** A request before the worker channel numbers it. */

@@ -1,0 +1,238 @@
+/**
+ * JSON Schema `pattern` (an ECMA-262 regex) → GBNF for the text of a JSON string. The grammar
+ * accepts strings that match the whole pattern: a subset of what the pattern accepts (it is not
+ * anchored), and every one of them valid. Characters that JSON must escape are written escaped.
+ * Features with no grammar equivalent (lookaround, back-references, word boundaries, anchors in the
+ * middle, Unicode properties) make it return undefined: the caller then leaves the pattern to the
+ * schema check.
+ *
+ * Parsed with regexpp (the ESLint project's ECMAScript regex parser), so the syntax accepted is
+ * exactly JavaScript's, with or without the `u` flag as the validator compiles it.
+ */
+import { RegExpParser, type AST } from '@eslint-community/regexpp';
+
+class Unsupported extends Error {}
+
+/** Sorted, disjoint, inclusive code point ranges. */
+type Ranges = Array<[number, number]>;
+
+/** Repetitions above this are written as this many (a subset); a pattern needing more is left to the check. */
+const MAX_REPEAT = 256;
+/** Characters of the Basic Multilingual Plane only: `.` and counts mean the same with and without the `u` flag. */
+const TOP = 0xffff;
+
+const DIGIT: Ranges = [[0x30, 0x39]];
+const WORD: Ranges = [
+  [0x30, 0x39],
+  [0x41, 0x5a],
+  [0x5f, 0x5f],
+  [0x61, 0x7a],
+];
+const SPACE: Ranges = [
+  [0x09, 0x0d],
+  [0x20, 0x20],
+  [0xa0, 0xa0],
+  [0x1680, 0x1680],
+  [0x2000, 0x200a],
+  [0x2028, 0x2029],
+  [0x202f, 0x202f],
+  [0x205f, 0x205f],
+  [0x3000, 0x3000],
+  [0xfeff, 0xfeff],
+];
+const LINE_TERMINATORS: Ranges = [
+  [0x0a, 0x0a],
+  [0x0d, 0x0d],
+  [0x2028, 0x2029],
+];
+
+function normalise(r: Ranges): Ranges {
+  const sorted = r.filter(([a, b]) => a <= b).sort((x, y) => x[0] - y[0]);
+  const out: Ranges = [];
+  for (const [a, b] of sorted) {
+    const last = out[out.length - 1];
+    if (last && a <= last[1] + 1) last[1] = Math.max(last[1], b);
+    else out.push([a, b]);
+  }
+  return out;
+}
+
+function complement(r: Ranges): Ranges {
+  const out: Ranges = [];
+  let next = 0;
+  for (const [a, b] of normalise(r)) {
+    if (a > next) out.push([next, a - 1]);
+    next = b + 1;
+  }
+  if (next <= TOP) out.push([next, TOP]);
+  return out;
+}
+
+function intersect(r: Ranges, s: Ranges): Ranges {
+  const out: Ranges = [];
+  for (const [a, b] of r) for (const [c, d] of s) if (Math.max(a, c) <= Math.min(b, d)) out.push([Math.max(a, c), Math.min(b, d)]);
+  return normalise(out);
+}
+
+/** Characters written as themselves in a JSON string (no quote, backslash, control or surrogate). */
+const PLAIN: Ranges = [
+  [0x20, 0x21],
+  [0x23, 0x5b],
+  [0x5d, 0x7e],
+  [0x80, 0xd7ff],
+  [0xe000, TOP],
+];
+/** Characters written escaped, and how. */
+const ESCAPED: ReadonlyArray<[number, string]> = [
+  [0x22, '"\\\\\\""'],
+  [0x5c, '"\\\\\\\\"'],
+  [0x0a, '"\\\\n"'],
+  [0x09, '"\\\\t"'],
+  [0x0d, '"\\\\r"'],
+];
+
+const classChar = (c: number): string =>
+  /[a-zA-Z0-9]/.test(String.fromCharCode(c)) ? String.fromCharCode(c) : c < 0x100 ? `\\x${hex(c, 2)}` : `\\u${hex(c, 4)}`;
+const hex = (c: number, n: number): string => c.toString(16).toUpperCase().padStart(n, '0');
+
+/** A GBNF expression for one character of the set, as JSON text. */
+function charSet(r: Ranges): string {
+  const set = normalise(r);
+  const plain = intersect(set, PLAIN);
+  const alts: string[] = [];
+  if (plain.length > 0) {
+    const only = plain[0]!;
+    if (plain.length === 1 && only[0] === only[1] && /[a-zA-Z0-9 _.,:;!?@#$%&*+=~^'`|<>()[\]{}\/-]/.test(String.fromCharCode(only[0])))
+      alts.push(JSON.stringify(String.fromCharCode(only[0])));
+    else alts.push(`[${plain.map(([a, b]) => (a === b ? classChar(a) : `${classChar(a)}-${classChar(b)}`)).join('')}]`);
+  }
+  for (const [c, text] of ESCAPED) if (set.some(([a, b]) => a <= c && c <= b)) alts.push(text);
+  if (alts.length === 0) throw new Unsupported('a character class that matches no character a JSON string can hold');
+  return alts.length === 1 ? alts[0]! : `( ${alts.join(' | ')} )`;
+}
+
+function setOf(node: AST.CharacterSet): Ranges {
+  switch (node.kind) {
+    case 'any':
+      return complement(LINE_TERMINATORS);
+    case 'digit':
+      return node.negate ? complement(DIGIT) : DIGIT;
+    case 'word':
+      return node.negate ? complement(WORD) : WORD;
+    case 'space':
+      return node.negate ? complement(SPACE) : SPACE;
+    default:
+      throw new Unsupported('Unicode property escapes');
+  }
+}
+
+function classRanges(node: AST.CharacterClass): Ranges {
+  if (node.unicodeSets) throw new Unsupported('set notation');
+  const r: Ranges = [];
+  for (const e of node.elements) {
+    if (e.type === 'Character') r.push([e.value, e.value]);
+    else if (e.type === 'CharacterClassRange') r.push([e.min.value, e.max.value]);
+    else if (e.type === 'CharacterSet') r.push(...setOf(e));
+    else throw new Unsupported('set notation');
+  }
+  return node.negate ? complement(r) : normalise(r);
+}
+
+interface Position {
+  atStart: boolean;
+  atEnd: boolean;
+}
+
+function alternatives(alts: AST.Alternative[], pos: Position): string {
+  const parts = alts.map((a) => sequence(a, pos));
+  return parts.length === 1 ? parts[0]! : `( ${parts.join(' | ')} )`;
+}
+
+function sequence(alt: AST.Alternative, pos: Position): string {
+  const out: string[] = [];
+  const n = alt.elements.length;
+  // An anchor counts as at the start while only anchors come before it (and likewise at the end).
+  let firstReal = alt.elements.findIndex((e) => e.type !== 'Assertion');
+  if (firstReal < 0) firstReal = n;
+  let lastReal = n - 1;
+  while (lastReal >= 0 && alt.elements[lastReal]!.type === 'Assertion') lastReal--;
+  alt.elements.forEach((e, i) => {
+    const expr = element(e, { atStart: pos.atStart && i <= firstReal, atEnd: pos.atEnd && i >= lastReal });
+    if (expr) out.push(expr);
+  });
+  return out.length === 0 ? '""' : out.join(' ');
+}
+
+function element(e: AST.Element, pos: Position): string | undefined {
+  switch (e.type) {
+    case 'Assertion':
+      if (e.kind === 'start' && pos.atStart) return undefined;
+      if (e.kind === 'end' && pos.atEnd) return undefined;
+      throw new Unsupported(`the assertion ${e.raw}`);
+    case 'Character':
+      return charSet([[e.value, e.value]]);
+    case 'CharacterSet':
+      return charSet(setOf(e));
+    case 'CharacterClass':
+      return charSet(classRanges(e));
+    case 'Group':
+    case 'CapturingGroup':
+      return alternatives(e.alternatives, pos);
+    case 'Quantifier': {
+      if (e.max === 0) return undefined;
+      if (e.min > MAX_REPEAT) throw new Unsupported(`a repetition of more than ${MAX_REPEAT}`);
+      const inner = element(e.element, { atStart: false, atEnd: false }) ?? '""';
+      const max = e.max === Infinity ? Infinity : Math.min(e.max, MAX_REPEAT);
+      const q =
+        e.min === 0 && max === Infinity
+          ? '*'
+          : e.min === 1 && max === Infinity
+            ? '+'
+            : e.min === 0 && max === 1
+              ? '?'
+              : max === Infinity
+                ? `{${e.min},}`
+                : e.min === max
+                  ? `{${max}}`
+                  : `{${e.min},${max}}`;
+      return `( ${inner} )${q}`;
+    }
+    default:
+      throw new Unsupported(e.raw);
+  }
+}
+
+/**
+ * GBNF for the text between the quotes of JSON strings that match `pattern` in full; undefined
+ * when the pattern uses what a grammar cannot express.
+ */
+export function patternToGbnf(pattern: string): string | undefined {
+  let ast: AST.Pattern;
+  const parser = new RegExpParser();
+  try {
+    ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: true });
+  } catch {
+    try {
+      ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: false });
+    } catch {
+      return undefined;
+    }
+  }
+  try {
+    return alternatives(ast.alternatives, { atStart: true, atEnd: true });
+  } catch (err) {
+    if (err instanceof Unsupported) return undefined;
+    throw err;
+  }
+}
+
+/** Whether `name` matches `pattern` as the validator reads it (u flag, or without where it must). */
+export function patternMatches(pattern: string, name: string): boolean {
+  let re: RegExp;
+  try {
+    re = new RegExp(pattern, 'u');
+  } catch {
+    re = new RegExp(pattern);
+  }
+  return re.test(name);
+}
