@@ -486,8 +486,6 @@ export class LocalEngine implements Engine {
     out: Channel<GenerationEvent>,
     plan: OutputPlan,
   ): Promise<void> {
-    const { model } = m;
-    const s = req.sampling;
     const tally = req.tally;
     tally.input = prompt.length;
     tally.exact = true;
@@ -495,7 +493,10 @@ export class LocalEngine implements Engine {
     // Every attempt's tokens are generated, so every one is billed.
     let output = 0;
     let reasoningTokens = 0;
-    let cached = 0;
+    const usage = (): GenerationEvent => ({
+      type: 'usage',
+      usage: { input: prompt.length, cached: tally.cached, output, reasoning: reasoningTokens },
+    });
     try {
       for (let attempt = 0; ; attempt++) {
         const last = attempt + 1 >= plan.attempts;
@@ -516,12 +517,11 @@ export class LocalEngine implements Engine {
           },
         );
         if (done === undefined) return;
-        if (attempt === 0) cached = done.cached;
         output += done.output;
         const reason = await sink.end(done.finish);
         if (reason === 'retry') continue;
         if (reason === 'failed') {
-          await out.push({ type: 'usage', usage: { input: prompt.length, cached, output, reasoning: reasoningTokens } });
+          await out.push(usage());
           out.close(
             new ApiError(
               'structured_output_failed',
@@ -530,7 +530,7 @@ export class LocalEngine implements Engine {
           );
           return;
         }
-        await out.push({ type: 'usage', usage: { input: prompt.length, cached, output, reasoning: reasoningTokens } });
+        await out.push(usage());
         await out.push({ type: 'finish', reason });
         out.close();
         return;
@@ -558,7 +558,7 @@ export class LocalEngine implements Engine {
     attempt: number,
     cancelled: () => boolean,
     onToken: (generated: number, reasoning: boolean) => void,
-  ): Promise<{ finish: 'stop' | 'length'; output: number; cached: number } | undefined> {
+  ): Promise<{ finish: 'stop' | 'length'; output: number } | undefined> {
     const { model } = m;
     const s = req.sampling;
     const generated: Token[] = [];
@@ -617,7 +617,7 @@ export class LocalEngine implements Engine {
         }
       }
       if (pending.length > 0) await sink.text(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length)));
-      return { finish, output: generated.length, cached: shared };
+      return { finish, output: generated.length };
     } finally {
       await tokens?.return();
     }

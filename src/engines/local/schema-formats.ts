@@ -1,8 +1,9 @@
 /**
  * String `format`s as GBNF: the text between the quotes. Each grammar accepts a subset of what the
  * validator (ajv-formats, full mode) accepts, picked to be plain and short for a model to write:
- * `example.com`-like hosts, lower-case hex, no escapes. Formats the validator does not know are
- * annotations, as the drafts say (the caller writes a plain string for them).
+ * `example.com`-like hosts, lower-case hex, no escapes. Formats not listed here constrain nothing a
+ * grammar must hold (password, binary, float, double are always valid; unknown ones are annotations,
+ * as the drafts say): the caller writes a plain string or number for them.
  */
 
 const HEX = '[0-9a-f]';
@@ -39,9 +40,6 @@ export const STRING_FORMATS: Readonly<Record<string, string>> = {
   'relative-json-pointer': '[0-9] ( "/" [a-z0-9_]{0,20} ){0,4}',
   byte: '( [A-Za-z0-9+/]{4} ){0,16}',
 };
-
-/** Formats that constrain nothing (ajv-formats: always valid), or numbers (handled as ranges). */
-export const FREE_FORMATS = new Set(['password', 'binary', 'float', 'double']);
 
 /** Number formats with a range: int32 is bounded, int64 is any (safe) integer. */
 export const INTEGER_FORMATS: Readonly<Record<string, [number, number]>> = {

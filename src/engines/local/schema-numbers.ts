@@ -7,7 +7,7 @@
  */
 
 /** Integers are written with at most this many digits (as the base `integer` rule): every one is a safe integer. */
-export const MAX_DIGITS = 15;
+const MAX_DIGITS = 15;
 const LIMIT = 10 ** MAX_DIGITS - 1;
 /** Whole parts written before a fraction (see `numberRange`). */
 const FRACTION_LIMIT = 999_999_999;
