@@ -198,8 +198,9 @@ describe('structured output on 320 real-world JSON schemas (JSONSchemaBench) on 
     });
   });
 
-  // The issue's goal is 90% accepted and valid; on this 512-token story model the rest are mostly
-  // documents cut at max_tokens (see README). The floor here guards what is reached.
+  // The issue's goal: 90% accepted and valid overall, and in every category at least the best engine
+  // of the JSONSchemaBench paper (about 41% on GitHub-hard). On this 512-token story model about 96%
+  // is reached; most of the rest have no valid document that fits the context (docs/decisions.md).
   it('reports coverage per category, never an invalid document, refuses only schemas no validator accepts', () => {
     const lines = [
       '| API | category | schemas | accepted | valid | refused | invalid | failed check | cut at max_tokens |',
@@ -221,6 +222,7 @@ describe('structured output on 320 real-world JSON schemas (JSONSchemaBench) on 
         );
       }
     }
+    lines.push('', `Overall ${valid} of ${total} (${Math.round((100 * valid) / total)}%) accepted and valid, ${invalid} invalid.`);
     console.log(`\n${lines.join('\n')}\n`);
     if (refusals.length) console.log(`Refused:\n${refusals.join('\n')}\n`);
     if (truncated.length) console.log(`Cut at max_tokens:\n${truncated.join('\n')}\n`);
@@ -228,9 +230,9 @@ describe('structured output on 320 real-world JSON schemas (JSONSchemaBench) on 
     assert.equal(invalid, 0, `documents that fail their schema:\n${invalids.join('\n')}`);
     // The two refusals: a schema whose required property is forbidden, and one whose $ref cannot resolve.
     assert.ok(refusals.length <= 2 * results.size, refusals.join('\n'));
-    assert.ok(valid / total >= 0.75, `${valid} of ${total} accepted and valid`);
+    assert.ok(valid / total >= 0.9, `${valid} of ${total} accepted and valid`);
     for (const byCategory of results.values())
       for (const [category, row] of byCategory)
-        assert.ok(row.valid / (row.accepted + row.refused) >= 0.4, `${category}: ${JSON.stringify(row)}`);
+        assert.ok(row.valid / (row.accepted + row.refused) >= 0.6, `${category}: ${JSON.stringify(row)}`);
   });
 });

@@ -570,7 +570,7 @@ export class LocalEngine implements Engine {
     const grammarState = plan.grammar ? new LlamaGrammarEvaluationState({ model, grammar: plan.grammar }) : undefined;
     const temperature = s.temperature ?? 1;
     // A document under a grammar is nudged to close before max_tokens cuts it (closing-bias.ts).
-    const closing = plan.grammar && !plan.lazy ? await m.closingBias() : undefined;
+    const closing = plan.grammar && !plan.lazy ? (await m.closingBias())?.track(maxOut) : undefined;
     try {
       // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
       const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
@@ -586,7 +586,7 @@ export class LocalEngine implements Engine {
           // A lazy grammar (tool_choice auto) applies only once the model has opened a tool call.
           grammarEvaluationState: plan.lazy ? () => ((sink as AutoSink).triggered ? grammarState : undefined) : grammarState,
         }),
-        ...(closing && { tokenBias: () => closing.at(generated.length, maxOut) }),
+        ...(closing && { tokenBias: () => closing.bias() }),
         ...(penalties && {
           repeatPenalty: {
             punishTokens: () => generated,
@@ -603,7 +603,9 @@ export class LocalEngine implements Engine {
         pending.push(token);
         const text = model.detokenize(pending, false, lastTokens(prompt, generated, pending.length));
         // A character split across tokens decodes as U+FFFD until its last byte arrives.
-        if (!(text.endsWith('\uFFFD') && pending.length < 4)) {
+        const whole = !(text.endsWith('\uFFFD') && pending.length < 4);
+        closing?.feed(whole ? text : '', generated.length);
+        if (whole) {
           pending = [];
           // No await unless the queue is full: `await undefined` would still let the consumer run first.
           const full = sink.text(text);
