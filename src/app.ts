@@ -182,6 +182,7 @@ export async function createService(
       metrics,
       limiter,
       pipeline,
+      seal,
       log,
     });
     let closed = false;

@@ -31,7 +31,15 @@ describe('GET /openapi.json', () => {
       { type: 'number', minimum: 0, maximum: 2, nullable: true },
       'the same limits the server enforces',
     );
-    for (const path of ['/v1/responses', '/v1/models', '/v1/conversations', '/admin/keys', '/admin/usage'])
+    for (const path of [
+      '/v1/responses',
+      '/v1/messages',
+      '/v1/messages/count_tokens',
+      '/v1/models',
+      '/v1/conversations',
+      '/admin/keys',
+      '/admin/usage',
+    ])
       assert.ok(res.json.paths[path], path);
     assert.equal(res.json.paths['/v1/models']?.['put'], undefined, 'the 405 answers are not documented as operations');
   });

@@ -5,6 +5,7 @@ import { ChatRequest, decodeChatRequest } from '../protocols/chat/request.js';
 import { ChunkRenderer, CompletionFold, type ChatCompletionObject } from '../protocols/chat/response.js';
 import { storeMessages } from '../protocols/chat/stored.js';
 import { drained, writeSse, openSse } from './sse.js';
+import { abortOnClientGone, openGeneration } from './generation.js';
 
 /**
  * `store: true`: resolves once the usage record and the finished completion are both in the
@@ -36,22 +37,8 @@ async function persistStored(
 export function registerChatRoutes(app: App, ctx: RouteContext): void {
   app.post('/v1/chat/completions', { onRequest: ctx.requireKey, schema: { body: ChatRequest } }, async (req, reply) => {
     const body = req.body;
-    const abort = new AbortController();
-    // The client went away before the reply was complete: stop generating and free the slot.
-    reply.raw.once('close', () => {
-      if (!reply.raw.writableFinished) abort.abort();
-    });
-    const canonical = decodeChatRequest(body, abort.signal);
-    const { model, admission, open } = await ctx.pipeline.start(canonical, req.principal!, {
-      endpoint: 'chat.completions',
-      requestId: req.id,
-      stream: body.stream === true,
-      started: req.startedAt,
-    });
-    req.metricsModel = ctx.metrics.modelLabel(model);
-    reply.headers(admission.headers);
-    // Errors before the first event (overflow, overload, upstream down) still get a real status.
-    const events = await open();
+    const canonical = decodeChatRequest(body, abortOnClientGone(reply));
+    const { model, events } = await openGeneration(ctx, req, reply, canonical, 'chat.completions');
 
     if (body.stream !== true) {
       try {

@@ -16,6 +16,7 @@ import type { GenerationPipeline } from '../core/generation.js';
 import type { KeyAuthenticator } from '../core/principal.js';
 import type { AdminService } from '../core/admin.js';
 import type { Store } from '../store/store.js';
+import type { ReasoningSeal } from '../core/reasoning-seal.js';
 import type { ResponsesRequest } from '../protocols/responses/request.js';
 
 /** The local engine's state as operators see it (GET /admin/local/loaded). */
@@ -53,6 +54,8 @@ export interface ServerDeps {
   limiter: Limiter;
   /** The generation pipeline every generation endpoint runs through. */
   pipeline: GenerationPipeline;
+  /** Seals what clients carry between turns (reasoning, compactions, thinking signatures). */
+  seal: ReasoningSeal;
   log: Logger;
 }
 

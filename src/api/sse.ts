@@ -31,10 +31,15 @@ export async function drained(raw: ServerResponse): Promise<void> {
  * until the next tick, which adds no wait. Returns false when the socket is full: await drained().
  */
 export function writeSse(raw: ServerResponse, data: string, event?: string): boolean {
-  if (raw.destroyed || raw.writableEnded) return true;
+  return writeFrames(raw, event === undefined ? `data: ${data}\n\n` : `event: ${event}\ndata: ${data}\n\n`);
+}
+
+/** Writes events already framed (`event:`/`data:` lines and the blank line), corked like writeSse. */
+export function writeFrames(raw: ServerResponse, frames: string): boolean {
+  if (raw.destroyed || raw.writableEnded || frames === '') return true;
   if (raw.writableCorked === 0) {
     raw.cork();
     process.nextTick(uncork, raw);
   }
-  return raw.write(event === undefined ? `data: ${data}\n\n` : `event: ${event}\ndata: ${data}\n\n`);
+  return raw.write(frames);
 }

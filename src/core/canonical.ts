@@ -45,6 +45,8 @@ export type ResponseFormat =
 export interface Sampling {
   temperature?: number;
   topP?: number;
+  /** Sample among the k likeliest tokens only (Messages' `top_k`); applied by the local engine. */
+  topK?: number;
   seed?: number;
   presencePenalty?: number;
   frequencyPenalty?: number;
@@ -107,4 +109,5 @@ export type GenerationEvent =
   | { type: 'tool_call.start'; index: number; id: string; name: string }
   | { type: 'tool_call.delta'; index: number; arguments: string }
   | { type: 'usage'; usage: Usage }
-  | { type: 'finish'; reason: FinishReason };
+  /** `stopSequence`: which of the request's stop strings ended the text, where the engine knows it. */
+  | { type: 'finish'; reason: FinishReason; stopSequence?: string };

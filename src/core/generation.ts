@@ -79,9 +79,11 @@ export class GenerationPipeline {
       if (!model.capabilities.includes(cap))
         throw new ApiError('missing_capability', `The model '${model.id}' does not support ${cap}.`, { param });
     };
-    const chat = endpoint === 'chat.completions';
+    // Chat completions and Messages both name parameters by their `messages` list.
+    const chat = endpoint === 'chat.completions' || endpoint === 'messages';
     if (req.tools?.length && req.toolChoice !== 'none') need('function_calling', 'tools');
-    if (req.responseFormat && req.responseFormat.type !== 'text') need('structured_output', chat ? 'response_format' : 'text.format');
+    const format = endpoint === 'messages' ? 'output_config.format' : chat ? 'response_format' : 'text.format';
+    if (req.responseFormat && req.responseFormat.type !== 'text') need('structured_output', format);
     // Images, on every endpoint.
     if (!model.capabilities.includes('vision')) {
       req.messages.forEach((m, i) => {
@@ -97,7 +99,11 @@ export class GenerationPipeline {
       if (t.parameters) checkSchemaLimits(t.parameters, this.schemaLimits, `tools[${i}].parameters`);
     });
     if (req.responseFormat?.type === 'json_schema') {
-      checkSchemaLimits(req.responseFormat.schema, this.schemaLimits, chat ? 'response_format.json_schema.schema' : 'text.format.schema');
+      checkSchemaLimits(
+        req.responseFormat.schema,
+        this.schemaLimits,
+        chat ? `${format}${endpoint === 'messages' ? '' : '.json_schema'}.schema` : 'text.format.schema',
+      );
     }
   }
 }

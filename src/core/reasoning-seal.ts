@@ -3,7 +3,7 @@ import type { Store } from '../store/store.js';
 
 const VERSION = 1;
 
-export type SealPurpose = 'reasoning' | 'compaction';
+export type SealPurpose = 'reasoning' | 'compaction' | 'thinking';
 const aad = (org: string, purpose: SealPurpose): Buffer => Buffer.from(purpose === 'reasoning' ? org : `${purpose}:${org}`);
 
 /**

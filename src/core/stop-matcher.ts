@@ -5,6 +5,8 @@
 export class StopMatcher {
   private held = '';
   private readonly longest: number;
+  /** The stop sequence that ended the text, once one did (Anthropic's Messages report it). */
+  matched: string | undefined;
 
   constructor(private readonly stops: readonly string[]) {
     this.longest = stops.reduce((m, s) => Math.max(m, s.length), 0);
@@ -17,7 +19,10 @@ export class StopMatcher {
     let cut = -1;
     for (const s of this.stops) {
       const i = buf.indexOf(s);
-      if (i >= 0 && (cut < 0 || i < cut)) cut = i;
+      if (i >= 0 && (cut < 0 || i < cut)) {
+        cut = i;
+        this.matched = s;
+      }
     }
     if (cut >= 0) {
       this.held = '';

@@ -24,6 +24,8 @@ import { registerModelRoutes } from '../api/models.js';
 import { registerAdminRoutes } from '../api/admin.js';
 import { registerHealthRoutes } from '../api/health.js';
 import { registerChatRoutes } from '../api/chat.js';
+import { registerMessagesRoutes } from '../api/messages.js';
+import { anthropicError } from '../protocols/messages/response.js';
 import { registerStoredChatRoutes } from '../api/stored-chat.js';
 import { registerResponseRoutes } from '../api/responses.js';
 import { registerConversationRoutes } from '../api/conversations.js';
@@ -106,12 +108,12 @@ function toApiError(err: FastifyError, log: FastifyBaseLogger): ApiError {
 }
 
 /** The HTTP form of an error: its status, the envelope, and the headers its options ask for. */
-function sendError(reply: FastifyReply, e: ApiError): FastifyReply {
-  reply.code(e.status).headers(e.headers);
+function sendError(reply: FastifyReply, e: ApiError, as?: { status: number; body: Record<string, unknown> }): FastifyReply {
+  reply.code(as?.status ?? e.status).headers(e.headers);
   if (e.retryAfterMs !== undefined) reply.header('retry-after', String(Math.max(1, Math.ceil(e.retryAfterMs / 1000))));
   // The OpenAI SDKs honour this: retrying cannot help until configuration or a budget changes.
   if (e.final) reply.header('x-should-retry', 'false');
-  return reply.type('application/json; charset=utf-8').send(e.toBody());
+  return reply.type('application/json; charset=utf-8').send(as?.body ?? e.toBody());
 }
 
 /**
@@ -313,6 +315,23 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   registerHealthRoutes(app, ctx);
   registerModelRoutes(app, ctx);
   registerChatRoutes(app, ctx);
+  // Anthropic's Messages API answers errors in Anthropic's envelope, so its routes get their own scope.
+  void app.register(async (scope) => {
+    scope.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => {
+      const e =
+        err.validation && err.validationContext === 'body' && req.body === undefined
+          ? new ApiError('invalid_json', 'The request body is empty; send a JSON object.')
+          : toApiError(err, req.log);
+      reply.header('request-id', req.id);
+      return sendError(reply, e, anthropicError(e, req.id));
+    });
+    // Anthropic's SDKs read the request id from `request-id`.
+    scope.addHook('onRequest', (req, reply, done) => {
+      reply.header('request-id', req.id);
+      done();
+    });
+    registerMessagesRoutes(scope, ctx);
+  });
   registerStoredChatRoutes(app, ctx);
   registerResponseRoutes(app, ctx);
   registerResponseSocket(app, ctx, sockets);

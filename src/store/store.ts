@@ -95,7 +95,7 @@ export interface UsageRecord {
   org_id: string;
   model: string;
   deployment: string | null;
-  endpoint: 'chat.completions' | 'responses' | 'responses.compact';
+  endpoint: 'chat.completions' | 'responses' | 'responses.compact' | 'messages';
   stream: boolean;
   input_tokens: number;
   cached_tokens: number;

@@ -531,7 +531,8 @@ export class LocalEngine implements Engine {
           return;
         }
         await out.push(usage());
-        await out.push({ type: 'finish', reason });
+        const stopSequence = reason === 'stop' ? sink.stopSequence : undefined;
+        await out.push({ type: 'finish', reason, ...(stopSequence !== undefined && { stopSequence }) });
         out.close();
         return;
       }
@@ -579,6 +580,7 @@ export class LocalEngine implements Engine {
       tokens = seq.evaluate(prompt.slice(shared), {
         temperature: attempt === 0 ? temperature : Math.max(temperature, RETRY_TEMPERATURE),
         topP: s.topP ?? 1,
+        ...(s.topK !== undefined && { topK: s.topK }),
         // node-llama-cpp's default seed is the current second: without one of our own, every request
         // in the same second would sample the same text. A retry with a seed given varies it predictably.
         seed: s.seed !== undefined ? (s.seed + attempt) >>> 0 : randomInt(0x1_0000_0000),

@@ -17,6 +17,8 @@ export interface Sink {
   readonly stopped: boolean;
   /** True while the text is inside a thought segment (counted as reasoning tokens). */
   readonly thinking: boolean;
+  /** The stop string that ended the text, if one did. */
+  readonly stopSequence?: string | undefined;
   /** Called once generation ended; returns the finish reason to report (or that the attempt failed its schema). */
   end(reason: 'stop' | 'length'): Promise<Ending>;
 }
@@ -75,6 +77,10 @@ export class TextSink implements Sink {
 
   get thinking(): boolean {
     return this.splitter?.thinking ?? false;
+  }
+
+  get stopSequence(): string | undefined {
+    return this.stops.matched;
   }
 
   private send(text: string): Wait {

@@ -452,7 +452,12 @@ export class UpstreamEngine implements Engine {
       if (tail) yield { type: 'tool_call.delta', index, arguments: tail };
     }
     yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
-    yield { type: 'finish', reason: guard.capped ? 'length' : stopped ? 'stop' : reader.finish };
+    const matched = !guard.capped && stopped ? stops?.matched : undefined;
+    yield {
+      type: 'finish',
+      reason: guard.capped ? 'length' : stopped ? 'stop' : reader.finish,
+      ...(matched !== undefined && { stopSequence: matched }),
+    };
   }
 
   /**

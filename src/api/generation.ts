@@ -1,0 +1,39 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { RouteContext } from './context.js';
+import type { GenerationRequest } from '../core/canonical.js';
+import type { GenerationMeta } from '../core/generation.js';
+import type { MeteredStream } from '../core/metering.js';
+import type { Model } from '../core/model-spec.js';
+
+/** A signal that fires when the client goes away before the reply is complete: generating stops and the slot is freed. */
+export function abortOnClientGone(reply: FastifyReply): AbortSignal {
+  const abort = new AbortController();
+  reply.raw.once('close', () => {
+    if (!reply.raw.writableFinished) abort.abort();
+  });
+  return abort.signal;
+}
+
+/**
+ * The start every one-shot generation route shares (chat completions, Messages): the pipeline
+ * admits the request, the admission's headers go on the reply, and the generation opens. Errors
+ * before its first event (overflow, overload, upstream down) are thrown here, so they still get a
+ * real status.
+ */
+export async function openGeneration(
+  ctx: RouteContext,
+  req: FastifyRequest,
+  reply: FastifyReply,
+  canonical: GenerationRequest,
+  endpoint: GenerationMeta['endpoint'],
+): Promise<{ model: Model; events: MeteredStream }> {
+  const { model, admission, open } = await ctx.pipeline.start(canonical, req.principal!, {
+    endpoint,
+    requestId: req.id,
+    stream: canonical.stream,
+    started: req.startedAt,
+  });
+  req.metricsModel = ctx.metrics.modelLabel(model);
+  reply.headers(admission.headers);
+  return { model, events: await open() };
+}

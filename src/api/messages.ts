@@ -1,0 +1,90 @@
+import { createHash } from 'node:crypto';
+import type { App, RouteContext } from './context.js';
+import { ApiError } from '../core/errors.js';
+import type { Principal } from '../core/principal.js';
+import type { ReasoningSeal } from '../core/reasoning-seal.js';
+import {
+  CountTokensRequest,
+  MessagesRequest,
+  decodeCountTokensRequest,
+  decodeMessagesRequest,
+  type ThinkingSignatures,
+} from '../protocols/messages/request.js';
+import { MessageFold, MessageStreamRenderer } from '../protocols/messages/response.js';
+import { drained, openSse, writeFrames } from './sse.js';
+import { abortOnClientGone, openGeneration } from './generation.js';
+
+const digest = (thinking: string): string => createHash('sha256').update(thinking).digest('base64url');
+
+/**
+ * Thinking signatures: the digest of the thinking, sealed for the caller's organization. A client
+ * can send the block back in a later turn and the server knows it is the text it produced, with no
+ * state kept; another organization's or a changed block fails (reasoning-seal.ts).
+ */
+function signatures(seal: ReasoningSeal, who: Principal): ThinkingSignatures & { sign(thinking: string): string } {
+  return {
+    sign: (thinking) => seal.seal(digest(thinking), who.orgId, 'thinking'),
+    verify: (thinking, signature) => seal.unseal(signature, who.orgId, 'thinking') === digest(thinking),
+  };
+}
+
+/**
+ * Anthropic's Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`, on every model
+ * the caller may use, through the same pipeline (limits, metering, ledger) as the other endpoints.
+ * Registered in a scope whose error handler answers in Anthropic's envelope (http/server.ts).
+ */
+export function registerMessagesRoutes(app: App, ctx: RouteContext): void {
+  app.post('/v1/messages', { onRequest: ctx.requireKey, schema: { body: MessagesRequest } }, async (req, reply) => {
+    const body = req.body;
+    const thinking = signatures(ctx.seal, req.principal!);
+    const canonical = decodeMessagesRequest(body, abortOnClientGone(reply), thinking);
+    const { model, events } = await openGeneration(ctx, req, reply, canonical, 'messages');
+
+    if (body.stream !== true) {
+      try {
+        const fold = new MessageFold(thinking.sign);
+        for (let ev = await events.next(); ev; ev = await events.next()) fold.apply(ev);
+        const message = fold.result(model.id);
+        await events.persisted();
+        return message;
+      } finally {
+        await events.close();
+      }
+    }
+
+    openSse(reply);
+    const raw = reply.raw;
+    const stream = new MessageStreamRenderer(model.id, thinking.sign);
+    try {
+      // message_start carries the input tokens, which the engine knows once it has read the prompt.
+      let ev = await events.next();
+      writeFrames(raw, stream.start(canonical.tally.input));
+      for (; ev; ev = await events.next()) {
+        if (!writeFrames(raw, stream.event(ev))) await drained(raw);
+        if (raw.destroyed) return reply;
+      }
+      // The stream is complete for the client only with message_stop: its usage record is stored first.
+      await events.persisted();
+      writeFrames(raw, stream.end());
+    } catch (err) {
+      const e = err instanceof ApiError ? err : new ApiError('internal_error', 'The stream failed.');
+      if (!(err instanceof ApiError)) req.log.error({ err }, 'stream failed');
+      writeFrames(raw, MessageStreamRenderer.error(e));
+    } finally {
+      await events.close();
+      raw.end();
+    }
+    return reply;
+  });
+
+  // Counts without generating. A count that is an estimate (an upstream model, whose tokenizer is
+  // not here) says so in a header, as /v1/responses/input_tokens does.
+  app.post('/v1/messages/count_tokens', { onRequest: ctx.requireKey, schema: { body: CountTokensRequest } }, async (req, reply) => {
+    const who = req.principal!;
+    const canonical = decodeCountTokensRequest(req.body, new AbortController().signal, signatures(ctx.seal, who));
+    const model = ctx.pipeline.resolve(canonical.model, who);
+    const { tokens, estimated } = await ctx.pipeline.countInputTokens(model, canonical);
+    if (estimated) reply.header('x-switchyard-estimated', 'true');
+    return { input_tokens: tokens };
+  });
+}

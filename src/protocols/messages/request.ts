@@ -1,0 +1,278 @@
+import Type, { type Static } from 'typebox';
+import { ApiError } from '../../core/errors.js';
+import { newTally, type ContentPart, type GenerationRequest, type Message, type ToolChoice } from '../../core/canonical.js';
+import { ModelField, nullable } from '../fields.js';
+
+/**
+ * Anthropic's Messages API, server side: the request body as a schema and its decoding into the
+ * canonical request. Blocks are checked here one by one (the schema only says each is an object
+ * with a `type`), so an unknown or malformed block is a 400 naming it.
+ */
+
+const Block = Type.Object({ type: Type.String() });
+const Content = Type.Union([Type.String(), Type.Array(Block)]);
+const CacheControl = Type.Optional(Type.Unknown());
+
+const Tool = Type.Object({
+  name: Type.String({ pattern: '^[a-zA-Z0-9_-]{1,128}$' }),
+  type: Type.Optional(Type.String()),
+  description: Type.Optional(Type.String()),
+  input_schema: Type.Object({}),
+  cache_control: CacheControl,
+});
+
+const ToolChoiceWire = Type.Object({
+  type: Type.Enum(['auto', 'any', 'tool', 'none']),
+  name: Type.Optional(Type.String()),
+  disable_parallel_tool_use: Type.Optional(Type.Boolean()),
+});
+
+const Thinking = Type.Object({
+  type: Type.Enum(['enabled', 'disabled', 'adaptive', 'between_tools']),
+  budget_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+  display: nullable(Type.Enum(['summarized', 'omitted'])),
+});
+
+/** The current API's effort and structured output (`output_config.format`, a JSON schema). */
+const OutputConfig = Type.Object({
+  effort: nullable(Type.Enum(['low', 'medium', 'high', 'xhigh', 'max'])),
+  format: nullable(Type.Object({ type: Type.Literal('json_schema'), schema: Type.Object({}) })),
+});
+
+const conversation = {
+  model: ModelField,
+  system: Type.Optional(Type.Union([Type.String(), Type.Array(Block)])),
+  // The current API also takes system turns in the list (SystemMessageParam).
+  messages: Type.Array(Type.Object({ role: Type.Enum(['user', 'assistant', 'system']), content: Content }), { minItems: 1 }),
+  tools: Type.Optional(Type.Array(Tool)),
+  tool_choice: Type.Optional(ToolChoiceWire),
+  thinking: Type.Optional(Thinking),
+  output_config: Type.Optional(OutputConfig),
+};
+
+/** `POST /v1/messages`; unknown fields are accepted and ignored, as Anthropic's own beta fields come and go. */
+export const MessagesRequest = Type.Object({
+  ...conversation,
+  max_tokens: Type.Integer({ minimum: 1 }),
+  temperature: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
+  top_p: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
+  top_k: Type.Optional(Type.Integer({ minimum: 0 })),
+  stop_sequences: Type.Optional(Type.Array(Type.String(), { maxItems: 16 })),
+  stream: Type.Optional(Type.Boolean()),
+  metadata: nullable(Type.Object({ user_id: nullable(Type.String({ maxLength: 256 })) })),
+});
+export type MessagesRequest = Static<typeof MessagesRequest>;
+
+/** `POST /v1/messages/count_tokens`: the conversation without the sampling fields. */
+export const CountTokensRequest = Type.Object(conversation);
+export type CountTokensRequest = Static<typeof CountTokensRequest>;
+
+/** Signs thinking the server produced and checks a signature sent back (see reasoning-seal.ts). */
+export interface ThinkingSignatures {
+  verify(thinking: string, signature: string): boolean;
+}
+
+type WireBlock = { type: string } & Record<string, unknown>;
+const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
+
+function bad(message: string, param: string): ApiError {
+  return new ApiError('invalid_value', message, { param });
+}
+
+function image(b: WireBlock, param: string): ContentPart {
+  const source = b['source'] as Record<string, unknown> | undefined;
+  if (source?.['type'] === 'base64' && typeof source['data'] === 'string' && typeof source['media_type'] === 'string')
+    return { type: 'image', url: `data:${source['media_type']};base64,${source['data']}` };
+  if (source?.['type'] === 'url' && typeof source['url'] === 'string') return { type: 'image', url: source['url'] };
+  throw bad('An image block needs source {type: "base64", media_type, data} or {type: "url", url}.', `${param}.source`);
+}
+
+function text(b: WireBlock, param: string): string {
+  const t = str(b['text']);
+  if (t === undefined) throw bad('A text block needs a string `text`.', `${param}.text`);
+  return t;
+}
+
+const unsupported = (b: WireBlock, param: string): ApiError =>
+  new ApiError('unsupported_content', `Content block type '${b.type}' is not supported here.`, { param: `${param}.type` });
+
+/** A tool_result's content: a string, or text and image blocks. */
+function toolResult(b: WireBlock, param: string): string | ContentPart[] {
+  const content = b['content'];
+  if (content === undefined) return '';
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) throw bad('tool_result content must be a string or an array of blocks.', `${param}.content`);
+  return (content as WireBlock[]).map((c, k) => {
+    const where = `${param}.content[${k}]`;
+    if (c?.type === 'text') return { type: 'text', text: text(c, where) };
+    if (c?.type === 'image') return image(c, where);
+    throw unsupported(c, where);
+  });
+}
+
+const joinText = (parts: ContentPart[]): string | ContentPart[] =>
+  parts.every((p) => p.type === 'text') ? parts.map((p) => (p as { text: string }).text).join('') : parts;
+
+/**
+ * One Messages turn as canonical messages. A user turn's tool_result blocks become tool messages
+ * (placed first, as chat completions want them right after the assistant's calls); an assistant
+ * turn's tool_use blocks become its tool calls and its thinking, once its signature checks, the
+ * reasoning it is sent back with.
+ */
+function toMessages(
+  role: 'user' | 'assistant' | 'system',
+  content: string | WireBlock[],
+  i: number,
+  signatures: ThinkingSignatures,
+): Message[] {
+  if (role === 'system') return [{ role, content: systemText(content, `messages[${i}].content`) ?? '' }];
+  if (typeof content === 'string') return [{ role, content }];
+  const parts: ContentPart[] = [];
+  const out: Message[] = [];
+  const assistant: Message = { role: 'assistant', content: null };
+  content.forEach((b, j) => {
+    const param = `messages[${i}].content[${j}]`;
+    switch (b.type) {
+      case 'text':
+        parts.push({ type: 'text', text: text(b, param) });
+        return;
+      case 'image':
+        if (role !== 'user') throw bad('Images are only accepted in user turns.', param);
+        parts.push(image(b, param));
+        return;
+      case 'tool_result': {
+        if (role !== 'user') throw bad('tool_result blocks belong in user turns.', param);
+        const id = str(b['tool_use_id']);
+        if (!id) throw bad('A tool_result block needs `tool_use_id`.', `${param}.tool_use_id`);
+        const result = toolResult(b, param);
+        // An error result is still the tool's answer; the model is told it failed.
+        const body = b['is_error'] === true ? `Error: ${typeof result === 'string' ? result : JSON.stringify(result)}` : result;
+        out.push({ role: 'tool', toolCallId: id, content: typeof body === 'string' ? body : joinText(body) });
+        return;
+      }
+      case 'tool_use': {
+        if (role !== 'assistant') throw bad('tool_use blocks belong in assistant turns.', param);
+        const id = str(b['id']);
+        const name = str(b['name']);
+        if (!id || !name) throw bad('A tool_use block needs `id` and `name`.', param);
+        const input = b['input'] ?? {};
+        if (typeof input !== 'object' || input === null || Array.isArray(input))
+          throw bad('tool_use `input` must be an object.', `${param}.input`);
+        (assistant.toolCalls ??= []).push({ id, name, arguments: JSON.stringify(input) });
+        return;
+      }
+      case 'thinking': {
+        if (role !== 'assistant') throw bad('thinking blocks belong in assistant turns.', param);
+        const thinking = str(b['thinking']);
+        const signature = str(b['signature']);
+        if (thinking === undefined || signature === undefined) throw bad('A thinking block needs `thinking` and `signature`.', param);
+        if (!signatures.verify(thinking, signature))
+          throw bad('Invalid `signature` in thinking block: send thinking back exactly as this server returned it.', `${param}.signature`);
+        assistant.reasoning = (assistant.reasoning ?? '') + thinking;
+        return;
+      }
+      case 'redacted_thinking':
+        // This server never redacts thinking; one from another provider means nothing to these models.
+        return;
+      default:
+        throw unsupported(b, param);
+    }
+  });
+  if (role === 'assistant') {
+    if (parts.length) assistant.content = joinText(parts);
+    else if (!assistant.toolCalls) assistant.content = '';
+    out.push(assistant);
+  } else if (parts.length || out.length === 0) out.push({ role: 'user', content: joinText(parts) });
+  return out;
+}
+
+function systemText(system: string | WireBlock[] | undefined, param = 'system'): string | undefined {
+  if (system === undefined) return undefined;
+  if (typeof system === 'string') return system || undefined;
+  const texts = system.map((b, j) => {
+    if (b.type !== 'text') throw unsupported(b, `${param}[${j}]`);
+    return text(b, `${param}[${j}]`);
+  });
+  return texts.join('\n') || undefined;
+}
+
+/**
+ * The canonical effort: `output_config.effort` when given (xhigh and max are the canonical high),
+ * else from the thinking budget: the larger the budget, the more the model may think.
+ */
+function effortFor(thinking: Static<typeof Thinking> | undefined, config: Static<typeof OutputConfig> | undefined): string | undefined {
+  const effort = config?.effort;
+  if (effort != null) return effort === 'xhigh' || effort === 'max' ? 'high' : effort;
+  if (!thinking || thinking.type === 'disabled') return thinking ? 'none' : undefined;
+  if (thinking.type === 'adaptive' || thinking.budget_tokens === undefined) return 'medium';
+  return thinking.budget_tokens < 4096 ? 'low' : thinking.budget_tokens < 16384 ? 'medium' : 'high';
+}
+
+/** The conversation part (shared with count_tokens) as a canonical request. */
+function decodeConversation(
+  body: CountTokensRequest,
+  signal: AbortSignal,
+  signatures: ThinkingSignatures,
+  stream: boolean,
+): GenerationRequest {
+  const messages: Message[] = [];
+  const system = systemText(body.system as string | WireBlock[] | undefined);
+  if (system !== undefined) messages.push({ role: 'system', content: system });
+  body.messages.forEach((m, i) => messages.push(...toMessages(m.role, m.content as string | WireBlock[], i, signatures)));
+  const req: GenerationRequest = { model: body.model, messages, sampling: {}, stream, signal, tally: newTally() };
+  if (body.tools?.length) {
+    body.tools.forEach((t, i) => {
+      // Anthropic's server tools (web search, code execution, …) run at Anthropic; here only client tools.
+      if (t.type !== undefined && t.type !== 'custom')
+        throw new ApiError(
+          'unsupported_parameter',
+          `Tool type '${t.type}' is not supported here; only client tools (name, input_schema).`,
+          {
+            param: `tools[${i}].type`,
+          },
+        );
+    });
+    req.tools = body.tools.map((t) => ({
+      name: t.name,
+      ...(t.description !== undefined && { description: t.description }),
+      parameters: t.input_schema as Record<string, unknown>,
+    }));
+  }
+  const choice = body.tool_choice;
+  if (choice) {
+    if (choice.type === 'tool') {
+      if (!choice.name)
+        throw new ApiError('missing_required_parameter', "tool_choice of type 'tool' needs `name`.", { param: 'tool_choice.name' });
+      if (!body.tools?.some((t) => t.name === choice.name))
+        throw bad(`tool_choice names '${choice.name}', which is not one of the tools.`, 'tool_choice.name');
+    }
+    if (req.tools) {
+      const map: Record<string, ToolChoice> = { auto: 'auto', any: 'required', none: 'none' };
+      req.toolChoice = choice.type === 'tool' ? { name: choice.name! } : map[choice.type]!;
+      if (choice.disable_parallel_tool_use !== undefined) req.parallelToolCalls = !choice.disable_parallel_tool_use;
+    } else if (choice.type === 'any') throw bad("tool_choice 'any' needs tools.", 'tool_choice');
+  }
+  const effort = effortFor(body.thinking, body.output_config);
+  if (effort !== undefined) req.reasoningEffort = effort;
+  const format = body.output_config?.format;
+  if (format != null) req.responseFormat = { type: 'json_schema', name: 'output', schema: format.schema as Record<string, unknown> };
+  return req;
+}
+
+export function decodeMessagesRequest(body: MessagesRequest, signal: AbortSignal, signatures: ThinkingSignatures): GenerationRequest {
+  const req = decodeConversation(body, signal, signatures, body.stream === true);
+  req.maxOutputTokens = body.max_tokens;
+  if (body.thinking?.type === 'enabled' && body.thinking.budget_tokens !== undefined && body.thinking.budget_tokens >= body.max_tokens)
+    throw bad('thinking.budget_tokens must be less than max_tokens.', 'thinking.budget_tokens');
+  const s = req.sampling;
+  if (body.temperature !== undefined) s.temperature = body.temperature;
+  if (body.top_p !== undefined) s.topP = body.top_p;
+  if (body.top_k !== undefined) s.topK = body.top_k;
+  const stops = body.stop_sequences?.filter((x) => x !== '');
+  if (stops?.length) s.stop = stops;
+  return req;
+}
+
+export function decodeCountTokensRequest(body: CountTokensRequest, signal: AbortSignal, signatures: ThinkingSignatures): GenerationRequest {
+  return decodeConversation(body, signal, signatures, false);
+}

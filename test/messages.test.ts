@@ -1,0 +1,437 @@
+/**
+ * Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) driven by the official
+ * `@anthropic-ai/sdk`, unchanged, with the server's root URL as its base: on the local model
+ * (stories260K), and on an OpenAI-compatible upstream for what that model cannot do on demand
+ * (thinking). Errors are checked in Anthropic's envelope, as the SDK parses them.
+ */
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import Anthropic from '@anthropic-ai/sdk';
+import { closers, fixture } from './helpers/fixtures.js';
+import { createKey, http, readSse, startServer, tempDir, type TestServer, type WireList } from './helpers/server.js';
+
+const STORIES = 'local/stories260k';
+
+describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
+  const c = closers();
+  let server: TestServer;
+  let client: Anthropic;
+  let key: string;
+  let keyId: string;
+  let requests = 0;
+
+  before(async () => {
+    server = c.keep(await startServer());
+    ({ key, id: keyId } = await createKey(server, 'anthropic-users'));
+    client = new Anthropic({ apiKey: key, baseURL: server.url, maxRetries: 0 });
+  });
+  after(() => c.closeAll());
+
+  it('creates a message: text block, stop reason, usage, ids', async () => {
+    const m = await client.messages.create({ model: STORIES, max_tokens: 24, messages: [{ role: 'user', content: 'Once upon a time' }] });
+    requests++;
+    assert.equal(m.type, 'message');
+    assert.equal(m.role, 'assistant');
+    assert.equal(m.model, STORIES);
+    assert.match(m.id, /^msg_/);
+    assert.equal(m.content.length, 1);
+    const block = m.content[0]!;
+    assert.ok(block.type === 'text' && block.text.length > 0, JSON.stringify(m.content));
+    assert.ok(m.stop_reason === 'end_turn' || m.stop_reason === 'max_tokens', String(m.stop_reason));
+    assert.equal(m.stop_sequence, null);
+    assert.ok(m.usage.input_tokens > 0 && m.usage.output_tokens > 0 && m.usage.output_tokens <= 24, JSON.stringify(m.usage));
+    assert.equal(m.usage.cache_creation_input_tokens, 0);
+    assert.equal(typeof m.usage.cache_read_input_tokens, 'number');
+  });
+
+  it('takes a system prompt (string and blocks) and several turns; max_tokens ends with max_tokens', async () => {
+    for (const system of ['You tell stories.', [{ type: 'text' as const, text: 'You tell stories.' }]]) {
+      // temperature and top_k are still on the wire; this SDK's types no longer list them.
+      const m = await client.messages.create({
+        model: STORIES,
+        max_tokens: 3,
+        ...({ temperature: 1, top_k: 20 } as object),
+        system,
+        messages: [
+          { role: 'user', content: 'Once upon a time' },
+          { role: 'assistant', content: [{ type: 'text', text: 'there was a dog.' }] },
+          { role: 'user', content: [{ type: 'text', text: 'What happened next?' }] },
+        ],
+      });
+      requests++;
+      assert.equal(m.stop_reason, 'max_tokens');
+      assert.equal(m.usage.output_tokens, 3);
+    }
+  });
+
+  it('reports the stop sequence that ended the text', async () => {
+    const m = await client.messages.create({
+      model: STORIES,
+      max_tokens: 60,
+      ...({ temperature: 0 } as object),
+      stop_sequences: ['zzz', ' girl'],
+      messages: [{ role: 'user', content: 'Once upon a time, there was a little' }],
+    });
+    requests++;
+    assert.equal(m.stop_reason, 'stop_sequence', JSON.stringify(m));
+    assert.equal(m.stop_sequence, ' girl');
+    const block = m.content[0];
+    assert.ok(!block || (block.type === 'text' && !block.text.includes(' girl')));
+  });
+
+  it('streams with the SDK helpers: text events add up to finalMessage, events in Anthropic order', async () => {
+    const stream = client.messages.stream({ model: STORIES, max_tokens: 30, messages: [{ role: 'user', content: 'Once upon a time' }] });
+    let text = '';
+    const kinds: string[] = [];
+    stream.on('text', (delta) => {
+      text += delta;
+    });
+    stream.on('streamEvent', (ev) => {
+      if (kinds.at(-1) !== ev.type) kinds.push(ev.type);
+    });
+    const final = await stream.finalMessage();
+    requests++;
+    const block = final.content[0];
+    assert.ok(block?.type === 'text');
+    assert.equal(block.text, text);
+    assert.ok(text.length > 0);
+    assert.deepEqual(kinds, [
+      'message_start',
+      'content_block_start',
+      'content_block_delta',
+      'content_block_stop',
+      'message_delta',
+      'message_stop',
+    ]);
+    assert.ok(final.usage.input_tokens > 0 && final.usage.output_tokens > 0, JSON.stringify(final.usage));
+    assert.ok(final.stop_reason === 'end_turn' || final.stop_reason === 'max_tokens');
+  });
+
+  it('sends the wire events with event names, a ping, and usage in message_start and message_delta', async () => {
+    const { status, events } = await readSse(server.url, 'POST', '/v1/messages', {
+      key,
+      body: { model: STORIES, max_tokens: 8, stream: true, messages: [{ role: 'user', content: 'Once upon a time' }] },
+    });
+    requests++;
+    assert.equal(status, 200);
+    for (const e of events) assert.equal(e.event, (JSON.parse(e.data) as { type: string }).type);
+    const names = events.map((e) => e.event);
+    assert.deepEqual(names.slice(0, 3), ['message_start', 'ping', 'content_block_start']);
+    assert.deepEqual(names.slice(-3), ['content_block_stop', 'message_delta', 'message_stop']);
+    const start = JSON.parse(events[0]!.data) as { message: { usage: { input_tokens: number } } };
+    assert.ok(start.message.usage.input_tokens > 0);
+    const delta = JSON.parse(events.at(-2)!.data) as { delta: { stop_reason: string }; usage: { output_tokens: number } };
+    assert.equal(delta.delta.stop_reason, 'max_tokens');
+    assert.equal(delta.usage.output_tokens, 8);
+  });
+
+  const weather: Anthropic.Tool = {
+    name: 'get_weather',
+    description: 'The weather in a city',
+    input_schema: {
+      type: 'object',
+      properties: { city: { type: 'string', maxLength: 20 }, days: { type: 'integer', minimum: 1, maximum: 7 } },
+      required: ['city', 'days'],
+      additionalProperties: false,
+    },
+  };
+
+  it('calls a tool (tool_choice any) and answers after a tool_result turn', async () => {
+    const m = await client.messages.create({
+      model: STORIES,
+      max_tokens: 60,
+      tools: [weather],
+      tool_choice: { type: 'any' },
+      messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+    });
+    requests++;
+    assert.equal(m.stop_reason, 'tool_use', JSON.stringify(m));
+    const call = m.content.find((b) => b.type === 'tool_use');
+    assert.ok(call?.type === 'tool_use');
+    assert.equal(call.name, 'get_weather');
+    const input = call.input as { city: unknown; days: unknown };
+    assert.equal(typeof input.city, 'string');
+    assert.ok(Number.isInteger(input.days) && (input.days as number) >= 1 && (input.days as number) <= 7, JSON.stringify(input));
+
+    const next = await client.messages.create({
+      model: STORIES,
+      max_tokens: 20,
+      tools: [weather],
+      messages: [
+        { role: 'user', content: 'What is the weather in Paris?' },
+        { role: 'assistant', content: m.content },
+        { role: 'user', content: [{ type: 'tool_result', tool_use_id: call.id, content: 'Sunny, 24 C' }] },
+      ],
+    });
+    requests++;
+    assert.ok(next.content.length > 0);
+    assert.ok(next.stop_reason === 'end_turn' || next.stop_reason === 'max_tokens' || next.stop_reason === 'tool_use');
+  });
+
+  it('streams a named tool call as input_json deltas the SDK assembles', async () => {
+    const stream = client.messages.stream({
+      model: STORIES,
+      max_tokens: 60,
+      tools: [weather],
+      tool_choice: { type: 'tool', name: 'get_weather' },
+      messages: [{ role: 'user', content: 'Weather?' }],
+    });
+    let json = '';
+    stream.on('inputJson', (partial) => {
+      json += partial;
+    });
+    const final = await stream.finalMessage();
+    requests++;
+    const call = final.content.find((b) => b.type === 'tool_use');
+    assert.ok(call?.type === 'tool_use', JSON.stringify(final.content));
+    assert.deepEqual(call.input, JSON.parse(json));
+    assert.equal(final.stop_reason, 'tool_use');
+  });
+
+  it('holds output_config.format (a JSON schema) with the same guarantee as the other endpoints', async () => {
+    const schema = {
+      type: 'object',
+      properties: { name: { type: 'string', maxLength: 12 }, age: { type: 'integer', minimum: 1, maximum: 9 } },
+      required: ['name', 'age'],
+      additionalProperties: false,
+    };
+    const m = await client.messages.create({
+      model: STORIES,
+      max_tokens: 80,
+      output_config: { format: { type: 'json_schema', schema } },
+      messages: [{ role: 'user', content: 'A child.' }],
+    });
+    requests++;
+    const block = m.content[0];
+    assert.ok(block?.type === 'text');
+    const doc = JSON.parse(block.text) as { name: string; age: number };
+    assert.equal(typeof doc.name, 'string');
+    assert.ok(doc.name.length <= 12 && Number.isInteger(doc.age) && doc.age >= 1 && doc.age <= 9, block.text);
+    assert.equal(m.stop_reason, 'end_turn');
+  });
+
+  it('counts tokens as the model will read them', async () => {
+    const params = { model: STORIES, messages: [{ role: 'user' as const, content: 'Once upon a time' }] };
+    const { input_tokens } = await client.messages.countTokens(params);
+    const m = await client.messages.create({ ...params, max_tokens: 1 });
+    requests++;
+    assert.ok(input_tokens > 0);
+    assert.equal(input_tokens, m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0));
+  });
+
+  it('answers errors in Anthropic’s envelope and status codes, with a request id', async () => {
+    await assert.rejects(
+      // @ts-expect-error max_tokens is required
+      client.messages.create({ model: STORIES, messages: [{ role: 'user', content: 'x' }] }),
+      (err: unknown) => {
+        assert.ok(err instanceof Anthropic.BadRequestError);
+        assert.equal(err.status, 400);
+        const body = err.error as { type: string; error: { type: string; message: string } };
+        assert.equal(body.type, 'error');
+        assert.equal(body.error.type, 'invalid_request_error');
+        assert.match(body.error.message, /max_tokens/);
+        assert.ok(err.requestID);
+        return true;
+      },
+    );
+    await assert.rejects(
+      new Anthropic({ apiKey: 'sk-wrong', baseURL: server.url, maxRetries: 0 }).messages.create({
+        model: STORIES,
+        max_tokens: 5,
+        messages: [{ role: 'user', content: 'x' }],
+      }),
+      (err: unknown) =>
+        err instanceof Anthropic.AuthenticationError && (err.error as { error: { type: string } }).error.type === 'authentication_error',
+    );
+    await assert.rejects(
+      client.messages.create({ model: 'nobody/nothing', max_tokens: 5, messages: [{ role: 'user', content: 'x' }] }),
+      (err: unknown) =>
+        err instanceof Anthropic.NotFoundError && (err.error as { error: { type: string } }).error.type === 'not_found_error',
+    );
+    await assert.rejects(
+      client.messages.create({
+        model: STORIES,
+        max_tokens: 5,
+        messages: [
+          { role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'iVBORw0KGgo=' } }] },
+        ],
+      }),
+      (err: unknown) => err instanceof Anthropic.BadRequestError && /vision/.test(err.message),
+    );
+    await assert.rejects(
+      client.messages.create({
+        model: STORIES,
+        max_tokens: 5,
+        messages: [
+          { role: 'user', content: 'x' },
+          { role: 'assistant', content: [{ type: 'thinking', thinking: 'I made this up.', signature: 'Zm9yZ2Vk' }] },
+          { role: 'user', content: 'y' },
+        ],
+      }),
+      (err: unknown) => err instanceof Anthropic.BadRequestError && /signature/.test(err.message),
+    );
+    // A body that is not JSON, on the raw wire.
+    const raw = await http<{ type: string; error: { type: string } }>(server.url, 'POST', '/v1/messages', {
+      headers: { 'x-api-key': key, 'content-type': 'application/json', 'anthropic-version': '2023-06-01' },
+      body: '{"model":',
+    });
+    assert.equal(raw.status, 400);
+    assert.equal(raw.json.type, 'error');
+    assert.equal(raw.json.error.type, 'invalid_request_error');
+    assert.ok(raw.headers['x-request-id']);
+  });
+
+  it('bills every Messages request to the key, like the other endpoints', async () => {
+    const read = async () =>
+      (
+        await http<WireList<{ group: string; requests: number; output_tokens: number }>>(
+          server.url,
+          'GET',
+          `/admin/usage?group_by=key&key=${keyId}`,
+          { key: server.adminKey },
+        )
+      ).json.data[0];
+    let row = await read();
+    for (let i = 0; i < 50 && (row?.requests ?? 0) < requests; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      row = await read();
+    }
+    assert.equal(row?.requests, requests);
+    assert.ok((row?.output_tokens ?? 0) > 0);
+  });
+});
+
+/**
+ * Thinking, which stories260K does not produce: an OpenAI-compatible upstream streaming
+ * `reasoning_content` (as vLLM and DeepSeek do) behind a catalogue model with the reasoning capability.
+ */
+describe('Messages API thinking blocks through an upstream (@anthropic-ai/sdk)', () => {
+  const c = closers();
+  const seen: Array<{ messages: Array<{ role: string; content: unknown; reasoning_content?: string }>; reasoning_effort?: string }> = [];
+  let client: Anthropic;
+  let other: Anthropic;
+  const MODEL = 'deepseek/thinker';
+
+  before(async () => {
+    const upstream = c.keep(
+      await fixture((req: IncomingMessage, res: ServerResponse) => {
+        let raw = '';
+        req.on('data', (d: Buffer) => (raw += d.toString()));
+        req.on('end', () => {
+          const body = JSON.parse(raw) as (typeof seen)[number] & { stream?: boolean };
+          seen.push(body);
+          const usage = { prompt_tokens: 12, completion_tokens: 9, total_tokens: 21, completion_tokens_details: { reasoning_tokens: 5 } };
+          if (body.stream !== true) {
+            res.writeHead(200, { 'content-type': 'application/json' });
+            const message = { role: 'assistant', content: 'Once upon a time.', reasoning_content: 'The user wants a story. A short one.' };
+            res.end(
+              JSON.stringify({
+                id: 'c',
+                object: 'chat.completion',
+                created: 1,
+                model: 'f',
+                choices: [{ index: 0, message, finish_reason: 'stop' }],
+                usage,
+              }),
+            );
+            return;
+          }
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          const send = (delta: object, finish: string | null = null) =>
+            res.write(
+              `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'f', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`,
+            );
+          send({ role: 'assistant', content: '' });
+          send({ reasoning_content: 'The user wants a story. ' });
+          send({ reasoning_content: 'A short one.' });
+          send({ content: 'Once upon a time.' });
+          send({}, 'stop');
+          res.write(
+            `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'f', choices: [], usage })}\n\n`,
+          );
+          res.end('data: [DONE]\n\n');
+        });
+      }),
+    );
+    const server = c.keep(
+      await startServer({
+        modelsDir: tempDir(),
+        configFile: {
+          name: 'm.json',
+          text: JSON.stringify({
+            models: [{ id: MODEL, context_length: 8192, capabilities: ['streaming', 'reasoning'] }],
+            deployments: [{ model: MODEL, baseUrl: upstream.url, upstreamModel: 'fixture' }],
+          }),
+        },
+      }),
+    );
+    client = new Anthropic({ apiKey: (await createKey(server, 'thinkers')).key, baseURL: server.url, maxRetries: 0 });
+    other = new Anthropic({ apiKey: (await createKey(server, 'others')).key, baseURL: server.url, maxRetries: 0 });
+  });
+  after(() => c.closeAll());
+
+  it('returns thinking before text, signed, and takes it back in the next turn', async () => {
+    const m = await client.messages.create({
+      model: MODEL,
+      max_tokens: 2048,
+      thinking: { type: 'enabled', budget_tokens: 1024 },
+      messages: [{ role: 'user', content: 'Tell me a story.' }],
+    });
+    assert.deepEqual(
+      m.content.map((b) => b.type),
+      ['thinking', 'text'],
+    );
+    const thinking = m.content[0]!;
+    assert.ok(thinking.type === 'thinking');
+    assert.equal(thinking.thinking, 'The user wants a story. A short one.');
+    assert.ok(thinking.signature.length > 20);
+    assert.equal(m.usage.input_tokens, 12);
+    assert.equal(m.usage.output_tokens, 9);
+    assert.equal(seen.at(-1)?.reasoning_effort, 'low');
+
+    const turn2 = [
+      { role: 'user' as const, content: 'Tell me a story.' },
+      { role: 'assistant' as const, content: m.content },
+      { role: 'user' as const, content: 'Another.' },
+    ];
+    await client.messages.create({ model: MODEL, max_tokens: 100, messages: turn2 });
+    const sent = seen.at(-1)!.messages.find((x) => x.role === 'assistant');
+    assert.equal(sent?.reasoning_content, thinking.thinking);
+
+    // Changed thinking, or thinking signed for another organization, is refused.
+    const altered: Anthropic.MessageParam[] = [
+      turn2[0]!,
+      { role: 'assistant', content: [{ ...thinking, thinking: 'Something else.' }, m.content[1]!] },
+      turn2[2]!,
+    ];
+    await assert.rejects(client.messages.create({ model: MODEL, max_tokens: 100, messages: altered }), Anthropic.BadRequestError);
+    await assert.rejects(other.messages.create({ model: MODEL, max_tokens: 100, messages: turn2 }), Anthropic.BadRequestError);
+  });
+
+  it('streams thinking_delta then signature_delta, and the SDK assembles the block', async () => {
+    const stream = client.messages.stream({
+      model: MODEL,
+      max_tokens: 2048,
+      thinking: { type: 'enabled', budget_tokens: 1024 },
+      messages: [{ role: 'user', content: 'Tell me a story.' }],
+    });
+    let thought = '';
+    let signature = '';
+    stream.on('thinking', (delta) => {
+      thought += delta;
+    });
+    stream.on('signature', (s) => {
+      signature = s;
+    });
+    const final = await stream.finalMessage();
+    const block = final.content[0];
+    assert.ok(block?.type === 'thinking');
+    assert.equal(block.thinking, thought);
+    assert.equal(block.signature, signature);
+    assert.ok(signature.length > 20);
+    const text = final.content[1];
+    assert.ok(text?.type === 'text' && text.text === 'Once upon a time.');
+    assert.equal(final.usage.output_tokens, 9);
+  });
+});
