@@ -27,7 +27,7 @@ const USAGE = `Usage: switchyard <command>
   models create MODEL_ID [MODEL FIELDS]          add a catalogue entry (text models need --context-length)
   models set MODEL_ID [MODEL FIELDS]             change name, pricing, visibility, owner or context length
   deployments list                               upstream deployments added at run time
-  deployments add --model ID --base-url URL [--key-env VAR] [--upstream-model NAME] [--weight W] [--api chat|responses]
+  deployments add --model ID --base-url URL [--key-env VAR] [--upstream-model NAME] [--weight W] [--api chat|responses|anthropic]
   deployments remove DEPLOYMENT_ID
   usage [--by day|key|org|model] [--org ORG] [--key KEY_ID] [--model ID] [--from YYYY-MM-DD] [--to YYYY-MM-DD]
                                                  token and cost totals
@@ -319,8 +319,8 @@ async function deploymentsCommand(admin: AdminService, sub: string | undefined, 
       const baseUrl = values['base-url'];
       if (!model || !baseUrl || !/^https?:\/\//.test(baseUrl))
         throw new UsageError('deployments add needs --model and an http(s) --base-url');
-      if (values.api !== undefined && values.api !== 'chat' && values.api !== 'responses')
-        throw new UsageError('--api must be chat or responses');
+      if (values.api !== undefined && values.api !== 'chat' && values.api !== 'responses' && values.api !== 'anthropic')
+        throw new UsageError('--api must be chat, responses or anthropic');
       const d = await admin.addDeployment({
         model,
         baseUrl,

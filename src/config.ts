@@ -42,7 +42,7 @@ const DeploymentSpec = Type.Object(
     weight: Type.Optional(Type.Number({ minimum: 0.0001 })),
     id: Type.Optional(Type.String({ minLength: 1 })),
     /** `chat` (default): the upstream only speaks chat completions, and Responses requests are translated. */
-    api: Type.Optional(Type.Enum(['chat', 'responses'])),
+    api: Type.Optional(Type.Enum(['chat', 'responses', 'anthropic'])),
   },
   { additionalProperties: false },
 );

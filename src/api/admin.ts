@@ -190,7 +190,7 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
           api_key_env: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
           upstream_model: Type.Optional(Type.String({ minLength: 1 })),
           weight: Type.Optional(Type.Number({ minimum: 0.0001 })),
-          api: Type.Optional(Type.Enum(['chat', 'responses'])),
+          api: Type.Optional(Type.Enum(['chat', 'responses', 'anthropic'])),
         }),
       },
     },

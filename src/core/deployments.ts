@@ -17,7 +17,7 @@ export interface Deployment {
   upstreamModel: string | null;
   weight: number;
   /** Whether the upstream speaks chat completions only or the Responses API natively. */
-  api: 'chat' | 'responses';
+  api: 'chat' | 'responses' | 'anthropic';
   source: 'file' | 'database';
   /** Unix seconds, for deployments in the database. */
   createdAt: number | null;
@@ -31,7 +31,7 @@ export interface DeploymentSpec {
   upstreamModel?: string | undefined;
   weight?: number | undefined;
   id?: string | undefined;
-  api?: 'chat' | 'responses' | undefined;
+  api?: 'chat' | 'responses' | 'anthropic' | undefined;
 }
 
 /** A deployment from what an operator wrote (a config-file entry or an admin request), defaults filled in. */

@@ -42,6 +42,6 @@ export type DeploymentTarget =
       apiKey: string | undefined;
       upstreamModel: string;
       id: string;
-      api: 'chat' | 'responses';
+      api: 'chat' | 'responses' | 'anthropic';
       guarded: boolean;
     };

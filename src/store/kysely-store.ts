@@ -717,7 +717,7 @@ export class KyselyStore implements Store {
       ...r,
       weight: Number(r.weight),
       created_at: Number(r.created_at),
-      api: r.api === 'responses' ? 'responses' : 'chat',
+      api: r.api === 'responses' || r.api === 'anthropic' ? r.api : 'chat',
     }));
   }
 

@@ -155,7 +155,7 @@ export interface DeploymentRecord {
   api_key_env: string | null;
   upstream_model: string | null;
   weight: number;
-  api: 'chat' | 'responses';
+  api: 'chat' | 'responses' | 'anthropic';
   created_at: number;
 }
 

@@ -7,11 +7,21 @@ import type { GenerationEvent, GenerationRequest, Usage, UsageTally } from '../.
 import { obj, str, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
 import { ChatReader, encodeChatRequest } from '../../protocols/chat/client.js';
 import { ResponsesReader, encodeResponsesRequest } from '../../protocols/responses/client.js';
+import { MessagesReader, encodeMessagesRequest } from '../../protocols/messages/client.js';
 import { estimateInputTokens, MAX_CHARS_PER_TOKEN, tokensForChars } from '../../core/estimate.js';
 import { Scrubber, type StreamScrubber } from './scrubber.js';
 import type { Attempt, DeploymentTarget, Engine } from '../engine.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
 import { AddressPolicy } from './address-policy.js';
+
+/** Anthropic's API version header: the Messages wire this client speaks. */
+const ANTHROPIC_VERSION = '2023-06-01';
+
+/** How a deployment's key is sent: `x-api-key` and a version for Anthropic, a Bearer token for the rest. */
+function authHeaders(target: Extract<DeploymentTarget, { engine: 'upstream' }>): Record<string, string> {
+  if (target.api === 'anthropic') return { 'anthropic-version': ANTHROPIC_VERSION, ...(target.apiKey && { 'x-api-key': target.apiKey }) };
+  return target.apiKey ? { authorization: `Bearer ${target.apiKey}` } : {};
+}
 
 /** retry-after as seconds or an HTTP date; capped at a minute so one answer cannot park a deployment. */
 export function retryAfterMs(value: string | undefined): number {
@@ -209,8 +219,7 @@ export class UpstreamEngine implements Engine {
   async probe(target: DeploymentTarget): Promise<boolean> {
     if (target.engine !== 'upstream') return true;
     const url = this.endpoint(target.baseUrl, 'models');
-    const headers: Record<string, string> = { accept: 'application/json' };
-    if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
+    const headers: Record<string, string> = { accept: 'application/json', ...authHeaders(target) };
     try {
       const res = await this.pool(url.origin, target.guarded).request({
         path: url.path,
@@ -228,16 +237,23 @@ export class UpstreamEngine implements Engine {
 
   async *generate(req: GenerationRequest, target: DeploymentTarget, attempt?: Attempt): AsyncGenerator<GenerationEvent> {
     if (target.engine !== 'upstream') throw new Error('upstream engine given a non-upstream target');
-    // A deployment that speaks the Responses API gets it natively (always streamed); others get chat completions.
-    const native = target.api === 'responses';
+    // A deployment that speaks the Responses API or Anthropic's Messages gets it natively (always
+    // streamed); others get chat completions.
+    const api = target.api;
+    const native = api !== 'chat';
     const stream = native || req.stream;
-    const url = this.endpoint(target.baseUrl, native ? 'responses' : 'chat/completions');
+    const url = this.endpoint(target.baseUrl, api === 'responses' ? 'responses' : api === 'anthropic' ? 'messages' : 'chat/completions');
     const headers: Record<string, string> = {
       'content-type': 'application/json',
       accept: stream ? 'text/event-stream' : 'application/json',
+      ...authHeaders(target),
     };
-    if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
-    const body = native ? encodeResponsesRequest(req, target.upstreamModel) : encodeChatRequest(req, target.upstreamModel);
+    const body =
+      api === 'responses'
+        ? encodeResponsesRequest(req, target.upstreamModel)
+        : api === 'anthropic'
+          ? encodeMessagesRequest(req, target.upstreamModel)
+          : encodeChatRequest(req, target.upstreamModel);
     const scrub = this.scrubber(target.apiKey);
     const tally = req.tally;
     const headersTimeout = Math.max(1, Math.min(this.o.firstByteTimeoutMs, (attempt?.deadline ?? Infinity) - Date.now()));
@@ -297,11 +313,12 @@ export class UpstreamEngine implements Engine {
     tally.input = estimateInputTokens(req);
     tally.exact = false;
     const clean = (text: string): string => scrub.text(text);
-    const reader: StreamReader = native ? new ResponsesReader(clean) : new ChatReader(clean);
+    const messages = api === 'anthropic' ? new MessagesReader(clean) : undefined;
+    const reader: StreamReader = messages ?? (api === 'responses' ? new ResponsesReader(clean) : new ChatReader(clean));
     const out: GenerationEvent[] = [];
     // The Responses API has no `stop`: it is applied here. The upstream is read to its end anyway,
     // so the usage it reports (and bills) stays exact.
-    const stops = native && req.sampling.stop?.length ? new StopMatcher(req.sampling.stop) : undefined;
+    const stops = api === 'responses' && req.sampling.stop?.length ? new StopMatcher(req.sampling.stop) : undefined;
     let stopped = false;
     const guard = new OutputGuard(attempt?.outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER);
     // One scrubber per text channel (a key split across deltas is still found); none without a key.
@@ -452,7 +469,7 @@ export class UpstreamEngine implements Engine {
       if (tail) yield { type: 'tool_call.delta', index, arguments: tail };
     }
     yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
-    const matched = !guard.capped && stopped ? stops?.matched : undefined;
+    const matched = guard.capped ? undefined : stopped ? stops?.matched : messages?.stopSequence;
     yield {
       type: 'finish',
       reason: guard.capped ? 'length' : stopped ? 'stop' : reader.finish,

@@ -1,0 +1,207 @@
+import { ApiError } from '../../core/errors.js';
+import type { ContentPart, FinishReason, GenerationEvent, GenerationRequest, Message } from '../../core/canonical.js';
+import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type ReportedUsage, type StreamReader } from '../reader.js';
+
+/**
+ * The client side of Anthropic's Messages API, for deployments with `api: anthropic`: a canonical
+ * request as a streamed Messages request, and its stream events read back into canonical events.
+ */
+
+/** Anthropic requires max_tokens; a request that set none gets this, plus any thinking budget. */
+export const DEFAULT_MAX_TOKENS = 4096;
+/** Thinking budgets for the canonical efforts (Anthropic's minimum is 1024). */
+const BUDGETS: Readonly<Record<string, number>> = { minimal: 1024, low: 1024, medium: 4096, high: 16384 };
+
+function blocks(content: string | ContentPart[]): Array<Record<string, unknown>> {
+  if (typeof content === 'string') return content === '' ? [] : [{ type: 'text', text: content }];
+  return content.map((p) => {
+    if (p.type === 'text') return { type: 'text', text: p.text };
+    const data = /^data:([^;,]+);base64,(.*)$/s.exec(p.url);
+    return data
+      ? { type: 'image', source: { type: 'base64', media_type: data[1], data: data[2] } }
+      : { type: 'image', source: { type: 'url', url: p.url } };
+  });
+}
+
+/**
+ * Canonical messages as Anthropic's `system` and turns: tool results become tool_result blocks of a
+ * user turn, tool calls tool_use blocks, and consecutive turns of one role are merged (Anthropic
+ * wants them alternating). Reasoning is not sent back: Anthropic accepts thinking only with its own
+ * signature, which a canonical message does not carry.
+ */
+function wireTurns(messages: readonly Message[]): { system: string | undefined; turns: Array<{ role: string; content: unknown[] }> } {
+  const system: string[] = [];
+  const turns: Array<{ role: string; content: unknown[] }> = [];
+  const push = (role: 'user' | 'assistant', content: unknown[]) => {
+    if (content.length === 0) return;
+    const last = turns.at(-1);
+    if (last?.role === role) last.content.push(...content);
+    else turns.push({ role, content });
+  };
+  for (const m of messages) {
+    if (m.role === 'system' || m.role === 'developer') {
+      const text = typeof m.content === 'string' ? m.content : (m.content ?? []).map((p) => (p.type === 'text' ? p.text : '')).join('');
+      if (text) system.push(text);
+    } else if (m.role === 'tool') {
+      push('user', [{ type: 'tool_result', tool_use_id: m.toolCallId ?? '', content: blocks(m.content ?? '') }]);
+    } else if (m.role === 'assistant') {
+      const content: unknown[] = blocks(m.content ?? '');
+      for (const c of m.toolCalls ?? []) {
+        let input: unknown;
+        try {
+          input = JSON.parse(c.arguments || '{}');
+        } catch {
+          input = {};
+        }
+        content.push({ type: 'tool_use', id: c.id, name: c.name, input: obj(input) ?? {} });
+      }
+      push('assistant', content);
+    } else push('user', blocks(m.content ?? ''));
+  }
+  return { system: system.length ? system.join('\n\n') : undefined, turns };
+}
+
+export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
+  const s = req.sampling;
+  const { system, turns } = wireTurns(req.messages);
+  const budget = req.reasoningEffort !== undefined ? BUDGETS[req.reasoningEffort] : undefined;
+  // Without a limit from the client, thinking gets its budget on top of the answer's.
+  const maxTokens = req.maxOutputTokens ?? DEFAULT_MAX_TOKENS + (budget ?? 0);
+  const body: Record<string, unknown> = { model: upstreamModel, max_tokens: maxTokens, messages: turns, stream: true };
+  if (system !== undefined) body['system'] = system;
+  // Anthropic's temperature range is 0–1; chat completions allow up to 2.
+  if (s.temperature !== undefined) body['temperature'] = Math.min(1, s.temperature);
+  if (s.topP !== undefined) body['top_p'] = s.topP;
+  if (s.topK !== undefined) body['top_k'] = s.topK;
+  if (s.stop?.length) body['stop_sequences'] = s.stop;
+  if (req.tools?.length) {
+    body['tools'] = req.tools.map((t) => ({
+      name: t.name,
+      ...(t.description !== undefined && { description: t.description }),
+      input_schema: t.parameters ?? { type: 'object' },
+    }));
+    const choice = req.toolChoice;
+    const disable = req.parallelToolCalls === false ? { disable_parallel_tool_use: true } : {};
+    if (choice !== undefined || req.parallelToolCalls === false)
+      body['tool_choice'] =
+        choice === undefined || choice === 'auto'
+          ? { type: 'auto', ...disable }
+          : choice === 'required'
+            ? { type: 'any', ...disable }
+            : choice === 'none'
+              ? { type: 'none' }
+              : { type: 'tool', name: choice.name, ...disable };
+  }
+  const f = req.responseFormat;
+  if (f?.type === 'json_schema') body['output_config'] = { format: { type: 'json_schema', schema: f.schema } };
+  // Thinking must leave room for the answer: a budget that does not fit under max_tokens is left out.
+  if (budget !== undefined && budget < maxTokens) body['thinking'] = { type: 'enabled', budget_tokens: budget };
+  return body;
+}
+
+function finishFor(reason: unknown): FinishReason {
+  switch (reason) {
+    case 'max_tokens':
+    case 'model_context_window_exceeded':
+      return 'length';
+    case 'tool_use':
+      return 'tool_calls';
+    case 'refusal':
+      return 'content_filter';
+    default:
+      return 'stop';
+  }
+}
+
+/** Anthropic's Messages stream events, read into canonical events. */
+export class MessagesReader implements StreamReader {
+  finish: FinishReason = 'stop';
+  usage: ReportedUsage | undefined;
+  /** The stop sequence Anthropic says ended the text. */
+  stopSequence: string | undefined;
+  /** Content block index → tool call index. */
+  private readonly calls = new Map<number, number>();
+  private input: unknown;
+  private cacheRead: unknown;
+  private cacheWrite: unknown;
+
+  constructor(private readonly clean: Clean) {}
+
+  private usageFrom(u: Record<string, unknown>): void {
+    if (u['input_tokens'] !== undefined && u['input_tokens'] !== null) this.input = u['input_tokens'];
+    if (u['cache_read_input_tokens'] !== undefined && u['cache_read_input_tokens'] !== null) this.cacheRead = u['cache_read_input_tokens'];
+    if (u['cache_creation_input_tokens'] !== undefined && u['cache_creation_input_tokens'] !== null)
+      this.cacheWrite = u['cache_creation_input_tokens'];
+    const n = (v: unknown): number => (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 ? v : 0);
+    // Anthropic's input_tokens leaves out cached input: the canonical count includes it.
+    const input = typeof this.input === 'number' ? this.input + n(this.cacheRead) + n(this.cacheWrite) : this.input;
+    this.usage = reported(input, this.cacheRead ?? 0, u['output_tokens'] ?? this.usage?.output, undefined);
+  }
+
+  read(data: unknown, out: GenerationEvent[]): boolean {
+    const ev = obj(data);
+    if (!ev) throw new ApiError('upstream_error', 'The upstream sent an event that is not a JSON object.');
+    const index = typeof ev['index'] === 'number' ? ev['index'] : -1;
+    switch (ev['type']) {
+      case 'message_start': {
+        const u = obj(obj(ev['message'])?.['usage']);
+        if (u) this.usageFrom(u);
+        return false;
+      }
+      case 'content_block_start': {
+        const block = obj(ev['content_block']);
+        if (block?.['type'] === 'tool_use') {
+          const call = this.calls.size;
+          if (call >= MAX_TOOL_CALLS) throw new ApiError('upstream_error', 'The upstream sent too many tool calls.');
+          this.calls.set(index, call);
+          out.push({
+            type: 'tool_call.start',
+            index: call,
+            id: this.clean(str(block['id']) ?? `call_${call}`),
+            name: this.clean(str(block['name']) ?? ''),
+          });
+        } else if (block?.['type'] === 'text' && str(block['text'])) out.push({ type: 'text.delta', text: str(block['text'])! });
+        return false;
+      }
+      case 'content_block_delta': {
+        const d = obj(ev['delta']);
+        switch (d?.['type']) {
+          case 'text_delta': {
+            const text = str(d['text']);
+            if (text) out.push({ type: 'text.delta', text });
+            break;
+          }
+          case 'thinking_delta': {
+            const text = str(d['thinking']);
+            if (text) out.push({ type: 'reasoning.delta', text });
+            break;
+          }
+          case 'input_json_delta': {
+            const call = this.calls.get(index);
+            const partial = str(d['partial_json']);
+            if (call !== undefined && partial) out.push({ type: 'tool_call.delta', index: call, arguments: partial });
+            break;
+          }
+          default:
+          // signature_delta, citations_delta: nothing canonical carries them
+        }
+        return false;
+      }
+      case 'message_delta': {
+        const d = obj(ev['delta']);
+        if (d?.['stop_reason'] !== undefined && d['stop_reason'] !== null) this.finish = finishFor(d['stop_reason']);
+        this.stopSequence = str(d?.['stop_sequence']);
+        const u = obj(ev['usage']);
+        if (u) this.usageFrom(u);
+        return false;
+      }
+      case 'message_stop':
+        return true;
+      case 'error':
+        throw upstreamFailure(obj(ev['error'])?.['message'] ?? ev['message'], this.clean);
+      default:
+        // ping, content_block_stop
+        return false;
+    }
+  }
+}

@@ -1,0 +1,294 @@
+/**
+ * Deployments with `api: anthropic`: chat completions, Responses and Messages clients (the official
+ * `openai` and `@anthropic-ai/sdk` packages) reaching an upstream that speaks Anthropic's Messages
+ * API. The upstream is a fixture replaying the Messages wire as Anthropic documents it (streamed
+ * text, tool use, thinking with signature deltas, a stop sequence, an overloaded error), since no
+ * Anthropic server is reachable here. It also checks what Switchyard sends: the key in `x-api-key`
+ * (never a Bearer token), `anthropic-version`, and a translated body.
+ */
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import Anthropic from '@anthropic-ai/sdk';
+import OpenAI from 'openai';
+import { closers, fixture } from './helpers/fixtures.js';
+import { createKey, startServer, tempDir } from './helpers/server.js';
+
+const SECRET = 'sk-ant-api03-fixture-secret-0123456789abcdef';
+const MODEL = 'anthropic/claude-fixture';
+
+interface SeenRequest {
+  headers: IncomingMessage['headers'];
+  body: {
+    model: string;
+    max_tokens: number;
+    stream: boolean;
+    system?: string;
+    messages: Array<{ role: string; content: Array<Record<string, unknown>> }>;
+    tools?: Array<{ name: string; input_schema: unknown }>;
+    tool_choice?: Record<string, unknown>;
+    thinking?: { type: string; budget_tokens: number };
+    stop_sequences?: string[];
+    temperature?: number;
+  };
+}
+
+const sse = (res: ServerResponse, type: string, data: Record<string, unknown>) =>
+  res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
+
+/** One recorded Messages stream, chosen by what the request asks for. */
+function anthropicFixture(seen: SeenRequest[]) {
+  return (req: IncomingMessage, res: ServerResponse) => {
+    let raw = '';
+    req.on('data', (d: Buffer) => (raw += d.toString()));
+    req.on('end', () => {
+      const body = JSON.parse(raw) as SeenRequest['body'];
+      seen.push({ headers: req.headers, body });
+      if (req.url !== '/v1/messages' || req.headers['x-api-key'] !== SECRET) {
+        res.writeHead(401, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ type: 'error', error: { type: 'authentication_error', message: 'invalid x-api-key' } }));
+        return;
+      }
+      const last = body.messages.at(-1)!;
+      const lastText = last.content.map((b) => (b['type'] === 'text' ? String(b['text']) : '')).join('');
+      if (lastText.includes('overload')) {
+        res.writeHead(529, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } }));
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const usage = { input_tokens: 20, cache_creation_input_tokens: 0, cache_read_input_tokens: 6, output_tokens: 1 };
+      sse(res, 'message_start', {
+        message: {
+          id: 'msg_01Fx',
+          type: 'message',
+          role: 'assistant',
+          model: body.model,
+          content: [],
+          stop_reason: null,
+          stop_sequence: null,
+          usage,
+        },
+      });
+      sse(res, 'ping', {});
+      let stop = 'end_turn';
+      let stopSequence: string | null = null;
+      let index = 0;
+      if (body.thinking) {
+        sse(res, 'content_block_start', { index, content_block: { type: 'thinking', thinking: '', signature: '' } });
+        sse(res, 'content_block_delta', { index, delta: { type: 'thinking_delta', thinking: 'Let me think. ' } });
+        sse(res, 'content_block_delta', { index, delta: { type: 'thinking_delta', thinking: 'Done.' } });
+        sse(res, 'content_block_delta', {
+          index,
+          delta: { type: 'signature_delta', signature: 'EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds' },
+        });
+        sse(res, 'content_block_stop', { index });
+        index++;
+      }
+      if (body.tools?.length && last.content.every((b) => b['type'] !== 'tool_result')) {
+        sse(res, 'content_block_start', { index, content_block: { type: 'text', text: '' } });
+        sse(res, 'content_block_delta', { index, delta: { type: 'text_delta', text: 'Checking.' } });
+        sse(res, 'content_block_stop', { index });
+        index++;
+        sse(res, 'content_block_start', {
+          index,
+          content_block: { type: 'tool_use', id: 'toolu_01A09q90qw90lq917835lq9', name: 'get_weather', input: {} },
+        });
+        sse(res, 'content_block_delta', { index, delta: { type: 'input_json_delta', partial_json: '' } });
+        sse(res, 'content_block_delta', { index, delta: { type: 'input_json_delta', partial_json: '{"city": "Par' } });
+        sse(res, 'content_block_delta', { index, delta: { type: 'input_json_delta', partial_json: 'is"}' } });
+        sse(res, 'content_block_stop', { index });
+        stop = 'tool_use';
+      } else {
+        const text = last.content.some((b) => b['type'] === 'tool_result') ? 'It is sunny in Paris.' : 'Hello from the fixture.';
+        sse(res, 'content_block_start', { index, content_block: { type: 'text', text: '' } });
+        sse(res, 'content_block_delta', { index, delta: { type: 'text_delta', text: text.slice(0, 6) } });
+        sse(res, 'content_block_delta', { index, delta: { type: 'text_delta', text: text.slice(6) } });
+        sse(res, 'content_block_stop', { index });
+        if (body.stop_sequences?.includes('END')) {
+          stop = 'stop_sequence';
+          stopSequence = 'END';
+        }
+      }
+      sse(res, 'message_delta', { delta: { stop_reason: stop, stop_sequence: stopSequence }, usage: { output_tokens: 15 } });
+      sse(res, 'message_stop', {});
+      res.end();
+    });
+  };
+}
+
+describe('Anthropic upstreams (api: anthropic) for chat completions, Responses and Messages clients', () => {
+  const c = closers();
+  const seen: SeenRequest[] = [];
+  let openai: OpenAI;
+  let anthropic: Anthropic;
+
+  before(async () => {
+    const upstream = c.keep(await fixture(anthropicFixture(seen)));
+    const server = c.keep(
+      await startServer({
+        modelsDir: tempDir(),
+        env: { FIXTURE_ANTHROPIC_KEY: SECRET },
+        configFile: {
+          name: 'a.json',
+          text: JSON.stringify({
+            models: [
+              { id: MODEL, context_length: 200000, capabilities: ['streaming', 'function_calling', 'reasoning', 'structured_output'] },
+            ],
+            deployments: [
+              {
+                model: MODEL,
+                baseUrl: upstream.url,
+                upstreamModel: 'claude-fixture-1',
+                apiKeyEnv: 'FIXTURE_ANTHROPIC_KEY',
+                api: 'anthropic',
+              },
+            ],
+          }),
+        },
+      }),
+    );
+    const { key } = await createKey(server, 'claude-users');
+    openai = new OpenAI({ apiKey: key, baseURL: server.baseURL, maxRetries: 0 });
+    anthropic = new Anthropic({ apiKey: key, baseURL: server.url, maxRetries: 0 });
+  });
+  after(() => c.closeAll());
+
+  it('sends the key as x-api-key with anthropic-version, and a Messages body', async () => {
+    const r = await openai.chat.completions.create({
+      model: MODEL,
+      messages: [
+        { role: 'system', content: 'Be brief.' },
+        { role: 'user', content: 'Hi' },
+      ],
+      temperature: 1.5,
+      stop: ['END'],
+    });
+    const sent = seen.at(-1)!;
+    assert.equal(sent.headers['x-api-key'], SECRET);
+    assert.equal(sent.headers['authorization'], undefined);
+    assert.equal(sent.headers['anthropic-version'], '2023-06-01');
+    assert.equal(sent.body.model, 'claude-fixture-1');
+    assert.equal(sent.body.system, 'Be brief.');
+    assert.equal(sent.body.max_tokens, 4096);
+    assert.equal(sent.body.temperature, 1, 'clamped to Anthropic’s range');
+    assert.deepEqual(sent.body.stop_sequences, ['END']);
+    assert.deepEqual(sent.body.messages, [{ role: 'user', content: [{ type: 'text', text: 'Hi' }] }]);
+    assert.equal(r.choices[0]!.message.content, 'Hello from the fixture.');
+    assert.equal(r.choices[0]!.finish_reason, 'stop');
+    // Anthropic's input excludes cache reads; the canonical count includes them.
+    assert.equal(r.usage?.prompt_tokens, 26);
+    assert.equal(r.usage?.prompt_tokens_details?.cached_tokens, 6);
+    assert.equal(r.usage?.completion_tokens, 15);
+    assert.ok(!JSON.stringify(r).includes(SECRET));
+  });
+
+  it('streams chat completions, tool calls included, and takes the tool result back', async () => {
+    const tools: OpenAI.ChatCompletionTool[] = [
+      { type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } },
+    ];
+    const stream = await openai.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Weather in Paris?' }],
+      tools,
+      tool_choice: 'required',
+      parallel_tool_calls: false,
+      stream: true,
+    });
+    let args = '';
+    let id = '';
+    let finish: string | null = null;
+    for await (const chunk of stream) {
+      const call = chunk.choices[0]?.delta.tool_calls?.[0];
+      if (call?.id) id = call.id;
+      args += call?.function?.arguments ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(id, 'toolu_01A09q90qw90lq917835lq9');
+    assert.deepEqual(JSON.parse(args), { city: 'Paris' });
+    assert.equal(finish, 'tool_calls');
+    assert.deepEqual(seen.at(-1)!.body.tool_choice, { type: 'any', disable_parallel_tool_use: true });
+    assert.deepEqual(seen.at(-1)!.body.tools?.[0]?.name, 'get_weather');
+
+    const r = await openai.chat.completions.create({
+      model: MODEL,
+      tools,
+      messages: [
+        { role: 'user', content: 'Weather in Paris?' },
+        { role: 'assistant', content: null, tool_calls: [{ id, type: 'function', function: { name: 'get_weather', arguments: args } }] },
+        { role: 'tool', tool_call_id: id, content: 'sunny' },
+      ],
+    });
+    assert.equal(r.choices[0]!.message.content, 'It is sunny in Paris.');
+    const sent = seen.at(-1)!.body.messages;
+    assert.deepEqual(sent[1], { role: 'assistant', content: [{ type: 'tool_use', id, name: 'get_weather', input: { city: 'Paris' } }] });
+    assert.deepEqual(sent[2], {
+      role: 'user',
+      content: [{ type: 'tool_result', tool_use_id: id, content: [{ type: 'text', text: 'sunny' }] }],
+    });
+  });
+
+  it('serves Responses clients, with reasoning from thinking blocks', async () => {
+    const r = await openai.responses.create({ model: MODEL, input: 'Think, then greet.', reasoning: { effort: 'medium' }, store: false });
+    assert.equal(r.status, 'completed');
+    assert.deepEqual(
+      r.output.map((o) => o.type),
+      ['reasoning', 'message'],
+    );
+    assert.equal(r.output_text, 'Hello from the fixture.');
+    assert.deepEqual(seen.at(-1)!.body.thinking, { type: 'enabled', budget_tokens: 4096 });
+  });
+
+  it('serves Messages clients: stream, tools, stop sequence, thinking', async () => {
+    const stream = anthropic.messages.stream({
+      model: MODEL,
+      max_tokens: 8000,
+      thinking: { type: 'enabled', budget_tokens: 2048 },
+      messages: [{ role: 'user', content: 'Hello' }],
+    });
+    const final = await stream.finalMessage();
+    assert.deepEqual(
+      final.content.map((b) => b.type),
+      ['thinking', 'text'],
+    );
+    const thinking = final.content[0]!;
+    assert.ok(thinking.type === 'thinking' && thinking.thinking === 'Let me think. Done.' && thinking.signature.length > 20);
+    assert.equal(final.usage.input_tokens, 20);
+    assert.equal(final.usage.cache_read_input_tokens, 6);
+
+    const tool = await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 100,
+      tools: [{ name: 'get_weather', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }],
+      messages: [{ role: 'user', content: 'Weather?' }],
+    });
+    assert.equal(tool.stop_reason, 'tool_use');
+    assert.deepEqual(
+      tool.content.map((b) => b.type),
+      ['text', 'tool_use'],
+    );
+    const use = tool.content[1]!;
+    assert.ok(use.type === 'tool_use');
+    assert.deepEqual(use.input, { city: 'Paris' });
+
+    const stopped = await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 100,
+      stop_sequences: ['END'],
+      messages: [{ role: 'user', content: 'Hi' }],
+    });
+    assert.equal(stopped.stop_reason, 'stop_sequence');
+    assert.equal(stopped.stop_sequence, 'END');
+  });
+
+  it('an overloaded upstream (529) is an error in each client’s own envelope, and the key never leaks', async () => {
+    await assert.rejects(
+      anthropic.messages.create({ model: MODEL, max_tokens: 10, messages: [{ role: 'user', content: 'overload' }] }),
+      (err: unknown) => err instanceof Anthropic.APIError && err.status !== undefined && err.status >= 500 && !err.message.includes(SECRET),
+    );
+    await assert.rejects(
+      openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'overload' }] }),
+      (err: unknown) => err instanceof OpenAI.APIError && err.status === 502 && /Overloaded/.test(err.message),
+    );
+  });
+});
