@@ -16,6 +16,7 @@ import { createKey, startServer, tempDir } from './helpers/server.js';
 
 const SECRET = 'sk-ant-api03-fixture-secret-0123456789abcdef';
 const MODEL = 'anthropic/claude-fixture';
+const UPSTREAM_SIGNATURE = 'EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds';
 
 interface SeenRequest {
   headers: IncomingMessage['headers'];
@@ -80,7 +81,7 @@ function anthropicFixture(seen: SeenRequest[]) {
         sse(res, 'content_block_delta', { index, delta: { type: 'thinking_delta', thinking: 'Done.' } });
         sse(res, 'content_block_delta', {
           index,
-          delta: { type: 'signature_delta', signature: 'EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds' },
+          delta: { type: 'signature_delta', signature: UPSTREAM_SIGNATURE },
         });
         sse(res, 'content_block_stop', { index });
         index++;
@@ -279,6 +280,47 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
     });
     assert.equal(stopped.stop_reason, 'stop_sequence');
     assert.equal(stopped.stop_sequence, 'END');
+  });
+
+  it('replays thinking to Anthropic with Anthropic’s own signature in a tool-use loop', async () => {
+    const tools: Anthropic.Tool[] = [{ name: 'get_weather', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }];
+    const first = await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 8000,
+      thinking: { type: 'enabled', budget_tokens: 2048 },
+      tools,
+      messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    });
+    assert.deepEqual(
+      first.content.map((b) => b.type),
+      ['thinking', 'text', 'tool_use'],
+    );
+    const thinking = first.content[0]!;
+    assert.ok(thinking.type === 'thinking');
+    // The client sees our signature, not the upstream's.
+    assert.notEqual(thinking.signature, UPSTREAM_SIGNATURE);
+    const use = first.content[2]!;
+    assert.ok(use.type === 'tool_use');
+    const next = await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 8000,
+      thinking: { type: 'enabled', budget_tokens: 2048 },
+      tools,
+      messages: [
+        { role: 'user', content: 'Weather in Paris?' },
+        { role: 'assistant', content: first.content },
+        { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: 'sunny' }] },
+      ],
+    });
+    const sent = seen.at(-1)!.body.messages[1]!;
+    assert.equal(sent.role, 'assistant');
+    assert.deepEqual(sent.content[0], { type: 'thinking', thinking: 'Let me think. Done.', signature: UPSTREAM_SIGNATURE });
+    assert.deepEqual(
+      sent.content.slice(1).map((b) => b['type']),
+      ['text', 'tool_use'],
+    );
+    const text = next.content.find((b) => b.type === 'text');
+    assert.ok(text?.type === 'text' && text.text === 'It is sunny in Paris.');
   });
 
   it('an overloaded upstream (529) is an error in each client’s own envelope, and the key never leaks', async () => {

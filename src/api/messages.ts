@@ -10,21 +10,31 @@ import {
   decodeMessagesRequest,
   type ThinkingSignatures,
 } from '../protocols/messages/request.js';
-import { MessageFold, MessageStreamRenderer } from '../protocols/messages/response.js';
+import { MessageFold, MessageStreamRenderer, type Sign } from '../protocols/messages/response.js';
 import { drained, openSse, writeFrames } from './sse.js';
 import { abortOnClientGone, openGeneration } from './generation.js';
 
 const digest = (thinking: string): string => createHash('sha256').update(thinking).digest('base64url');
 
 /**
- * Thinking signatures: the digest of the thinking, sealed for the caller's organization. A client
- * can send the block back in a later turn and the server knows it is the text it produced, with no
- * state kept; another organization's or a changed block fails (reasoning-seal.ts).
+ * Thinking signatures: the digest of the thinking (and the upstream's own signature, where an
+ * Anthropic upstream signed it), sealed for the caller's organization. A client can send the block
+ * back in a later turn and the server knows it is the text it produced, with no state kept; another
+ * organization's or a changed block fails (reasoning-seal.ts). The upstream signature comes back
+ * out, so the thinking can be replayed to Anthropic as it wants it.
  */
-function signatures(seal: ReasoningSeal, who: Principal): ThinkingSignatures & { sign(thinking: string): string } {
+function signatures(seal: ReasoningSeal, who: Principal): ThinkingSignatures & { sign: Sign } {
   return {
-    sign: (thinking) => seal.seal(digest(thinking), who.orgId, 'thinking'),
-    verify: (thinking, signature) => seal.unseal(signature, who.orgId, 'thinking') === digest(thinking),
+    // The digest is base64url, so a '.' separates it from the upstream signature unambiguously.
+    sign: (thinking, upstream) =>
+      seal.seal(upstream === undefined ? digest(thinking) : `${digest(thinking)}.${upstream}`, who.orgId, 'thinking'),
+    verify: (thinking, signature) => {
+      const payload = seal.unseal(signature, who.orgId, 'thinking');
+      if (payload === undefined) return undefined;
+      const dot = payload.indexOf('.');
+      const hash = dot < 0 ? payload : payload.slice(0, dot);
+      return hash === digest(thinking) ? { upstream: dot < 0 ? undefined : payload.slice(dot + 1) } : undefined;
+    },
   };
 }
 

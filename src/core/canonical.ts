@@ -23,6 +23,8 @@ export interface Message {
   toolCallId?: string;
   /** Reasoning an assistant turn was produced with, when a client sends it back. */
   reasoning?: string;
+  /** The upstream's own signature over that reasoning (Anthropic accepts thinking back only with it). */
+  reasoningSignature?: string;
   /** An assistant message's place in its turn, as the model labelled it (sent back to models that label). */
   phase?: MessagePhase;
 }
@@ -106,6 +108,8 @@ export type GenerationEvent =
   /** The model labelled the message its text belongs to (Responses-speaking upstreams do). */
   | { type: 'message.phase'; phase: MessagePhase }
   | { type: 'reasoning.delta'; text: string }
+  /** The upstream signed the reasoning so far (Anthropic's signature_delta): kept for the next turn. */
+  | { type: 'reasoning.signature'; signature: string }
   | { type: 'tool_call.start'; index: number; id: string; name: string }
   | { type: 'tool_call.delta'; index: number; arguments: string }
   | { type: 'usage'; usage: Usage }

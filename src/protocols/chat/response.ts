@@ -128,7 +128,8 @@ export class ChunkRenderer {
       case 'finish':
         return this.choice('{}', ev.reason);
       case 'message.phase':
-        // Chat completions have no place for it.
+      case 'reasoning.signature':
+        // Chat completions have no place for them.
         return undefined;
     }
   }

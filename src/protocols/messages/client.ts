@@ -26,8 +26,8 @@ function blocks(content: string | ContentPart[]): Array<Record<string, unknown>>
 /**
  * Canonical messages as Anthropic's `system` and turns: tool results become tool_result blocks of a
  * user turn, tool calls tool_use blocks, and consecutive turns of one role are merged (Anthropic
- * wants them alternating). Reasoning is not sent back: Anthropic accepts thinking only with its own
- * signature, which a canonical message does not carry.
+ * wants them alternating). Reasoning goes back as a thinking block only with Anthropic's own
+ * signature (carried through our signature by the Messages endpoint); otherwise it is left out.
  */
 function wireTurns(messages: readonly Message[]): { system: string | undefined; turns: Array<{ role: string; content: unknown[] }> } {
   const system: string[] = [];
@@ -46,6 +46,9 @@ function wireTurns(messages: readonly Message[]): { system: string | undefined; 
       push('user', [{ type: 'tool_result', tool_use_id: m.toolCallId ?? '', content: blocks(m.content ?? '') }]);
     } else if (m.role === 'assistant') {
       const content: unknown[] = blocks(m.content ?? '');
+      // Thinking goes back only as Anthropic signed it; unsigned reasoning is left out.
+      if (m.reasoning && m.reasoningSignature)
+        content.unshift({ type: 'thinking', thinking: m.reasoning, signature: m.reasoningSignature });
       for (const c of m.toolCalls ?? []) {
         let input: unknown;
         try {
@@ -182,8 +185,13 @@ export class MessagesReader implements StreamReader {
             if (call !== undefined && partial) out.push({ type: 'tool_call.delta', index: call, arguments: partial });
             break;
           }
+          case 'signature_delta': {
+            const signature = str(d['signature']);
+            if (signature) out.push({ type: 'reasoning.signature', signature });
+            break;
+          }
           default:
-          // signature_delta, citations_delta: nothing canonical carries them
+          // citations_delta: nothing canonical carries it
         }
         return false;
       }

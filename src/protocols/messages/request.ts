@@ -67,9 +67,12 @@ export type MessagesRequest = Static<typeof MessagesRequest>;
 export const CountTokensRequest = Type.Object(conversation);
 export type CountTokensRequest = Static<typeof CountTokensRequest>;
 
-/** Signs thinking the server produced and checks a signature sent back (see reasoning-seal.ts). */
+/**
+ * Checks a thinking signature sent back (see api/messages.ts): undefined when it is not one this
+ * server made for this thinking; otherwise the upstream's own signature it carries, if any.
+ */
 export interface ThinkingSignatures {
-  verify(thinking: string, signature: string): boolean;
+  verify(thinking: string, signature: string): { upstream: string | undefined } | undefined;
 }
 
 type WireBlock = { type: string } & Record<string, unknown>;
@@ -166,8 +169,12 @@ function toMessages(
         const thinking = str(b['thinking']);
         const signature = str(b['signature']);
         if (thinking === undefined || signature === undefined) throw bad('A thinking block needs `thinking` and `signature`.', param);
-        if (!signatures.verify(thinking, signature))
+        const verified = signatures.verify(thinking, signature);
+        if (!verified)
           throw bad('Invalid `signature` in thinking block: send thinking back exactly as this server returned it.', `${param}.signature`);
+        // One upstream signature covers one block: a turn with several keeps none (it cannot be replayed).
+        if (assistant.reasoning === undefined && verified.upstream !== undefined) assistant.reasoningSignature = verified.upstream;
+        else delete assistant.reasoningSignature;
         assistant.reasoning = (assistant.reasoning ?? '') + thinking;
         return;
       }

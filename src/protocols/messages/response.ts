@@ -53,8 +53,11 @@ function toolInput(args: string): Record<string, unknown> {
   }
 }
 
+/** Our signature for thinking, carrying the upstream's own where it signed it. */
+export type Sign = (thinking: string, upstream: string | undefined) => string;
+
 type Block =
-  | { type: 'thinking'; thinking: string; signature: string }
+  | { type: 'thinking'; thinking: string; upstream: string | undefined }
   | { type: 'text'; text: string }
   | { type: 'tool_use'; id: string; name: string; input: Record<string, unknown>; args: string };
 
@@ -67,7 +70,7 @@ export class MessageFold {
   private stopSequence: string | null = null;
   finished = false;
 
-  constructor(private readonly sign: (thinking: string) => string) {}
+  constructor(private readonly sign: Sign) {}
 
   apply(ev: GenerationEvent): void {
     const last = this.blocks.at(-1);
@@ -78,7 +81,10 @@ export class MessageFold {
         break;
       case 'reasoning.delta':
         if (last?.type === 'thinking') last.thinking += ev.text;
-        else this.blocks.push({ type: 'thinking', thinking: ev.text, signature: '' });
+        else this.blocks.push({ type: 'thinking', thinking: ev.text, upstream: undefined });
+        break;
+      case 'reasoning.signature':
+        if (last?.type === 'thinking') last.upstream = ev.signature;
         break;
       case 'tool_call.start': {
         const block = { type: 'tool_use' as const, id: ev.id, name: ev.name, input: {}, args: '' };
@@ -106,7 +112,7 @@ export class MessageFold {
 
   result(model: string): Record<string, unknown> {
     const content = this.blocks.map((b) => {
-      if (b.type === 'thinking') return { type: 'thinking', thinking: b.thinking, signature: this.sign(b.thinking) };
+      if (b.type === 'thinking') return { type: 'thinking', thinking: b.thinking, signature: this.sign(b.thinking, b.upstream) };
       if (b.type === 'tool_use') return { type: 'tool_use', id: b.id, name: b.name, input: toolInput(b.args) };
       return { type: 'text', text: b.text };
     });
@@ -138,13 +144,14 @@ export class MessageStreamRenderer {
   private open: { kind: 'text' | 'thinking' | 'tool_use'; index: number; toolIndex?: number } | undefined;
   private next = 0;
   private thinking = '';
+  private upstreamSignature: string | undefined;
   private usage: Usage | undefined;
   private stop: StopReason = 'end_turn';
   private stopSequence: string | null = null;
 
   constructor(
     private readonly model: string,
-    private readonly sign: (thinking: string) => string,
+    private readonly sign: Sign,
   ) {}
 
   /** message_start (with the input tokens known so far) and a ping, as Anthropic opens a stream. */
@@ -173,10 +180,11 @@ export class MessageStreamRenderer {
       const delta = {
         type: 'content_block_delta',
         index: open.index,
-        delta: { type: 'signature_delta', signature: this.sign(this.thinking) },
+        delta: { type: 'signature_delta', signature: this.sign(this.thinking, this.upstreamSignature) },
       };
       out += frame('content_block_delta', JSON.stringify(delta));
       this.thinking = '';
+      this.upstreamSignature = undefined;
     }
     return out + frame('content_block_stop', `{"type":"content_block_stop","index":${open.index}}`);
   }
@@ -204,6 +212,9 @@ export class MessageStreamRenderer {
         this.thinking += ev.text;
         return head + this.delta(`{"type":"thinking_delta","thinking":${JSON.stringify(ev.text)}}`);
       }
+      case 'reasoning.signature':
+        if (this.open?.kind === 'thinking') this.upstreamSignature = ev.signature;
+        return '';
       case 'tool_call.start':
         return this.begin('tool_use', { type: 'tool_use', id: ev.id, name: ev.name, input: {} }, ev.index);
       case 'tool_call.delta':

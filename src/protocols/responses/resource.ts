@@ -211,6 +211,9 @@ export class ResponseBuilder implements ResponseFold {
       case 'usage':
         this.usage = ev.usage;
         break;
+      case 'reasoning.signature':
+        // Only the Messages API carries an upstream's signature back to the client.
+        break;
       case 'message.phase':
         // A label starts the next message; one that already has text is finished (it had its own).
         if (this.open?.kind === 'message' && this.open.text === '') this.open.phase = ev.phase;
