@@ -5,7 +5,7 @@ import { ChatRequest, decodeChatRequest } from '../protocols/chat/request.js';
 import { ChunkRenderer, CompletionFold, type ChatCompletionObject } from '../protocols/chat/response.js';
 import { storeMessages } from '../protocols/chat/stored.js';
 import { drained, writeSse, openSse } from './sse.js';
-import { abortOnClientGone, openGeneration } from './generation.js';
+import { abortOnClientGone, openGeneration, streamFailure } from './generation.js';
 
 /**
  * `store: true`: resolves once the usage record and the finished completion are both in the
@@ -70,9 +70,7 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
       await (fold?.finished ? persistStored(ctx, req, body, events, fold.result(model.id, chunks.id, chunks.created)) : events.persisted());
       for (const line of chunks.last()) writeSse(raw, line);
     } catch (err) {
-      const e = err instanceof ApiError ? err : new ApiError('internal_error', 'The stream failed.');
-      if (!(err instanceof ApiError)) req.log.error({ err }, 'stream failed');
-      writeSse(raw, ChunkRenderer.error(e));
+      writeSse(raw, ChunkRenderer.error(streamFailure(err, req.log)));
     } finally {
       await events.close();
       reply.raw.end();

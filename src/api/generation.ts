@@ -1,4 +1,5 @@
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify';
+import { ApiError } from '../core/errors.js';
 import type { RouteContext } from './context.js';
 import type { GenerationRequest } from '../core/canonical.js';
 import type { GenerationMeta } from '../core/generation.js';
@@ -36,4 +37,11 @@ export async function openGeneration(
   req.metricsModel = ctx.metrics.modelLabel(model);
   reply.headers(admission.headers);
   return { model, events: await open() };
+}
+
+/** A failure after a stream's head went out, as the error its protocol renders in the stream; anything unexpected is logged. */
+export function streamFailure(err: unknown, log: FastifyBaseLogger): ApiError {
+  if (err instanceof ApiError) return err;
+  log.error({ err }, 'stream failed');
+  return new ApiError('internal_error', 'The stream failed.');
 }

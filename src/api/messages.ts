@@ -1,6 +1,5 @@
 import { createHash } from 'node:crypto';
 import type { App, RouteContext } from './context.js';
-import { ApiError } from '../core/errors.js';
 import type { Principal } from '../core/principal.js';
 import type { ReasoningSeal } from '../core/reasoning-seal.js';
 import {
@@ -12,7 +11,7 @@ import {
 } from '../protocols/messages/request.js';
 import { MessageFold, MessageStreamRenderer, type Sign } from '../protocols/messages/response.js';
 import { drained, openSse, writeFrames } from './sse.js';
-import { abortOnClientGone, openGeneration } from './generation.js';
+import { abortOnClientGone, openGeneration, streamFailure } from './generation.js';
 
 const digest = (thinking: string): string => createHash('sha256').update(thinking).digest('base64url');
 
@@ -77,9 +76,7 @@ export function registerMessagesRoutes(app: App, ctx: RouteContext): void {
       await events.persisted();
       writeFrames(raw, stream.end());
     } catch (err) {
-      const e = err instanceof ApiError ? err : new ApiError('internal_error', 'The stream failed.');
-      if (!(err instanceof ApiError)) req.log.error({ err }, 'stream failed');
-      writeFrames(raw, MessageStreamRenderer.error(e));
+      writeFrames(raw, MessageStreamRenderer.error(streamFailure(err, req.log)));
     } finally {
       await events.close();
       raw.end();

@@ -12,6 +12,13 @@ import { estimateInputTokens } from './estimate.js';
 
 export type { GenerationStart };
 
+/** Where each API family puts the output format and its JSON schema, for errors naming the parameter. */
+const FORMAT_PARAMS = {
+  chat: ['response_format', 'response_format.json_schema.schema'],
+  responses: ['text.format', 'text.format.schema'],
+  messages: ['output_config.format', 'output_config.format.schema'],
+} as const;
+
 /** The most a request can cost: its estimated input and the largest output it may get. */
 export function worstCaseCost(model: Model, req: GenerationRequest): number | null {
   const input = estimateInputTokens(req);
@@ -81,8 +88,8 @@ export class GenerationPipeline {
     };
     // Chat completions and Messages both name parameters by their `messages` list.
     const chat = endpoint === 'chat.completions' || endpoint === 'messages';
+    const [format, schema] = FORMAT_PARAMS[endpoint === 'messages' ? 'messages' : chat ? 'chat' : 'responses'];
     if (req.tools?.length && req.toolChoice !== 'none') need('function_calling', 'tools');
-    const format = endpoint === 'messages' ? 'output_config.format' : chat ? 'response_format' : 'text.format';
     if (req.responseFormat && req.responseFormat.type !== 'text') need('structured_output', format);
     // Images, on every endpoint.
     if (!model.capabilities.includes('vision')) {
@@ -99,11 +106,7 @@ export class GenerationPipeline {
       if (t.parameters) checkSchemaLimits(t.parameters, this.schemaLimits, `tools[${i}].parameters`);
     });
     if (req.responseFormat?.type === 'json_schema') {
-      checkSchemaLimits(
-        req.responseFormat.schema,
-        this.schemaLimits,
-        chat ? `${format}${endpoint === 'messages' ? '' : '.json_schema'}.schema` : 'text.format.schema',
-      );
+      checkSchemaLimits(req.responseFormat.schema, this.schemaLimits, schema);
     }
   }
 }

@@ -107,6 +107,14 @@ function toApiError(err: FastifyError, log: FastifyBaseLogger): ApiError {
   return new ApiError('internal_error', 'The server had an error while processing your request.');
 }
 
+/** An error a route's request raised, as one from the registry. */
+function routeError(err: FastifyError, req: FastifyRequest): ApiError {
+  // A route that needs a body got none: say so, rather than "body must be object".
+  if (err.validation && err.validationContext === 'body' && req.body === undefined)
+    return new ApiError('invalid_json', 'The request body is empty; send a JSON object.');
+  return toApiError(err, req.log);
+}
+
 /** The HTTP form of an error: its status, the envelope, and the headers its options ask for. */
 function sendError(reply: FastifyReply, e: ApiError, as?: { status: number; body: Record<string, unknown> }): FastifyReply {
   reply.code(as?.status ?? e.status).headers(e.headers);
@@ -269,13 +277,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     });
   }
 
-  app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => {
-    // A route that needs a body got none: say so, rather than "body must be object".
-    if (err.validation && err.validationContext === 'body' && req.body === undefined) {
-      return sendError(reply, new ApiError('invalid_json', 'The request body is empty; send a JSON object.'));
-    }
-    return sendError(reply, toApiError(err, req.log));
-  });
+  app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => sendError(reply, routeError(err, req)));
   app.setNotFoundHandler((req, reply) =>
     sendError(reply, new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)),
   );
@@ -318,10 +320,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   // Anthropic's Messages API answers errors in Anthropic's envelope, so its routes get their own scope.
   void app.register(async (scope) => {
     scope.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => {
-      const e =
-        err.validation && err.validationContext === 'body' && req.body === undefined
-          ? new ApiError('invalid_json', 'The request body is empty; send a JSON object.')
-          : toApiError(err, req.log);
+      const e = routeError(err, req);
+      // Also here: an error in a root hook (load shedding) comes before the scope's own hook.
       reply.header('request-id', req.id);
       return sendError(reply, e, anthropicError(e, req.id));
     });

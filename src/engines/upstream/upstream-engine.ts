@@ -17,10 +17,13 @@ import { AddressPolicy } from './address-policy.js';
 /** Anthropic's API version header: the Messages wire this client speaks. */
 const ANTHROPIC_VERSION = '2023-06-01';
 
-/** How a deployment's key is sent: `x-api-key` and a version for Anthropic, a Bearer token for the rest. */
-function authHeaders(target: Extract<DeploymentTarget, { engine: 'upstream' }>): Record<string, string> {
-  if (target.api === 'anthropic') return { 'anthropic-version': ANTHROPIC_VERSION, ...(target.apiKey && { 'x-api-key': target.apiKey }) };
-  return target.apiKey ? { authorization: `Bearer ${target.apiKey}` } : {};
+/** How a deployment's key is sent: `x-api-key` and a version for Anthropic, a Bearer token for the rest (written into `headers`). */
+function addAuth(headers: Record<string, string>, target: Extract<DeploymentTarget, { engine: 'upstream' }>): Record<string, string> {
+  if (target.api === 'anthropic') {
+    headers['anthropic-version'] = ANTHROPIC_VERSION;
+    if (target.apiKey) headers['x-api-key'] = target.apiKey;
+  } else if (target.apiKey) headers['authorization'] = `Bearer ${target.apiKey}`;
+  return headers;
 }
 
 /** retry-after as seconds or an HTTP date; capped at a minute so one answer cannot park a deployment. */
@@ -219,7 +222,7 @@ export class UpstreamEngine implements Engine {
   async probe(target: DeploymentTarget): Promise<boolean> {
     if (target.engine !== 'upstream') return true;
     const url = this.endpoint(target.baseUrl, 'models');
-    const headers: Record<string, string> = { accept: 'application/json', ...authHeaders(target) };
+    const headers = addAuth({ accept: 'application/json' }, target);
     try {
       const res = await this.pool(url.origin, target.guarded).request({
         path: url.path,
@@ -243,11 +246,7 @@ export class UpstreamEngine implements Engine {
     const native = api !== 'chat';
     const stream = native || req.stream;
     const url = this.endpoint(target.baseUrl, api === 'responses' ? 'responses' : api === 'anthropic' ? 'messages' : 'chat/completions');
-    const headers: Record<string, string> = {
-      'content-type': 'application/json',
-      accept: stream ? 'text/event-stream' : 'application/json',
-      ...authHeaders(target),
-    };
+    const headers = addAuth({ 'content-type': 'application/json', accept: stream ? 'text/event-stream' : 'application/json' }, target);
     const body =
       api === 'responses'
         ? encodeResponsesRequest(req, target.upstreamModel)

@@ -1,5 +1,6 @@
 import { ApiError } from '../../core/errors.js';
 import type { ContentPart, FinishReason, GenerationEvent, GenerationRequest, Message } from '../../core/canonical.js';
+import { toolInput } from './response.js';
 import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type ReportedUsage, type StreamReader } from '../reader.js';
 
 /**
@@ -49,15 +50,7 @@ function wireTurns(messages: readonly Message[]): { system: string | undefined; 
       // Thinking goes back only as Anthropic signed it; unsigned reasoning is left out.
       if (m.reasoning && m.reasoningSignature)
         content.unshift({ type: 'thinking', thinking: m.reasoning, signature: m.reasoningSignature });
-      for (const c of m.toolCalls ?? []) {
-        let input: unknown;
-        try {
-          input = JSON.parse(c.arguments || '{}');
-        } catch {
-          input = {};
-        }
-        content.push({ type: 'tool_use', id: c.id, name: c.name, input: obj(input) ?? {} });
-      }
+      for (const c of m.toolCalls ?? []) content.push({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) });
       push('assistant', content);
     } else push('user', blocks(m.content ?? ''));
   }

@@ -2,6 +2,7 @@ import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
 import { newTally, type ContentPart, type GenerationRequest, type Message, type ToolChoice } from '../../core/canonical.js';
 import { ModelField, nullable } from '../fields.js';
+import { str } from '../reader.js';
 
 /**
  * Anthropic's Messages API, server side: the request body as a schema and its decoding into the
@@ -76,7 +77,6 @@ export interface ThinkingSignatures {
 }
 
 type WireBlock = { type: string } & Record<string, unknown>;
-const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
 
 function bad(message: string, param: string): ApiError {
   return new ApiError('invalid_value', message, { param });

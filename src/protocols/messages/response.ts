@@ -1,6 +1,7 @@
 import { newId } from '../../core/ids.js';
 import type { ApiError } from '../../core/errors.js';
 import type { FinishReason, GenerationEvent, Usage } from '../../core/canonical.js';
+import { obj } from '../reader.js';
 
 /**
  * Anthropic's Messages API, server side: canonical events as one `message` object, or as the named
@@ -44,10 +45,9 @@ export function renderUsage(u: Usage): Record<string, unknown> {
 }
 
 /** A tool call's arguments as the `input` object; text that is not a JSON object (a `strict: false` slip) becomes `{}`. */
-function toolInput(args: string): Record<string, unknown> {
+export function toolInput(args: string): Record<string, unknown> {
   try {
-    const v: unknown = JSON.parse(args || '{}');
-    return typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : {};
+    return obj(JSON.parse(args || '{}')) ?? {};
   } catch {
     return {};
   }
