@@ -24,9 +24,9 @@ interface SeenRequest {
     model: string;
     max_tokens: number;
     stream: boolean;
-    system?: string;
+    system?: string | Array<Record<string, unknown>>;
     messages: Array<{ role: string; content: Array<Record<string, unknown>> }>;
-    tools?: Array<{ name: string; input_schema: unknown }>;
+    tools?: Array<{ name: string; input_schema: unknown; cache_control?: unknown }>;
     tool_choice?: Record<string, unknown>;
     thinking?: { type: string; budget_tokens: number };
     stop_sequences?: string[];
@@ -58,7 +58,13 @@ function anthropicFixture(seen: SeenRequest[]) {
         return;
       }
       res.writeHead(200, { 'content-type': 'text/event-stream' });
-      const usage = { input_tokens: 20, cache_creation_input_tokens: 0, cache_read_input_tokens: 6, output_tokens: 1 };
+      // A request with cache breakpoints writes 30 tokens to the cache, as Anthropic reports it.
+      const usage = {
+        input_tokens: 20,
+        cache_creation_input_tokens: raw.includes('"cache_control"') ? 30 : 0,
+        cache_read_input_tokens: 6,
+        output_tokens: 1,
+      };
       sse(res, 'message_start', {
         message: {
           id: 'msg_01Fx',
@@ -280,6 +286,71 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
     });
     assert.equal(stopped.stop_reason, 'stop_sequence');
     assert.equal(stopped.stop_sequence, 'END');
+  });
+
+  it('passes cache_control through to Anthropic where the client put it, and reports the cache write', async () => {
+    const ephemeral = { type: 'ephemeral' } as const;
+    const r = await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 100,
+      system: [
+        { type: 'text', text: 'A long, stable preamble.', cache_control: ephemeral },
+        { type: 'text', text: 'Today is Tuesday.' },
+      ],
+      tools: [
+        {
+          name: 'get_weather',
+          input_schema: { type: 'object', properties: { city: { type: 'string' } } },
+          cache_control: { type: 'ephemeral', ttl: '1h' },
+        },
+      ],
+      messages: [
+        { role: 'user', content: 'Weather in Paris?' },
+        {
+          role: 'assistant',
+          content: [{ type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' }, cache_control: ephemeral }],
+        },
+        {
+          role: 'user',
+          content: [
+            { type: 'tool_result', tool_use_id: 'toolu_1', content: 'sunny', cache_control: ephemeral },
+            { type: 'text', text: 'Thanks.', cache_control: ephemeral },
+          ],
+        },
+      ],
+    });
+    const sent = seen.at(-1)!.body;
+    assert.deepEqual(sent.system, [
+      { type: 'text', text: 'A long, stable preamble.', cache_control: ephemeral },
+      { type: 'text', text: 'Today is Tuesday.' },
+    ]);
+    assert.deepEqual(sent.tools?.[0]?.cache_control, { type: 'ephemeral', ttl: '1h' });
+    assert.deepEqual(sent.messages[1], {
+      role: 'assistant',
+      content: [{ type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' }, cache_control: ephemeral }],
+    });
+    assert.deepEqual(sent.messages[2], {
+      role: 'user',
+      content: [
+        { type: 'tool_result', tool_use_id: 'toolu_1', content: [{ type: 'text', text: 'sunny' }], cache_control: ephemeral },
+        { type: 'text', text: 'Thanks.', cache_control: ephemeral },
+      ],
+    });
+    // Anthropic's input_tokens leaves out cache reads and writes, as the upstream reported them.
+    assert.equal(r.usage.input_tokens, 20);
+    assert.equal(r.usage.cache_creation_input_tokens, 30);
+    assert.equal(r.usage.cache_read_input_tokens, 6);
+
+    await assert.rejects(
+      anthropic.messages.create({
+        model: MODEL,
+        max_tokens: 10,
+        messages: [
+          { role: 'user', content: [{ type: 'text', text: 'x', cache_control: { type: 'forever' } as unknown as typeof ephemeral }] },
+        ],
+      }),
+      (err: unknown) => err instanceof Anthropic.BadRequestError && /cache_control/.test(err.message),
+    );
   });
 
   it('replays thinking to Anthropic with Anthropic’s own signature in a tool-use loop', async () => {

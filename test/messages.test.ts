@@ -280,6 +280,12 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
     assert.equal(raw.json.type, 'error');
     assert.equal(raw.json.error.type, 'invalid_request_error');
     assert.ok(raw.headers['x-request-id']);
+    // A method the path lacks: 405 with Allow, still in Anthropic's envelope.
+    const get = await http<{ type: string; error: { type: string } }>(server.url, 'GET', '/v1/messages', { headers: { 'x-api-key': key } });
+    assert.equal(get.status, 405);
+    assert.equal(get.headers['allow'], 'POST');
+    assert.equal(get.json.type, 'error');
+    assert.ok(get.headers['request-id']);
   });
 
   it('bills every Messages request to the key, like the other endpoints', async () => {

@@ -6,13 +6,25 @@
 
 export type Role = 'system' | 'developer' | 'user' | 'assistant' | 'tool';
 
-export type ContentPart = { type: 'text'; text: string } | { type: 'image'; url: string; detail?: string };
+/**
+ * A prompt-cache breakpoint a client placed (Anthropic's `cache_control`): the prefix up to and
+ * including what carries it may be cached. Engines without explicit caching ignore it; an Anthropic
+ * upstream receives it where the client put it.
+ */
+export interface CacheMark {
+  type: 'ephemeral';
+  ttl?: '5m' | '1h';
+}
+
+export type ContentPart =
+  { type: 'text'; text: string; cache?: CacheMark } | { type: 'image'; url: string; detail?: string; cache?: CacheMark };
 
 export interface ToolCall {
   id: string;
   name: string;
   /** JSON text, as the model wrote it. */
   arguments: string;
+  cache?: CacheMark;
 }
 
 export interface Message {
@@ -27,6 +39,8 @@ export interface Message {
   reasoningSignature?: string;
   /** An assistant message's place in its turn, as the model labelled it (sent back to models that label). */
   phase?: MessagePhase;
+  /** A breakpoint on a tool message as a whole (Anthropic's cache_control on a tool_result block). */
+  cache?: CacheMark;
 }
 
 /** Open Responses' label of an assistant message: intermediate commentary, or the final answer. */
@@ -37,6 +51,7 @@ export interface FunctionTool {
   description?: string;
   parameters?: Record<string, unknown>;
   strict?: boolean;
+  cache?: CacheMark;
 }
 
 export type ToolChoice = 'auto' | 'none' | 'required' | { name: string };
@@ -80,6 +95,8 @@ export type FinishReason = 'stop' | 'length' | 'tool_calls' | 'content_filter';
 export interface Usage {
   input: number;
   cached: number;
+  /** Of `input`, what the upstream wrote to its prompt cache, where it reports it (Anthropic does). */
+  cacheWrite?: number;
   output: number;
   reasoning: number;
   /** US dollars, added by metering; null when the model lacks a price. */

@@ -7,6 +7,7 @@ import Fastify, {
   type FastifyBaseLogger,
   type FastifyBodyParser,
   type FastifyError,
+  type FastifyInstance,
   type FastifyReply,
   type FastifyRequest,
   type HTTPMethods,
@@ -338,6 +339,13 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   registerConversationRoutes(app, ctx);
   registerAdminRoutes(app, ctx);
 
+  // A plugin of its own so that it runs after the scoped routes above have been registered.
+  void app.register(async (root) => methodNotAllowedRoutes(root, methodsByPath));
+  return app;
+}
+
+/** Every other method on a known path: 405 with `Allow` (or 404 on a parametric path, see below). */
+function methodNotAllowedRoutes(app: FastifyInstance, methodsByPath: ReadonlyMap<string, Set<string>>): void {
   for (const [url, methods] of [...methodsByPath]) {
     if (url === '*' || url === '/*') continue;
     const allowed = ROUTABLE_METHODS.filter((m) => methods.has(m));
@@ -352,14 +360,15 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
       method: others,
       url,
       schema: { hide: true },
-      handler: (req, reply) =>
-        sendError(
-          reply,
-          parametric
-            ? new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)
-            : new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } }),
-        ),
+      handler: (req: FastifyRequest, reply: FastifyReply) => {
+        const e = parametric
+          ? new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)
+          : new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } });
+        // The Messages paths answer in Anthropic's envelope, like their other errors.
+        if (!url.startsWith('/v1/messages')) return sendError(reply, e);
+        reply.header('request-id', req.id);
+        return sendError(reply, e, anthropicError(e, req.id));
+      },
     });
   }
-  return app;
 }

@@ -25,6 +25,8 @@ export interface ReportedUsage {
   cached: number | undefined;
   output: number | undefined;
   reasoning: number | undefined;
+  /** Of the input, what was written to the upstream's prompt cache (Anthropic reports it). */
+  cacheWrite?: number;
   invalid: boolean;
 }
 

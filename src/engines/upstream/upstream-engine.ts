@@ -494,6 +494,7 @@ export class UpstreamEngine implements Engine {
       cached: Math.min(input, use?.cached ?? 0),
       output,
       reasoning: Math.min(output, use?.reasoning ?? (use?.output === undefined ? tally.reasoning : 0)),
+      ...(use?.cacheWrite && { cacheWrite: Math.min(input, use.cacheWrite) }),
       ...(estimated && { estimated: true }),
     };
     Object.assign(tally, { input: usage.input, cached: usage.cached, output: usage.output, reasoning: usage.reasoning, exact: !estimated });

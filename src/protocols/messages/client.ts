@@ -1,5 +1,5 @@
 import { ApiError } from '../../core/errors.js';
-import type { ContentPart, FinishReason, GenerationEvent, GenerationRequest, Message } from '../../core/canonical.js';
+import type { CacheMark, ContentPart, FinishReason, GenerationEvent, GenerationRequest, Message } from '../../core/canonical.js';
 import { toolInput } from './response.js';
 import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type ReportedUsage, type StreamReader } from '../reader.js';
 
@@ -13,14 +13,23 @@ export const DEFAULT_MAX_TOKENS = 4096;
 /** Thinking budgets for the canonical efforts (Anthropic's minimum is 1024). */
 const BUDGETS: Readonly<Record<string, number>> = { minimal: 1024, low: 1024, medium: 4096, high: 16384 };
 
+/** A wire block with the client's cache breakpoint, where it set one. */
+const cached = (block: Record<string, unknown>, cache: CacheMark | undefined): Record<string, unknown> => {
+  if (cache) block['cache_control'] = cache;
+  return block;
+};
+
 function blocks(content: string | ContentPart[]): Array<Record<string, unknown>> {
   if (typeof content === 'string') return content === '' ? [] : [{ type: 'text', text: content }];
   return content.map((p) => {
-    if (p.type === 'text') return { type: 'text', text: p.text };
+    if (p.type === 'text') return cached({ type: 'text', text: p.text }, p.cache);
     const data = /^data:([^;,]+);base64,(.*)$/s.exec(p.url);
-    return data
-      ? { type: 'image', source: { type: 'base64', media_type: data[1], data: data[2] } }
-      : { type: 'image', source: { type: 'url', url: p.url } };
+    return cached(
+      data
+        ? { type: 'image', source: { type: 'base64', media_type: data[1], data: data[2] } }
+        : { type: 'image', source: { type: 'url', url: p.url } },
+      p.cache,
+    );
   });
 }
 
@@ -30,8 +39,11 @@ function blocks(content: string | ContentPart[]): Array<Record<string, unknown>>
  * wants them alternating). Reasoning goes back as a thinking block only with Anthropic's own
  * signature (carried through our signature by the Messages endpoint); otherwise it is left out.
  */
-function wireTurns(messages: readonly Message[]): { system: string | undefined; turns: Array<{ role: string; content: unknown[] }> } {
-  const system: string[] = [];
+function wireTurns(messages: readonly Message[]): {
+  system: string | Array<Record<string, unknown>> | undefined;
+  turns: Array<{ role: string; content: unknown[] }>;
+} {
+  const system: Array<Record<string, unknown>> = [];
   const turns: Array<{ role: string; content: unknown[] }> = [];
   const push = (role: 'user' | 'assistant', content: unknown[]) => {
     if (content.length === 0) return;
@@ -41,20 +53,22 @@ function wireTurns(messages: readonly Message[]): { system: string | undefined; 
   };
   for (const m of messages) {
     if (m.role === 'system' || m.role === 'developer') {
-      const text = typeof m.content === 'string' ? m.content : (m.content ?? []).map((p) => (p.type === 'text' ? p.text : '')).join('');
-      if (text) system.push(text);
+      system.push(...blocks(m.content ?? '').filter((b) => b['type'] === 'text'));
     } else if (m.role === 'tool') {
-      push('user', [{ type: 'tool_result', tool_use_id: m.toolCallId ?? '', content: blocks(m.content ?? '') }]);
+      push('user', [cached({ type: 'tool_result', tool_use_id: m.toolCallId ?? '', content: blocks(m.content ?? '') }, m.cache)]);
     } else if (m.role === 'assistant') {
       const content: unknown[] = blocks(m.content ?? '');
       // Thinking goes back only as Anthropic signed it; unsigned reasoning is left out.
       if (m.reasoning && m.reasoningSignature)
         content.unshift({ type: 'thinking', thinking: m.reasoning, signature: m.reasoningSignature });
-      for (const c of m.toolCalls ?? []) content.push({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) });
+      for (const c of m.toolCalls ?? [])
+        content.push(cached({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) }, c.cache));
       push('assistant', content);
     } else push('user', blocks(m.content ?? ''));
   }
-  return { system: system.length ? system.join('\n\n') : undefined, turns };
+  // Plain system text as one string; as blocks when the client placed a cache breakpoint in it.
+  const marked = system.some((b) => b['cache_control'] !== undefined);
+  return { system: system.length === 0 ? undefined : marked ? system : system.map((b) => b['text']).join('\n\n'), turns };
 }
 
 export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
@@ -71,11 +85,16 @@ export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: str
   if (s.topK !== undefined) body['top_k'] = s.topK;
   if (s.stop?.length) body['stop_sequences'] = s.stop;
   if (req.tools?.length) {
-    body['tools'] = req.tools.map((t) => ({
-      name: t.name,
-      ...(t.description !== undefined && { description: t.description }),
-      input_schema: t.parameters ?? { type: 'object' },
-    }));
+    body['tools'] = req.tools.map((t) =>
+      cached(
+        {
+          name: t.name,
+          ...(t.description !== undefined && { description: t.description }),
+          input_schema: t.parameters ?? { type: 'object' },
+        },
+        t.cache,
+      ),
+    );
     const choice = req.toolChoice;
     const disable = req.parallelToolCalls === false ? { disable_parallel_tool_use: true } : {};
     if (choice !== undefined || req.parallelToolCalls === false)
@@ -132,6 +151,8 @@ export class MessagesReader implements StreamReader {
     // Anthropic's input_tokens leaves out cached input: the canonical count includes it.
     const input = typeof this.input === 'number' ? this.input + n(this.cacheRead) + n(this.cacheWrite) : this.input;
     this.usage = reported(input, this.cacheRead ?? 0, u['output_tokens'] ?? this.usage?.output, undefined);
+    const written = n(this.cacheWrite);
+    if (written) this.usage.cacheWrite = written;
   }
 
   read(data: unknown, out: GenerationEvent[]): boolean {

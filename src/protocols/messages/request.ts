@@ -1,8 +1,17 @@
 import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
-import { newTally, type ContentPart, type GenerationRequest, type Message, type ToolChoice } from '../../core/canonical.js';
+import {
+  newTally,
+  type CacheMark,
+  type ContentPart,
+  type FunctionTool,
+  type GenerationRequest,
+  type Message,
+  type ToolCall,
+  type ToolChoice,
+} from '../../core/canonical.js';
 import { ModelField, nullable } from '../fields.js';
-import { str } from '../reader.js';
+import { obj, str } from '../reader.js';
 
 /**
  * Anthropic's Messages API, server side: the request body as a schema and its decoding into the
@@ -82,18 +91,36 @@ function bad(message: string, param: string): ApiError {
   return new ApiError('invalid_value', message, { param });
 }
 
+/** A block's `cache_control`, kept for an Anthropic upstream (see CacheMark). */
+function cacheMark(value: unknown, param: string): CacheMark | undefined {
+  if (value === undefined || value === null) return undefined;
+  const c = obj(value);
+  const ttl = c?.['ttl'];
+  if (c?.['type'] !== 'ephemeral' || (ttl !== undefined && ttl !== '5m' && ttl !== '1h'))
+    throw bad('`cache_control` must be {type: "ephemeral"} with an optional ttl of "5m" or "1h".', `${param}.cache_control`);
+  return ttl === undefined ? { type: 'ephemeral' } : { type: 'ephemeral', ttl };
+}
+
+/** Sets `cache` on a canonical part, call or message when the wire block carries cache_control. */
+function withCache<T extends { cache?: CacheMark }>(target: T, b: WireBlock | Record<string, unknown>, param: string): T {
+  const cache = cacheMark(b['cache_control'], param);
+  if (cache) target.cache = cache;
+  return target;
+}
+
 function image(b: WireBlock, param: string): ContentPart {
   const source = b['source'] as Record<string, unknown> | undefined;
   if (source?.['type'] === 'base64' && typeof source['data'] === 'string' && typeof source['media_type'] === 'string')
-    return { type: 'image', url: `data:${source['media_type']};base64,${source['data']}` };
-  if (source?.['type'] === 'url' && typeof source['url'] === 'string') return { type: 'image', url: source['url'] };
+    return withCache<ContentPart>({ type: 'image', url: `data:${source['media_type']};base64,${source['data']}` }, b, param);
+  if (source?.['type'] === 'url' && typeof source['url'] === 'string')
+    return withCache<ContentPart>({ type: 'image', url: source['url'] }, b, param);
   throw bad('An image block needs source {type: "base64", media_type, data} or {type: "url", url}.', `${param}.source`);
 }
 
-function text(b: WireBlock, param: string): string {
+function text(b: WireBlock, param: string): ContentPart {
   const t = str(b['text']);
   if (t === undefined) throw bad('A text block needs a string `text`.', `${param}.text`);
-  return t;
+  return withCache<ContentPart>({ type: 'text', text: t }, b, param);
 }
 
 const unsupported = (b: WireBlock, param: string): ApiError =>
@@ -107,14 +134,15 @@ function toolResult(b: WireBlock, param: string): string | ContentPart[] {
   if (!Array.isArray(content)) throw bad('tool_result content must be a string or an array of blocks.', `${param}.content`);
   return (content as WireBlock[]).map((c, k) => {
     const where = `${param}.content[${k}]`;
-    if (c?.type === 'text') return { type: 'text', text: text(c, where) };
+    if (c?.type === 'text') return text(c, where);
     if (c?.type === 'image') return image(c, where);
     throw unsupported(c, where);
   });
 }
 
+/** Text-only content as one string, unless a part carries a cache breakpoint (its place matters). */
 const joinText = (parts: ContentPart[]): string | ContentPart[] =>
-  parts.every((p) => p.type === 'text') ? parts.map((p) => (p as { text: string }).text).join('') : parts;
+  parts.every((p) => p.type === 'text' && !p.cache) ? parts.map((p) => (p as { text: string }).text).join('') : parts;
 
 /**
  * One Messages turn as canonical messages. A user turn's tool_result blocks become tool messages
@@ -137,7 +165,7 @@ function toMessages(
     const param = `messages[${i}].content[${j}]`;
     switch (b.type) {
       case 'text':
-        parts.push({ type: 'text', text: text(b, param) });
+        parts.push(text(b, param));
         return;
       case 'image':
         if (role !== 'user') throw bad('Images are only accepted in user turns.', param);
@@ -150,7 +178,7 @@ function toMessages(
         const result = toolResult(b, param);
         // An error result is still the tool's answer; the model is told it failed.
         const body = b['is_error'] === true ? `Error: ${typeof result === 'string' ? result : JSON.stringify(result)}` : result;
-        out.push({ role: 'tool', toolCallId: id, content: typeof body === 'string' ? body : joinText(body) });
+        out.push(withCache<Message>({ role: 'tool', toolCallId: id, content: typeof body === 'string' ? body : joinText(body) }, b, param));
         return;
       }
       case 'tool_use': {
@@ -161,7 +189,7 @@ function toMessages(
         const input = b['input'] ?? {};
         if (typeof input !== 'object' || input === null || Array.isArray(input))
           throw bad('tool_use `input` must be an object.', `${param}.input`);
-        (assistant.toolCalls ??= []).push({ id, name, arguments: JSON.stringify(input) });
+        (assistant.toolCalls ??= []).push(withCache<ToolCall>({ id, name, arguments: JSON.stringify(input) }, b, param));
         return;
       }
       case 'thinking': {
@@ -193,14 +221,16 @@ function toMessages(
   return out;
 }
 
-function systemText(system: string | WireBlock[] | undefined, param = 'system'): string | undefined {
+/** System text: one string, or its blocks as parts when one carries a cache breakpoint. */
+function systemText(system: string | WireBlock[] | undefined, param = 'system'): string | ContentPart[] | undefined {
   if (system === undefined) return undefined;
   if (typeof system === 'string') return system || undefined;
-  const texts = system.map((b, j) => {
+  const parts = system.map((b, j) => {
     if (b.type !== 'text') throw unsupported(b, `${param}[${j}]`);
     return text(b, `${param}[${j}]`);
   });
-  return texts.join('\n') || undefined;
+  if (parts.some((p) => p.cache)) return parts;
+  return parts.map((p) => (p as { text: string }).text).join('\n') || undefined;
 }
 
 /**
@@ -239,11 +269,17 @@ function decodeConversation(
           },
         );
     });
-    req.tools = body.tools.map((t) => ({
-      name: t.name,
-      ...(t.description !== undefined && { description: t.description }),
-      parameters: t.input_schema as Record<string, unknown>,
-    }));
+    req.tools = body.tools.map((t, i) =>
+      withCache<FunctionTool>(
+        {
+          name: t.name,
+          ...(t.description !== undefined && { description: t.description }),
+          parameters: t.input_schema as Record<string, unknown>,
+        },
+        t,
+        `tools[${i}]`,
+      ),
+    );
   }
   const choice = body.tool_choice;
   if (choice) {

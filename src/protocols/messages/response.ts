@@ -26,13 +26,17 @@ function stopReason(reason: FinishReason, stopSequence: string | undefined): Sto
   }
 }
 
-/** Anthropic's usage: input excludes what was read from the cache. */
+/**
+ * Anthropic's usage: input excludes what was read from and written to the cache. The split of a
+ * write by TTL is not kept, so `cache_creation` is null when there was one.
+ */
 export function renderUsage(u: Usage): Record<string, unknown> {
+  const written = u.cacheWrite ?? 0;
   const out: Record<string, unknown> = {
-    input_tokens: Math.max(0, u.input - u.cached),
-    cache_creation_input_tokens: 0,
+    input_tokens: Math.max(0, u.input - u.cached - written),
+    cache_creation_input_tokens: written,
     cache_read_input_tokens: u.cached,
-    cache_creation: { ephemeral_5m_input_tokens: 0, ephemeral_1h_input_tokens: 0 },
+    cache_creation: written ? null : { ephemeral_5m_input_tokens: 0, ephemeral_1h_input_tokens: 0 },
     output_tokens: u.output,
     output_tokens_details: { thinking_tokens: u.reasoning },
     server_tool_use: null,
