@@ -220,6 +220,7 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
     const r = await openai.chat.completions.create({
       model: MODEL,
       tools,
+      reasoning_effort: 'low',
       messages: [
         { role: 'user', content: 'Weather in Paris?' },
         { role: 'assistant', content: null, tool_calls: [{ id, type: 'function', function: { name: 'get_weather', arguments: args } }] },
@@ -227,6 +228,9 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
       ],
     });
     assert.equal(r.choices[0]!.message.content, 'It is sunny in Paris.');
+    // The tool-use turn has no Anthropic-signed thinking to send back, so this request goes without
+    // thinking (Anthropic would refuse the turn with it).
+    assert.equal(seen.at(-1)!.body.thinking, undefined);
     const sent = seen.at(-1)!.body.messages;
     assert.deepEqual(sent[1], { role: 'assistant', content: [{ type: 'tool_use', id, name: 'get_weather', input: { city: 'Paris' } }] });
     assert.deepEqual(sent[2], {

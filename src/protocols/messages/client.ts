@@ -71,6 +71,19 @@ function wireTurns(messages: readonly Message[]): {
   return { system: system.length === 0 ? undefined : marked ? system : system.map((b) => b['text']).join('\n\n'), turns };
 }
 
+/**
+ * Whether the last assistant turn calls tools without the thinking block it was made with. With
+ * thinking enabled Anthropic refuses such a turn (a tool-use loop must carry its thinking), and a
+ * chat-completions or Responses client has no Anthropic signature to send; that request then goes
+ * without thinking rather than failing.
+ */
+function unsignedToolTurn(turns: ReadonlyArray<{ role: string; content: unknown[] }>): boolean {
+  const last = turns.findLast((t) => t.role === 'assistant');
+  if (!last) return false;
+  const kind = (b: unknown) => (b as { type?: unknown }).type;
+  return last.content.some((b) => kind(b) === 'tool_use') && kind(last.content[0]) !== 'thinking';
+}
+
 export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
   const s = req.sampling;
   const { system, turns } = wireTurns(req.messages);
@@ -110,7 +123,7 @@ export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: str
   const f = req.responseFormat;
   if (f?.type === 'json_schema') body['output_config'] = { format: { type: 'json_schema', schema: f.schema } };
   // Thinking must leave room for the answer: a budget that does not fit under max_tokens is left out.
-  if (budget !== undefined && budget < maxTokens) body['thinking'] = { type: 'enabled', budget_tokens: budget };
+  if (budget !== undefined && budget < maxTokens && !unsignedToolTurn(turns)) body['thinking'] = { type: 'enabled', budget_tokens: budget };
   return body;
 }
 
