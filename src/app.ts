@@ -24,6 +24,8 @@ import { Metrics } from './core/metrics.js';
 import { Limiter, MemoryCounters, RedisCounters, type Counters } from './core/limits.js';
 import type { Store } from './store/store.js';
 import { GenerationPipeline } from './core/generation.js';
+import type { ClusterBus } from './core/bus.js';
+import { standaloneBus } from './bus.js';
 
 export function openStore(config: Config): Store {
   return new KyselyStore({ databaseUrl: config.databaseUrl, sqlitePath: resolve(config.dataDir, 'switchyard.db') });
@@ -65,6 +67,8 @@ export interface ServiceOptions {
   shared?: boolean;
   /** Rate-limit counters to use instead of Redis or this process's memory (a cluster primary's). */
   counters?: Counters;
+  /** The cluster bus (a worker's, through its primary); by default this process links to other instances itself. */
+  bus?: ClusterBus;
 }
 
 /** Everything but listening: store and migrations, bootstrap key, catalogue, HTTP routes. */
@@ -77,7 +81,9 @@ export async function createService(
   const store = openStore(config);
   const engines: Engine[] = [];
   const stoppers: Array<() => Promise<void>> = [];
+  let bus: ClusterBus | undefined;
   try {
+    bus = opts.bus ?? (await standaloneBus(config, log));
     await store.migrate();
     const { generated } = await ensureAdminKey(store, config.adminKey);
     const catalogue = new Catalogue(store, config, log);
@@ -131,6 +137,7 @@ export async function createService(
     // Deployments added through the admin API or the CLI live in the database; other instances pick
     // them up on the catalogue's refresh interval.
     const reloadDeployments = async () => router.setDeployments((await store.listDeployments()).map(storedDeployment));
+    const changes = bus;
     await reloadDeployments();
     if (config.catalogueRefreshMs > 0) {
       const timer = setInterval(
@@ -145,19 +152,43 @@ export async function createService(
     }
     const seal = await ReasoningSeal.open(store, config.secretKey);
     const pipeline = new GenerationPipeline(router, limiter, ledger, metrics, schemaLimits(config));
-    const responses = new ResponseService(store, responsesFormat, pipeline, seal, log, {
-      staleAfterMs: config.responseStaleMs,
-      singleInstance: store.dialect === 'sqlite' && opts.shared !== true,
-    });
+    const responses = new ResponseService(
+      store,
+      responsesFormat,
+      pipeline,
+      seal,
+      log,
+      { staleAfterMs: config.responseStaleMs, singleInstance: store.dialect === 'sqlite' && opts.shared !== true },
+      bus,
+    );
     await responses.start();
     stoppers.push(() => responses.stop());
     const conversations = new ConversationService(store);
     const auth = new KeyAuthenticator(store, config.keyCacheTtlMs);
+    // A change made here takes effect here at once, and in every other process when the bus tells it.
     const admin = new AdminService(store, catalogue, new AddressPolicy(config.upstreamAllow), config.upstreamKeyVars, {
-      keyChanged: (id) => auth.invalidate(id),
-      orgChanged: (id) => auth.invalidateOrg(id),
-      deploymentsChanged: reloadDeployments,
+      keyChanged: (id) => {
+        auth.invalidate(id);
+        changes.publish({ t: 'key', id });
+      },
+      orgChanged: (id) => {
+        auth.invalidateOrg(id);
+        changes.publish({ t: 'org', id });
+      },
+      deploymentsChanged: async () => {
+        await reloadDeployments();
+        changes.publish({ t: 'deployments' });
+      },
+      catalogueChanged: () => changes.publish({ t: 'catalogue' }),
     });
+    const unsubscribe = bus.subscribe((m) => {
+      const failed = (what: string) => (err: unknown) => log.warn({ err }, `${what} after a cluster change failed`);
+      if (m.t === 'key') auth.invalidate(m.id);
+      else if (m.t === 'org') auth.invalidateOrg(m.id);
+      else if (m.t === 'deployments') reloadDeployments().catch(failed('reloading deployments'));
+      else if (m.t === 'catalogue') catalogue.refresh().catch(failed('reloading the catalogue'));
+    });
+    stoppers.push(async () => unsubscribe());
     const localStatus = (): LocalStatus => {
       const byFile = new Map(catalogue.localModels().map((l) => [l.file, l.model.id]));
       return {
@@ -203,11 +234,13 @@ export async function createService(
         // Every acknowledged request's usage record is written before the database closes.
         await ledger.close();
         await counters.close();
+        await changes.close();
         for (const e of engines) await e.close();
         await store.close();
       },
     };
   } catch (err) {
+    await bus?.close().catch(() => undefined);
     for (const e of engines) await e.close().catch(() => undefined);
     await store.close().catch(() => undefined);
     throw err;

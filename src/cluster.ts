@@ -2,10 +2,11 @@ import cluster, { type Worker } from 'node:cluster';
 import type { Logger } from 'pino';
 import type { Config } from './config.js';
 import { MemoryCounters, type Counters } from './core/limits.js';
+import { relayBus } from './bus.js';
 
 /**
  * SWITCHYARD_WORKERS=N: N worker processes serve one port (node:cluster hands connections out). The
- * primary prepares the database once, restarts a worker that dies, and, without Redis, holds the
+ * primary prepares the database once, restarts a worker that dies, relays the cluster bus (src/bus.ts), and, without Redis, holds the
  * rate-limit counters that every worker shares (workers ask it over IPC). Usage and stored responses
  * go to the shared database from each worker.
  */
@@ -90,7 +91,9 @@ async function answer(counters: Counters, worker: Worker, m: CounterCall): Promi
  * die (after a pause, so a worker that cannot start does not spin), and on a signal passes it on and
  * waits for every worker to drain. Resolves with the exit code.
  */
-export function runPrimary(config: Config, workers: number, log: Logger): Promise<number> {
+export async function runPrimary(config: Config, workers: number, log: Logger): Promise<number> {
+  // The bus relay is up before any worker, so no worker's message finds no one to pass it on.
+  const closeBus = await relayBus(config, log);
   const counters = config.redisUrl ? undefined : new MemoryCounters();
   let stopping = false;
   let failed = false;
@@ -127,6 +130,7 @@ export function runPrimary(config: Config, workers: number, log: Logger): Promis
       const done = () => {
         if (--left > 0) return;
         void counters?.close();
+        void closeBus();
         log.info(failed ? 'shut down; a worker did not stop cleanly' : 'shut down cleanly');
         resolveExit(failed ? 1 : 0);
       };

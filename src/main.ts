@@ -3,6 +3,7 @@ import { ConfigError, loadConfig } from './config.js';
 import cluster from 'node:cluster';
 import { createLogger, createService, prepareDatabase } from './app.js';
 import { IpcCounters, runPrimary } from './cluster.js';
+import { workerBus } from './bus.js';
 
 function showGeneratedKey(key: string | undefined): void {
   if (!key) return;
@@ -59,7 +60,7 @@ export async function serve(argv: string[]): Promise<number> {
       config,
       log,
       process.env,
-      isWorker ? { shared: true, ...(!config.redisUrl && { counters: new IpcCounters() }) } : {},
+      isWorker ? { shared: true, bus: workerBus(), ...(!config.redisUrl && { counters: new IpcCounters() }) } : {},
     );
   } catch (err) {
     release();

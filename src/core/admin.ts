@@ -13,6 +13,8 @@ export interface AdminHooks {
   keyChanged?(id: string): void;
   orgChanged?(id: string): void;
   deploymentsChanged?(): Promise<void>;
+  /** The catalogue was changed here (and this process's catalogue already reloaded). */
+  catalogueChanged?(): void;
 }
 
 /** A deployment to add, as the admin API and the CLI take it. */
@@ -99,15 +101,19 @@ export class AdminService {
     return m;
   }
 
-  createModel(spec: ModelSpec): Promise<Model> {
-    return this.catalogue.create(spec);
+  async createModel(spec: ModelSpec): Promise<Model> {
+    const model = await this.catalogue.create(spec);
+    this.hooks.catalogueChanged?.();
+    return model;
   }
 
-  updateModel(id: string, patch: ModelPatch): Promise<Model> {
+  async updateModel(id: string, patch: ModelPatch): Promise<Model> {
     if (this.catalogue.isLocal(id)) {
       throw new ApiError('invalid_request', `'${id}' is a local model file; change it under localModels in the config file.`);
     }
-    return this.catalogue.update(id, patch);
+    const model = await this.catalogue.update(id, patch);
+    this.hooks.catalogueChanged?.();
+    return model;
   }
 
   /** Deleting keeps the row (usage records refer to it) and hides the model everywhere but here. */

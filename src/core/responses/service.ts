@@ -17,12 +17,25 @@ import type { ReasoningSeal, SealPurpose } from '../reasoning-seal.js';
 import type { Model } from '../model-spec.js';
 import type { MeteredStream } from '../metering.js';
 import type { GenerationPipeline } from '../generation.js';
-import { TERMINAL, type Compaction, type ResponseFold, type ResponsesCreate, type ResponsesFormat, type ResponseStatus } from './format.js';
-import { EventLog, Run } from './run.js';
+import {
+  TERMINAL,
+  type Compaction,
+  type ResponseEvent,
+  type ResponseFold,
+  type ResponsesCreate,
+  type ResponsesFormat,
+  type ResponseStatus,
+} from './format.js';
+import { EventLog, RemoteLog, Run } from './run.js';
+import type { BusMessage, ClusterBus } from '../bus.js';
 import type { ConnectionResponses } from './connection-state.js';
 
 const HEARTBEAT_MS = 10_000;
 const MAX_CHAIN = 1000;
+/** How long a process waits for a response's owner to answer over the bus before it reads the store instead. */
+const OWNER_ANSWER_MS = 1000;
+/** How long a cancel waits for the owner to stop and store the response. */
+const CANCEL_WAIT_MS = 2000;
 const ABANDONED = { code: 'server_error', message: 'The server running this response stopped before it finished.' };
 
 /** What building a request's context reads of it (a create, a count, a compaction). */
@@ -72,6 +85,13 @@ export async function failAbandonedResponses<E>(
 export class ResponseService<Echo> {
   private readonly running = new Map<string, Run>();
   private timer: NodeJS.Timeout | undefined;
+  /** Responses running elsewhere that clients here follow. */
+  private readonly watching = new Map<string, Set<RemoteLog>>();
+  /** Callers waiting for a response to stop running elsewhere (cancel, delete). */
+  private readonly endWaiters = new Map<string, Set<() => void>>();
+  private readonly snapshotWaiters = new Map<number, (resource: Record<string, unknown>) => void>();
+  private nonce = 0;
+  private unsubscribe: (() => void) | undefined;
 
   constructor(
     private readonly store: Store,
@@ -80,9 +100,138 @@ export class ResponseService<Echo> {
     private readonly seal: ReasoningSeal,
     private readonly log: Logger,
     private readonly opts: ResponseServiceOptions,
+    private readonly bus: ClusterBus,
   ) {}
 
+  /** What other processes ask of the runs here, and tell about theirs. */
+  private readonly onBus = (m: BusMessage): void => {
+    switch (m.t) {
+      case 'response.cancel': {
+        const run = this.running.get(m.id);
+        if (run && !run.abort.signal.aborted) run.abort.abort();
+        return;
+      }
+      case 'response.ended':
+        for (const wake of this.endWaiters.get(m.id) ?? []) wake();
+        return;
+      case 'response.watch': {
+        const run = this.running.get(m.id);
+        if (run) void this.forward(run, m.id, m.from);
+        return;
+      }
+      case 'response.events':
+        for (const log of this.watching.get(m.id) ?? []) log.add(m.start, m.events as ResponseEvent[], m.done);
+        return;
+      case 'response.get': {
+        const run = this.running.get(m.id);
+        if (run) this.bus.publish({ t: 'response.snapshot', id: m.id, to: m.from, nonce: m.nonce, resource: run.resource() });
+        return;
+      }
+      case 'response.snapshot':
+        this.snapshotWaiters.get(m.nonce)?.(m.resource);
+        return;
+      default:
+    }
+  };
+
+  /**
+   * Sends a run's events, from the first, to a process that follows it; batched per turn of the
+   * event loop, so a fast stream is a few bus messages rather than one per token.
+   */
+  private async forward(run: Run, id: string, to: string): Promise<void> {
+    let batch: ResponseEvent[] = [];
+    let start = 0;
+    let scheduled = false;
+    const flush = (done: boolean) => {
+      scheduled = false;
+      if (batch.length === 0 && !done) return;
+      this.bus.publish({ t: 'response.events', id, to, start, events: batch, done });
+      start += batch.length;
+      batch = [];
+    };
+    // An empty first message says "the owner is here" before the first event is ready.
+    this.bus.publish({ t: 'response.events', id, to, start: 0, events: [], done: false });
+    for await (const { event } of run.follow()) {
+      batch.push(event);
+      if (!scheduled) {
+        scheduled = true;
+        setImmediate(() => flush(false));
+      }
+    }
+    flush(true);
+  }
+
+  /** Resolves true when the response stops running elsewhere within `ms`, false otherwise. */
+  private waitEnded(id: string, ms: number): { ended: Promise<boolean> } {
+    let set = this.endWaiters.get(id);
+    if (!set) this.endWaiters.set(id, (set = new Set()));
+    const waiters = set;
+    const ended = new Promise<boolean>((resolve) => {
+      const wake = () => done(true);
+      const timer = setTimeout(() => done(false), ms);
+      const done = (ok: boolean) => {
+        clearTimeout(timer);
+        waiters.delete(wake);
+        if (waiters.size === 0) this.endWaiters.delete(id);
+        resolve(ok);
+      };
+      waiters.add(wake);
+    });
+    return { ended };
+  }
+
+  /** The response object as its owner elsewhere serves it now, if one answers in time. */
+  private askOwner(id: string): Promise<Record<string, unknown> | undefined> {
+    const nonce = ++this.nonce;
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.snapshotWaiters.delete(nonce);
+        resolve(undefined);
+      }, 250);
+      this.snapshotWaiters.set(nonce, (resource) => {
+        clearTimeout(timer);
+        this.snapshotWaiters.delete(nonce);
+        resolve(resource);
+      });
+      this.bus.publish({ t: 'response.get', id, from: this.bus.self, nonce });
+    });
+  }
+
+  /**
+   * Follows a response running in another process: its owner streams the events over the bus. If
+   * no owner answers (it died, or the response just ended), the stored response finishes the log
+   * once it is final (the sweep fails an abandoned one).
+   */
+  private followElsewhere(id: string): RemoteLog {
+    const log = new RemoteLog();
+    let set = this.watching.get(id);
+    if (!set) this.watching.set(id, (set = new Set()));
+    set.add(log);
+    const asked = Date.now();
+    const check = setInterval(() => {
+      if (log.finished) return done();
+      if (Date.now() - Math.max(asked, log.lastHeard) < OWNER_ANSWER_MS) return;
+      this.store.getResponse(id).then(
+        (r) => {
+          if (!r) return log.settle([]);
+          const { events, finished } = this.format.replay(r.body);
+          if (finished) log.settle(events);
+        },
+        (err: unknown) => this.log.warn({ err, response_id: id }, 'reading a followed response failed'),
+      );
+    }, OWNER_ANSWER_MS / 4);
+    check.unref();
+    const done = () => {
+      clearInterval(check);
+      set.delete(log);
+      if (set.size === 0) this.watching.delete(id);
+    };
+    this.bus.publish({ t: 'response.watch', id, from: this.bus.self });
+    return log;
+  }
+
   async start(): Promise<void> {
+    this.unsubscribe = this.bus.subscribe(this.onBus);
     await this.sweep(this.opts.singleInstance ? Date.now() + 1 : Date.now() - this.opts.staleAfterMs);
     this.timer = setInterval(
       () => {
@@ -104,6 +253,7 @@ export class ResponseService<Echo> {
    */
   async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
+    this.unsubscribe?.();
     const runs = [...this.running.values()];
     for (const r of runs) if (r.background) r.abort.abort();
     await Promise.allSettled(runs.map((r) => r.done));
@@ -134,15 +284,19 @@ export class ResponseService<Echo> {
   async get(id: string, who: Principal): Promise<Record<string, unknown>> {
     const run = this.running.get(id);
     if (run && run.orgId === who.orgId) return run.resource();
-    return this.format.read((await this.record(id, who)).body).resource;
+    const stored = this.format.read((await this.record(id, who)).body);
+    if (TERMINAL.includes(stored.status)) return stored.resource;
+    // Running elsewhere: its owner has the current state (the stored one is from its start).
+    return (await this.askOwner(id)) ?? stored.resource;
   }
 
-  /** The live run (to follow), or the stored response re-rendered as events. */
+  /** The live run (to follow), here or in another process, or the stored response re-rendered as events. */
   async replay(id: string, who: Principal): Promise<EventLog> {
     const run = this.running.get(id);
     if (run && run.orgId === who.orgId) return run;
     const { events, finished } = this.format.replay((await this.record(id, who)).body);
-    return EventLog.of(events, finished);
+    if (finished) return EventLog.of(events, finished);
+    return this.followElsewhere(id);
   }
 
   async inputItems(id: string, who: Principal): Promise<Item[]> {
@@ -150,13 +304,24 @@ export class ResponseService<Echo> {
   }
 
   async delete(id: string, who: Principal): Promise<void> {
-    await this.record(id, who);
+    const rec = await this.record(id, who);
     const run = this.running.get(id);
     if (run) {
       run.abort.abort();
       await run.done;
-    }
+    } else if (!TERMINAL.includes(this.format.read(rec.body).status)) await this.stopElsewhere(id, rec);
     await this.store.deleteResponse(id);
+  }
+
+  /**
+   * Asks the process running a response to stop, and waits until it has stored what it made;
+   * false when no owner answered (none is alive, judging by the heartbeat, or it did not answer).
+   */
+  private async stopElsewhere(id: string, rec: ResponseRecord): Promise<boolean> {
+    if (rec.updated_at < Date.now() - this.opts.staleAfterMs) return false;
+    const { ended } = this.waitEnded(id, CANCEL_WAIT_MS);
+    this.bus.publish({ t: 'response.cancel', id });
+    return ended;
   }
 
   async cancel(id: string, who: Principal): Promise<Record<string, unknown>> {
@@ -173,7 +338,9 @@ export class ResponseService<Echo> {
     if (TERMINAL.includes(stored.status)) {
       throw new ApiError('invalid_request', `A response that is ${stored.status} cannot be cancelled.`, { param: 'response_id' });
     }
-    // Running on another instance (or abandoned): record the cancellation; its owner stops on its next store.
+    // Running in another process: it stops, stores the response (cancelled, with what it made) and says so.
+    if (await this.stopElsewhere(id, rec)) return this.format.read((await this.record(id, who)).body).resource;
+    // No owner answered (abandoned): record the cancellation; an owner that is only slow stops at its next heartbeat.
     const body = this.format.end(rec.body, 'cancelled');
     if (!(await this.store.updateResponse(id, ['queued', 'in_progress'], { status: 'cancelled', body, updated_at: Date.now() }))) {
       return this.format.read((await this.record(id, who)).body).resource;
@@ -425,6 +592,19 @@ export class ResponseService<Echo> {
       startedResolve = r;
     });
     run.holdTerminal();
+    // A response stopped before its usage event still reports (and the ledger bills) what it used.
+    let billed = false;
+    const counted = () => {
+      if (billed) return;
+      billed = true;
+      const t = req.tally;
+      run.emit(
+        fold.apply({
+          type: 'usage',
+          usage: { input: t.input, cached: t.cached, output: t.output, reasoning: t.reasoning, ...(!t.exact && { estimated: true }) },
+        }),
+      );
+    };
     run.done = (async () => {
       try {
         run.emit(fold.start());
@@ -432,11 +612,16 @@ export class ResponseService<Echo> {
         startedResolve();
         events ??= await open();
         for (let ev = await events.next(); ev; ev = await events.next()) {
+          if (ev.type === 'usage') billed = true;
           run.emit(fold.apply(ev));
           if (run.abort.signal.aborted) break;
         }
-        if (run.abort.signal.aborted && !TERMINAL.includes(fold.status)) run.emit(fold.cancel());
+        if (run.abort.signal.aborted && !TERMINAL.includes(fold.status)) {
+          counted();
+          run.emit(fold.cancel());
+        }
       } catch (err) {
+        counted();
         if (run.abort.signal.aborted) run.emit(fold.cancel());
         else {
           const e = err instanceof ApiError ? err : new ApiError('internal_error', 'Generation failed.');
@@ -486,6 +671,7 @@ export class ResponseService<Echo> {
         run.release();
         this.running.delete(id);
         run.finish();
+        this.bus.publish({ t: 'response.ended', id });
       }
     })();
     return { run, firstEvents, model, headers: admission.headers };
