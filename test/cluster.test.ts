@@ -2,9 +2,12 @@ import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
 import { Client } from 'undici';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { http, tempDir, type WireKey } from './helpers/server.js';
 import { startProcess } from './helpers/process.js';
 import { eventually } from './helpers/wait.js';
+import { chunkFrame, fixture } from './helpers/fixtures.js';
 
 const ADMIN = 'sk-test-cluster-admin-0123456789';
 
@@ -67,5 +70,144 @@ describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
     }
     assert.equal(await p.exited, 0, p.stdout());
     assert.match(p.stdout(), /"msg":"shut down cleanly"}\s*$/);
+  });
+});
+
+/** One request on a connection of its own, so that the primary hands it to the next worker. */
+async function fresh(url: string, path: string, method: 'GET' | 'POST' | 'DELETE', key: string, body?: unknown) {
+  const client = new Client(url);
+  try {
+    const res = await client.request({
+      path,
+      method,
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      ...(body !== undefined && { body: JSON.stringify(body) }),
+    });
+    const text = await res.body.text();
+    return { status: res.statusCode, json: (text ? JSON.parse(text) : undefined) as Record<string, unknown> };
+  } finally {
+    await client.close();
+  }
+}
+
+/** Reads an SSE stream to its end (or until `ms`), returning the event types and data. */
+async function follow(url: string, path: string, key: string, ms: number): Promise<Array<{ type: string; sequence_number: number }>> {
+  const client = new Client(url);
+  const events: Array<{ type: string; sequence_number: number }> = [];
+  const timer = setTimeout(() => void client.destroy(), ms);
+  try {
+    const res = await client.request({ path, method: 'GET', headers: { authorization: `Bearer ${key}` } });
+    let buf = '';
+    for await (const chunk of res.body) {
+      buf += (chunk as Buffer).toString();
+      for (let i = buf.indexOf('\n\n'); i >= 0; i = buf.indexOf('\n\n')) {
+        const data = /^data: (.*)$/m.exec(buf.slice(0, i))?.[1];
+        buf = buf.slice(i + 2);
+        if (data) events.push(JSON.parse(data) as { type: string; sequence_number: number });
+      }
+    }
+  } catch {
+    // Cut off at `ms`: the caller sees a stream without its end.
+  } finally {
+    clearTimeout(timer);
+    await client.close().catch(() => undefined);
+  }
+  return events;
+}
+
+describe('SWITCHYARD_WORKERS on SQLite: the workers behave as one (cluster bus over IPC)', () => {
+  const dataDir = tempDir();
+  after(() => rmSync(dataDir, { recursive: true, force: true }));
+
+  it('follows, reads and cancels a background response from any worker, and revokes a key everywhere at once', async () => {
+    // A slow upstream: one word every 20 ms, for up to 10 s; it notes when Switchyard hangs up.
+    let closedAt = 0;
+    const upstream = await fixture((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        let n = 0;
+        const timer = setInterval(() => {
+          res.write(chunkFrame({ content: `w${n} ` }));
+          if (++n === 500) {
+            clearInterval(timer);
+            res.end(chunkFrame({}, 'stop') + 'data: [DONE]\n\n');
+          }
+        }, 20);
+        res.on('close', () => {
+          clearInterval(timer);
+          closedAt = Date.now();
+        });
+      });
+    });
+    const config = join(dataDir, 'slow.json');
+    writeFileSync(
+      config,
+      JSON.stringify({
+        models: [{ id: 'openai/slow', context_length: 100000, capabilities: ['streaming'] }],
+        deployments: [{ model: 'openai/slow', baseUrl: upstream.url, upstreamModel: 'slow' }],
+      }),
+    );
+    const p = await startProcess({
+      SWITCHYARD_DATA_DIR: dataDir,
+      SWITCHYARD_ADMIN_KEY: ADMIN,
+      SWITCHYARD_WORKERS: '2',
+      SWITCHYARD_CONFIG: config,
+      SWITCHYARD_LEDGER_FLUSH_MS: '20',
+    });
+    try {
+      const created = await fresh(p.url, '/v1/responses', 'POST', ADMIN, {
+        model: 'openai/slow',
+        input: 'Talk for a while.',
+        background: true,
+      });
+      assert.equal(created.status, 200, JSON.stringify(created.json));
+      const id = String(created.json['id']);
+      // Followers on four connections: the primary deals them out in turn, so both workers have some.
+      const followers = Array.from({ length: 4 }, () => follow(p.url, `/v1/responses/${id}?stream=true`, ADMIN, 15_000));
+      await eventually(async () => {
+        const r = await fresh(p.url, `/v1/responses/${id}`, 'GET', ADMIN);
+        assert.equal(r.status, 200);
+        assert.equal(r.json['status'], 'in_progress');
+      });
+      await new Promise((r) => setTimeout(r, 300));
+      const cancel = await fresh(p.url, `/v1/responses/${id}/cancel`, 'POST', ADMIN);
+      const answered = Date.now();
+      assert.equal(cancel.json['status'], 'cancelled', JSON.stringify(cancel.json));
+      // The owner stopped generating before the cancel answered (or within 100 ms of it).
+      await eventually(() => assert.ok(closedAt > 0), 2000);
+      assert.ok(closedAt - answered <= 100, `upstream closed ${closedAt - answered} ms after the cancel answered`);
+      const usage = cancel.json['usage'] as { output_tokens: number } | null;
+      assert.ok(usage && usage.output_tokens > 0, 'a cancelled response reports what it generated');
+      for (const events of await Promise.all(followers)) {
+        assert.equal(events.at(-1)?.type, 'response.incomplete', 'every follower sees the end');
+        const seq = events.map((e) => e.sequence_number);
+        assert.deepEqual(
+          seq,
+          seq.map((_, i) => i),
+          'from the first event, in order',
+        );
+      }
+      // Read-your-writes: every worker answers cancelled from now on.
+      for (let i = 0; i < 10; i++) {
+        const r = await fresh(p.url, `/v1/responses/${id}`, 'GET', ADMIN);
+        assert.equal(r.json['status'], 'cancelled');
+      }
+
+      const key = await http<WireKey>(p.url, 'POST', '/admin/keys', { key: ADMIN, body: { org: 'acme', name: 'soon revoked' } });
+      for (let i = 0; i < 4; i++) assert.equal((await fresh(p.url, '/v1/models', 'GET', key.json.key!)).status, 200);
+      assert.equal((await fresh(p.url, `/admin/keys/${key.json.id}`, 'DELETE', ADMIN)).status, 200);
+      await new Promise((r) => setTimeout(r, 100));
+      // The key cache lives 1 s; the bus makes the revocation take effect in both workers at once.
+      const after = await Promise.all(Array.from({ length: 10 }, () => fresh(p.url, '/v1/models', 'GET', key.json.key!)));
+      assert.deepEqual(
+        after.map((r) => r.status),
+        Array(10).fill(401),
+      );
+    } finally {
+      p.child.kill('SIGTERM');
+      await upstream.close();
+    }
+    assert.equal(await p.exited, 0, p.stdout());
   });
 });
