@@ -24,7 +24,8 @@ import OpenAI from 'openai';
 import pg from 'pg';
 import { chunkFrame, completionBody, fixture } from './helpers/fixtures.js';
 import { pgSchema, SHARED_MODELS, tempDir, type WireKey } from './helpers/server.js';
-import { freePort, haproxyInstalled, startHaproxy, startInstance, type Haproxy, type Instance } from './helpers/haproxy.js';
+import { freePort } from '../bench/lib.js';
+import { haproxyInstalled, startHaproxy, startInstance, type Haproxy, type Instance } from './helpers/haproxy.js';
 import { eventually } from './helpers/wait.js';
 
 const ADMIN = 'sk-test-multi-instance-admin-0123456789';

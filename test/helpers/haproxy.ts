@@ -6,7 +6,7 @@
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { createServer, type AddressInfo } from 'node:net';
+import { freePort } from '../../bench/lib.js';
 import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -55,14 +55,6 @@ function tail(max = 256 * 1024): { add(s: string): void; text(): string } {
     },
     text: () => buf,
   };
-}
-
-export async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
-  const { port } = srv.address() as AddressInfo;
-  await new Promise((r) => srv.close(r));
-  return port;
 }
 
 /** Whether an `haproxy` binary is on PATH (.ci/run installs Debian's package). */
