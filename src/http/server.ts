@@ -31,6 +31,7 @@ import { registerStoredChatRoutes } from '../api/stored-chat.js';
 import { registerResponseRoutes } from '../api/responses.js';
 import { registerConversationRoutes } from '../api/conversations.js';
 import { ResponseSockets, registerResponseSocket } from '../api/responses-socket.js';
+import { registerConsole } from './console.js';
 
 import type { App, AuthHook, RouteContext, ServerDeps } from '../api/context.js';
 
@@ -338,6 +339,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   registerResponseSocket(app, ctx, sockets);
   registerConversationRoutes(app, ctx);
   registerAdminRoutes(app, ctx);
+  registerConsole(app);
 
   // A plugin of its own so that it runs after the scoped routes above have been registered.
   void app.register(async (root) => methodNotAllowedRoutes(root, methodsByPath));

@@ -1,0 +1,468 @@
+import { useEffect, useRef, useState } from 'preact/hooks';
+import { isRecord, str, type List } from '../api.js';
+import { Badge, ErrorBanner, PageHeader, errorText, useLoad, type PageProps } from '../components.js';
+import { formatCost, formatNumber, formatTime, forget, readHistory, type HistoryEntry, type HistoryKind } from '../util.js';
+import { applyResponse, applyResponsesEvent, responsesUsage, type AssistantTurn } from './playground-wire.js';
+
+type Target = { kind: 'response' | 'conversation' | 'completion'; id: string };
+
+function kindOf(id: string): Target['kind'] | null {
+  if (id.startsWith('resp_')) return 'response';
+  if (id.startsWith('conv_')) return 'conversation';
+  if (id.startsWith('chatcmpl')) return 'completion';
+  return null;
+}
+
+/** The readable part of a stored item (message, tool call, tool output, reasoning). */
+function ItemView({ item }: { item: unknown }) {
+  if (!isRecord(item)) return null;
+  const type = str(item['type']) ?? 'message';
+  const parts = Array.isArray(item['content']) ? (item['content'] as unknown[]).filter(isRecord) : [];
+  const text =
+    typeof item['content'] === 'string'
+      ? item['content']
+      : parts.map((p) => str(p['text']) ?? str(p['refusal']) ?? `[${str(p['type']) ?? 'part'}]`).join('');
+  let label: string;
+  let body: string;
+  if (type === 'message') {
+    label = str(item['role']) ?? 'message';
+    body = text;
+  } else if (type === 'function_call') {
+    label = `tool call ${str(item['name']) ?? ''}`;
+    body = str(item['arguments']) ?? '';
+  } else if (type === 'function_call_output') {
+    label = 'tool result';
+    body = typeof item['output'] === 'string' ? item['output'] : JSON.stringify(item['output']);
+  } else if (type === 'reasoning') {
+    const summary = Array.isArray(item['summary']) ? (item['summary'] as unknown[]).filter(isRecord) : [];
+    label = 'reasoning';
+    body = [...parts, ...summary].map((p) => str(p['text']) ?? '').join('\n') || '(sealed)';
+  } else {
+    label = type;
+    body = JSON.stringify(item, null, 2);
+  }
+  return (
+    <li class="item">
+      <span class="item-label">{label}</span>
+      <pre class="wrap">{body}</pre>
+    </li>
+  );
+}
+
+function ResponseView({ api, id }: Pick<PageProps, 'api'> & { id: string }) {
+  const loaded = useLoad(
+    async (signal) => {
+      const [response, items] = await Promise.all([
+        api.get<Record<string, unknown>>(`/v1/responses/${encodeURIComponent(id)}`, signal),
+        api.get<List<unknown>>(`/v1/responses/${encodeURIComponent(id)}/input_items?order=asc&limit=100`, signal).catch(() => null),
+      ]);
+      return { response, items };
+    },
+    [id],
+  );
+  const [replay, setReplay] = useState<{ turn: AssistantTurn; events: number; done: boolean; error: string | null } | null>(null);
+  const stop = useRef<AbortController | null>(null);
+  useEffect(() => () => stop.current?.abort(), [id]);
+
+  const startReplay = async () => {
+    stop.current?.abort();
+    const ctrl = new AbortController();
+    stop.current = ctrl;
+    const turn: AssistantTurn = {
+      role: 'assistant',
+      mode: 'responses',
+      model: '',
+      text: '',
+      reasoning: '',
+      toolCalls: [],
+      usage: null,
+      finish: null,
+      error: null,
+      responseId: id,
+      streaming: true,
+      ms: null,
+    };
+    let events = 0;
+    setReplay({ turn: { ...turn }, events, done: false, error: null });
+    try {
+      for await (const ev of api.stream('GET', `/v1/responses/${encodeURIComponent(id)}?stream=true`, undefined, ctrl.signal)) {
+        events++;
+        try {
+          applyResponsesEvent(turn, JSON.parse(ev.data) as unknown);
+        } catch {
+          // a frame that is not JSON: counted, not shown
+        }
+        setReplay({ turn: { ...turn }, events, done: false, error: null });
+      }
+      setReplay({ turn: { ...turn, streaming: false }, events, done: true, error: null });
+    } catch (err) {
+      setReplay({ turn: { ...turn, streaming: false }, events, done: true, error: errorText(err) });
+    }
+  };
+
+  if (loaded.error) return <ErrorBanner error={loaded.error} />;
+  if (!loaded.data) return <p aria-live="polite">Loading {id}…</p>;
+  const r = loaded.data.response;
+  const view: AssistantTurn = {
+    role: 'assistant',
+    mode: 'responses',
+    model: str(r['model']) ?? '',
+    text: '',
+    reasoning: '',
+    toolCalls: [],
+    usage: null,
+    finish: null,
+    error: null,
+    responseId: id,
+    streaming: false,
+    ms: null,
+  };
+  applyResponse(view, r);
+  const usage = responsesUsage(r['usage']);
+  return (
+    <div class="viewer" data-testid="response-view">
+      <dl class="inline">
+        <dt>Status</dt>
+        <dd>
+          <Badge tone={r['status'] === 'completed' ? 'good' : r['status'] === 'failed' ? 'bad' : 'warn'}>{String(r['status'])}</Badge>
+        </dd>
+        <dt>Model</dt>
+        <dd>{view.model}</dd>
+        <dt>Created</dt>
+        <dd>{formatTime(typeof r['created_at'] === 'number' ? r['created_at'] : null)}</dd>
+        {usage && (
+          <>
+            <dt>Usage</dt>
+            <dd>
+              {formatNumber(usage.input)} in · {formatNumber(usage.output)} out ·{' '}
+              {usage.cost === null ? 'not priced' : formatCost(usage.cost)}
+            </dd>
+          </>
+        )}
+        {str(r['previous_response_id']) && (
+          <>
+            <dt>Previous</dt>
+            <dd>
+              <code>{str(r['previous_response_id'])}</code>
+            </dd>
+          </>
+        )}
+      </dl>
+      {loaded.data.items && (
+        <>
+          <h3>Input</h3>
+          <ul class="items">
+            {loaded.data.items.data.map((item, i) => (
+              <ItemView key={i} item={item} />
+            ))}
+          </ul>
+        </>
+      )}
+      <h3>Output</h3>
+      {view.reasoning && (
+        <details class="reasoning">
+          <summary>Reasoning</summary>
+          <pre class="wrap">{view.reasoning}</pre>
+        </details>
+      )}
+      <div class="answer-text">{view.text || <span class="muted">(no text)</span>}</div>
+      {view.toolCalls.map((c) => (
+        <div class="tool-call" key={c.id}>
+          <Badge tone="info">tool call</Badge> <code>{c.name}</code>
+          <pre class="wrap">{c.arguments}</pre>
+        </div>
+      ))}
+      <div class="row">
+        <button type="button" onClick={() => void startReplay()} data-testid="replay-stream">
+          Replay the stream
+        </button>
+      </div>
+      {replay && (
+        <div class="card replay" aria-live="off">
+          <p class="small muted" aria-live="polite">
+            {replay.done ? `Replayed ${replay.events} events.` : `Replaying… ${replay.events} events`}
+          </p>
+          <div class="answer-text" data-testid="replay-output" data-done={String(replay.done)}>
+            {replay.turn.text}
+          </div>
+          {replay.error && (
+            <p class="error" role="alert">
+              {replay.error}
+            </p>
+          )}
+        </div>
+      )}
+    </div>
+  );
+}
+
+function ConversationView({ api, id }: Pick<PageProps, 'api'> & { id: string }) {
+  const loaded = useLoad(
+    async (signal) => {
+      const [conversation, items] = await Promise.all([
+        api.get<Record<string, unknown>>(`/v1/conversations/${encodeURIComponent(id)}`, signal),
+        api.get<List<unknown>>(`/v1/conversations/${encodeURIComponent(id)}/items?order=asc&limit=100`, signal),
+      ]);
+      return { conversation, items };
+    },
+    [id],
+  );
+  if (loaded.error) return <ErrorBanner error={loaded.error} />;
+  if (!loaded.data) return <p aria-live="polite">Loading {id}…</p>;
+  const c = loaded.data.conversation;
+  const metadata = isRecord(c['metadata']) ? Object.entries(c['metadata']) : [];
+  return (
+    <div class="viewer" data-testid="conversation-view">
+      <dl class="inline">
+        <dt>Created</dt>
+        <dd>{formatTime(typeof c['created_at'] === 'number' ? c['created_at'] : null)}</dd>
+        <dt>Metadata</dt>
+        <dd>{metadata.length ? metadata.map(([k, v]) => `${k}=${String(v)}`).join(', ') : 'none'}</dd>
+      </dl>
+      <h3>Items {loaded.data.items.has_more ? '(first 100)' : ''}</h3>
+      <ul class="items">
+        {loaded.data.items.data.map((item, i) => (
+          <ItemView key={i} item={item} />
+        ))}
+      </ul>
+    </div>
+  );
+}
+
+function CompletionView({ api, id }: Pick<PageProps, 'api'> & { id: string }) {
+  const loaded = useLoad(
+    async (signal) => {
+      const [completion, messages] = await Promise.all([
+        api.get<Record<string, unknown>>(`/v1/chat/completions/${encodeURIComponent(id)}`, signal),
+        api.get<List<unknown>>(`/v1/chat/completions/${encodeURIComponent(id)}/messages?limit=100`, signal),
+      ]);
+      return { completion, messages };
+    },
+    [id],
+  );
+  if (loaded.error) return <ErrorBanner error={loaded.error} />;
+  if (!loaded.data) return <p aria-live="polite">Loading {id}…</p>;
+  const c = loaded.data.completion;
+  const choices = Array.isArray(c['choices']) ? (c['choices'] as unknown[]) : [];
+  const first = choices[0];
+  const message = isRecord(first) && isRecord(first['message']) ? first['message'] : {};
+  return (
+    <div class="viewer" data-testid="completion-view">
+      <dl class="inline">
+        <dt>Model</dt>
+        <dd>{str(c['model'])}</dd>
+        <dt>Created</dt>
+        <dd>{formatTime(typeof c['created'] === 'number' ? c['created'] : null)}</dd>
+      </dl>
+      <h3>Messages</h3>
+      <ul class="items">
+        {loaded.data.messages.data.map((m, i) => (
+          <ItemView key={i} item={m} />
+        ))}
+        <ItemView item={{ ...message, type: 'message' }} />
+      </ul>
+    </div>
+  );
+}
+
+function HistoryTable({ kind, onOpen, entries }: { kind: HistoryKind; onOpen: (t: Target) => void; entries: HistoryEntry[] }) {
+  if (entries.length === 0) return <p class="muted">None yet in this browser session.</p>;
+  return (
+    <div class="table-wrap">
+      <table data-testid={`history-${kind}`}>
+        <thead>
+          <tr>
+            <th scope="col">Id</th>
+            <th scope="col">Model</th>
+            <th scope="col">When</th>
+            <th scope="col">First words</th>
+            <th scope="col">
+              <span class="sr-only">Open</span>
+            </th>
+          </tr>
+        </thead>
+        <tbody>
+          {entries.map((e) => (
+            <tr key={e.id}>
+              <th scope="row">
+                <code>{e.id}</code>
+              </th>
+              <td>{e.model}</td>
+              <td class="nowrap">{formatTime(e.at / 1000)}</td>
+              <td class="clip">{e.preview}</td>
+              <td>
+                <button
+                  type="button"
+                  class="secondary small"
+                  onClick={() => onOpen({ kind: kind === 'responses' ? 'response' : 'conversation', id: e.id })}
+                >
+                  Open<span class="sr-only"> {e.id}</span>
+                </button>
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+export function Stored({ api, params }: PageProps) {
+  const initial = params.get('response') ?? params.get('conversation') ?? params.get('completion');
+  const [target, setTarget] = useState<Target | null>(() => {
+    if (!initial) return null;
+    const kind = kindOf(initial);
+    return kind ? { kind, id: initial } : null;
+  });
+  const [idText, setIdText] = useState('');
+  const [idError, setIdError] = useState<string | null>(null);
+  const [recent, setRecent] = useState(() => ({ responses: readHistory('responses'), conversations: readHistory('conversations') }));
+  const completions = useLoad(
+    async (signal) => (await api.get<List<Record<string, unknown>>>('/v1/chat/completions?order=desc&limit=20', signal)).data,
+    [],
+  );
+  const viewer = useRef<HTMLHeadingElement>(null);
+
+  const open = (t: Target) => {
+    setTarget(t);
+    showInAddress(t);
+    requestAnimationFrame(() => viewer.current?.focus());
+  };
+
+  return (
+    <section>
+      <PageHeader title="Stored responses and conversations" />
+      <form
+        class="filters"
+        onSubmit={(e) => {
+          e.preventDefault();
+          const id = idText.trim();
+          const kind = kindOf(id);
+          if (!kind) {
+            setIdError('Ids start with resp_, conv_ or chatcmpl.');
+            return;
+          }
+          setIdError(null);
+          open({ kind, id });
+        }}
+      >
+        <div class="field grow">
+          <label for="stored-id">Open by id</label>
+          <input
+            id="stored-id"
+            value={idText}
+            placeholder="resp_…, conv_… or chatcmpl-…"
+            aria-invalid={idError !== null}
+            aria-describedby={idError !== null ? 'stored-id-error' : undefined}
+            onInput={(e) => setIdText(e.currentTarget.value)}
+            data-testid="stored-id"
+          />
+          {idError !== null && (
+            <p id="stored-id-error" class="small error-text">
+              {idError}
+            </p>
+          )}
+        </div>
+        <div class="field">
+          <button type="submit" data-testid="stored-open">
+            Open
+          </button>
+        </div>
+      </form>
+
+      {target && (
+        <section class="card" aria-labelledby="viewer-title">
+          <h2 id="viewer-title" ref={viewer} tabIndex={-1}>
+            {target.kind === 'response' ? 'Response' : target.kind === 'conversation' ? 'Conversation' : 'Chat completion'}{' '}
+            <code>{target.id}</code>
+          </h2>
+          {target.kind === 'response' ? (
+            <ResponseView key={target.id} api={api} id={target.id} />
+          ) : target.kind === 'conversation' ? (
+            <ConversationView key={target.id} api={api} id={target.id} />
+          ) : (
+            <CompletionView key={target.id} api={api} id={target.id} />
+          )}
+        </section>
+      )}
+
+      <div>
+        <section>
+          <h2>Responses from this session</h2>
+          <HistoryTable kind="responses" entries={recent.responses} onOpen={open} />
+        </section>
+        <section>
+          <h2>Conversations from this session</h2>
+          <HistoryTable kind="conversations" entries={recent.conversations} onOpen={open} />
+        </section>
+      </div>
+      {(recent.responses.length > 0 || recent.conversations.length > 0) && (
+        <p>
+          <button
+            type="button"
+            class="secondary small"
+            onClick={() => {
+              forget('responses');
+              forget('conversations');
+              setRecent({ responses: [], conversations: [] });
+            }}
+          >
+            Forget this session's list
+          </button>
+        </p>
+      )}
+      <p class="small muted">
+        The API lists stored chat completions but not responses or conversations (neither does OpenAI's), so the lists above hold those the
+        playground made in this tab; any other id opens above.
+      </p>
+
+      <section>
+        <h2>Stored chat completions</h2>
+        <ErrorBanner error={completions.error} />
+        {completions.data && completions.data.length === 0 && (
+          <p class="muted">None: chat completions are stored when sent with "store": true.</p>
+        )}
+        {completions.data && completions.data.length > 0 && (
+          <div class="table-wrap">
+            <table data-testid="stored-completions">
+              <thead>
+                <tr>
+                  <th scope="col">Id</th>
+                  <th scope="col">Model</th>
+                  <th scope="col">Created</th>
+                  <th scope="col">
+                    <span class="sr-only">Open</span>
+                  </th>
+                </tr>
+              </thead>
+              <tbody>
+                {completions.data.map((c) => {
+                  const id = str(c['id']) ?? '';
+                  return (
+                    <tr key={id}>
+                      <th scope="row">
+                        <code>{id}</code>
+                      </th>
+                      <td>{str(c['model'])}</td>
+                      <td class="nowrap">{formatTime(typeof c['created'] === 'number' ? c['created'] : null)}</td>
+                      <td>
+                        <button type="button" class="secondary small" onClick={() => open({ kind: 'completion', id })}>
+                          Open<span class="sr-only"> {id}</span>
+                        </button>
+                      </td>
+                    </tr>
+                  );
+                })}
+              </tbody>
+            </table>
+          </div>
+        )}
+      </section>
+    </section>
+  );
+}
+
+/** Keeps the open item in the address (ids only, never the key), so it can be reloaded or shared. */
+function showInAddress(t: Target): void {
+  history.replaceState(null, '', `/console/stored?${t.kind}=${encodeURIComponent(t.id)}`);
+}
