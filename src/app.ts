@@ -78,12 +78,11 @@ export async function createService(
   env: NodeJS.ProcessEnv = process.env,
   opts: ServiceOptions = {},
 ): Promise<Service> {
+  const bus: ClusterBus = opts.bus ?? (await standaloneBus(config, log));
   const store = openStore(config);
   const engines: Engine[] = [];
   const stoppers: Array<() => Promise<void>> = [];
-  let bus: ClusterBus | undefined;
   try {
-    bus = opts.bus ?? (await standaloneBus(config, log));
     await store.migrate();
     const { generated } = await ensureAdminKey(store, config.adminKey);
     const catalogue = new Catalogue(store, config, log);
@@ -137,7 +136,6 @@ export async function createService(
     // Deployments added through the admin API or the CLI live in the database; other instances pick
     // them up on the catalogue's refresh interval.
     const reloadDeployments = async () => router.setDeployments((await store.listDeployments()).map(storedDeployment));
-    const changes = bus;
     await reloadDeployments();
     if (config.catalogueRefreshMs > 0) {
       const timer = setInterval(
@@ -169,17 +167,17 @@ export async function createService(
     const admin = new AdminService(store, catalogue, new AddressPolicy(config.upstreamAllow), config.upstreamKeyVars, {
       keyChanged: (id) => {
         auth.invalidate(id);
-        changes.publish({ t: 'key', id });
+        bus.publish({ t: 'key', id });
       },
       orgChanged: (id) => {
         auth.invalidateOrg(id);
-        changes.publish({ t: 'org', id });
+        bus.publish({ t: 'org', id });
       },
       deploymentsChanged: async () => {
         await reloadDeployments();
-        changes.publish({ t: 'deployments' });
+        bus.publish({ t: 'deployments' });
       },
-      catalogueChanged: () => changes.publish({ t: 'catalogue' }),
+      catalogueChanged: () => bus.publish({ t: 'catalogue' }),
     });
     const unsubscribe = bus.subscribe((m) => {
       const failed = (what: string) => (err: unknown) => log.warn({ err }, `${what} after a cluster change failed`);
@@ -234,13 +232,13 @@ export async function createService(
         // Every acknowledged request's usage record is written before the database closes.
         await ledger.close();
         await counters.close();
-        await changes.close();
+        await bus.close();
         for (const e of engines) await e.close();
         await store.close();
       },
     };
   } catch (err) {
-    await bus?.close().catch(() => undefined);
+    await bus.close().catch(() => undefined);
     for (const e of engines) await e.close().catch(() => undefined);
     await store.close().catch(() => undefined);
     throw err;

@@ -124,9 +124,12 @@ async function remoteTransport(config: Config, receive: (e: Envelope) => void, l
   return undefined;
 }
 
+/** A process's name on the bus: unique across hosts, where pids are not. */
+const processName = (): string => `${randomBytes(6).toString('base64url')}.${process.pid}`;
+
 /** A process that serves alone (no cluster): its bus reaches other instances directly. */
 export async function standaloneBus(config: Config, log: Logger): Promise<ProcessBus> {
-  const self = `${randomBytes(6).toString('base64url')}.${process.pid}`;
+  const self = processName();
   let transport: Transport | undefined;
   const bus: ProcessBus = new ProcessBus(
     self,
@@ -145,7 +148,7 @@ export async function standaloneBus(config: Config, log: Logger): Promise<Proces
 
 /** A cluster worker's bus: everything goes through the primary. */
 export function workerBus(): ProcessBus {
-  const self = `${randomBytes(6).toString('base64url')}.${process.pid}`;
+  const self = processName();
   const onMessage = (m: unknown) => {
     if (isIpc(m)) bus.deliver(m.m);
   };

@@ -104,6 +104,15 @@ export function PageHeader({ title, children }: { title: string; children?: Comp
   );
 }
 
+/** Reloads what a page shows (every page's header has one). */
+export function RefreshButton({ onClick, testId }: { onClick: () => void; testId?: string }) {
+  return (
+    <button type="button" class="secondary" onClick={onClick} data-testid={testId}>
+      Refresh
+    </button>
+  );
+}
+
 /** Shown on admin pages to a key that is not an admin key (the API would answer 403 anyway). */
 export function NeedsAdmin() {
   return (

@@ -78,6 +78,3 @@ export class ProcessBus implements ClusterBus {
     return this.onClose();
   }
 }
-
-/** One process with nothing to tell anyone (the embedded SQLite default with one worker). */
-export const loneBus = (): ProcessBus => new ProcessBus(`p${process.pid}`);

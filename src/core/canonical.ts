@@ -120,6 +120,15 @@ export interface UsageTally {
 
 export const newTally = (): UsageTally => ({ input: 0, cached: 0, output: 0, reasoning: 0, exact: true });
 
+/** What a generation that ended before its usage event used: the tally, flagged when it is an estimate. */
+export const tallyUsage = (t: UsageTally): Usage => ({
+  input: t.input,
+  cached: t.cached,
+  output: t.output,
+  reasoning: t.reasoning,
+  ...(!t.exact && { estimated: true }),
+});
+
 export type GenerationEvent =
   | { type: 'text.delta'; text: string }
   /** The model labelled the message its text belongs to (Responses-speaking upstreams do). */

@@ -1,6 +1,6 @@
 import { ApiError } from './errors.js';
 import type { Principal } from './principal.js';
-import type { GenerationEvent, GenerationRequest, Usage, UsageTally } from './canonical.js';
+import { tallyUsage, type GenerationEvent, type GenerationRequest, type Usage, type UsageTally } from './canonical.js';
 import { costOf, newUsageId, type Ledger } from './ledger.js';
 import type { Metrics } from './metrics.js';
 import type { Model } from './model-spec.js';
@@ -153,13 +153,7 @@ export class MeteredStream {
     this.ended = true;
     const { c, metrics, tally } = this;
     // No usage event (cancelled, failed mid-way): bill what the engine counted so far.
-    const usage: Usage = this.usage ?? {
-      input: tally.input,
-      cached: tally.cached,
-      output: tally.output,
-      reasoning: tally.reasoning,
-      estimated: !tally.exact,
-    };
+    const usage: Usage = this.usage ?? tallyUsage(tally);
     const cost = this.usage ? (this.usage.cost ?? null) : costOf(c.model, usage);
     const missing = cost === null;
     const now = Date.now();

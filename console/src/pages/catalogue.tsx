@@ -1,7 +1,7 @@
 import { Fragment } from 'preact';
 import { useMemo, useState } from 'preact/hooks';
 import type { List, Model } from '../api.js';
-import { Badge, ErrorBanner, PageHeader, useLoad, type PageProps } from '../components.js';
+import { Badge, ErrorBanner, PageHeader, RefreshButton, useLoad, type PageProps } from '../components.js';
 import { formatNumber, formatPricing } from '../util.js';
 
 export const MODEL_TYPES = [
@@ -77,9 +77,7 @@ export function Catalogue({ api, session, params, navigate }: PageProps) {
   return (
     <section>
       <PageHeader title="Catalogue">
-        <button type="button" class="secondary" onClick={models.reload}>
-          Refresh
-        </button>
+        <RefreshButton onClick={models.reload} />
       </PageHeader>
       <form class="filters" onSubmit={(e) => e.preventDefault()} aria-label="Filter the catalogue">
         <div class="field">

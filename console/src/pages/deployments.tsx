@@ -1,6 +1,6 @@
 import { useRef, useState } from 'preact/hooks';
 import { failureOf, type Deployment, type List, type LocalLoaded } from '../api.js';
-import { Badge, ErrorBanner, PageHeader, useInterval, useLoad, type PageProps } from '../components.js';
+import { Badge, ErrorBanner, PageHeader, RefreshButton, useInterval, useLoad, type PageProps } from '../components.js';
 import { formatBytes, formatNumber, formatTime } from '../util.js';
 
 /** Upstream failures by deployment and error code, from the Prometheus text of GET /metrics. */
@@ -85,9 +85,7 @@ export function Deployments({ api }: PageProps) {
           <input id="dep-auto" type="checkbox" checked={auto} onChange={(e) => setAuto(e.currentTarget.checked)} />
           <label for="dep-auto">Refresh every 5 s</label>
         </div>
-        <button type="button" class="secondary" onClick={status.reload}>
-          Refresh
-        </button>
+        <RefreshButton onClick={status.reload} />
       </PageHeader>
       <ErrorBanner error={status.error} />
       {s && (

@@ -1,7 +1,7 @@
 import { Fragment } from 'preact';
 import { useRef, useState } from 'preact/hooks';
 import type { ApiKey, Limits, List, Org } from '../api.js';
-import { Badge, CopyButton, ErrorBanner, PageHeader, errorText, useLoad, type PageProps } from '../components.js';
+import { Badge, CopyButton, ErrorBanner, PageHeader, RefreshButton, errorText, useLoad, type PageProps } from '../components.js';
 import { formatLimits, formatTime } from '../util.js';
 
 interface LimitsDraft {
@@ -328,21 +328,42 @@ function KeyRow({ k, api, onChanged }: Pick<PageProps, 'api'> & { k: ApiKey; onC
         </td>
       </tr>
       {editing && (
-        <tr class="details-row">
-          <td colSpan={7}>
-            <LimitsEditor
-              initial={k.limits}
-              onCancel={() => setEditing(false)}
-              onSave={async (limits) => {
-                await api.request('PATCH', `/admin/keys/${encodeURIComponent(k.id)}`, { limits });
-                setEditing(false);
-                onChanged();
-              }}
-            />
-          </td>
-        </tr>
+        <LimitsRow
+          api={api}
+          path={`/admin/keys/${encodeURIComponent(k.id)}`}
+          initial={k.limits}
+          colSpan={7}
+          onDone={(saved) => {
+            setEditing(false);
+            if (saved) onChanged();
+          }}
+        />
       )}
     </Fragment>
+  );
+}
+
+/** The limits editor under a key's or an organization's row; saving PATCHes `path` with the new limits. */
+function LimitsRow({
+  api,
+  path,
+  initial,
+  colSpan,
+  onDone,
+}: Pick<PageProps, 'api'> & { path: string; initial: Limits | null; colSpan: number; onDone: (saved: boolean) => void }) {
+  return (
+    <tr class="details-row">
+      <td colSpan={colSpan}>
+        <LimitsEditor
+          initial={initial}
+          onCancel={() => onDone(false)}
+          onSave={async (limits) => {
+            await api.request('PATCH', path, { limits });
+            onDone(true);
+          }}
+        />
+      </td>
+    </tr>
   );
 }
 
@@ -365,19 +386,16 @@ function OrgRow({ o, api, keys, onChanged }: Pick<PageProps, 'api'> & { o: Org; 
         </td>
       </tr>
       {editing && (
-        <tr class="details-row">
-          <td colSpan={6}>
-            <LimitsEditor
-              initial={o.limits}
-              onCancel={() => setEditing(false)}
-              onSave={async (limits) => {
-                await api.request('PATCH', `/admin/orgs/${encodeURIComponent(o.id)}`, { limits });
-                setEditing(false);
-                onChanged();
-              }}
-            />
-          </td>
-        </tr>
+        <LimitsRow
+          api={api}
+          path={`/admin/orgs/${encodeURIComponent(o.id)}`}
+          initial={o.limits}
+          colSpan={6}
+          onDone={(saved) => {
+            setEditing(false);
+            if (saved) onChanged();
+          }}
+        />
       )}
     </Fragment>
   );
@@ -435,9 +453,7 @@ export function Keys({ api }: PageProps) {
   return (
     <section>
       <PageHeader title="Keys and organizations">
-        <button type="button" class="secondary" onClick={data.reload}>
-          Refresh
-        </button>
+        <RefreshButton onClick={data.reload} />
       </PageHeader>
       <CreateKey api={api} orgs={orgs} onCreated={data.reload} />
       <ErrorBanner error={data.error} />

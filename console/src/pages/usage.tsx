@@ -1,7 +1,7 @@
 import { useMemo, useState } from 'preact/hooks';
 import type { ApiKey, List, Org, UsageRow } from '../api.js';
 import { DayChart, seriesColor, type ChartSeries } from '../chart.js';
-import { ErrorBanner, PageHeader, useInterval, useLoad, type PageProps } from '../components.js';
+import { ErrorBanner, PageHeader, RefreshButton, useInterval, useLoad, type PageProps } from '../components.js';
 import { addDays, daysBetween, download, formatCost, formatNumber, isoDay, toCsv } from '../util.js';
 
 type Dimension = 'none' | 'model' | 'key' | 'org';
@@ -155,9 +155,7 @@ export function Usage({ api }: PageProps) {
   return (
     <section>
       <PageHeader title="Usage">
-        <button type="button" class="secondary" onClick={usage.reload} data-testid="usage-refresh">
-          Refresh
-        </button>
+        <RefreshButton onClick={usage.reload} testId="usage-refresh" />
         <button type="button" class="secondary" onClick={exportDaily} disabled={!usage.data} data-testid="usage-export">
           Export daily CSV
         </button>

@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import { ApiError } from '../errors.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ResponseRecord, Store } from '../../store/store.js';
-import { newTally, type GenerationRequest, type Usage } from '../canonical.js';
+import { newTally, tallyUsage, type GenerationRequest, type Usage } from '../canonical.js';
 import {
   checkNewItemIds,
   itemsToMessages,
@@ -162,11 +162,11 @@ export class ResponseService<Echo> {
   }
 
   /** Resolves true when the response stops running elsewhere within `ms`, false otherwise. */
-  private waitEnded(id: string, ms: number): { ended: Promise<boolean> } {
+  private waitEnded(id: string, ms: number): Promise<boolean> {
     let set = this.endWaiters.get(id);
     if (!set) this.endWaiters.set(id, (set = new Set()));
     const waiters = set;
-    const ended = new Promise<boolean>((resolve) => {
+    return new Promise<boolean>((resolve) => {
       const wake = () => done(true);
       const timer = setTimeout(() => done(false), ms);
       const done = (ok: boolean) => {
@@ -177,7 +177,6 @@ export class ResponseService<Echo> {
       };
       waiters.add(wake);
     });
-    return { ended };
   }
 
   /** The response object as its owner elsewhere serves it now, if one answers in time. */
@@ -319,7 +318,7 @@ export class ResponseService<Echo> {
    */
   private async stopElsewhere(id: string, rec: ResponseRecord): Promise<boolean> {
     if (rec.updated_at < Date.now() - this.opts.staleAfterMs) return false;
-    const { ended } = this.waitEnded(id, CANCEL_WAIT_MS);
+    const ended = this.waitEnded(id, CANCEL_WAIT_MS);
     this.bus.publish({ t: 'response.cancel', id });
     return ended;
   }
@@ -597,13 +596,7 @@ export class ResponseService<Echo> {
     const counted = () => {
       if (billed) return;
       billed = true;
-      const t = req.tally;
-      run.emit(
-        fold.apply({
-          type: 'usage',
-          usage: { input: t.input, cached: t.cached, output: t.output, reasoning: t.reasoning, ...(!t.exact && { estimated: true }) },
-        }),
-      );
+      run.emit(fold.apply({ type: 'usage', usage: tallyUsage(req.tally) }));
     };
     run.done = (async () => {
       try {
