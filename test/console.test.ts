@@ -239,7 +239,7 @@ describe('web console', { timeout: 60_000 }, () => {
 
     await page.getByTestId('nav-stored').click();
     await page
-      .getByTestId('history-responses')
+      .getByTestId('stored-responses')
       .getByRole('button', { name: `Open ${id}` })
       .click();
     await page.getByTestId('response-view').waitFor();
@@ -343,15 +343,93 @@ describe('web console', { timeout: 60_000 }, () => {
     await shot('deployments');
   });
 
-  it('gives an inference key its catalogue and playground, not the admin pages', async () => {
-    const { key } = await createKey(server, 'viewer');
+  it("gives an inference key the catalogue, playground, its own usage and its organization's stored responses, not the admin pages", async () => {
+    const { key, id: keyId } = await createKey(server, 'viewer');
     await signOut(page);
     await signIn(page, key);
     assert.equal(await page.getByTestId('session-role').textContent(), 'inference key');
     assert.equal(await page.getByTestId('nav-keys').count(), 0);
-    assert.equal(await page.getByTestId('nav-usage').count(), 0);
+    assert.equal(await page.getByTestId('nav-deployments').count(), 0);
     await page.goto(`${server.url}/console/keys`);
     await page.getByRole('heading', { name: 'Admin key needed' }).waitFor();
+
+    // Its usage: nothing yet, read from /v1/usage (the admin API would answer 403).
+    const firstRead = page.waitForRequest((r) => r.url().includes('/v1/usage?'));
+    await page.getByTestId('nav-usage').click();
+    await firstRead;
+    await page.getByTestId('usage-own').waitFor();
+    await until(`document.querySelector('[data-testid=usage-table]').textContent.includes('No requests in this range')`);
+    assert.equal(await page.getByTestId('usage-chart').getAttribute('data-total'), '0');
+    assert.equal(await page.getByLabel('Organization').count(), 0, 'no organization filter: there is only its own');
+
+    // A request in the playground, with the Responses API (stored).
+    await page.getByTestId('nav-playground').click();
+    await page.getByTestId('playground-model').selectOption(LOCAL);
+    await page.getByTestId('playground-mode-responses').check();
+    await page.getByTestId('playground-max-tokens').fill('40');
+    await page.getByTestId('playground-input').fill('Once upon a time');
+    await page.getByTestId('playground-send').click();
+    await page.getByTestId('answer-usage').waitFor({ timeout: 30_000 });
+    await attributeUntil('[data-testid=playground-output]', 'data-streaming', (v) => v === 'false', 30_000);
+    const usageLine = (await page.getByTestId('answer-usage').last().textContent()) ?? '';
+    const responseId = /resp_[0-9a-f]+/.exec(usageLine)?.[0];
+    assert.ok(responseId, usageLine);
+    const answer = (await page.getByTestId('answer-text').last().textContent()) ?? '';
+
+    // Another key's request in between is not this key's usage.
+    const other = await http(server.url, 'POST', '/v1/chat/completions', {
+      key: server.adminKey,
+      body: { model: LOCAL, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 3 },
+    });
+    assert.equal(other.status, 200);
+
+    await page.getByTestId('nav-usage').click();
+    await attributeUntil('[data-testid=usage-chart]', 'data-total', (v) => Number(v) === 1);
+    assert.match((await page.getByTestId('usage-table').textContent()) ?? '', new RegExp(LOCAL));
+    await page.getByTestId('usage-dimension').selectOption('key');
+    await until(`document.querySelector('[data-testid=usage-table]').textContent.includes('${keyId} (this key)')`);
+    await page.getByTestId('usage-dimension').selectOption('model');
+    await until(`document.querySelector('[data-testid=usage-table]').textContent.includes('${LOCAL}')`);
+    const download = page.waitForEvent('download');
+    await page.getByTestId('usage-export').click();
+    const csv = readFileSync((await (await download).path())!, 'utf8');
+    assert.match(csv, new RegExp(`\\d{4}-\\d{2}-\\d{2},${LOCAL},1,`));
+    await shot('usage-own');
+
+    // Its organization's stored responses, from GET /v1/responses: only this one (not the admin's).
+    await page.getByTestId('nav-stored').click();
+    const rows = page.getByTestId('stored-responses').getByTestId('stored-response-row');
+    await rows.first().waitFor();
+    assert.equal(await rows.count(), 1);
+    assert.equal(await rows.first().getAttribute('data-id'), responseId);
+    await rows
+      .first()
+      .getByRole('button', { name: `Open ${responseId}` })
+      .click();
+    await page.getByTestId('response-view').waitFor();
+    await page.getByTestId('replay-stream').click();
+    await attributeUntil('[data-testid=replay-output]', 'data-done', (v) => v === 'true');
+    assert.equal(await page.getByTestId('replay-output').textContent(), answer);
+    await shot('stored-own');
+
+    // Lists come a page at a time: "More" fetches the next one.
+    for (let i = 0; i < 21; i++) {
+      const res = await http(server.url, 'POST', '/v1/conversations', { key, body: { metadata: { n: String(i) } } });
+      assert.equal(res.status, 200, res.text);
+    }
+    await page.getByTestId('stored-refresh').click();
+    const conversations = page.getByTestId('stored-conversations').getByTestId('stored-conversation-row');
+    await until(`document.querySelectorAll('[data-testid=stored-conversation-row]').length === 20`);
+    assert.match((await conversations.first().textContent()) ?? '', /n=20/, 'newest first');
+    await page.getByTestId('stored-conversations-more').click();
+    await until(`document.querySelectorAll('[data-testid=stored-conversation-row]').length === 21`);
+    assert.match((await conversations.last().textContent()) ?? '', /n=0/);
+    assert.equal(await page.getByTestId('stored-conversations-more').count(), 0, 'no more after the last page');
+    await page.evaluate(`document.querySelector('[data-testid=stored-responses]').closest('section').scrollIntoView()`);
+    await shot('stored-lists');
+    await conversations.last().getByRole('button').click();
+    await page.getByTestId('conversation-view').waitFor();
+
     await signOut(page);
     assert.equal(await page.evaluate('sessionStorage.getItem("switchyard.console.key")'), null);
   });

@@ -39,8 +39,21 @@ describe('GET /openapi.json', () => {
       '/v1/conversations',
       '/admin/keys',
       '/admin/usage',
+      '/v1/usage',
     ])
       assert.ok(res.json.paths[path], path);
+    // The lists of stored responses and conversations are documented with their cursor parameters.
+    for (const path of ['/v1/responses', '/v1/conversations', '/v1/chat/completions']) {
+      const list = res.json.paths[path]?.['get'] as { parameters?: Array<{ name: string; in: string }> } | undefined;
+      assert.deepEqual(
+        (list?.parameters ?? [])
+          .filter((p) => p.in === 'query' && ['limit', 'after', 'order'].includes(p.name))
+          .map((p) => p.name)
+          .sort(),
+        ['after', 'limit', 'order'],
+        path,
+      );
+    }
     assert.equal(res.json.paths['/v1/models']?.['put'], undefined, 'the 405 answers are not documented as operations');
   });
 });

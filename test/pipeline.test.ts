@@ -63,6 +63,10 @@ describe('one pipeline for chat completions and Responses', () => {
 
   for (const endpoint of ['chat', 'responses'] as const) {
     it(`${endpoint}: refuses an image for a text-only model and an oversized schema with 400, and neither uses up rpm: 1`, async () => {
+      // rpm counts fixed one-minute windows: the four requests below must fall in one, so a test
+      // that would start in a minute's last seconds starts with the next minute instead.
+      const left = 60_000 - (Date.now() % 60_000);
+      if (left < 10_000) await new Promise((r) => setTimeout(r, left + 50));
       const created = await http<WireKey>(server.url, 'POST', '/admin/keys', {
         key: server.adminKey,
         body: { org: `pipeline-${endpoint}`, name: 'one a minute', limits: { rpm: 1 } },

@@ -231,10 +231,10 @@ describe('Responses over WebSocket', () => {
       res.resume();
       req.destroy();
     }
-    // A plain GET (no upgrade) says how to use the path.
-    const plain = await http(server.url, 'GET', '/v1/responses', { key });
-    assert.equal(plain.status, 405);
-    assert.equal(plain.headers['allow'], 'POST');
+    // A plain GET (no upgrade) is the list of stored responses (test/stored-lists.test.ts).
+    const plain = await http<{ object: string }>(server.url, 'GET', '/v1/responses', { key });
+    assert.equal(plain.status, 200);
+    assert.equal(plain.json.object, 'list');
   });
 });
 

@@ -345,4 +345,22 @@ describe('POST /v1/responses with TinyStories', () => {
     });
     assert.equal(ok.status, 200);
   });
+
+  it('refuses conversation items whose parts are not objects with a 400 naming them, never a 500', async () => {
+    const conv = await client.conversations.create({});
+    const cases: Array<[Record<string, unknown>, string]> = [
+      [{ type: 'message', role: 'user', content: [null, 'text'] }, 'input[0].content[0]'],
+      [{ type: 'message', role: 'user', content: [{ type: 'input_text', text: 'ok' }, 7] }, 'input[0].content[1]'],
+      [{ type: 'reasoning', summary: [null] }, 'input[0].summary[0]'],
+      [{ type: 'reasoning', summary: [], content: [[]] }, 'input[0].content[0]'],
+    ];
+    for (const [item, param] of cases) {
+      for (const path of ['/v1/conversations', `/v1/conversations/${conv.id}/items`, '/v1/conversations/conv_unknown/items']) {
+        const res = await http(server.url, 'POST', path, { key, body: { items: [item] } });
+        assert.equal(res.status, 400, `${path} ${JSON.stringify(item)} → ${res.text}`);
+        assert.equal(res.json.error.code, 'invalid_value');
+        assert.equal(res.json.error.param, param, res.text);
+      }
+    }
+  });
 });

@@ -2,7 +2,11 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { rmSync } from 'node:fs';
+import Database from 'better-sqlite3';
+import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from 'kysely';
+import pg from 'pg';
 import { KyselyStore } from '../src/store/kysely-store.js';
+import { migrationProvider } from '../src/store/migrations.js';
 import type { Store } from '../src/store/store.js';
 import { resolveModelSpec, type Model } from '../src/core/model-spec.js';
 import { createKey, ensureAdminKey, parseKey, secretMatches } from '../src/core/keys.js';
@@ -43,6 +47,7 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
         conversation_id: null,
         previous_response_id: null,
         created_at: 1,
+        created_ms: 1000,
         updated_at: 1,
         body: '{}',
         input_items: '[]',
@@ -58,7 +63,7 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
         1,
       );
       await store.saveResponseItems('org_b', 'resp_other', [{ id: 'msg_2', json: '{"b":true}' }], 1);
-      await store.createConversation({ id: 'conv_items', org_id: 'org_a', created_at: 1, metadata: '{}' });
+      await store.createConversation({ id: 'conv_items', org_id: 'org_a', created_at: 1, created_ms: 1000, metadata: '{}' });
       await store.appendConversationItems('conv_items', [{ id: 'msg_c', json: '{"c":1}' }], 2);
       assert.deepEqual(Object.fromEntries(await store.findItems('org_a', ['msg_1', 'msg_2', 'msg_c', 'msg_none'])), {
         msg_1: '{"v":1}',
@@ -121,6 +126,58 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       // Its metadata rows went with it: the id can be stored again.
       await store.createChatCompletion(cc('cc_c', 'org_a', 30, { k: 'z' }), '[]');
       assert.deepEqual(await ids({ metadata: { k: 'z' } }), ['cc_c']);
+    });
+
+    it("lists an organization's responses and conversations in creation order, paging with equal times by id", async () => {
+      const resp = (id: string, org: string, created_ms: number) => ({
+        id,
+        org_id: org,
+        status: 'completed',
+        background: false,
+        conversation_id: null,
+        previous_response_id: null,
+        created_at: Math.floor(created_ms / 1000),
+        created_ms,
+        updated_at: created_ms,
+        body: JSON.stringify({ id }),
+        input_items: '[]',
+      });
+      // rl_b and rl_c share a time: the id decides between them, in both orders.
+      await store.createResponse(resp('rl_c', 'org_l', 2000));
+      await store.createResponse(resp('rl_a', 'org_l', 1000));
+      await store.createResponse(resp('rl_b', 'org_l', 2000));
+      await store.createResponse(resp('rl_x', 'org_m', 1500));
+      const responses = async (q: Partial<Parameters<Store['listResponses']>[1]>, org = 'org_l') =>
+        (await store.listResponses(org, { limit: 10, order: 'asc', ...q })).records.map((r) => r.id);
+      assert.deepEqual(await responses({}), ['rl_a', 'rl_b', 'rl_c']);
+      assert.deepEqual(await responses({ order: 'desc' }), ['rl_c', 'rl_b', 'rl_a']);
+      assert.deepEqual(await responses({ after: { id: 'rl_b', created_ms: 2000 } }), ['rl_c']);
+      assert.deepEqual(await responses({ after: { id: 'rl_c', created_ms: 2000 }, order: 'desc' }), ['rl_b', 'rl_a']);
+      assert.deepEqual(await responses({}, 'org_m'), ['rl_x']);
+      assert.deepEqual(await responses({}, 'org_none'), []);
+      const page = await store.listResponses('org_l', { limit: 2, order: 'asc' });
+      assert.deepEqual([page.records.map((r) => r.id), page.hasMore], [['rl_a', 'rl_b'], true]);
+      const { input_items: _items, ...listed } = resp('rl_a', 'org_l', 1000);
+      assert.deepEqual(page.records[0], listed, 'every field but the input items comes back');
+      assert.equal((await store.listResponses('org_l', { limit: 3, order: 'asc' })).hasMore, false);
+
+      const conv = (id: string, org: string, created_ms: number) => ({
+        id,
+        org_id: org,
+        created_at: Math.floor(created_ms / 1000),
+        created_ms,
+        metadata: '{}',
+      });
+      await store.createConversation(conv('cl_b', 'org_l', 3000));
+      await store.createConversation(conv('cl_a', 'org_l', 3000));
+      await store.createConversation(conv('cl_x', 'org_m', 3000));
+      const conversations = async (q: Partial<Parameters<Store['listConversations']>[1]>, org = 'org_l') =>
+        (await store.listConversations(org, { limit: 10, order: 'asc', ...q })).records.map((r) => r.id);
+      assert.deepEqual(await conversations({}), ['cl_a', 'cl_b']);
+      assert.deepEqual(await conversations({ order: 'desc', limit: 1 }), ['cl_b']);
+      assert.deepEqual(await conversations({ after: { id: 'cl_a', created_ms: 3000 } }), ['cl_b']);
+      assert.deepEqual(await conversations({}, 'org_m'), ['cl_x']);
+      assert.deepEqual(await store.getConversation('cl_a'), conv('cl_a', 'org_l', 3000));
     });
 
     it('creates, reads and lists organizations', async () => {
@@ -198,6 +255,59 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
     });
   });
 }
+
+/**
+ * Responses and conversations stored before the list order existed (migration 0010) list by the
+ * second they were created in.
+ */
+function creationOrderMigration(name: string, open: () => Promise<{ store: KyselyStore; url: string; cleanup(): Promise<void> }>): void {
+  it(`gives rows stored before migration 0010 their creation second as list order (${name})`, async () => {
+    const { store, url, cleanup } = await open();
+    const db = new Kysely<unknown>({
+      dialect: url.startsWith('postgres')
+        ? new PostgresDialect({ pool: new pg.Pool({ connectionString: url, max: 1 }) })
+        : new SqliteDialect({ database: new Database(url) }),
+    });
+    try {
+      const schema = url.startsWith('postgres')
+        ? (await sql<{ schema: string }>`select current_schema() as schema`.execute(db)).rows[0]?.schema
+        : undefined;
+      const migrator = new Migrator({ db, provider: migrationProvider, ...(schema && { migrationTableSchema: schema }) });
+      const to = await migrator.migrateTo('0009_stored_chat_completions');
+      assert.equal(to.error, undefined);
+      await sql`insert into responses (id, org_id, status, background, conversation_id, previous_response_id, created_at, updated_at, body, input_items)
+        values ('resp_old2', 'acme', 'completed', 0, null, null, 1700000002, 1, '{}', '[]'),
+               ('resp_old1', 'acme', 'completed', 0, null, null, 1700000001, 1, '{}', '[]')`.execute(db);
+      await sql`insert into conversations (id, org_id, created_at, metadata) values ('conv_old', 'acme', 1700000003, '{}')`.execute(db);
+      await store.migrate();
+      const listed = await store.listResponses('acme', { limit: 10, order: 'asc' });
+      assert.deepEqual(
+        listed.records.map((r) => [r.id, r.created_ms]),
+        [
+          ['resp_old1', 1_700_000_001_000],
+          ['resp_old2', 1_700_000_002_000],
+        ],
+      );
+      assert.equal((await store.getConversation('conv_old'))?.created_ms, 1_700_000_003_000);
+    } finally {
+      await db.destroy();
+      await store.close();
+      await cleanup();
+    }
+  });
+}
+
+describe('store: migration 0010 (creation order)', () => {
+  creationOrderMigration('sqlite', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'old.db');
+    return { store: new KyselyStore({ sqlitePath: file }), url: file, cleanup: async () => rmSync(dir, { recursive: true, force: true }) };
+  });
+  creationOrderMigration('postgres', async () => {
+    const schema = await pgSchema();
+    return { store: new KyselyStore({ databaseUrl: schema.url, sqlitePath: '' }), url: schema.url, cleanup: () => schema.drop() };
+  });
+});
 
 storeSuite('sqlite', async () => {
   const dir = tempDir();

@@ -1,6 +1,6 @@
 import type { ComponentChildren } from 'preact';
 import { useCallback, useEffect, useRef, useState } from 'preact/hooks';
-import { ApiFailure, type Api, type Session } from './api.js';
+import { ApiFailure, type Api, type List, type Session } from './api.js';
 import { copyText } from './util.js';
 
 /** What every page is given. */
@@ -61,6 +61,77 @@ export function useLoad<T>(load: (signal: AbortSignal) => Promise<T>, deps: read
   return { data, error, loading, reload };
 }
 
+export interface Paged<T> {
+  items: T[];
+  hasMore: boolean;
+  error: unknown;
+  loading: boolean;
+  /** Appends the next page (the API's cursor: `after` the last id). */
+  more: () => void;
+  /** Starts again from the first page. */
+  reload: () => void;
+}
+
+/**
+ * A cursor-paged list of the API (`{data, has_more}`, `after` = the last id, as every OpenAI list):
+ * the first page when the page opens, the next one on `more`.
+ */
+export function usePaged<T extends { id: string }>(api: Api, path: string): Paged<T> {
+  const [items, setItems] = useState<T[]>([]);
+  const [hasMore, setHasMore] = useState(false);
+  const [error, setError] = useState<unknown>(null);
+  const [loading, setLoading] = useState(true);
+  const [generation, setGeneration] = useState(0);
+  const ctrl = useRef<AbortController | null>(null);
+
+  const fetchPage = useCallback(
+    (after: string | null) => {
+      ctrl.current?.abort();
+      const c = new AbortController();
+      ctrl.current = c;
+      setLoading(true);
+      const url = after === null ? path : `${path}${path.includes('?') ? '&' : '?'}after=${encodeURIComponent(after)}`;
+      api.get<List<T>>(url, c.signal).then(
+        (page) => {
+          if (c.signal.aborted) return;
+          setItems((prev) => (after === null ? page.data : [...prev, ...page.data]));
+          setHasMore(page.has_more === true);
+          setError(null);
+          setLoading(false);
+        },
+        (err: unknown) => {
+          if (c.signal.aborted) return;
+          setError(err);
+          setLoading(false);
+        },
+      );
+    },
+    [api, path],
+  );
+
+  useEffect(() => {
+    fetchPage(null);
+    return () => ctrl.current?.abort();
+  }, [fetchPage, generation]);
+
+  const last = items.at(-1)?.id ?? null;
+  const more = useCallback(() => fetchPage(last), [fetchPage, last]);
+  const reload = useCallback(() => setGeneration((g) => g + 1), []);
+  return { items, hasMore, error, loading, more, reload };
+}
+
+/** The "More" button under a paged list, while the API says there is more. */
+export function MoreButton({ list, label, testid }: { list: Paged<{ id: string }>; label: string; testid: string }) {
+  if (!list.hasMore) return null;
+  return (
+    <p>
+      <button type="button" class="secondary small" onClick={list.more} disabled={list.loading} data-testid={testid}>
+        {list.loading ? 'Loading…' : `More ${label}`}
+      </button>
+    </p>
+  );
+}
+
 /** Calls `fn` every `ms` while `on`. */
 export function useInterval(fn: () => void, ms: number, on: boolean): void {
   const saved = useRef(fn);
@@ -119,8 +190,8 @@ export function NeedsAdmin() {
     <section>
       <h1>Admin key needed</h1>
       <p>
-        This page uses the admin API; sign in with an admin key to see it. Inference keys see the catalogue, the playground and what they
-        stored.
+        This page uses the admin API; sign in with an admin key to see it. Inference keys see the catalogue, the playground, what they
+        stored and their own usage.
       </p>
     </section>
   );

@@ -24,7 +24,7 @@ const ROUTES: readonly Route[] = [
   { path: 'catalogue', label: 'Catalogue', admin: false, page: Catalogue },
   { path: 'playground', label: 'Playground', admin: false, page: Playground },
   { path: 'stored', label: 'Stored', admin: false, page: Stored },
-  { path: 'usage', label: 'Usage', admin: true, page: Usage },
+  { path: 'usage', label: 'Usage', admin: false, page: Usage },
   { path: 'keys', label: 'Keys & orgs', admin: true, page: Keys },
   { path: 'deployments', label: 'Deployments', admin: true, page: Deployments },
 ];

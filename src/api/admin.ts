@@ -50,11 +50,11 @@ const OrgId = Type.String({ pattern: ORG_ID_PATTERN });
 const IdParams = Type.Object({ id: Type.String() });
 const ModelParams = Type.Object({ author: Type.String(), slug: Type.String() });
 const EncodedModelParams = Type.Object({ id: Type.String() });
-const Day = Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' });
 
 /**
- * Administration under `/admin`: organizations, API keys, the catalogue, deployments, usage. Every
- * route needs an admin key (inference keys get 403); the use cases are core's (shared with the CLI).
+ * Administration under `/admin`: organizations, API keys, the catalogue, deployments (usage is in
+ * usage.ts). Every route needs an admin key (inference keys get 403); the use cases are core's
+ * (shared with the CLI).
  */
 export function registerAdminRoutes(app: App, ctx: RouteContext): void {
   const { admin, requireAdmin } = ctx;
@@ -143,36 +143,6 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
       cached_schemas: local.cachedSchemas,
     };
   });
-
-  app.get(
-    '/admin/usage',
-    {
-      onRequest: requireAdmin,
-      schema: {
-        querystring: Type.Object({
-          group_by: Type.Optional(Type.Enum(['day', 'key', 'org', 'model'])),
-          org: Type.Optional(Type.String()),
-          key: Type.Optional(Type.String()),
-          model: Type.Optional(Type.String()),
-          from: Type.Optional(Day),
-          to: Type.Optional(Day),
-        }),
-      },
-    },
-    async (req) => {
-      // Totals include every request answered so far: queued ledger records are written first.
-      await ctx.ledger.flush();
-      const groupBy = req.query.group_by ?? 'day';
-      const data = await admin.usageTotals(groupBy, {
-        org: req.query.org,
-        key: req.query.key,
-        model: req.query.model,
-        from: req.query.from,
-        to: req.query.to,
-      });
-      return { object: 'list', group_by: groupBy, data };
-    },
-  );
 
   app.get('/admin/deployments', { onRequest: requireAdmin }, async () => ({
     object: 'list',

@@ -13,6 +13,13 @@ export function registerConversationRoutes(app: App, ctx: RouteContext): void {
     conversations.create(req.principal!, decodeInput(req.body?.items ?? []), req.body?.metadata ?? {}),
   );
 
+  // The organization's conversations, in creation order (`asc`, the default) or the reverse.
+  app.get('/v1/conversations', { onRequest: ctx.requireKey, schema: { querystring: PageQuery } }, async (req) => {
+    const { after, limit = 20, order = 'asc' } = req.query;
+    const page = await conversations.list(req.principal!, { after, limit, order });
+    return listPage(page.data, page.hasMore);
+  });
+
   app.get('/v1/conversations/:id', { onRequest: ctx.requireKey, schema: { params: IdParams } }, async (req) =>
     conversations.get(req.params.id, req.principal!),
   );

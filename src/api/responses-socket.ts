@@ -8,6 +8,8 @@ import { ConnectionResponses } from '../core/responses/connection-state.js';
 import { ResponsesRequestSchema, decodeResponsesRequest, type ResponsesRequest } from '../protocols/responses/request.js';
 import { socketError, socketFrame } from '../protocols/responses/stream.js';
 import { validationError, type ValidationIssue } from '../protocols/validation.js';
+import { PageQuery } from '../protocols/pages.js';
+import { listResponses } from './responses.js';
 
 /** `response.create` messages a connection may queue behind the one running (Open Responses runs them in turn). */
 const MAX_PENDING = 8;
@@ -227,20 +229,17 @@ export class ResponseSockets {
 }
 
 /**
- * `GET /v1/responses` with an Upgrade: the WebSocket transport. The route's hooks (authentication,
- * load shedding) run before the upgrade, so a refused connection gets the HTTP error, not a socket.
+ * `GET /v1/responses` with an Upgrade: the WebSocket transport; without one, the list of stored
+ * responses. The route's hooks (authentication, load shedding) and its query check run before the
+ * upgrade, so a refused connection gets the HTTP error, not a socket.
  */
 export function registerResponseSocket(app: App, ctx: RouteContext, sockets: ResponseSockets): void {
   app.route({
     method: 'GET',
     url: '/v1/responses',
     onRequest: ctx.requireKey,
-    schema: { hide: true },
-    handler: async () => {
-      throw new ApiError('method_not_allowed', 'GET /v1/responses needs a WebSocket upgrade; create responses with POST.', {
-        headers: { allow: 'POST' },
-      });
-    },
+    schema: { querystring: PageQuery },
+    handler: async (req) => listResponses(ctx, req.principal!, req.query),
     wsHandler: (ws: WebSocket, req: FastifyRequest) => {
       const s = new ResponseSocket(ws, req, req.principal!, ctx);
       sockets.add(s, ws);

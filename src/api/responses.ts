@@ -1,7 +1,8 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import Type from 'typebox';
+import Type, { type Static } from 'typebox';
 import type { App, RouteContext } from './context.js';
 import { ApiError } from '../core/errors.js';
+import type { Principal } from '../core/principal.js';
 import type { EventLog } from '../core/responses/run.js';
 import {
   CompactRequestSchema,
@@ -11,8 +12,7 @@ import {
 } from '../protocols/responses/request.js';
 import { compactionObject, inputTokensObject } from '../protocols/responses/resource.js';
 import { IdParams } from '../protocols/responses/conversations.js';
-import { PageQuery } from '../protocols/pages.js';
-import { listPage } from '../protocols/pages.js';
+import { PageQuery, listPage } from '../protocols/pages.js';
 import { pageOf } from '../core/paging.js';
 import { sseFrame } from '../protocols/responses/stream.js';
 import { drained, openSse, writeSse } from './sse.js';
@@ -37,7 +37,18 @@ async function streamEvents(req: FastifyRequest, reply: FastifyReply, log: Event
   return reply;
 }
 
-/** The Responses API: create (inline, streamed or in the background), read, replay, cancel, delete. */
+/**
+ * `GET /v1/responses` without a WebSocket upgrade (the route is responses-socket.ts's): the
+ * organization's stored responses, in creation order (`asc`, the default) or the reverse, each the
+ * object `GET /v1/responses/{id}` serves.
+ */
+export async function listResponses(ctx: RouteContext, who: Principal, query: Static<typeof PageQuery>): Promise<Record<string, unknown>> {
+  const { after, limit = 20, order = 'asc' } = query;
+  const page = await ctx.responses.list(who, { after, limit, order });
+  return listPage(page.data, page.hasMore);
+}
+
+/** The Responses API: create (inline, streamed or in the background), list, read, replay, cancel, delete. */
 export function registerResponseRoutes(app: App, ctx: RouteContext): void {
   const { responses } = ctx;
 

@@ -3,6 +3,19 @@ import { randomBytes, randomUUID } from 'node:crypto';
 /** Unix seconds, as API objects carry them (`created`, `created_at`). */
 export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
 
+let lastOrderMs = 0;
+
+/**
+ * Unix milliseconds, strictly increasing within this process: the sort key of lists in creation
+ * order, so that what one client makes one after another lists in that order even within one
+ * millisecond (across processes, equal times fall back to the id).
+ */
+export function orderMs(): number {
+  const now = Date.now();
+  lastOrderMs = now > lastOrderMs ? now : lastOrderMs + 1;
+  return lastOrderMs;
+}
+
 /**
  * Random ids for objects (responses, items, completions, usage records). randomUUID draws from a
  * pre-filled entropy cache; randomBytes per call was a measurable share of the request hot path.

@@ -2,6 +2,7 @@ import { ApiError } from './errors.js';
 import type { Principal } from './principal.js';
 import type { ChatCompletionRecord, Store } from '../store/store.js';
 import { pageOf, type Page, type PageRequest } from './paging.js';
+import { orderMs } from './ids.js';
 
 /** A stored chat completion as the protocol renders it: the object served at creation, and its metadata. */
 export interface StoredCompletion {
@@ -26,20 +27,7 @@ const toStored = (r: ChatCompletionRecord): StoredCompletion => ({
  * exactly like an unknown one (404), so ids leak nothing.
  */
 export class StoredCompletions {
-  private lastStoredAt = 0;
-
   constructor(private readonly store: Store) {}
-
-  /**
-   * The list's sort key: milliseconds when stored, made strictly increasing in this process so a
-   * client's one-after-another completions list in the order it made them, even within one
-   * millisecond (across instances, equal times fall back to the id).
-   */
-  private storedAt(): number {
-    const now = Date.now();
-    this.lastStoredAt = now > this.lastStoredAt ? now : this.lastStoredAt + 1;
-    return this.lastStoredAt;
-  }
 
   private notFound(id: string): ApiError {
     return new ApiError('not_found', `No stored chat completion with id '${id}'.`, { param: 'completion_id' });
@@ -63,7 +51,7 @@ export class StoredCompletions {
         org_id: who.orgId,
         model: c.completion.model,
         created_at: c.completion.created,
-        stored_at: this.storedAt(),
+        stored_at: orderMs(),
         metadata,
         body: JSON.stringify(c.completion),
       },

@@ -23,6 +23,7 @@ import { extractToken } from './auth.js';
 import type { Principal } from '../core/principal.js';
 import { registerModelRoutes } from '../api/models.js';
 import { registerAdminRoutes } from '../api/admin.js';
+import { registerUsageRoutes } from '../api/usage.js';
 import { registerHealthRoutes } from '../api/health.js';
 import { registerChatRoutes } from '../api/chat.js';
 import { registerMessagesRoutes } from '../api/messages.js';
@@ -339,6 +340,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   registerResponseSocket(app, ctx, sockets);
   registerConversationRoutes(app, ctx);
   registerAdminRoutes(app, ctx);
+  registerUsageRoutes(app, ctx);
   registerConsole(app);
 
   // A plugin of its own so that it runs after the scoped routes above have been registered.

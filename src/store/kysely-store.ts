@@ -1,6 +1,6 @@
 import { mkdirSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
-import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type Selectable } from 'kysely';
+import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type RawBuilder, type Selectable, type SqlBool } from 'kysely';
 import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
@@ -9,8 +9,10 @@ import type {
   ChatCompletionQuery,
   ChatCompletionRecord,
   ConversationRecord,
+  CreationQuery,
   DeploymentRecord,
   ItemPage,
+  ListedResponse,
   KeyRole,
   Limits,
   Org,
@@ -53,8 +55,45 @@ interface Database {
 /** Ids bound in one statement at most (5 parameters a row when inserting items). */
 const ID_SLICE = 500;
 
+/** A listed response: everything but its input items, which the response object does not carry. */
+const LISTED_RESPONSE_COLUMNS = [
+  'id',
+  'org_id',
+  'status',
+  'background',
+  'conversation_id',
+  'previous_response_id',
+  'created_at',
+  'created_ms',
+  'updated_at',
+  'body',
+] as const;
+
+/**
+ * Rows after a cursor in creation order (`created_ms`, then `id`): later ones for `asc`, earlier
+ * ones for `desc`. The same SQL on both dialects, for a table with both columns.
+ */
+function createdAfter(after: { id: string; created_ms: number }, order: 'asc' | 'desc'): RawBuilder<SqlBool> {
+  const op = sql.raw(order === 'asc' ? '>' : '<');
+  return sql<SqlBool>`(created_ms ${op} ${after.created_ms} or (created_ms = ${after.created_ms} and id ${op} ${after.id}))`;
+}
+
+function rowToListedResponse(r: Omit<Selectable<Database['responses']>, 'input_items'>): ListedResponse {
+  return {
+    ...r,
+    background: Number(r.background) === 1,
+    created_at: Number(r.created_at),
+    created_ms: Number(r.created_ms),
+    updated_at: Number(r.updated_at),
+  };
+}
+
 function rowToResponse(r: Selectable<Database['responses']>): ResponseRecord {
-  return { ...r, background: Number(r.background) === 1, created_at: Number(r.created_at), updated_at: Number(r.updated_at) };
+  return { ...rowToListedResponse(r), input_items: r.input_items };
+}
+
+function rowToConversation(r: Selectable<Database['conversations']>): ConversationRecord {
+  return { ...r, created_at: Number(r.created_at), created_ms: Number(r.created_ms) };
 }
 
 function modelToRow(m: Model): ModelsTable {
@@ -337,6 +376,17 @@ export class KyselyStore implements Store {
     return row && rowToResponse(row);
   }
 
+  async listResponses(orgId: string, q: CreationQuery): Promise<{ records: ListedResponse[]; hasMore: boolean }> {
+    let query = this.db.selectFrom('responses').select(LISTED_RESPONSE_COLUMNS).where('org_id', '=', orgId);
+    if (q.after !== undefined) query = query.where(createdAfter(q.after, q.order));
+    const rows = await query
+      .orderBy('created_ms', q.order)
+      .orderBy('id', q.order)
+      .limit(q.limit + 1)
+      .execute();
+    return { records: rows.slice(0, q.limit).map(rowToListedResponse), hasMore: rows.length > q.limit };
+  }
+
   async updateResponse(
     id: string,
     from: readonly string[],
@@ -432,7 +482,18 @@ export class KyselyStore implements Store {
 
   async getConversation(id: string): Promise<ConversationRecord | undefined> {
     const row = await this.db.selectFrom('conversations').selectAll().where('id', '=', id).executeTakeFirst();
-    return row && { ...row, created_at: Number(row.created_at) };
+    return row && rowToConversation(row);
+  }
+
+  async listConversations(orgId: string, q: CreationQuery): Promise<{ records: ConversationRecord[]; hasMore: boolean }> {
+    let query = this.db.selectFrom('conversations').selectAll().where('org_id', '=', orgId);
+    if (q.after !== undefined) query = query.where(createdAfter(q.after, q.order));
+    const rows = await query
+      .orderBy('created_ms', q.order)
+      .orderBy('id', q.order)
+      .limit(q.limit + 1)
+      .execute();
+    return { records: rows.slice(0, q.limit).map(rowToConversation), hasMore: rows.length > q.limit };
   }
 
   async updateConversation(id: string, metadata: string): Promise<void> {

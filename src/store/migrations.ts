@@ -6,7 +6,7 @@ import { sql, type Kysely, type Migration, type MigrationProvider } from 'kysely
  * used so one list serves both dialects: JSON is kept as text, times as integers. Times shown to
  * clients (`created_at`, `created`, `revoked_at`) are unix seconds, as the wire formats have them;
  * times used for ordering and expiry (`usage_records.at`, `responses.updated_at`, the quarantine's
- * `at`, `chat_completions.stored_at`) are unix milliseconds. `day` is the UTC date of `at`, for grouping.
+ * `at`, `chat_completions.stored_at`, `created_ms` of responses and conversations) are unix milliseconds. `day` is the UTC date of `at`, for grouping.
  */
 const migrations: Record<string, Migration> = {
   '0001_foundation': {
@@ -254,6 +254,27 @@ const migrations: Record<string, Migration> = {
     async down(db: Kysely<unknown>) {
       await db.schema.dropTable('chat_completion_metadata').execute();
       await db.schema.dropTable('chat_completions').execute();
+    },
+  },
+  // Lists of an organization's stored responses and conversations, ordered by creation. `created_at`
+  // is in seconds, too coarse to page on (a client makes several in one second); rows from before
+  // this migration get their second's first millisecond, and ties fall back to the id.
+  '0010_creation_order': {
+    async up(db: Kysely<unknown>) {
+      for (const table of ['responses', 'conversations']) {
+        await db.schema
+          .alterTable(table)
+          .addColumn('created_ms', 'bigint', (c) => c.notNull().defaultTo(0))
+          .execute();
+        await sql`update ${sql.table(table)} set created_ms = created_at * 1000`.execute(db);
+        await db.schema.createIndex(`${table}_org_order`).on(table).columns(['org_id', 'created_ms', 'id']).execute();
+      }
+    },
+    async down(db: Kysely<unknown>) {
+      for (const table of ['responses', 'conversations']) {
+        await db.schema.dropIndex(`${table}_org_order`).execute();
+        await db.schema.alterTable(table).dropColumn('created_ms').execute();
+      }
     },
   },
 };

@@ -40,6 +40,8 @@ export interface ResponseRecord {
   conversation_id: string | null;
   previous_response_id: string | null;
   created_at: number;
+  /** Unix milliseconds when it was created, strictly increasing within a process: lists are ordered by it, then by id. */
+  created_ms: number;
   /** Unix milliseconds; a running response's owner refreshes it, so a dead owner's work can be found. */
   updated_at: number;
   /** The Response object as served, JSON. */
@@ -48,11 +50,24 @@ export interface ResponseRecord {
   input_items: string;
 }
 
+/** A response as lists read it: without its input items. */
+export type ListedResponse = Omit<ResponseRecord, 'input_items'>;
+
 export interface ConversationRecord {
   id: string;
   org_id: string;
   created_at: number;
+  /** Unix milliseconds when it was created, strictly increasing within a process: lists are ordered by it, then by id. */
+  created_ms: number;
   metadata: string;
+}
+
+/** A page of an organization's stored responses or conversations, in creation order (`asc`) or the reverse. */
+export interface CreationQuery {
+  /** The record the page starts after, in `order`. */
+  after?: { id: string; created_ms: number } | undefined;
+  limit: number;
+  order: 'asc' | 'desc';
 }
 
 /** A chat completion stored with `store: true`. Its request messages are read separately. */
@@ -191,6 +206,8 @@ export interface Store {
 
   createResponse(r: ResponseRecord): Promise<void>;
   getResponse(id: string): Promise<ResponseRecord | undefined>;
+  /** The organization's stored responses, a page at a time (without their input items). */
+  listResponses(orgId: string, q: CreationQuery): Promise<{ records: ListedResponse[]; hasMore: boolean }>;
   /** Updates only when the current status is one of `from` (a state transition); returns whether it did. */
   updateResponse(
     id: string,
@@ -209,6 +226,8 @@ export interface Store {
 
   createConversation(c: ConversationRecord): Promise<void>;
   getConversation(id: string): Promise<ConversationRecord | undefined>;
+  /** The organization's conversations, a page at a time. */
+  listConversations(orgId: string, q: CreationQuery): Promise<{ records: ConversationRecord[]; hasMore: boolean }>;
   updateConversation(id: string, metadata: string): Promise<void>;
   deleteConversation(id: string): Promise<boolean>;
   /** Appends items as one contiguous block, atomically, after everything already there. */

@@ -62,11 +62,13 @@ const ROUTES: Array<[string, string]> = [
   ['GET', '/v1/models/{id}/{id}'],
   ['POST', '/v1/chat/completions'],
   ['POST', '/v1/responses'],
+  ['GET', '/v1/responses'],
   ['GET', '/v1/responses/{id}'],
   ['DELETE', '/v1/responses/{id}'],
   ['POST', '/v1/responses/{id}/cancel'],
   ['GET', '/v1/responses/{id}/input_items'],
   ['POST', '/v1/conversations'],
+  ['GET', '/v1/conversations'],
   ['GET', '/v1/conversations/{id}'],
   ['POST', '/v1/conversations/{id}'],
   ['DELETE', '/v1/conversations/{id}'],
@@ -91,6 +93,7 @@ const ROUTES: Array<[string, string]> = [
   ['POST', '/admin/deployments'],
   ['DELETE', '/admin/deployments/{id}'],
   ['GET', '/admin/usage'],
+  ['GET', '/v1/usage'],
   ['GET', '/admin/local/loaded'],
   ['GET', '/nope/{id}'],
 ];
@@ -232,7 +235,15 @@ export function requestArb(adminKey: string): fc.Arbitrary<FuzzRequest> {
     .tuple(
       fc.constantFrom(...ROUTES),
       fc.array(fc.constantFrom(...ODD_IDS, 'resp_123', 'conv_x', 'local', 'stories260k', 'dep_1'), { minLength: 3, maxLength: 3 }),
-      fc.constantFrom('', '?limit=-1', '?type=%zz', '?order=sideways&after=%00', `?author=${'a'.repeat(3000)}`, '?x[y]=1'),
+      fc.constantFrom(
+        '',
+        '?limit=-1',
+        '?type=%zz',
+        '?order=sideways&after=%00',
+        `?author=${'a'.repeat(3000)}`,
+        '?x[y]=1',
+        '?group_by=%00&from=1',
+      ),
     )
     .chain(([[method, template], ids, query]) => {
       let n = 0;

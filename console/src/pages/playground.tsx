@@ -1,7 +1,7 @@
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { isRecord, type List, type Model } from '../api.js';
 import { CopyButton, ErrorBanner, PageHeader, errorText, useLoad, type PageProps } from '../components.js';
-import { formatCost, formatNumber, parseJson, remember } from '../util.js';
+import { formatCost, formatNumber, parseJson } from '../util.js';
 import {
   EXAMPLE_SCHEMA,
   EXAMPLE_TOOLS,
@@ -279,7 +279,6 @@ export function Playground({ api, params }: PageProps) {
         const conv = await api.request<{ id: string }>('POST', '/v1/conversations', {}, ctrl.signal);
         s.conversationId = conv.id;
         setConversationId(conv.id);
-        remember('conversations', { id: conv.id, model: s.model, at: Date.now(), preview: firstUserText(history) });
       }
       const { path, body } = requestOf(s, history);
       if (s.stream) {
@@ -306,9 +305,6 @@ export function Playground({ api, params }: PageProps) {
     } finally {
       answer.streaming = false;
       answer.ms = performance.now() - started;
-      if (answer.responseId) {
-        remember('responses', { id: answer.responseId, model: s.model, at: Date.now(), preview: lastUserText(history) });
-      }
       show();
       setBusy(false);
       abort.current = null;
@@ -658,18 +654,4 @@ export function Playground({ api, params }: PageProps) {
       </div>
     </section>
   );
-}
-
-function lastUserText(turns: readonly Turn[]): string {
-  for (let i = turns.length - 1; i >= 0; i--) {
-    const t = turns[i];
-    if (t?.role === 'user') return t.text.slice(0, 120);
-    if (t?.role === 'tool') return `tool result for ${t.name}`;
-  }
-  return '';
-}
-
-function firstUserText(turns: readonly Turn[]): string {
-  const t = turns.find((x) => x.role === 'user');
-  return t && t.role === 'user' ? t.text.slice(0, 120) : '';
 }

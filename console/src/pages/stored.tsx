@@ -1,10 +1,24 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { isRecord, str, type List } from '../api.js';
-import { Badge, ErrorBanner, PageHeader, errorText, useLoad, type PageProps } from '../components.js';
-import { formatCost, formatNumber, formatTime, forget, readHistory, type HistoryEntry, type HistoryKind } from '../util.js';
+import {
+  Badge,
+  ErrorBanner,
+  MoreButton,
+  PageHeader,
+  RefreshButton,
+  errorText,
+  useLoad,
+  usePaged,
+  type PageProps,
+  type Paged,
+} from '../components.js';
+import { formatCost, formatNumber, formatTime } from '../util.js';
 import { applyResponse, applyResponsesEvent, responsesUsage, type AssistantTurn } from './playground-wire.js';
 
 type Target = { kind: 'response' | 'conversation' | 'completion'; id: string };
+
+/** Rows per page of each list. */
+const PAGE = 20;
 
 function kindOf(id: string): Target['kind'] | null {
   if (id.startsWith('resp_')) return 'response';
@@ -265,48 +279,174 @@ function CompletionView({ api, id }: Pick<PageProps, 'api'> & { id: string }) {
   );
 }
 
-function HistoryTable({ kind, onOpen, entries }: { kind: HistoryKind; onOpen: (t: Target) => void; entries: HistoryEntry[] }) {
-  if (entries.length === 0) return <p class="muted">None yet in this browser session.</p>;
+type Stored = { id: string } & Record<string, unknown>;
+
+/** The text of a response's output messages, shortened: what a row of the list shows of it. */
+function outputPreview(r: Stored): string {
+  const output = Array.isArray(r['output']) ? (r['output'] as unknown[]).filter(isRecord) : [];
+  const text = output
+    .flatMap((item) => {
+      if (item['type'] === 'function_call') return [`[tool call ${str(item['name']) ?? ''}]`];
+      if (item['type'] !== 'message' || !Array.isArray(item['content'])) return [];
+      return (item['content'] as unknown[]).filter(isRecord).map((p) => str(p['text']) ?? str(p['refusal']) ?? '');
+    })
+    .join(' ')
+    .trim();
+  return text.length > 120 ? `${text.slice(0, 119)}…` : text;
+}
+
+function OpenButton({ id, onOpen }: { id: string; onOpen: () => void }) {
   return (
-    <div class="table-wrap">
-      <table data-testid={`history-${kind}`}>
-        <thead>
-          <tr>
-            <th scope="col">Id</th>
-            <th scope="col">Model</th>
-            <th scope="col">When</th>
-            <th scope="col">First words</th>
-            <th scope="col">
-              <span class="sr-only">Open</span>
-            </th>
-          </tr>
-        </thead>
-        <tbody>
-          {entries.map((e) => (
-            <tr key={e.id}>
-              <th scope="row">
-                <code>{e.id}</code>
-              </th>
-              <td>{e.model}</td>
-              <td class="nowrap">{formatTime(e.at / 1000)}</td>
-              <td class="clip">{e.preview}</td>
-              <td>
-                <button
-                  type="button"
-                  class="secondary small"
-                  onClick={() => onOpen({ kind: kind === 'responses' ? 'response' : 'conversation', id: e.id })}
-                >
-                  Open<span class="sr-only"> {e.id}</span>
-                </button>
-              </td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
-    </div>
+    <button type="button" class="secondary small" onClick={onOpen}>
+      Open<span class="sr-only"> {id}</span>
+    </button>
   );
 }
 
+function ResponsesList({ list, onOpen }: { list: Paged<Stored>; onOpen: (t: Target) => void }) {
+  return (
+    <section>
+      <h2>Responses</h2>
+      <ErrorBanner error={list.error} />
+      {list.items.length === 0 && !list.loading && !list.error && (
+        <p class="muted">None: responses are stored unless sent with "store": false.</p>
+      )}
+      {list.items.length > 0 && (
+        <div class="table-wrap">
+          <table data-testid="stored-responses" aria-busy={list.loading}>
+            <thead>
+              <tr>
+                <th scope="col">Id</th>
+                <th scope="col">Status</th>
+                <th scope="col">Model</th>
+                <th scope="col">Created</th>
+                <th scope="col">Output</th>
+                <th scope="col">
+                  <span class="sr-only">Open</span>
+                </th>
+              </tr>
+            </thead>
+            <tbody>
+              {list.items.map((r) => {
+                const status = str(r['status']) ?? '';
+                return (
+                  <tr key={r.id} data-testid="stored-response-row" data-id={r.id}>
+                    <th scope="row">
+                      <code>{r.id}</code>
+                    </th>
+                    <td>
+                      <Badge tone={status === 'completed' ? 'good' : status === 'failed' ? 'bad' : 'warn'}>{status}</Badge>
+                    </td>
+                    <td>{str(r['model'])}</td>
+                    <td class="nowrap">{formatTime(typeof r['created_at'] === 'number' ? r['created_at'] : null)}</td>
+                    <td class="clip">{outputPreview(r)}</td>
+                    <td>
+                      <OpenButton id={r.id} onOpen={() => onOpen({ kind: 'response', id: r.id })} />
+                    </td>
+                  </tr>
+                );
+              })}
+            </tbody>
+          </table>
+        </div>
+      )}
+      <MoreButton list={list} label="responses" testid="stored-responses-more" />
+    </section>
+  );
+}
+
+function ConversationsList({ list, onOpen }: { list: Paged<Stored>; onOpen: (t: Target) => void }) {
+  return (
+    <section>
+      <h2>Conversations</h2>
+      <ErrorBanner error={list.error} />
+      {list.items.length === 0 && !list.loading && !list.error && <p class="muted">None yet.</p>}
+      {list.items.length > 0 && (
+        <div class="table-wrap">
+          <table data-testid="stored-conversations" aria-busy={list.loading}>
+            <thead>
+              <tr>
+                <th scope="col">Id</th>
+                <th scope="col">Created</th>
+                <th scope="col">Metadata</th>
+                <th scope="col">
+                  <span class="sr-only">Open</span>
+                </th>
+              </tr>
+            </thead>
+            <tbody>
+              {list.items.map((c) => {
+                const metadata = isRecord(c['metadata']) ? Object.entries(c['metadata']) : [];
+                return (
+                  <tr key={c.id} data-testid="stored-conversation-row" data-id={c.id}>
+                    <th scope="row">
+                      <code>{c.id}</code>
+                    </th>
+                    <td class="nowrap">{formatTime(typeof c['created_at'] === 'number' ? c['created_at'] : null)}</td>
+                    <td class="clip">{metadata.length ? metadata.map(([k, v]) => `${k}=${String(v)}`).join(', ') : '–'}</td>
+                    <td>
+                      <OpenButton id={c.id} onOpen={() => onOpen({ kind: 'conversation', id: c.id })} />
+                    </td>
+                  </tr>
+                );
+              })}
+            </tbody>
+          </table>
+        </div>
+      )}
+      <MoreButton list={list} label="conversations" testid="stored-conversations-more" />
+    </section>
+  );
+}
+
+function CompletionsList({ list, onOpen }: { list: Paged<Stored>; onOpen: (t: Target) => void }) {
+  return (
+    <section>
+      <h2>Stored chat completions</h2>
+      <ErrorBanner error={list.error} />
+      {list.items.length === 0 && !list.loading && !list.error && (
+        <p class="muted">None: chat completions are stored when sent with "store": true.</p>
+      )}
+      {list.items.length > 0 && (
+        <div class="table-wrap">
+          <table data-testid="stored-completions" aria-busy={list.loading}>
+            <thead>
+              <tr>
+                <th scope="col">Id</th>
+                <th scope="col">Model</th>
+                <th scope="col">Created</th>
+                <th scope="col">
+                  <span class="sr-only">Open</span>
+                </th>
+              </tr>
+            </thead>
+            <tbody>
+              {list.items.map((c) => (
+                <tr key={c.id}>
+                  <th scope="row">
+                    <code>{c.id}</code>
+                  </th>
+                  <td>{str(c['model'])}</td>
+                  <td class="nowrap">{formatTime(typeof c['created'] === 'number' ? c['created'] : null)}</td>
+                  <td>
+                    <OpenButton id={c.id} onOpen={() => onOpen({ kind: 'completion', id: c.id })} />
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+      <MoreButton list={list} label="chat completions" testid="stored-completions-more" />
+    </section>
+  );
+}
+
+/**
+ * What the signed-in key's organization stored, newest first, from the API's lists (a page at a
+ * time): responses, conversations and chat completions; any of them, or an id, opens below the
+ * form, and a response's stream can be replayed.
+ */
 export function Stored({ api, params }: PageProps) {
   const initial = params.get('response') ?? params.get('conversation') ?? params.get('completion');
   const [target, setTarget] = useState<Target | null>(() => {
@@ -316,11 +456,9 @@ export function Stored({ api, params }: PageProps) {
   });
   const [idText, setIdText] = useState('');
   const [idError, setIdError] = useState<string | null>(null);
-  const [recent, setRecent] = useState(() => ({ responses: readHistory('responses'), conversations: readHistory('conversations') }));
-  const completions = useLoad(
-    async (signal) => (await api.get<List<Record<string, unknown>>>('/v1/chat/completions?order=desc&limit=20', signal)).data,
-    [],
-  );
+  const responses = usePaged<Stored>(api, `/v1/responses?order=desc&limit=${PAGE}`);
+  const conversations = usePaged<Stored>(api, `/v1/conversations?order=desc&limit=${PAGE}`);
+  const completions = usePaged<Stored>(api, `/v1/chat/completions?order=desc&limit=${PAGE}`);
   const viewer = useRef<HTMLHeadingElement>(null);
 
   const open = (t: Target) => {
@@ -331,7 +469,16 @@ export function Stored({ api, params }: PageProps) {
 
   return (
     <section>
-      <PageHeader title="Stored responses and conversations" />
+      <PageHeader title="Stored responses and conversations">
+        <RefreshButton
+          testId="stored-refresh"
+          onClick={() => {
+            responses.reload();
+            conversations.reload();
+            completions.reload();
+          }}
+        />
+      </PageHeader>
       <form
         class="filters"
         onSubmit={(e) => {
@@ -386,78 +533,10 @@ export function Stored({ api, params }: PageProps) {
         </section>
       )}
 
-      <div>
-        <section>
-          <h2>Responses from this session</h2>
-          <HistoryTable kind="responses" entries={recent.responses} onOpen={open} />
-        </section>
-        <section>
-          <h2>Conversations from this session</h2>
-          <HistoryTable kind="conversations" entries={recent.conversations} onOpen={open} />
-        </section>
-      </div>
-      {(recent.responses.length > 0 || recent.conversations.length > 0) && (
-        <p>
-          <button
-            type="button"
-            class="secondary small"
-            onClick={() => {
-              forget('responses');
-              forget('conversations');
-              setRecent({ responses: [], conversations: [] });
-            }}
-          >
-            Forget this session's list
-          </button>
-        </p>
-      )}
-      <p class="small muted">
-        The API lists stored chat completions but not responses or conversations (neither does OpenAI's), so the lists above hold those the
-        playground made in this tab; any other id opens above.
-      </p>
-
-      <section>
-        <h2>Stored chat completions</h2>
-        <ErrorBanner error={completions.error} />
-        {completions.data && completions.data.length === 0 && (
-          <p class="muted">None: chat completions are stored when sent with "store": true.</p>
-        )}
-        {completions.data && completions.data.length > 0 && (
-          <div class="table-wrap">
-            <table data-testid="stored-completions">
-              <thead>
-                <tr>
-                  <th scope="col">Id</th>
-                  <th scope="col">Model</th>
-                  <th scope="col">Created</th>
-                  <th scope="col">
-                    <span class="sr-only">Open</span>
-                  </th>
-                </tr>
-              </thead>
-              <tbody>
-                {completions.data.map((c) => {
-                  const id = str(c['id']) ?? '';
-                  return (
-                    <tr key={id}>
-                      <th scope="row">
-                        <code>{id}</code>
-                      </th>
-                      <td>{str(c['model'])}</td>
-                      <td class="nowrap">{formatTime(typeof c['created'] === 'number' ? c['created'] : null)}</td>
-                      <td>
-                        <button type="button" class="secondary small" onClick={() => open({ kind: 'completion', id })}>
-                          Open<span class="sr-only"> {id}</span>
-                        </button>
-                      </td>
-                    </tr>
-                  );
-                })}
-              </tbody>
-            </table>
-          </div>
-        )}
-      </section>
+      <p class="small muted">Everything your organization stored, newest first; every key of the organization sees the same lists.</p>
+      <ResponsesList list={responses} onOpen={open} />
+      <ConversationsList list={conversations} onOpen={open} />
+      <CompletionsList list={completions} onOpen={open} />
     </section>
   );
 }

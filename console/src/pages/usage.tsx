@@ -54,10 +54,12 @@ function sum(rows: readonly UsageRow[]): UsageRow {
 }
 
 /**
- * Usage from the ledger through GET /admin/usage (admin keys only: the API has no usage endpoint
- * for an inference key). Days are UTC, as the ledger keeps them.
+ * Usage from the ledger: an admin key reads everyone's through GET /admin/usage, any other key its
+ * own through GET /v1/usage (same query, same answer). Days are UTC, as the ledger keeps them.
  */
-export function Usage({ api }: PageProps) {
+export function Usage({ api, session }: PageProps) {
+  const admin = session.role === 'admin';
+  const endpoint = admin ? '/admin/usage' : '/v1/usage';
   const today = isoDay(new Date());
   const [from, setFrom] = useState(addDays(today, -13));
   const [to, setTo] = useState(today);
@@ -68,10 +70,15 @@ export function Usage({ api }: PageProps) {
   const [model, setModel] = useState('');
   const [auto, setAuto] = useState(false);
 
-  const names = useLoad(async (signal) => {
-    const [orgs, keys] = await Promise.all([api.get<List<Org>>('/admin/orgs', signal), api.get<List<ApiKey>>('/admin/keys', signal)]);
-    return { orgs: orgs.data, keys: keys.data };
-  }, []);
+  // Names of organizations and keys, for the filters and labels: the admin API's, so admins only.
+  const names = useLoad(
+    async (signal) => {
+      if (!admin) return { orgs: [], keys: [] };
+      const [orgs, keys] = await Promise.all([api.get<List<Org>>('/admin/orgs', signal), api.get<List<ApiKey>>('/admin/keys', signal)]);
+      return { orgs: orgs.data, keys: keys.data };
+    },
+    [admin],
+  );
 
   const usage = useLoad(
     async (signal) => {
@@ -82,7 +89,7 @@ export function Usage({ api }: PageProps) {
       const query = (extra: Record<string, string>) => {
         const q = new URLSearchParams(base);
         for (const [k, v] of Object.entries(extra)) q.set(k, v);
-        return `/admin/usage?${q}`;
+        return `${endpoint}?${q}`;
       };
       const models = (await api.get<List<UsageRow>>(query({ group_by: 'model' }), signal)).data;
       if (dimension === 'none') {
@@ -99,11 +106,12 @@ export function Usage({ api }: PageProps) {
       );
       return { totals, daily, models };
     },
-    [from, to, org, key, model, dimension, metric],
+    [endpoint, from, to, org, key, model, dimension, metric],
   );
   useInterval(usage.reload, 10_000, auto);
 
   const keyLabel = (id: string) => {
+    if (!admin) return `${id} (this key)`;
     const k = names.data?.keys.find((x) => x.id === id);
     return k ? `${k.name} (${k.org}) · ${id}` : id;
   };
@@ -154,7 +162,7 @@ export function Usage({ api }: PageProps) {
 
   return (
     <section>
-      <PageHeader title="Usage">
+      <PageHeader title={admin ? 'Usage' : "This key's usage"}>
         <RefreshButton onClick={usage.reload} testId="usage-refresh" />
         <button type="button" class="secondary" onClick={exportDaily} disabled={!usage.data} data-testid="usage-export">
           Export daily CSV
@@ -222,30 +230,34 @@ export function Usage({ api }: PageProps) {
             <option value="org">Organization</option>
           </select>
         </div>
-        <div class="field">
-          <label for="usage-org">Organization</label>
-          <select id="usage-org" value={org} onChange={(e) => setOrg(e.currentTarget.value)}>
-            <option value="">All</option>
-            {(names.data?.orgs ?? []).map((o) => (
-              <option key={o.id} value={o.id}>
-                {o.id}
-              </option>
-            ))}
-          </select>
-        </div>
-        <div class="field">
-          <label for="usage-key">Key</label>
-          <select id="usage-key" value={key} onChange={(e) => setKey(e.currentTarget.value)}>
-            <option value="">All</option>
-            {(names.data?.keys ?? [])
-              .filter((k) => org === '' || k.org === org)
-              .map((k) => (
-                <option key={k.id} value={k.id}>
-                  {k.name} ({k.org})
-                </option>
-              ))}
-          </select>
-        </div>
+        {admin && (
+          <>
+            <div class="field">
+              <label for="usage-org">Organization</label>
+              <select id="usage-org" value={org} onChange={(e) => setOrg(e.currentTarget.value)}>
+                <option value="">All</option>
+                {(names.data?.orgs ?? []).map((o) => (
+                  <option key={o.id} value={o.id}>
+                    {o.id}
+                  </option>
+                ))}
+              </select>
+            </div>
+            <div class="field">
+              <label for="usage-key">Key</label>
+              <select id="usage-key" value={key} onChange={(e) => setKey(e.currentTarget.value)}>
+                <option value="">All</option>
+                {(names.data?.keys ?? [])
+                  .filter((k) => org === '' || k.org === org)
+                  .map((k) => (
+                    <option key={k.id} value={k.id}>
+                      {k.name} ({k.org})
+                    </option>
+                  ))}
+              </select>
+            </div>
+          </>
+        )}
         <div class="field">
           <label for="usage-model">Model</label>
           <select id="usage-model" value={model} onChange={(e) => setModel(e.currentTarget.value)}>
@@ -262,6 +274,11 @@ export function Usage({ api }: PageProps) {
           <label for="usage-auto">Refresh every 10 s</label>
         </div>
       </form>
+      {!admin && (
+        <p class="small muted" data-testid="usage-own">
+          Only the requests made with the key you signed in with; an admin key sees every key and organization.
+        </p>
+      )}
       <ErrorBanner error={usage.error ?? names.error} />
       <div class="stats" aria-live="polite" data-testid="usage-stats">
         <div class="stat">

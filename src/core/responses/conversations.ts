@@ -2,7 +2,8 @@ import { ApiError } from '../errors.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ItemPage, Store } from '../../store/store.js';
 import { checkNewItemIds, resolveInput, type InputItem, type Item } from '../items.js';
-import { newId, nowSeconds } from '../ids.js';
+import { newId, nowSeconds, orderMs } from '../ids.js';
+import type { Page, PageRequest } from '../paging.js';
 
 /** A conversation as served (its items are listed separately). */
 export interface Conversation {
@@ -60,7 +61,13 @@ export class ConversationService {
   async create(who: Principal, input: readonly InputItem[], metadata: Record<string, string>): Promise<Conversation> {
     const items = this.newItems(input);
     checkNewItemIds(items, new Set(), (i) => `items[${i}].id`);
-    const conv: ConversationRecord = { id: newId('conv'), org_id: who.orgId, created_at: nowSeconds(), metadata: JSON.stringify(metadata) };
+    const conv: ConversationRecord = {
+      id: newId('conv'),
+      org_id: who.orgId,
+      created_at: nowSeconds(),
+      created_ms: orderMs(),
+      metadata: JSON.stringify(metadata),
+    };
     await this.store.createConversation(conv);
     await this.append(conv, items);
     return render(conv);
@@ -68,6 +75,21 @@ export class ConversationService {
 
   async get(id: string, who: Principal): Promise<Conversation> {
     return render(await this.load(id, who));
+  }
+
+  /**
+   * The organization's conversations in creation order (`asc`) or the reverse, the same objects
+   * `get` serves. `after` must be one of them (another organization's id is treated like one that does not exist).
+   */
+  async list(who: Principal, page: PageRequest): Promise<Page<Conversation>> {
+    let after: ConversationRecord | undefined;
+    if (page.after !== undefined) {
+      after = await this.store.getConversation(page.after);
+      if (!after || after.org_id !== who.orgId)
+        throw new ApiError('invalid_value', `No conversation '${page.after}' to list after.`, { param: 'after' });
+    }
+    const found = await this.store.listConversations(who.orgId, { after, limit: page.limit, order: page.order });
+    return { data: found.records.map(render), hasMore: found.hasMore };
   }
 
   async update(id: string, who: Principal, metadata: Record<string, string>): Promise<Conversation> {

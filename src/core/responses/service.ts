@@ -12,7 +12,8 @@ import {
   type MessageItem,
   type SealedText,
 } from '../items.js';
-import { newId, nowSeconds } from '../ids.js';
+import { newId, nowSeconds, orderMs } from '../ids.js';
+import type { Page, PageRequest } from '../paging.js';
 import type { ReasoningSeal, SealPurpose } from '../reasoning-seal.js';
 import type { Model } from '../model-spec.js';
 import type { MeteredStream } from '../metering.js';
@@ -283,10 +284,34 @@ export class ResponseService<Echo> {
   async get(id: string, who: Principal): Promise<Record<string, unknown>> {
     const run = this.running.get(id);
     if (run && run.orgId === who.orgId) return run.resource();
-    const stored = this.format.read((await this.record(id, who)).body);
+    return this.current(await this.record(id, who));
+  }
+
+  /** A stored response as it is now: the run's state while it runs, here or elsewhere; else what was stored. */
+  private async current(r: Pick<ResponseRecord, 'id' | 'body'>): Promise<Record<string, unknown>> {
+    const run = this.running.get(r.id);
+    if (run) return run.resource();
+    const stored = this.format.read(r.body);
     if (TERMINAL.includes(stored.status)) return stored.resource;
     // Running elsewhere: its owner has the current state (the stored one is from its start).
-    return (await this.askOwner(id)) ?? stored.resource;
+    return (await this.askOwner(r.id)) ?? stored.resource;
+  }
+
+  /**
+   * The organization's stored responses in creation order (`asc`) or the reverse, each the object
+   * `get` serves. `after` must be one of them (another organization's id is treated like one that does not exist).
+   */
+  async list(who: Principal, page: PageRequest): Promise<Page<{ id: string } & Record<string, unknown>>> {
+    let after: ResponseRecord | undefined;
+    if (page.after !== undefined) {
+      after = await this.store.getResponse(page.after);
+      if (!after || after.org_id !== who.orgId)
+        throw new ApiError('invalid_value', `No stored response '${page.after}' to list after.`, { param: 'after' });
+    }
+    const found = await this.store.listResponses(who.orgId, { after, limit: page.limit, order: page.order });
+    // The format serves every response object with its id.
+    const data = (await Promise.all(found.records.map((r) => this.current(r)))) as Array<{ id: string } & Record<string, unknown>>;
+    return { data, hasMore: found.hasMore };
   }
 
   /** The live run (to follow), here or in another process, or the stored response re-rendered as events. */
@@ -572,6 +597,7 @@ export class ResponseService<Echo> {
           conversation_id: conv?.id ?? null,
           previous_response_id: detached ? null : body.previousResponseId,
           created_at: nowSeconds(),
+          created_ms: orderMs(),
           updated_at: Date.now(),
           body: this.format.serialize(fold),
           input_items: JSON.stringify(detached ? [...history, ...input] : input),

@@ -6,14 +6,22 @@ import type { InputContent, InputItem, Item, ReasoningItem } from '../../core/it
 
 type Raw = Record<string, unknown>;
 
+/** An element of a list of parts or items: an object, else a 400 naming where it is (never a TypeError, a 500). */
+function objectAt(v: unknown, at: string): Raw {
+  if (typeof v !== 'object' || v === null || Array.isArray(v))
+    throw new ApiError('invalid_value', `${at} must be an object.`, { param: at });
+  return v as Raw;
+}
+
 function contentParts(raw: unknown, role: string, where: string): InputContent[] {
   if (typeof raw === 'string') {
     return [role === 'assistant' ? { type: 'output_text', text: raw, annotations: [] } : { type: 'input_text', text: raw }];
   }
   if (!Array.isArray(raw))
     throw new ApiError('invalid_value', `${where}.content must be a string or an array of parts.`, { param: `${where}.content` });
-  return raw.map((p: Raw, j) => {
+  return raw.map((element: unknown, j) => {
     const at = `${where}.content[${j}]`;
+    const p = objectAt(element, at);
     switch (p['type']) {
       case 'input_text':
       case 'text':
@@ -107,11 +115,17 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
       }
       case 'reasoning': {
         const summary = Array.isArray(raw['summary'])
-          ? (raw['summary'] as Raw[]).map((s) => ({ type: 'summary_text' as const, text: String(s['text'] ?? '') }))
+          ? (raw['summary'] as unknown[]).map((s, k) => ({
+              type: 'summary_text' as const,
+              text: String(objectAt(s, `${where}.summary[${k}]`)['text'] ?? ''),
+            }))
           : [];
         const item: ReasoningItem = { id: itemId(raw, where, 'rs'), type: 'reasoning', summary };
         if (Array.isArray(raw['content']))
-          item.content = (raw['content'] as Raw[]).map((c) => ({ type: 'reasoning_text', text: String(c['text'] ?? '') }));
+          item.content = (raw['content'] as unknown[]).map((c, k) => ({
+            type: 'reasoning_text',
+            text: String(objectAt(c, `${where}.content[${k}]`)['text'] ?? ''),
+          }));
         if (typeof raw['encrypted_content'] === 'string') item.encrypted_content = raw['encrypted_content'];
         return item;
       }
