@@ -5,7 +5,6 @@
  * upstream, one Switchyard at a time (one worker), rounds alternating old and new so drift in the
  * machine's speed hits both. Prints the medians of each and their ratio; asserts nothing.
  */
-import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { join, resolve } from 'node:path';
 import { createBenchKey, DIST, median, spawnReady, startSwitchyard } from './lib.js';
@@ -21,11 +20,6 @@ const seconds = Number(values.seconds);
 
 type Row = { nonstream_rps: number; stream_rps: number; added_us: number; nonstream_cpu_us: number; stream_cpu_us: number };
 
-/** CPU time (user + system) the process has used, in microseconds (Linux /proc; clock ticks of 10 ms). */
-function cpuUs(pid: number): number {
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
-  return (Number(fields[11]) + Number(fields[12])) * 10_000;
-}
 const results: Record<'old' | 'new', Row[]> = { old: [], new: [] };
 
 const fake = await spawnReady('fake-upstream.js', ['0']);
@@ -45,21 +39,16 @@ try {
           model: 'openai/bench-fake',
         };
         // CPU per request is what the code costs; unlike requests per second it hardly moves with a
-        // noisy machine. It includes the warm-up run, whose requests are counted in by rate.
-        const pid = sy.child.pid!;
-        let cpu = cpuUs(pid);
-        const nonstream = await throughput(s, false, 64, seconds);
-        const nonstreamCpu = (cpuUs(pid) - cpu) / (nonstream.rps * (seconds + Math.max(1, Math.round(seconds / 4))));
-        cpu = cpuUs(pid);
-        const stream = await throughput(s, true, 64, seconds);
-        const streamCpu = (cpuUs(pid) - cpu) / (stream.rps * (seconds + Math.max(1, Math.round(seconds / 4))));
+        // noisy machine (throughput measures it over the timed run).
+        const nonstream = await throughput({ ...s, pid: sy.child.pid! }, false, 64, seconds);
+        const stream = await throughput({ ...s, pid: sy.child.pid! }, true, 64, seconds);
         const one = await sequential(s, false, 2000);
         const row = {
           nonstream_rps: nonstream.rps,
           stream_rps: stream.rps,
           added_us: Math.round((one.p50_ms - base) * 1000),
-          nonstream_cpu_us: Math.round(nonstreamCpu),
-          stream_cpu_us: Math.round(streamCpu),
+          nonstream_cpu_us: nonstream.cpu_us_per_request ?? NaN,
+          stream_cpu_us: stream.cpu_us_per_request ?? NaN,
         };
         results[which].push(row);
         console.log(`round ${r + 1} ${which}: ${JSON.stringify(row)}`);

@@ -6,7 +6,7 @@
 import autocannon from 'autocannon';
 import { Client, request } from 'undici';
 import http from 'node:http';
-import { percentile, sleep, treeRss } from './lib.js';
+import { percentile, sleep, treeCpuUs, treeRss } from './lib.js';
 
 export interface Subject {
   name: string;
@@ -15,6 +15,8 @@ export interface Subject {
   path: string;
   headers: Record<string, string>;
   model: string;
+  /** The subject's process (with its workers), whose CPU time is measured. */
+  pid?: number;
 }
 
 export interface Throughput {
@@ -24,6 +26,8 @@ export interface Throughput {
   p99_ms: number;
   errors: number;
   non2xx: number;
+  /** CPU time (user + system) the subject's processes spent per answered request. */
+  cpu_us_per_request?: number;
 }
 
 const body = (model: string, stream: boolean): string =>
@@ -48,8 +52,11 @@ export async function throughput(s: Subject, stream: boolean, connections: numbe
     body: body(s.model, stream),
   };
   await autocannon({ ...opts, duration: Math.max(1, Math.round(seconds / 4)) });
+  const cpu = s.pid === undefined ? undefined : treeCpuUs(s.pid);
   const r = await autocannon({ ...opts, duration: seconds });
+  const used = cpu === undefined ? undefined : treeCpuUs(s.pid!) - cpu;
   return {
+    ...(used !== undefined && r['2xx'] > 0 && { cpu_us_per_request: Math.round(used / r['2xx']) }),
     rps: Math.round(r['2xx'] / r.duration),
     p50_ms: r.latency.p50,
     p90_ms: r.latency.p90,

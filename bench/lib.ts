@@ -57,10 +57,11 @@ export async function startMain(
   env: Record<string, string>,
   prepare?: (dataDir: string) => Record<string, string>,
   dist = DIST,
+  nodeArgs: readonly string[] = [],
 ): Promise<Proc & { dataDir: string }> {
   const dataDir = mkdtempSync(join(tmpdir(), 'switchyard-bench-'));
   const port = await freePort();
-  const child = spawn(process.execPath, [join(dist, 'src', 'main.js'), '--port', String(port)], {
+  const child = spawn(process.execPath, [...nodeArgs, join(dist, 'src', 'main.js'), '--port', String(port)], {
     env: { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN_KEY, ...env, ...prepare?.(dataDir) },
     stdio: ['ignore', 'ignore', 'inherit'],
   });
@@ -96,6 +97,8 @@ export function startSwitchyard(o: {
   workers: number;
   modelsDir?: string;
   dist?: string;
+  /** Node options for the server process (`--cpu-prof` for the flame summary). */
+  nodeArgs?: readonly string[];
 }): Promise<Proc & { dataDir: string }> {
   return startMain(
     { SWITCHYARD_WORKERS: String(o.workers), SWITCHYARD_LOG_LEVEL: 'info' },
@@ -136,6 +139,7 @@ export function startSwitchyard(o: {
       return { SWITCHYARD_CONFIG: config, SWITCHYARD_MODELS_DIR: o.modelsDir ?? join(dataDir, 'models') };
     },
     o.dist,
+    o.nodeArgs,
   );
 }
 
@@ -151,8 +155,8 @@ export async function createBenchKey(url: string): Promise<string> {
   return body.key;
 }
 
-/** Resident memory of a process and all its descendants (a cluster's primary and workers), in bytes. */
-export function treeRss(pid: number): number {
+/** The process and all its descendants, from /proc. */
+function processTree(pid: number): number[] {
   const children = new Map<number, number[]>();
   for (const name of readdirSync('/proc')) {
     if (!/^\d+$/.test(name)) continue;
@@ -164,17 +168,40 @@ export function treeRss(pid: number): number {
       // the process ended meanwhile
     }
   }
-  let total = 0;
+  const out: number[] = [];
   const walk = (p: number) => {
+    out.push(p);
+    for (const c of children.get(p) ?? []) walk(c);
+  };
+  walk(pid);
+  return out;
+}
+
+/** CPU time (user + system) a process and its descendants have used, in microseconds (clock ticks of 10 ms). */
+export function treeCpuUs(pid: number): number {
+  let total = 0;
+  for (const p of processTree(pid)) {
+    try {
+      const fields = readFileSync(`/proc/${p}/stat`, 'utf8').split(') ')[1]!.split(' ');
+      total += (Number(fields[11]) + Number(fields[12])) * 10_000;
+    } catch {
+      // ended meanwhile
+    }
+  }
+  return total;
+}
+
+/** Resident memory of a process and all its descendants (a cluster's primary and workers), in bytes. */
+export function treeRss(pid: number): number {
+  let total = 0;
+  for (const p of processTree(pid)) {
     try {
       const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${p}/status`, 'utf8'));
       total += m ? Number(m[1]) * 1024 : 0;
     } catch {
-      return;
+      // ended meanwhile
     }
-    for (const c of children.get(p) ?? []) walk(c);
-  };
-  walk(pid);
+  }
   return total;
 }
 

@@ -5,7 +5,7 @@
  * its results to the temp folder and leaves the committed ones alone. `--only=gateway|local`
  * runs one part; `--only=schemas` the structured-output costs over ../shared/schemas.
  */
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { PACKAGE_ROOT } from '../src/config.js';
@@ -14,12 +14,17 @@ import { check, idleStreams, sequential, throughput, type Subject } from './gate
 import { localScenarios, type LocalResult } from './local.js';
 import { renderTable, TARGETS, type Results } from './report.js';
 import { renderSchemaTable, schemaScenario } from './schemas.js';
+import { summarizeProfile } from './profile.js';
 
 const quick = process.argv.includes('--quick');
 const only = process.argv.find((a) => a.startsWith('--only='))?.slice(7);
 const SECONDS = quick ? 1 : 10;
 const SEQUENTIAL = quick ? 50 : 3000;
 const IDLE_STREAMS = quick ? 100 : 10_000;
+/** Seconds of each load (non-stream, then stream) under the profiler. */
+const PROFILE_SECONDS = quick ? 1 : 5;
+/** The profile of the last gateway run, kept beside its results. */
+let profile: string | undefined;
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
 
@@ -30,8 +35,15 @@ async function gateway(results: Results): Promise<void> {
     procs.push(fake);
     const ref = await spawnReady('reference-proxy.js', ['0', fake.url]);
     procs.push(ref);
-    const direct: Subject = { name: 'direct', url: fake.url, path: '/v1/chat/completions', headers: {}, model: 'fake' };
-    const reference: Subject = { ...direct, name: 'reference', url: ref.url };
+    const direct: Subject = {
+      name: 'direct',
+      url: fake.url,
+      path: '/v1/chat/completions',
+      headers: {},
+      model: 'fake',
+      pid: fake.child.pid!,
+    };
+    const reference: Subject = { ...direct, name: 'reference', url: ref.url, pid: ref.child.pid! };
 
     for (const workers of [1, 2]) {
       const sy = await startSwitchyard({ upstream: fake.url, workers });
@@ -43,6 +55,7 @@ async function gateway(results: Results): Promise<void> {
         path: '/v1/chat/completions',
         headers: { authorization: `Bearer ${key}` },
         model: 'openai/bench-fake',
+        pid: sy.child.pid!,
       };
       await check(switchyard);
       const w = workers === 1 ? 'workers_1' : 'workers_2';
@@ -75,6 +88,29 @@ async function gateway(results: Results): Promise<void> {
       await sy.stop();
       procs.pop();
     }
+
+    // Where the time goes: one worker under the same load, with V8's CPU profiler on.
+    log('switchyard (1 worker): CPU profile');
+    const profDir = mkdtempSync(join(tmpdir(), 'switchyard-prof-'));
+    const sy = await startSwitchyard({ upstream: fake.url, workers: 1, nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${profDir}`] });
+    procs.push(sy);
+    const key = await createBenchKey(sy.url);
+    const profiled: Subject = {
+      name: 'switchyard (profiled)',
+      url: sy.url,
+      path: '/v1/chat/completions',
+      headers: { authorization: `Bearer ${key}` },
+      model: 'openai/bench-fake',
+    };
+    const start = performance.now();
+    await throughput(profiled, false, 64, PROFILE_SECONDS);
+    await throughput(profiled, true, 64, PROFILE_SECONDS);
+    const windowMs = performance.now() - start;
+    await sy.stop();
+    procs.pop();
+    const summary = summarizeProfile(profDir, PACKAGE_ROOT, windowMs);
+    results.gateway.profile = { sampled_ms: summary.sampled_ms, by_package: summary.by_package, by_function: summary.by_function };
+    profile = summary.file;
   } finally {
     for (const p of procs.reverse()) await p.stop();
   }
@@ -106,6 +142,7 @@ async function main(): Promise<void> {
     const dir = join(PACKAGE_ROOT, 'bench', 'results');
     mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, `${day}.json`), `${JSON.stringify(results, null, 2)}\n`);
+    if (profile) copyFileSync(profile, join(dir, `${day}.cpuprofile`));
     const readme = join(PACKAGE_ROOT, 'bench', 'README.md');
     const text = readFileSync(readme, 'utf8');
     const start = '<!-- results:start -->';

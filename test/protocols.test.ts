@@ -151,12 +151,19 @@ describe('protocols/chat', () => {
 
   it('streams events as chunks that its reader turns back into the same events', () => {
     const r = new ChunkRenderer('m', true);
-    const payloads: string[] = [r.first()];
-    for (const e of EVENTS) {
-      const chunk = r.event(e);
-      if (chunk !== undefined) payloads.push(chunk);
-    }
-    payloads.push(...r.last());
+    let sse = '';
+    for (const e of EVENTS) sse += r.frames(e);
+    sse += r.last();
+    assert.ok(sse.endsWith('\n\n'), 'every frame ends with a blank line');
+    const payloads = sse
+      .split('\n\n')
+      .filter((f) => f !== '')
+      .map((f) => {
+        assert.ok(f.startsWith('data: '), f);
+        return f.slice(6);
+      });
+    const first = JSON.parse(payloads[0]!) as { choices: Array<{ delta: { role?: string } }> };
+    assert.equal(first.choices[0]!.delta.role, 'assistant', 'the role chunk comes first');
     assert.equal(payloads.at(-1), '[DONE]');
     const parsed = payloads.slice(0, -1).map((p) => JSON.parse(p) as unknown);
     assert.deepEqual(merged(readAll(new ChatReader(identity), parsed)), merged(EVENTS));

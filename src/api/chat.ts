@@ -4,7 +4,7 @@ import { ApiError } from '../core/errors.js';
 import { ChatRequest, decodeChatRequest } from '../protocols/chat/request.js';
 import { ChunkRenderer, CompletionFold, type ChatCompletionObject } from '../protocols/chat/response.js';
 import { storeMessages } from '../protocols/chat/stored.js';
-import { drained, writeSse, openSse } from './sse.js';
+import { drained, writeFrames, writeSse, openSse } from './sse.js';
 import { abortOnClientGone, openGeneration, streamFailure } from './generation.js';
 
 /**
@@ -38,6 +38,9 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
   app.post('/v1/chat/completions', { onRequest: ctx.requireKey, schema: { body: ChatRequest } }, async (req, reply) => {
     const body = req.body;
     const canonical = decodeChatRequest(body, abortOnClientGone(reply));
+    // The same protocol at both ends: a chat-completions upstream may answer in its own frames
+    // (the fast lane). A stored completion is folded from canonical events instead.
+    if (body.store !== true) canonical.wire = 'chat';
     const { model, events } = await openGeneration(ctx, req, reply, canonical, 'chat.completions');
 
     if (body.stream !== true) {
@@ -59,16 +62,14 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
     // Only a stored stream is folded too; the others pay nothing for the feature.
     const fold = body.store === true ? new CompletionFold() : undefined;
     try {
-      writeSse(raw, chunks.first());
       for (let ev = await events.next(); ev; ev = await events.next()) {
         fold?.apply(ev);
-        const line = chunks.event(ev);
-        if (line !== undefined && !writeSse(raw, line)) await drained(raw);
+        if (!writeFrames(raw, chunks.frames(ev))) await drained(raw);
         if (raw.destroyed) return reply;
       }
       // The stream is complete for the client only with [DONE]: its usage record is stored first.
       await (fold?.finished ? persistStored(ctx, req, body, events, fold.result(model.id, chunks.id, chunks.created)) : events.persisted());
-      for (const line of chunks.last()) writeSse(raw, line);
+      writeFrames(raw, chunks.last());
     } catch (err) {
       writeSse(raw, ChunkRenderer.error(streamFailure(err, req.log)));
     } finally {

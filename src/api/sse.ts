@@ -2,18 +2,32 @@ import { once } from 'node:events';
 import type { ServerResponse } from 'node:http';
 import type { FastifyReply } from 'fastify';
 
+const SSE_HEADERS = [
+  'content-type',
+  'text/event-stream; charset=utf-8',
+  'cache-control',
+  'no-cache',
+  'connection',
+  'keep-alive',
+  'x-accel-buffering',
+  'no',
+];
+const SSE_HEADER_NAMES = new Set(SSE_HEADERS.filter((_, i) => i % 2 === 0));
+
 /** Takes the response over from Fastify for a server-sent-event stream, keeping the headers set so far. */
 export function openSse(reply: FastifyReply): void {
   reply.hijack();
-  const headers: Record<string, string | number | string[]> = {};
-  for (const [k, v] of Object.entries(reply.getHeaders())) if (v !== undefined) headers[k] = v;
-  reply.raw.writeHead(200, {
-    ...headers,
-    'content-type': 'text/event-stream; charset=utf-8',
-    'cache-control': 'no-cache',
-    connection: 'keep-alive',
-    'x-accel-buffering': 'no',
-  });
+  // Node takes the headers as one flat list of names and values, without building another object.
+  const headers: string[] = [];
+  const set = reply.getHeaders();
+  for (const k in set) {
+    const v = set[k];
+    if (v === undefined || SSE_HEADER_NAMES.has(k)) continue;
+    if (Array.isArray(v)) for (const one of v) headers.push(k, one);
+    else headers.push(k, String(v));
+  }
+  headers.push(...SSE_HEADERS);
+  reply.raw.writeHead(200, headers);
   // Each event goes out as soon as it is written.
   reply.raw.socket?.setNoDelay(true);
 }

@@ -85,6 +85,12 @@ export interface GenerationRequest {
   reasoningEffort?: string;
   /** Whether the client reads a stream; engines may use it to pick their own transport. */
   stream: boolean;
+  /**
+   * The client's wire protocol, when it may be answered in that wire directly (the same-protocol
+   * fast lane, docs/decisions.md): an engine whose upstream speaks it may pass the upstream's own
+   * frames on as `wire.*` events instead of canonical deltas. Unset, engines emit canonical events only.
+   */
+  wire?: 'chat';
   signal: AbortSignal;
   /** Kept current by the engine serving the request (reset by the router for each attempt). */
   tally: UsageTally;
@@ -140,4 +146,15 @@ export type GenerationEvent =
   | { type: 'tool_call.delta'; index: number; arguments: string }
   | { type: 'usage'; usage: Usage }
   /** `stopSequence`: which of the request's stop strings ended the text, where the engine knows it. */
-  | { type: 'finish'; reason: FinishReason; stopSequence?: string };
+  | { type: 'finish'; reason: FinishReason; stopSequence?: string }
+  /**
+   * The fast lane (only for a request with `wire` set): server-sent-event frames in the client's
+   * protocol, complete and ready to write (model name set, secrets scrubbed). They carry the content;
+   * the usage and finish events that follow still come, for metering.
+   */
+  | { type: 'wire.frames'; frames: string }
+  /**
+   * The fast lane's object in the client's protocol: a whole non-stream answer, or in a stream the
+   * chunk its usage goes out in (the protocol module sets the usage, with its cost, once metered).
+   */
+  | { type: 'wire.object'; object: Record<string, unknown> };

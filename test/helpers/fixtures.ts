@@ -10,7 +10,7 @@ export const GATEWAY_MODEL = 'meta-llama/tiny-stories';
  * `model` adds to (or overrides) the catalogue entry, e.g. its context length or pricing.
  */
 export function startGateway(
-  deployments: Array<{ baseUrl: string; weight?: number }>,
+  deployments: Array<{ baseUrl: string; weight?: number; upstreamModel?: string; apiKeyEnv?: string }>,
   env: Record<string, string> = {},
   model: Record<string, unknown> = {},
 ): Promise<TestServer> {

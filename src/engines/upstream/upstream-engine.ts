@@ -6,6 +6,7 @@ import { ApiError, CancelledError, ERRORS, isErrorCode } from '../../core/errors
 import type { GenerationEvent, GenerationRequest, Usage, UsageTally } from '../../core/canonical.js';
 import { obj, str, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
 import { ChatReader, encodeChatRequest } from '../../protocols/chat/client.js';
+import { ChatRelay } from '../../protocols/chat/relay.js';
 import { ResponsesReader, encodeResponsesRequest } from '../../protocols/responses/client.js';
 import { MessagesReader, encodeMessagesRequest } from '../../protocols/messages/client.js';
 import { estimateInputTokens, MAX_CHARS_PER_TOKEN, tokensForChars } from '../../core/estimate.js';
@@ -83,6 +84,18 @@ export interface UpstreamOptions {
 }
 
 /** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
+/** Every string in a parsed answer, scrubbed in place. */
+function scrubStrings(value: unknown, clean: (text: string) => string): unknown {
+  if (typeof value === 'string') return clean(value);
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) value[i] = scrubStrings(value[i], clean);
+  } else if (typeof value === 'object' && value !== null) {
+    const o = value as Record<string, unknown>;
+    for (const k in o) o[k] = scrubStrings(o[k], clean);
+  }
+  return value;
+}
+
 function transportError(err: unknown, target: string, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
   const code = (err as { code?: string }).code;
   if (code === 'UND_ERR_CONNECT_TIMEOUT') {
@@ -311,6 +324,12 @@ export class UpstreamEngine implements Engine {
     // The upstream took the request: from here it is billed, by estimate until the upstream reports usage.
     tally.input = estimateInputTokens(req);
     tally.exact = false;
+    // A stream from a deployment with a key stays on the canonical lane: only there is the key
+    // found when the model writes it across several deltas (the fast lane scrubs frame by frame).
+    if (req.wire === 'chat' && api === 'chat' && !(stream && scrub.active)) {
+      yield* this.relay(req, res, target, scrub, attempt?.outputCap, headersTimeout, forget);
+      return;
+    }
     const clean = (text: string): string => scrub.text(text);
     const messages = api === 'anthropic' ? new MessagesReader(clean) : undefined;
     const reader: StreamReader = messages ?? (api === 'responses' ? new ResponsesReader(clean) : new ChatReader(clean));
@@ -379,23 +398,7 @@ export class UpstreamEngine implements Engine {
     };
     try {
       if (!stream) {
-        // A declared length within the cap is read by undici's own (faster) path; anything else is counted as it comes.
-        const declared = Number(res.headers['content-length']);
-        const tooLarge = () =>
-          new ApiError('upstream_error', `The upstream ${target.id} sent an answer larger than ${this.o.maxBodyBytes} bytes.`, {
-            failover: true,
-          });
-        if (declared > this.o.maxBodyBytes) throw tooLarge();
-        let answer: unknown;
-        if (declared >= 0) {
-          answer = await res.body.json();
-        } else {
-          try {
-            answer = JSON.parse((await readCapped(res.body, this.o.maxBodyBytes)).toString('utf8'));
-          } catch (err) {
-            throw err instanceof TooLarge ? tooLarge() : err;
-          }
-        }
+        const answer: unknown = JSON.parse((await this.readAnswer(res, target.id)).toString('utf8'));
         reader.read(answer, out);
         yield* see(out);
       } else {
@@ -447,12 +450,9 @@ export class UpstreamEngine implements Engine {
           throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
       }
     } catch (err) {
-      if (req.signal.aborted || err instanceof undiciErrors.RequestAbortedError) return;
-      if (err instanceof ApiError) throw err;
-      if (err instanceof SyntaxError)
-        throw new ApiError('upstream_error', `The upstream ${target.id} sent a reply that is not JSON.`, { failover: early });
-      this.log.warn({ deployment: target.id, err: (err as Error).message }, 'upstream broke off');
-      throw transportError(err, target.id, this.o, early, headersTimeout);
+      const failure = this.readFailure(err, req, target.id, early, headersTimeout);
+      if (failure) throw failure;
+      return;
     } finally {
       forget();
       // A body read to its end leaves the connection reusable; anything else must not.
@@ -474,6 +474,135 @@ export class UpstreamEngine implements Engine {
       reason: guard.capped ? 'length' : stopped ? 'stop' : reader.finish,
       ...(matched !== undefined && { stopSequence: matched }),
     };
+  }
+
+  /**
+   * The same-protocol fast lane (chat completions in, a chat-completions upstream): the upstream's
+   * frames go on as they came, read by protocols/chat/relay.ts for what metering and the output
+   * limit need, with the same bounds, timeouts, scrubbing and failover rule as the canonical lane
+   * below. A non-stream answer past the output limit is cut the canonical way.
+   */
+  private async *relay(
+    req: GenerationRequest,
+    res: Dispatcher.ResponseData,
+    target: Extract<DeploymentTarget, { engine: 'upstream' }>,
+    scrub: Scrubber,
+    outputCap: number | undefined,
+    headersTimeout: number,
+    forget: () => void,
+  ): AsyncGenerator<GenerationEvent> {
+    const tally = req.tally;
+    const clean = (text: string): string => scrub.text(text);
+    const cap = outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER;
+    let early = true;
+    const relay = new ChatRelay(
+      req.model,
+      clean,
+      cap,
+      MAX_CHARS_PER_TOKEN,
+      this.o.maxLineBytes,
+      () =>
+        new ApiError('upstream_error', `The upstream ${target.id} sent a stream event larger than ${this.o.maxLineBytes} bytes.`, {
+          failover: early,
+        }),
+    );
+    const count = () => {
+      tally.output = Math.min(cap, Math.max(relay.deltas, tokensForChars(relay.chars)));
+      tally.reasoning = Math.min(tally.output, tokensForChars(relay.reasoningChars));
+    };
+    try {
+      if (!req.stream) {
+        const answer: unknown = JSON.parse((await this.readAnswer(res, target.id)).toString('utf8'));
+        // Scrubbed string by string: scrubbing the JSON text could change what it parses to.
+        if (scrub.active) scrubStrings(answer, clean);
+        if (!relay.answer(answer)) {
+          // Past the output limit: only the canonical lane can cut an answer.
+          const out: GenerationEvent[] = [];
+          const reader = new ChatReader(clean);
+          reader.read(answer, out);
+          const guard = new OutputGuard(cap);
+          for (const ev of out) {
+            if (ev.type === 'text.delta' || ev.type === 'reasoning.delta') {
+              const kept = guard.admit(ev.text, ev.type === 'reasoning.delta');
+              if (kept) yield { type: ev.type, text: kept };
+            } else if (!guard.capped) yield ev;
+          }
+          tally.output = guard.outputTokens;
+          tally.reasoning = Math.min(tally.output, tokensForChars(guard.reasoningChars));
+          yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
+          yield { type: 'finish', reason: guard.capped ? 'length' : reader.finish };
+          return;
+        }
+        count();
+        yield { type: 'wire.object', object: answer as Record<string, unknown> };
+      } else {
+        const decoder = new StringDecoder('utf8');
+        // Frames that carry no output yet (the role chunk) wait for the first that does: until
+        // then a failure may still move to another deployment, as in the canonical lane.
+        let held = '';
+        for await (const chunk of res.body as AsyncIterable<Buffer>) {
+          const frames = relay.push(decoder.write(chunk));
+          if (frames !== '') {
+            count();
+            if (relay.deltas === 0 && !relay.done && !relay.capped) held += frames;
+            else {
+              early = false;
+              yield { type: 'wire.frames', frames: held + frames };
+              held = '';
+            }
+          }
+          if (relay.failure) throw relay.failure;
+          // At the output limit: stop reading (the upstream is told by the connection closing). After
+          // [DONE] the body is read to its end, which leaves the connection reusable.
+          if (relay.capped) break;
+        }
+        if (!relay.done && !relay.capped)
+          throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
+        count();
+        yield { type: 'wire.object', object: relay.usageFrame() };
+      }
+    } catch (err) {
+      const failure = this.readFailure(err, req, target.id, early, headersTimeout);
+      if (failure) throw failure;
+      return;
+    } finally {
+      forget();
+      if (!res.body.readableEnded) res.body.destroy();
+    }
+    yield { type: 'usage', usage: this.usage(relay.usage, tally, relay.capped, target.id) };
+    yield { type: 'finish', reason: relay.capped ? 'length' : relay.finish };
+  }
+
+  /** What a failure while reading an answer becomes; undefined when the request was cancelled (nothing to report). */
+  private readFailure(
+    err: unknown,
+    req: GenerationRequest,
+    deployment: string,
+    early: boolean,
+    headersTimeout: number,
+  ): ApiError | undefined {
+    if (req.signal.aborted || err instanceof undiciErrors.RequestAbortedError) return undefined;
+    if (err instanceof ApiError) return err;
+    if (err instanceof SyntaxError)
+      return new ApiError('upstream_error', `The upstream ${deployment} sent a reply that is not JSON.`, { failover: early });
+    this.log.warn({ deployment, err: (err as Error).message }, 'upstream broke off');
+    return transportError(err, deployment, this.o, early, headersTimeout);
+  }
+
+  /** A non-stream answer, read within the size bound: a declared length by undici's own (faster) path, anything else counted as it comes. */
+  private async readAnswer(res: Dispatcher.ResponseData, deployment: string): Promise<Buffer> {
+    const declared = Number(res.headers['content-length']);
+    const tooLarge = () =>
+      new ApiError('upstream_error', `The upstream ${deployment} sent an answer larger than ${this.o.maxBodyBytes} bytes.`, {
+        failover: true,
+      });
+    if (declared > this.o.maxBodyBytes) throw tooLarge();
+    if (declared >= 0) return Buffer.from(await res.body.arrayBuffer());
+    try {
+      return await readCapped(res.body, this.o.maxBodyBytes);
+    } catch (err) {
+      throw err instanceof TooLarge ? tooLarge() : err;
+    }
   }
 
   /**

@@ -60,13 +60,36 @@ export function encodeChatRequest(req: GenerationRequest, upstreamModel: string)
   return body;
 }
 
-const FINISH: Record<string, FinishReason> = {
+export const FINISH: Readonly<Record<string, FinishReason>> = {
   stop: 'stop',
   length: 'length',
   tool_calls: 'tool_calls',
   function_call: 'tool_calls',
   content_filter: 'content_filter',
 };
+
+/**
+ * What every chat-completions chunk (or whole answer) is read for first: an error it carries is
+ * thrown, its usage as reported, and its first choice.
+ */
+export function readChunk(chunk: Record<string, unknown>, clean: Clean): { usage?: ReportedUsage; choice?: Record<string, unknown> } {
+  const error = chunk['error'];
+  if (error !== undefined && error !== null) throw upstreamFailure(obj(error)?.['message'] ?? error, clean);
+  const u = obj(chunk['usage']);
+  const choices = chunk['choices'];
+  const choice = Array.isArray(choices) ? obj(choices[0]) : undefined;
+  return {
+    ...(u && {
+      usage: reported(
+        u['prompt_tokens'],
+        obj(u['prompt_tokens_details'])?.['cached_tokens'],
+        u['completion_tokens'],
+        obj(u['completion_tokens_details'])?.['reasoning_tokens'],
+      ),
+    }),
+    ...(choice && { choice }),
+  };
+}
 
 /** Chat completions chunks (or a whole non-stream reply); tracks tool-call starts. Reads every field defensively. */
 export class ChatReader implements StreamReader {
@@ -79,19 +102,8 @@ export class ChatReader implements StreamReader {
   read(data: unknown, out: GenerationEvent[]): boolean {
     const chunk = obj(data);
     if (!chunk) throw new ApiError('upstream_error', 'The upstream sent a chunk that is not a JSON object.');
-    const error = chunk['error'];
-    if (error !== undefined && error !== null) throw upstreamFailure(obj(error)?.['message'] ?? error, this.clean);
-    const u = obj(chunk['usage']);
-    if (u) {
-      this.usage = reported(
-        u['prompt_tokens'],
-        obj(u['prompt_tokens_details'])?.['cached_tokens'],
-        u['completion_tokens'],
-        obj(u['completion_tokens_details'])?.['reasoning_tokens'],
-      );
-    }
-    const choices = chunk['choices'];
-    const choice = Array.isArray(choices) ? obj(choices[0]) : undefined;
+    const { usage, choice } = readChunk(chunk, this.clean);
+    if (usage) this.usage = usage;
     if (!choice) return false;
     const d = obj(choice['delta']) ?? obj(choice['message']);
     if (d) {

@@ -36,6 +36,8 @@ export class CompletionFold {
   private finish: FinishReason = 'stop';
   /** A finish event came: the completion ended (by any reason) rather than breaking off. */
   finished = false;
+  /** The fast lane's answer: the upstream's own completion, given the metered usage in result(). */
+  private relayed: Record<string, unknown> | undefined;
 
   apply(ev: GenerationEvent): void {
     switch (ev.type) {
@@ -60,11 +62,19 @@ export class CompletionFold {
         this.finish = ev.reason;
         this.finished = true;
         break;
+      case 'wire.object':
+        this.relayed = ev.object;
+        break;
     }
   }
 
   /** The chat.completion object; a stream's fold takes the id and time its chunks carried. */
   result(model: string, id = newCompletionId(), created = nowSeconds()): ChatCompletionObject {
+    if (this.relayed) {
+      this.relayed['model'] = model;
+      this.relayed['usage'] = renderUsage(this.usage);
+      return this.relayed as ChatCompletionObject;
+    }
     const calls = this.calls.filter(Boolean);
     const message: Record<string, unknown> = { role: 'assistant', content: calls.length && !this.text ? null : this.text, refusal: null };
     if (this.reasoning) message['reasoning_content'] = this.reasoning;
@@ -88,6 +98,11 @@ export class ChunkRenderer {
   private readonly head: string;
   private readonly tail: string;
   private usage: Usage | undefined;
+  private started = false;
+  /** The stream is the fast lane's (its frames are the upstream's own). */
+  private relayed = false;
+  /** The fast lane's chunk for the usage (the upstream's own), else one is made here. */
+  private usageChunk: Record<string, unknown> | undefined;
   /** The id and creation time every chunk carries (a stored stream is kept under them). */
   readonly id = newCompletionId();
   readonly created = nowSeconds();
@@ -107,6 +122,31 @@ export class ChunkRenderer {
   /** The first chunk: the assistant's role, before any content. */
   first(): string {
     return this.choice('{"role":"assistant","content":""}');
+  }
+
+  /**
+   * The frames for one event ('' when it shows nothing yet): the first starts with the role chunk,
+   * unless the stream is the fast lane's, whose frames are the upstream's own and pass as they are.
+   */
+  frames(ev: GenerationEvent): string {
+    if (ev.type === 'wire.frames') {
+      this.started = true;
+      this.relayed = true;
+      return ev.frames;
+    }
+    if (ev.type === 'wire.object') {
+      this.usageChunk = ev.object;
+      return '';
+    }
+    // The fast lane's frames carry the finish chunk themselves.
+    if (this.relayed && ev.type === 'finish') return '';
+    const line = this.event(ev);
+    let out = '';
+    if (!this.started) {
+      this.started = true;
+      out = `data: ${this.first()}\n\n`;
+    }
+    return line === undefined ? out : `${out}data: ${line}\n\n`;
   }
 
   /** The chunk for one event, or undefined (usage comes at the end, in `last`). */
@@ -131,15 +171,22 @@ export class ChunkRenderer {
       case 'reasoning.signature':
         // Chat completions have no place for them.
         return undefined;
+      case 'wire.frames':
+      case 'wire.object':
+        // The fast lane's own events: written by the route as they are (see api/chat.ts).
+        return undefined;
     }
   }
 
-  /** What ends a complete stream: the usage chunk (when asked for) and `[DONE]`. */
-  last(): string[] {
-    const out: string[] = [];
-    if (this.includeUsage && this.usage) out.push(`${this.head}],"usage":${JSON.stringify(renderUsage(this.usage))}}`);
-    out.push('[DONE]');
-    return out;
+  /** What ends a complete stream, framed: the usage chunk (when asked for) and `[DONE]`. */
+  last(): string {
+    let out = '';
+    if (!this.started) out = `data: ${this.first()}\n\n`;
+    if (this.includeUsage && this.usage) {
+      const usage = renderUsage(this.usage);
+      out += `data: ${this.usageChunk ? JSON.stringify({ ...this.usageChunk, usage }) : `${this.head}],"usage":${JSON.stringify(usage)}}`}\n\n`;
+    }
+    return `${out}data: [DONE]\n\n`;
   }
 
   /** A failure mid-stream: the SDKs throw on a data line that carries `error`. */

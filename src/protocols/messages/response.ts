@@ -232,6 +232,9 @@ export class MessageStreamRenderer {
         this.stopSequence = ev.stopSequence ?? null;
         return '';
       case 'message.phase':
+      case 'wire.frames':
+      case 'wire.object':
+        // No phase in Messages; the chat fast lane's events never reach this protocol.
         return '';
     }
   }

@@ -1,0 +1,234 @@
+import { ApiError } from '../../core/errors.js';
+import type { FinishReason } from '../../core/canonical.js';
+import { obj, str, type Clean, type ReportedUsage } from '../reader.js';
+import { FINISH, readChunk } from './client.js';
+
+/**
+ * The same-protocol fast lane of chat completions (docs/decisions.md, "The same-protocol fast
+ * lane"): an upstream's chat-completions stream passed on to a chat-completions client chunk for
+ * chunk, instead of being turned into canonical events and rendered again. Every event is parsed,
+ * so what is counted is exactly what the client's own parser will read (output for the limit and
+ * the usage tally, the finish reason, usage, errors), and written back as one `data:` frame with
+ * the catalogue's model name. The usage chunk and `[DONE]` are held back (the route sends them once
+ * the usage record is stored, with the cost); an event past the output limit ends the stream with a
+ * `length` finish; only complete events are released, so nothing half-sent can join a later frame.
+ */
+
+/** Delta fields read as output, and whether they are reasoning; any other non-null field is counted too. */
+const KNOWN_DELTA_FIELDS = new Set(['role', 'content', 'reasoning_content', 'reasoning', 'tool_calls', 'refusal']);
+
+export class ChatRelay {
+  usage: ReportedUsage | undefined;
+  finish: FinishReason = 'stop';
+  /** `[DONE]` came. */
+  done = false;
+  /** The output limit was reached: the frames stop there and a `length` finish was written. */
+  capped = false;
+  /** The stream failed (an upstream error or a malformed event): thrown by the engine once the frames before it are out. */
+  failure: ApiError | undefined;
+  deltas = 0;
+  chars = 0;
+  reasoningChars = 0;
+  /** A chunk carried a finish reason (else one is written before the end). */
+  private finished = false;
+  /** Text of events not yet complete. */
+  private pending = '';
+  /** The upstream's usage chunk, held back for the route to send with the metered usage. */
+  private usageChunk: Record<string, unknown> | undefined;
+  private id: unknown;
+  private created: unknown;
+  private readonly maxChars: number;
+
+  constructor(
+    /** The catalogue id the client asked for, which every chunk names. */
+    private readonly model: string,
+    private readonly clean: Clean,
+    /** Output tokens the answer may have; past them it is cut (the upstream should have stopped). */
+    private readonly cap: number,
+    maxCharsPerToken: number,
+    /** Largest event accepted from the upstream (characters held at once, which bounds its bytes too). */
+    private readonly maxEventChars: number,
+    /** The error for an event past it. */
+    private readonly tooLarge: () => ApiError,
+  ) {
+    this.maxChars = cap * maxCharsPerToken;
+  }
+
+  /** The frames for the events completed by this text ('' while none is complete). */
+  push(text: string): string {
+    if (this.done || this.capped || this.failure) return '';
+    // Only the new text is searched for the end of an event: a long event that comes in many
+    // pieces is joined once, when it completes, not rescanned with every piece.
+    const nl = text.lastIndexOf('\n');
+    if (nl < 0) {
+      this.pending += text;
+      if (this.pending.length > this.maxEventChars) throw this.tooLarge();
+      return '';
+    }
+    const all = this.pending + text;
+    // Events end with a blank line (`\n\n`, or `\r\n\r\n`).
+    let end = -1;
+    for (let at = all.lastIndexOf('\n'); at > 0; at = all.lastIndexOf('\n', at - 1)) {
+      const before = all.charCodeAt(at - 1) === 13 ? at - 2 : at - 1;
+      if (before >= 0 && all.charCodeAt(before) === 10) {
+        end = at;
+        break;
+      }
+      // A line that is not blank: the event it ends may still be complete further back.
+      if (all.length - at > this.maxEventChars) break;
+    }
+    if (end < 0) {
+      this.pending = all;
+      if (all.length > this.maxEventChars) throw this.tooLarge();
+      return '';
+    }
+    this.pending = all.slice(end + 1);
+    if (this.pending.length > this.maxEventChars) throw this.tooLarge();
+    return this.events(all.slice(0, end + 1));
+  }
+
+  /** Complete events, read one by one; the frames to send for them. */
+  private events(text: string): string {
+    let out = '';
+    let data: string[] = [];
+    let pos = 0;
+    while (pos < text.length && !this.done && !this.capped && !this.failure) {
+      let nl = text.indexOf('\n', pos);
+      if (nl < 0) nl = text.length;
+      const lineEnd = nl > pos && text.charCodeAt(nl - 1) === 13 ? nl - 1 : nl;
+      if (lineEnd === pos) {
+        // A blank line: the event is complete.
+        if (data.length) out += this.event(data.length === 1 ? data[0]! : data.join('\n'));
+        data = [];
+      } else if (text.startsWith('data:', pos)) {
+        data.push(text.slice(text.charCodeAt(pos + 5) === 32 ? pos + 6 : pos + 5, lineEnd));
+      }
+      // Comments, `event:` and `id:` lines carry nothing in a chat stream.
+      pos = nl + 1;
+    }
+    return out;
+  }
+
+  /** One event's data: its frame, or '' when it is held back or ends the stream. */
+  private event(payload: string): string {
+    if (payload === '[DONE]') {
+      this.done = true;
+      // Every stream ends with a finish reason, as the canonical lane's does.
+      return this.finished ? '' : `data: ${this.finishFrame(this.finish)}\n\n`;
+    }
+    let chunk: Record<string, unknown> | undefined;
+    try {
+      chunk = obj(JSON.parse(payload));
+    } catch {
+      chunk = undefined;
+    }
+    try {
+      if (!chunk) throw new ApiError('upstream_error', 'The upstream sent a malformed stream event.');
+      if (this.id === undefined && chunk['id'] !== undefined) {
+        this.id = chunk['id'];
+        this.created = chunk['created'];
+      }
+      this.read(chunk, 'delta');
+    } catch (err) {
+      // The frames before it still go out, as the canonical lane sends the events before it.
+      this.failure = err instanceof ApiError ? err : new ApiError('upstream_error', 'The upstream sent a malformed stream event.');
+      return '';
+    }
+    if (this.capped) return `data: ${this.finishFrame('length')}\n\n`;
+    chunk['model'] = this.model;
+    if (obj(chunk['usage'])) {
+      // The usage goes out once metered (route); a chunk that also carries choices goes on without it.
+      this.usageChunk = { ...chunk, choices: [] };
+      const choices = chunk['choices'];
+      if (!Array.isArray(choices) || choices.length === 0) return '';
+      chunk['usage'] = null;
+    }
+    return `data: ${JSON.stringify(chunk)}\n\n`;
+  }
+
+  /**
+   * The chunk the usage goes out in: the upstream's own usage chunk when it sent one (its id and
+   * extra fields kept), else one made from the stream's id and time.
+   */
+  usageFrame(): Record<string, unknown> {
+    const chunk = this.usageChunk ?? {
+      id: this.id ?? 'chatcmpl-relay',
+      object: 'chat.completion.chunk',
+      created: this.created ?? Math.floor(Date.now() / 1000),
+      choices: [],
+    };
+    chunk['model'] = this.model;
+    return chunk;
+  }
+
+  /**
+   * A whole non-stream answer: read like the stream's chunks. Returns false when the answer goes
+   * past the output limit, which only the canonical lane can cut.
+   */
+  answer(body: unknown): boolean {
+    const answer = obj(body);
+    if (!answer) throw new ApiError('upstream_error', 'The upstream sent a reply that is not a JSON object.');
+    this.read(answer, 'message');
+    answer['model'] = this.model;
+    return !this.capped;
+  }
+
+  /** Counts one content-bearing delta; false (and capped) when it goes past the limit. */
+  private count(chars: number, reasoning: boolean): boolean {
+    if (chars === 0) return true;
+    if (this.deltas + 1 > this.cap || this.chars + chars > this.maxChars) {
+      this.capped = true;
+      return false;
+    }
+    this.deltas++;
+    this.chars += chars;
+    if (reasoning) this.reasoningChars += chars;
+    return true;
+  }
+
+  /**
+   * A parsed chunk (`delta`) or answer (`message`): error, usage, and the output counted as the
+   * canonical lane counts it (reasoning, content and each tool call's arguments are a delta each),
+   * plus whatever else the client would read there (a refusal, content parts, audio).
+   */
+  private read(chunk: Record<string, unknown>, field: 'delta' | 'message'): void {
+    const { usage, choice } = readChunk(chunk, this.clean);
+    if (usage) this.usage = usage;
+    if (!choice) return;
+    const d = obj(choice[field]);
+    if (d) {
+      if (!this.count((str(d['reasoning_content']) ?? str(d['reasoning']) ?? '').length, true)) return;
+      const content = d['content'];
+      if (!this.count(typeof content === 'string' ? content.length : content == null ? 0 : JSON.stringify(content).length, false)) return;
+      if (!this.count((str(d['refusal']) ?? '').length, false)) return;
+      const calls = d['tool_calls'];
+      if (Array.isArray(calls)) {
+        for (const call of calls) {
+          // As in the canonical lane, a call's arguments are output; its start (id, name) is not.
+          if (!this.count((str(obj(obj(call)?.['function'])?.['arguments']) ?? '').length, false)) return;
+        }
+      }
+      for (const key in d) {
+        if (KNOWN_DELTA_FIELDS.has(key) || d[key] == null) continue;
+        if (!this.count(JSON.stringify(d[key]).length, false)) return;
+      }
+    }
+    const finish = str(choice['finish_reason']);
+    if (finish) {
+      this.finish = FINISH[finish] ?? 'stop';
+      this.finished = true;
+    }
+  }
+
+  /** The chunk that ends a stream the upstream ended without one, or a capped one, in the stream's own id and time. */
+  private finishFrame(reason: FinishReason): string {
+    this.finished = true;
+    return JSON.stringify({
+      id: this.id ?? 'chatcmpl-relay',
+      object: 'chat.completion.chunk',
+      created: this.created ?? Math.floor(Date.now() / 1000),
+      model: this.model,
+      choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: reason }],
+    });
+  }
+}

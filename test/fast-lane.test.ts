@@ -1,0 +1,359 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import SqliteDatabase from 'better-sqlite3';
+import OpenAI from 'openai';
+import { request } from 'undici';
+import { createKey, startServer, type TestServer } from './helpers/server.js';
+import { closers, fixture, GATEWAY_MODEL, startGateway } from './helpers/fixtures.js';
+
+/**
+ * The same-protocol fast lane (chat completions in, a chat-completions upstream out): the upstream's
+ * frames are passed on, not re-rendered. What a client reads must be what the canonical lane gives
+ * it (same text, usage with its cost, one [DONE] after the usage record is stored, the catalogue's
+ * model name), and every guarantee holds: the output limit, upstream errors, metering.
+ */
+
+const PRICING = [
+  { metric: 'input_tokens', rate: 1 },
+  { metric: 'output_tokens', rate: 2 },
+];
+
+interface Frame {
+  raw: string;
+  json: Record<string, unknown> | undefined;
+}
+
+/** A streamed chat completion read as raw SSE: every data payload, in order, and the request id. */
+async function rawStream(base: string, key: string, body: object): Promise<{ frames: Frame[]; requestId: string; status: number }> {
+  const res = await request(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ ...body, stream: true }),
+  });
+  const text = await res.body.text();
+  const frames = text
+    .split('\n')
+    .filter((l) => l.startsWith('data: '))
+    .map((l) => {
+      const raw = l.slice(6);
+      return { raw, json: raw === '[DONE]' ? undefined : (JSON.parse(raw) as Record<string, unknown>) };
+    });
+  return { frames, requestId: String(res.headers['x-request-id']), status: res.statusCode };
+}
+
+function usageRow(server: TestServer, requestId: string): Record<string, unknown> | undefined {
+  const db = new SqliteDatabase(join(server.dataDir, 'switchyard.db'), { readonly: true });
+  try {
+    return db.prepare('select * from usage_records where request_id = ?').get(requestId) as Record<string, unknown> | undefined;
+  } finally {
+    db.close();
+  }
+}
+
+const contentOf = (frames: Frame[]): string =>
+  frames
+    .map((f) => {
+      const choices = f.json?.['choices'] as Array<{ delta?: { content?: string } }> | undefined;
+      return choices?.[0]?.delta?.content ?? '';
+    })
+    .join('');
+
+describe('chat completions through a chat upstream over a real model (one Switchyard in front of another)', () => {
+  let a: TestServer;
+  let b: TestServer;
+  let key: string;
+  const ask = { model: GATEWAY_MODEL, messages: [{ role: 'user' as const, content: 'Once upon a time' }], max_tokens: 30, temperature: 0 };
+
+  before(async () => {
+    a = await startServer();
+    // B reaches A with a key of A's: non-stream answers take the fast lane; streams from a
+    // deployment with a key stay canonical (see docs/decisions.md), which the frames must not show.
+    const upstreamKey = (await createKey(a, 'downstream')).key;
+    b = await startGateway(
+      [{ baseUrl: a.baseURL, upstreamModel: 'local/stories260k', apiKeyEnv: 'UPSTREAM_KEY_A' }],
+      { UPSTREAM_KEY_A: upstreamKey },
+      { pricing: PRICING },
+    );
+    key = (await createKey(b, 'acme')).key;
+  });
+  after(async () => {
+    await b?.close();
+    await a?.close();
+  });
+
+  it('streams with the catalogue model, usage with its cost, and [DONE] last, after the usage record', async () => {
+    const { frames, requestId, status } = await rawStream(b.url, key, { ...ask, stream_options: { include_usage: true } });
+    assert.equal(status, 200);
+    assert.equal(frames.at(-1)!.raw, '[DONE]');
+    assert.equal(frames.filter((f) => f.raw === '[DONE]').length, 1);
+    const chunks = frames.slice(0, -1);
+    for (const c of chunks) {
+      assert.equal(c.json!['model'], GATEWAY_MODEL, 'every chunk names the catalogue model, never the upstream one');
+      assert.equal(c.json!['object'], 'chat.completion.chunk');
+    }
+    const usageChunk = chunks.at(-1)!.json!;
+    assert.deepEqual(usageChunk['choices'], []);
+    const usage = usageChunk['usage'] as { prompt_tokens: number; completion_tokens: number; cost: number };
+    assert.equal(usage.completion_tokens, 30);
+    assert.equal(usage.cost, (usage.prompt_tokens * 1 + usage.completion_tokens * 2) / 1e6);
+    const finish = chunks.find((c) => (c.json!['choices'] as Array<{ finish_reason: string | null }>)[0]?.finish_reason);
+    assert.equal((finish!.json!['choices'] as Array<{ finish_reason: string }>)[0]!.finish_reason, 'length');
+    // The record was stored before [DONE] went out.
+    const row = usageRow(b, requestId);
+    assert.ok(row, 'a usage record for the request');
+    assert.equal(row['output_tokens'], 30);
+    assert.equal(row['cost'], usage.cost);
+    assert.equal(row['status'], 200);
+    assert.equal(row['estimated'], 0);
+  });
+
+  it('answers what the canonical lane answers, stream and non-stream', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: b.baseURL, maxRetries: 0 });
+    // `store: true` takes the canonical lane (the completion is folded from canonical events).
+    const canonical = await client.chat.completions.create({ ...ask, store: true });
+    const fast = await client.chat.completions.create(ask);
+    assert.equal(fast.choices[0]!.message.content, canonical.choices[0]!.message.content);
+    assert.equal(fast.model, GATEWAY_MODEL);
+    assert.deepEqual(
+      { ...fast.usage, cost: (fast.usage as unknown as { cost: number }).cost },
+      { ...canonical.usage, cost: (canonical.usage as unknown as { cost: number }).cost },
+    );
+    const { frames } = await rawStream(b.url, key, ask);
+    assert.equal(contentOf(frames), canonical.choices[0]!.message.content);
+    // Without include_usage no chunk carries usage.
+    assert.ok(frames.every((f) => f.json === undefined || f.json['usage'] === undefined || f.json['usage'] === null));
+  });
+});
+
+describe('the chat fast lane against upstreams that misbehave', () => {
+  const c = closers();
+  let gateway: TestServer;
+  let key: string;
+  let upstreamModelSeen: string | undefined;
+
+  /** Upstream models, each one way an upstream's stream can differ from the plain one. */
+  const upstream = (req: IncomingMessage, res: ServerResponse): void => {
+    let raw = '';
+    req.on('data', (d: Buffer) => (raw += d.toString()));
+    req.on('end', () => {
+      const body = JSON.parse(raw) as { stream?: boolean; max_tokens?: number; messages: Array<{ content: string }> };
+      const kind = body.messages[0]!.content;
+      upstreamModelSeen = (JSON.parse(raw) as { model: string }).model;
+      const head = { id: 'chatcmpl-up', object: 'chat.completion.chunk', created: 7, model: 'vendor-model-2026-01-01' };
+      const frame = (o: object, spaced = false) => `data: ${spaced ? JSON.stringify(o).replace(/":/g, '": ') : JSON.stringify(o)}\n\n`;
+      const delta = (content: string, finish: string | null = null) => ({
+        ...head,
+        choices: [{ index: 0, delta: { content }, finish_reason: finish }],
+      });
+      if (body.stream !== true) {
+        const text = kind === 'ignores-max' ? 'word '.repeat(2000) : 'a fine answer';
+        res.writeHead(200, { 'content-type': 'application/json' }).end(
+          JSON.stringify({
+            ...head,
+            object: 'chat.completion',
+            choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }],
+            usage: { prompt_tokens: 4, completion_tokens: kind === 'ignores-max' ? 2000 : 3, total_tokens: 7 },
+          }),
+        );
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      switch (kind) {
+        case 'ignores-max':
+          // Sends 50 deltas whatever max_tokens says, in pieces that split frames mid-way.
+          for (let i = 0; i < 50; i++) {
+            const f = frame(delta(` w${i}`));
+            res.write(f.slice(0, 20));
+            res.write(f.slice(20));
+          }
+          res.end(`${frame(delta('', 'stop'))}data: [DONE]\n\n`);
+          return;
+        case 'spaced':
+          // Python-style JSON, usage inside the finish chunk rather than a chunk of its own.
+          res.write(frame(delta('Hello'), true));
+          res.write(frame(delta(' there'), true));
+          res.end(
+            `${frame({ ...delta('', 'stop'), usage: { prompt_tokens: 4, completion_tokens: 2, total_tokens: 6 } }, true)}data: [DONE]\n\n`,
+          );
+          return;
+        case 'spaced-decoy':
+          // Valid JSON a string search would miss: a space before the colon, an escaped key.
+          for (let i = 0; i < 20; i++) res.write(`data: {"choices":[{"index":0,"delta":{"content" : "${'x'.repeat(20)}"}}]}\n\n`);
+          res.write(`data: {"choices":[{"index":0,"delta":{"\\u0063ontent":"${'y'.repeat(200)}"}}]}\n\n`);
+          res.end('data: [DONE]\n\n');
+          return;
+        case 'error-frame':
+          res.write(frame(delta('Once')));
+          res.end(`data: ${JSON.stringify({ error: { message: 'the engine fell over' } })}\n\n`);
+          return;
+        case 'cut-off':
+          res.end(frame(delta('Once')));
+          return;
+        default:
+          res.end(`${frame(delta('fine', 'stop'))}data: [DONE]\n\n`);
+      }
+    });
+  };
+
+  before(async () => {
+    const up = c.keep(await fixture(upstream));
+    gateway = c.keep(
+      await startGateway(
+        [{ baseUrl: up.url, upstreamModel: 'vendor-model' }],
+        { SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' },
+        { pricing: PRICING },
+      ),
+    );
+    key = (await createKey(gateway, 'acme')).key;
+  });
+  after(() => c.closeAll());
+
+  const ask = (kind: string, extra: object = {}) => ({
+    model: GATEWAY_MODEL,
+    messages: [{ role: 'user', content: kind }],
+    ...extra,
+  });
+
+  it('holds an upstream that ignores max_tokens to it, stream and non-stream, and bills what was passed on', async () => {
+    const { frames, requestId } = await rawStream(gateway.url, key, ask('ignores-max', { max_tokens: 5 }));
+    assert.equal(upstreamModelSeen, 'vendor-model');
+    const deltas = frames.filter((f) => {
+      const ch = f.json?.['choices'] as Array<{ delta?: { content?: string } }> | undefined;
+      return Boolean(ch?.[0]?.delta?.content);
+    });
+    assert.equal(deltas.length, 5, 'no more deltas than max_tokens');
+    const finishes = frames.flatMap((f) => (f.json?.['choices'] as Array<{ finish_reason: string | null }> | undefined) ?? []);
+    assert.deepEqual(
+      finishes.filter((x) => x.finish_reason != null).map((x) => x.finish_reason),
+      ['length'],
+      'exactly one finish chunk',
+    );
+    assert.equal(frames.at(-1)!.raw, '[DONE]');
+    const row = usageRow(gateway, requestId)!;
+    assert.equal(row['output_tokens'], 5);
+    assert.equal(row['estimated'], 1, 'the upstream sent no usage, so the count is an estimate');
+
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    const whole = await client.chat.completions.create({ ...ask('ignores-max'), max_tokens: 5 } as never);
+    const completion = whole as unknown as OpenAI.Chat.ChatCompletion;
+    assert.equal(completion.choices[0]!.finish_reason, 'length');
+    assert.ok(completion.choices[0]!.message.content!.length <= 5 * 32, 'cut to the limit');
+    assert.ok(completion.usage!.completion_tokens <= 5);
+  });
+
+  it('counts output however the JSON is written, so the limit and the bill hold', async () => {
+    const { frames, requestId } = await rawStream(gateway.url, key, ask('spaced-decoy', { max_tokens: 3 }));
+    const text = contentOf(frames);
+    assert.equal(text, 'x'.repeat(60), 'three deltas, then cut');
+    const finishes = frames.flatMap((f) => (f.json?.['choices'] as Array<{ finish_reason: string | null }> | undefined) ?? []);
+    assert.deepEqual(
+      finishes.filter((x) => x.finish_reason != null).map((x) => x.finish_reason),
+      ['length'],
+    );
+    assert.equal(usageRow(gateway, requestId)!['output_tokens'], 3);
+  });
+
+  it('ends every stream with exactly one finish chunk, before the usage chunk', async () => {
+    for (const kind of ['plain', 'spaced']) {
+      const { frames } = await rawStream(gateway.url, key, ask(kind, { stream_options: { include_usage: true } }));
+      const chunks = frames.slice(0, -1).map((f) => f.json!);
+      const withFinish = chunks.filter((c) =>
+        (c['choices'] as Array<{ finish_reason: string | null }>).some((x) => x.finish_reason != null),
+      );
+      assert.equal(withFinish.length, 1, `${kind}: ${JSON.stringify(chunks)}`);
+      assert.equal(chunks.indexOf(withFinish[0]!), chunks.length - 2, `${kind}: the finish chunk comes just before the usage chunk`);
+      assert.ok(
+        chunks.every((c) => c['id'] === 'chatcmpl-up'),
+        `${kind}: one id throughout`,
+      );
+    }
+  });
+
+  it('reads JSON with spaces and usage inside the finish chunk, and still sends usage last', async () => {
+    const { frames } = await rawStream(gateway.url, key, ask('spaced', { stream_options: { include_usage: true } }));
+    assert.equal(contentOf(frames), 'Hello there');
+    const chunks = frames.slice(0, -1).map((f) => f.json!);
+    for (const ch of chunks) assert.equal(ch['model'], GATEWAY_MODEL);
+    const withUsage = chunks.filter((ch) => ch['usage'] !== null && ch['usage'] !== undefined);
+    assert.equal(withUsage.length, 1, 'usage only in the last chunk');
+    assert.equal(withUsage[0], chunks.at(-1));
+    assert.deepEqual(withUsage[0]!['choices'], []);
+    assert.equal((withUsage[0]!['usage'] as { completion_tokens: number }).completion_tokens, 2);
+    assert.equal((withUsage[0]!['usage'] as { cost: number }).cost, (4 * 1 + 2 * 2) / 1e6);
+  });
+
+  it('turns an upstream error frame or a cut-off stream into an error the SDK throws, and records it', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    for (const kind of ['error-frame', 'cut-off']) {
+      const stream = await client.chat.completions.create({
+        ...ask(kind),
+        stream: true,
+      } as OpenAI.Chat.ChatCompletionCreateParamsStreaming);
+      let text = '';
+      await assert.rejects(
+        (async () => {
+          for await (const ch of stream) text += ch.choices[0]?.delta.content ?? '';
+        })(),
+        (err: unknown) => err instanceof OpenAI.APIError,
+        kind,
+      );
+      assert.equal(text, 'Once', kind);
+    }
+    const db = new SqliteDatabase(join(gateway.dataDir, 'switchyard.db'), { readonly: true });
+    const failed = db.prepare("select count(*) as n from usage_records where status >= 500 and error_code = 'upstream_error'").get() as {
+      n: number;
+    };
+    db.close();
+    assert.ok(failed.n >= 2, 'both failures have a usage record');
+  });
+
+  it('answers a non-stream request with the upstream completion under the catalogue model and metered usage', async () => {
+    const res = await request(`${gateway.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify(ask('plain')),
+    });
+    const body = (await res.body.json()) as Record<string, unknown>;
+    assert.equal(res.statusCode, 200);
+    assert.equal(body['model'], GATEWAY_MODEL);
+    assert.equal(body['id'], 'chatcmpl-up');
+    const usage = body['usage'] as { prompt_tokens: number; completion_tokens: number; cost: number };
+    assert.deepEqual([usage.prompt_tokens, usage.completion_tokens, usage.cost], [4, 3, (4 + 6) / 1e6]);
+  });
+});
+
+describe('the chat fast lane fails over while nothing was generated', () => {
+  const c = closers();
+  let calls = 0;
+  after(() => c.closeAll());
+
+  it('moves to the next try when an upstream sends its role chunk and dies', async () => {
+    const up = c.keep(
+      await fixture((req, res) => {
+        req.resume();
+        req.on('end', () => {
+          calls++;
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          const head = { id: `chatcmpl-${calls}`, object: 'chat.completion.chunk', created: 7, model: 'm' };
+          const frame = (delta: object, finish: string | null = null) =>
+            `data: ${JSON.stringify({ ...head, choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+          // The first try sends the role chunk (as vLLM does before it generates) and breaks off.
+          if (calls === 1) res.write(frame({ role: 'assistant', content: '' }), () => res.destroy());
+          else res.end(`${frame({ role: 'assistant', content: '' })}${frame({ content: 'second try' }, 'stop')}data: [DONE]\n\n`);
+        });
+      }),
+    );
+    const gateway = c.keep(await startGateway([{ baseUrl: up.url }]));
+    const key = (await createKey(gateway, 'acme')).key;
+    const { frames, status } = await rawStream(gateway.url, key, { model: GATEWAY_MODEL, messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(status, 200);
+    assert.equal(calls, 2);
+    assert.equal(contentOf(frames), 'second try');
+    assert.ok(
+      frames.every((f) => f.json === undefined || f.json['id'] === 'chatcmpl-2'),
+      'nothing of the failed try reached the client',
+    );
+  });
+});
