@@ -36,16 +36,17 @@ function checkEnvelope(r: RawResponse, what: string): void {
 }
 
 /**
- * Waits (up to 30 s) for the heap to come back within 16 MB of the baseline, as V8 collects an idle
- * heap, then checks heap and RSS against it and returns the reading.
+ * Waits (up to 30 s, for work still in flight such as ledger writes) for the heap, read after a full
+ * collection, to come back within 16 MB of the baseline, then checks heap and RSS against it and
+ * returns the reading.
  */
 async function settledMemory(
-  url: string,
+  server: Running,
   baseline: { rss: number; heap: number },
   rssAllowanceMb: number,
 ): Promise<{ rss: number; heap: number }> {
   const now = await settle(
-    () => processMemory(url),
+    () => processMemory(server.url, server.inspector),
     (m) => m.heap <= baseline.heap + 16 * 1024 * 1024,
     30_000,
     1000,
@@ -68,12 +69,15 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
   let upstream: Awaited<ReturnType<typeof fixture>> | undefined;
   /** The server process under test, started by whichever test runs first. */
   const server = async (): Promise<Running> => {
-    proc ??= await startProcess({
-      SWITCHYARD_DATA_DIR: dataDir,
-      SWITCHYARD_ADMIN_KEY: ADMIN,
-      SWITCHYARD_WORKERS: '1',
-      SWITCHYARD_LOG_LEVEL: 'info',
-    });
+    proc ??= await startProcess(
+      {
+        SWITCHYARD_DATA_DIR: dataDir,
+        SWITCHYARD_ADMIN_KEY: ADMIN,
+        SWITCHYARD_WORKERS: '1',
+        SWITCHYARD_LOG_LEVEL: 'info',
+      },
+      { inspect: true },
+    );
     return proc;
   };
   after(async () => {
@@ -94,7 +98,7 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
         const res = await sendRaw(port, encode(r));
         statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1);
         checkEnvelope(res, `${r.method} ${r.path.slice(0, 120)} (${r.label})`);
-        if (++count === warmup) baseline = await processMemory(proc!.url);
+        if (++count === warmup) baseline = await processMemory(proc!.url, proc!.inspector);
       }),
       { numRuns: RUNS, seed: Number(process.env['SWITCHYARD_FUZZ_SEED'] ?? 20261121), endOnFailure: true },
     );
@@ -116,11 +120,12 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
     assert.ok(!statuses.has(0) && [...statuses.keys()].every((s) => s < 500), JSON.stringify([...statuses]));
     assert.ok([...statuses.keys()].filter((s) => s >= 400).length >= 5, `a spread of 4xx answers: ${JSON.stringify([...statuses])}`);
 
-    // Memory: once idle (V8 collects an idle heap within seconds), the heap is back within 16 MB of
-    // where it was after the warm-up; nothing the fuzz sent is kept.
+    // Memory: both readings follow a full collection (through the inspector), so they compare what
+    // is live. Once idle, the heap is back within 16 MB of where it was after the warm-up; nothing
+    // the fuzz sent is kept.
     const limit = baseline!.heap + 16 * 1024 * 1024;
     const now = await settle(
-      () => processMemory(proc!.url),
+      () => processMemory(proc!.url, proc!.inspector),
       (m) => m.heap <= limit,
       30_000,
       1000,
@@ -138,11 +143,11 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
     const runs = Math.max(100, Math.floor(RUNS / 5));
     // Memory is compared from half-way: the first half fills the caches and the allocator's working
     // set (RSS climbs ~150 MB over the first 1,500 schemas here, then stays); a leak keeps climbing.
-    let baseline = await processMemory(p.url);
+    let baseline = await processMemory(p.url, p.inspector);
     let count = 0;
     const details = await fc.check(
       fc.asyncProperty(schemaArb, fc.constantFrom('chat', 'responses', 'tool'), async (schema, where) => {
-        if (++count === Math.floor(runs / 2)) baseline = await processMemory(p.url);
+        if (++count === Math.floor(runs / 2)) baseline = await processMemory(p.url, p.inspector);
         const body =
           where === 'chat'
             ? {
@@ -189,7 +194,7 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
     const loaded = await fetch(`${p.url}/admin/local/loaded`, { headers: { authorization: `Bearer ${ADMIN}` } });
     assert.equal(((await loaded.json()) as { schema_violations: number }).schema_violations, 0, 'every accepted schema was kept');
     // Native memory too (grammars, the schema worker's heap): a cache that kept one Ajv per schema grew RSS by 150 MB here.
-    const now = await settledMemory(p.url, baseline, 64);
+    const now = await settledMemory(p, baseline, 64);
     console.log(
       `# schema fuzz: ${runs} schemas, statuses ${JSON.stringify([...statuses].sort((a, b) => a[0] - b[0]))}; heap ${Math.round(baseline.heap / 1e6)} → ${Math.round(now.heap / 1e6)} MB, RSS ${Math.round(baseline.rss / 1e6)} → ${Math.round(now.rss / 1e6)} MB`,
     );
@@ -222,16 +227,19 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
         deployments: [{ model: 'meta-llama/fuzzed-upstream', baseUrl: upstream.url }],
       }),
     );
-    const gw = await startProcess({
-      SWITCHYARD_DATA_DIR: dir,
-      SWITCHYARD_ADMIN_KEY: ADMIN,
-      SWITCHYARD_WORKERS: '1',
-      SWITCHYARD_CONFIG: config,
-      SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1',
-    });
+    const gw = await startProcess(
+      {
+        SWITCHYARD_DATA_DIR: dir,
+        SWITCHYARD_ADMIN_KEY: ADMIN,
+        SWITCHYARD_WORKERS: '1',
+        SWITCHYARD_CONFIG: config,
+        SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1',
+      },
+      { inspect: true },
+    );
     try {
       const port = Number(new URL(gw.url).port);
-      const baseline = await processMemory(gw.url);
+      const baseline = await processMemory(gw.url, gw.inspector);
       const statuses = new Map<number, number>();
       const runs = Math.max(100, Math.floor(RUNS / 5));
       const details = await fc.check(
@@ -270,7 +278,7 @@ describe(`fuzzing every endpoint with ${RUNS} malformed requests`, () => {
       );
       failIf(details);
       assert.equal(gw.child.exitCode, null, 'the gateway is still running');
-      const now = await settledMemory(gw.url, baseline, 48);
+      const now = await settledMemory(gw, baseline, 48);
       console.log(
         `# upstream fuzz: ${runs} replies, statuses ${JSON.stringify([...statuses].sort((a, b) => a[0] - b[0]))}; heap ${Math.round(baseline.heap / 1e6)} → ${Math.round(now.heap / 1e6)} MB, RSS ${Math.round(baseline.rss / 1e6)} → ${Math.round(now.rss / 1e6)} MB`,
       );

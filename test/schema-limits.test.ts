@@ -159,23 +159,27 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
       proc?.child.kill('SIGKILL');
       rmSync(dataDir, { recursive: true, force: true });
     });
-    proc = await startProcess({
-      SWITCHYARD_DATA_DIR: dataDir,
-      SWITCHYARD_ADMIN_KEY: admin,
-      SWITCHYARD_WORKERS: '1',
-      SWITCHYARD_SCHEMA_CACHE_SIZE: '64',
-    });
+    proc = await startProcess(
+      {
+        SWITCHYARD_DATA_DIR: dataDir,
+        SWITCHYARD_ADMIN_KEY: admin,
+        SWITCHYARD_WORKERS: '1',
+        SWITCHYARD_SCHEMA_CACHE_SIZE: '64',
+      },
+      { inspect: true },
+    );
     const pool = new Pool(proc.url, { connections: 8 });
     open.add(() => pool.close());
     let next = 0;
     let baseline = { rss: 0, heap: 0 };
-    // V8 grows its heap toward a working size over the first few thousand requests before its first
-    // major GC (RSS follows): the baseline is taken well into the run, and the end once the heap settled.
+    // Heap readings follow a full collection (through the inspector). RSS still grows toward the
+    // allocator's working size over the first few thousand requests: the baseline is taken well into
+    // the run, and the end once the heap settled.
     const warmup = Math.floor(DISTINCT * 0.4);
     const send = async () => {
       while (next < DISTINCT) {
         const i = next++;
-        if (i === warmup) baseline = await processMemory(proc!.url);
+        if (i === warmup) baseline = await processMemory(proc!.url, proc!.inspector);
         const schema = {
           type: 'object',
           properties: { [`field_${i}`]: { type: 'boolean' } },
@@ -198,9 +202,9 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     });
     assert.ok(loaded.json.cached_schemas <= 64, `cache holds ${loaded.json.cached_schemas}`);
     assert.equal(loaded.json.schema_violations, 0);
-    const url = proc.url;
+    const { url, inspector } = proc;
     const end = await settle(
-      () => processMemory(url),
+      () => processMemory(url, inspector),
       (m) => m.heap <= baseline.heap + 8 * 1024 * 1024,
       20_000,
     );
