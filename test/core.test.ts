@@ -223,7 +223,7 @@ describe('limiter', () => {
     assert.equal(a.headers['x-ratelimit-remaining-requests'], '1');
     await limiter.admit(k, 'm');
     await assert.rejects(
-      limiter.admit(k, 'm'),
+      async () => limiter.admit(k, 'm'),
       (e: unknown) =>
         e instanceof ApiError &&
         e.code === 'rate_limit_exceeded' &&
@@ -238,7 +238,10 @@ describe('limiter', () => {
     const k = who({ tpm: 100 }, null, 'key_tpm');
     (await limiter.admit(k, 'm')).settle(60, null);
     (await limiter.admit(k, 'm')).settle(60, null);
-    await assert.rejects(limiter.admit(k, 'm'), (e: unknown) => e instanceof ApiError && e.code === 'rate_limit_exceeded');
+    await assert.rejects(
+      async () => limiter.admit(k, 'm'),
+      (e: unknown) => e instanceof ApiError && e.code === 'rate_limit_exceeded',
+    );
   });
 
   it('holds the tighter of key and organization, and keeps a key to its models', async () => {
@@ -246,7 +249,7 @@ describe('limiter', () => {
     const a = await limiter.admit(who({ rpm: 10 }, { rpm: 3 }, 'key_both'), 'm');
     assert.equal(a.headers['x-ratelimit-limit-requests'], '3');
     await assert.rejects(
-      limiter.admit(who({ models: ['x/a'] }, null, 'key_models'), 'x/b'),
+      async () => limiter.admit(who({ models: ['x/a'] }, null, 'key_models'), 'x/b'),
       (e: unknown) => e instanceof ApiError && e.code === 'model_not_allowed',
     );
   });
@@ -258,7 +261,7 @@ describe('limiter', () => {
     // The first's worst case is held: a second worst case of 0.6 is admitted (0.6 < 1 before it) but a third is not.
     const second = await limiter.admit(k, 'm', () => 0.6);
     await assert.rejects(
-      limiter.admit(k, 'm', () => 0.6),
+      async () => limiter.admit(k, 'm', () => 0.6),
       (e: unknown) => e instanceof ApiError && e.code === 'budget_exceeded',
     );
     // Both cost almost nothing in the end: the reservations are given back and room returns.

@@ -3,13 +3,32 @@ import { ApiError } from './errors.js';
 import type { Limits, Store } from '../store/store.js';
 import type { Metrics } from './metrics.js';
 
-/** Windowed counters: in this process, or in Redis when several instances must share them. */
+/** A value now (a local counter) or later (a shared one). */
+export type Maybe<T> = T | Promise<T>;
+
+/**
+ * Runs `then` on a value now when it is known now, else once it resolves: admission against local
+ * counters is synchronous, with no promise per step (it runs on every request with limits).
+ */
+function when<T, R>(value: Maybe<T>, then: (v: T) => Maybe<R>): Maybe<R> {
+  return value instanceof Promise ? value.then(then) : then(value);
+}
+
+/** A counter update whose answer nobody waits for: a failed shared write is dropped, not thrown. */
+function background(value: Maybe<number>): void {
+  if (value instanceof Promise) value.catch(() => undefined);
+}
+
+/**
+ * Windowed counters: in this process (answered synchronously), or shared by several instances in
+ * Redis or by the workers of a cluster through their primary (answered with a promise).
+ */
 export interface Counters {
   /** Adds to the counter and returns its new value; a new counter expires after `ttlMs`. */
-  add(key: string, amount: number, ttlMs: number): Promise<number>;
-  get(key: string): Promise<number | undefined>;
+  add(key: string, amount: number, ttlMs: number): Maybe<number>;
+  get(key: string): Maybe<number | undefined>;
   /** Sets the counter unless it exists; returns its value now. */
-  init(key: string, value: number, ttlMs: number): Promise<number>;
+  init(key: string, value: number, ttlMs: number): Maybe<number>;
   close(): Promise<void>;
 }
 
@@ -25,18 +44,18 @@ export class MemoryCounters implements Counters {
     return e && e.expires > Date.now() ? e : undefined;
   }
 
-  async add(key: string, amount: number, ttlMs: number): Promise<number> {
+  add(key: string, amount: number, ttlMs: number): number {
     const e = this.live(key) ?? { value: 0, expires: Date.now() + ttlMs };
     e.value += amount;
     this.map.set(key, e);
     return e.value;
   }
 
-  async get(key: string): Promise<number | undefined> {
+  get(key: string): number | undefined {
     return this.live(key)?.value;
   }
 
-  async init(key: string, value: number, ttlMs: number): Promise<number> {
+  init(key: string, value: number, ttlMs: number): number {
     const e = this.live(key);
     if (e) return e.value;
     this.map.set(key, { value, expires: Date.now() + ttlMs });
@@ -117,6 +136,22 @@ interface Scope {
   limits: Limits;
 }
 
+/** One request's admission while its limits are checked. */
+interface Admitting {
+  scopes: Scope[];
+  now: number;
+  minute: number;
+  /** Seconds to the next minute window. */
+  resetS: number;
+  /** The worst-case cost reserved against each budget (0 without a budget or a price). */
+  reserve: number;
+  /** Budget counters that hold the reservation, with their time to live. */
+  reserved: Array<{ key: string; ttlMs: number }>;
+  /** The tightest request and token limits seen, for the x-ratelimit-* headers. */
+  requests?: { limit: number; remaining: number };
+  tokens?: { limit: number; remaining: number };
+}
+
 /**
  * Per-key and per-organization limits: requests and tokens per minute (fixed one-minute windows),
  * a spend budget per day or month, and an allowed-models list. Requests are counted when admitted;
@@ -135,9 +170,9 @@ export class Limiter {
    * the model's prices; null when unpriced); it is asked only when a budget applies. That amount is
    * added to the spend counters at admission, so concurrent requests see each other's spend before
    * it happens: a budget is overshot at most by the worst cases of requests admitted while it still
-   * had room, instead of by everything in flight.
+   * had room, instead of by everything in flight. With local counters the answer is synchronous.
    */
-  async admit(who: Limited, model: string, worstCase: () => number | null = () => null): Promise<Admission> {
+  admit(who: Limited, model: string, worstCase: () => number | null = () => null): Maybe<Admission> {
     if (who.keyLimits === null && who.orgLimits === null) return NO_LIMITS;
     const scopes: Scope[] = [];
     if (who.keyLimits) scopes.push({ scope: 'key', id: who.keyId, limits: who.keyLimits });
@@ -152,81 +187,116 @@ export class Limiter {
 
     const now = Date.now();
     const minute = Math.floor(now / MINUTE);
-    const resetS = Math.max(1, Math.ceil(((minute + 1) * MINUTE - now) / 1000));
-    let tightestRequests: { limit: number; remaining: number } | undefined;
-    let tightestTokens: { limit: number; remaining: number } | undefined;
-    const reserve = scopes.some((s) => s.limits.budget !== undefined) ? Math.max(0, worstCase() ?? 0) : 0;
-    /** Budget counters that hold this request's reservation, with their time to live. */
-    const reserved: Array<{ key: string; ttlMs: number }> = [];
-    const giveBack = (amount: number) => {
-      for (const r of reserved) if (amount !== 0) void this.counters.add(r.key, amount, r.ttlMs).catch(() => undefined);
+    const a: Admitting = {
+      scopes,
+      now,
+      minute,
+      resetS: Math.max(1, Math.ceil(((minute + 1) * MINUTE - now) / 1000)),
+      reserve: scopes.some((s) => s.limits.budget !== undefined) ? Math.max(0, worstCase() ?? 0) : 0,
+      reserved: [],
     };
-
-    try {
-      for (const { scope, id, limits } of scopes) {
-        if (limits.rpm !== undefined) {
-          const n = await this.counters.add(`rpm:${scope}:${id}:${minute}`, 1, 2 * MINUTE);
-          const remaining = Math.max(0, limits.rpm - n);
-          if (!tightestRequests || remaining < tightestRequests.remaining) tightestRequests = { limit: limits.rpm, remaining };
-          if (n > limits.rpm)
-            this.reject('requests', scope, limits.rpm, resetS, {
-              'x-ratelimit-limit-requests': String(limits.rpm),
-              'x-ratelimit-remaining-requests': '0',
-              'x-ratelimit-reset-requests': `${resetS}s`,
-            });
-        }
-        if (limits.tpm !== undefined) {
-          const used = (await this.counters.get(`tpm:${scope}:${id}:${minute}`)) ?? 0;
-          const remaining = Math.max(0, limits.tpm - used);
-          if (!tightestTokens || remaining < tightestTokens.remaining) tightestTokens = { limit: limits.tpm, remaining };
-          if (used >= limits.tpm)
-            this.reject('tokens', scope, limits.tpm, resetS, {
-              'x-ratelimit-limit-tokens': String(limits.tpm),
-              'x-ratelimit-remaining-tokens': '0',
-              'x-ratelimit-reset-tokens': `${resetS}s`,
-            });
-        }
-        if (limits.budget !== undefined) {
-          const period = limits.budget_period ?? 'month';
-          const start = periodStart(period, new Date(now));
-          const end = periodEnd(period, start);
-          const key = `spend:${scope}:${id}:${start}`;
-          let spent =
-            (await this.counters.get(key)) ?? (await this.counters.init(key, await this.store.spentSince(scope, id, start), end - now));
-          if (spent < limits.budget && reserve > 0) {
-            // The counter's value before this add is what was spent and reserved by others.
-            const total = await this.counters.add(key, reserve, end - now);
-            reserved.push({ key, ttlMs: end - now });
-            spent = total - reserve;
-          }
-          if (spent >= limits.budget) {
-            this.metrics.rateLimited.inc({ limit: 'budget' });
-            throw new ApiError(
-              'budget_exceeded',
-              `The ${scope === 'key' ? 'API key' : 'organization'} has used its budget of $${limits.budget} for this ${period}.`,
-              {
-                retryAfterMs: end - now,
-                final: true,
-              },
-            );
-          }
-        }
-      }
-    } catch (err) {
-      giveBack(-reserve);
+    const refused = (err: unknown): never => {
+      this.giveBack(a, -a.reserve);
       throw err;
+    };
+    let checked: Maybe<void>;
+    try {
+      checked = this.check(a, 0);
+    } catch (err) {
+      return refused(err);
     }
+    return checked instanceof Promise ? checked.then(() => this.admitted(a), refused) : this.admitted(a);
+  }
 
+  /** The limits of scope `i` and then of the ones after it, in order (rpm, tpm, budget). */
+  private check(a: Admitting, i: number): Maybe<void> {
+    const s = a.scopes[i];
+    if (s === undefined) return;
+    const { scope, id, limits } = s;
+    const tpm = () =>
+      limits.tpm === undefined
+        ? undefined
+        : when(this.counters.get(`tpm:${scope}:${id}:${a.minute}`), (used) => this.checkTokens(a, s, used ?? 0));
+    const rest = () => when(tpm(), () => when(this.checkBudget(a, s), () => this.check(a, i + 1)));
+    if (limits.rpm === undefined) return rest();
+    return when(this.counters.add(`rpm:${scope}:${id}:${a.minute}`, 1, 2 * MINUTE), (n) => {
+      this.checkRequests(a, s, n);
+      return rest();
+    });
+  }
+
+  private checkRequests(a: Admitting, { scope, limits }: Scope, n: number): void {
+    const rpm = limits.rpm!;
+    const remaining = Math.max(0, rpm - n);
+    if (!a.requests || remaining < a.requests.remaining) a.requests = { limit: rpm, remaining };
+    if (n > rpm)
+      this.reject('requests', scope, rpm, a.resetS, {
+        'x-ratelimit-limit-requests': String(rpm),
+        'x-ratelimit-remaining-requests': '0',
+        'x-ratelimit-reset-requests': `${a.resetS}s`,
+      });
+  }
+
+  private checkTokens(a: Admitting, { scope, limits }: Scope, used: number): void {
+    const tpm = limits.tpm!;
+    const remaining = Math.max(0, tpm - used);
+    if (!a.tokens || remaining < a.tokens.remaining) a.tokens = { limit: tpm, remaining };
+    if (used >= tpm)
+      this.reject('tokens', scope, tpm, a.resetS, {
+        'x-ratelimit-limit-tokens': String(tpm),
+        'x-ratelimit-remaining-tokens': '0',
+        'x-ratelimit-reset-tokens': `${a.resetS}s`,
+      });
+  }
+
+  /** The spend so far (read from the database once per period), then this request's reservation. */
+  private checkBudget(a: Admitting, { scope, id, limits }: Scope): Maybe<void> {
+    const budget = limits.budget;
+    if (budget === undefined) return;
+    const period = limits.budget_period ?? 'month';
+    const start = periodStart(period, new Date(a.now));
+    const ttlMs = periodEnd(period, start) - a.now;
+    const key = `spend:${scope}:${id}:${start}`;
+    const spentSoFar = when(this.counters.get(key), (v) =>
+      v !== undefined ? v : this.store.spentSince(scope, id, start).then((spent) => this.counters.init(key, spent, ttlMs)),
+    );
+    const over = (spent: number): void => {
+      if (spent < budget) return;
+      this.metrics.rateLimited.inc({ limit: 'budget' });
+      throw new ApiError(
+        'budget_exceeded',
+        `The ${scope === 'key' ? 'API key' : 'organization'} has used its budget of $${budget} for this ${period}.`,
+        { retryAfterMs: ttlMs, final: true },
+      );
+    };
+    return when(spentSoFar, (spent) => {
+      if (spent >= budget || a.reserve <= 0) return over(spent);
+      // The counter's value before this add is what was spent and reserved by others.
+      return when(this.counters.add(key, a.reserve, ttlMs), (total) => {
+        a.reserved.push({ key, ttlMs });
+        over(total - a.reserve);
+      });
+    });
+  }
+
+  /** Adds `amount` to every budget counter that holds this request's reservation. */
+  private giveBack(a: Admitting, amount: number): void {
+    if (amount === 0) return;
+    for (const r of a.reserved) background(this.counters.add(r.key, amount, r.ttlMs));
+  }
+
+  /** The admission of a request that passed every limit: its headers, and how it settles. */
+  private admitted(a: Admitting): Admission {
     const headers: Record<string, string> = {};
-    if (tightestRequests) {
-      headers['x-ratelimit-limit-requests'] = String(tightestRequests.limit);
-      headers['x-ratelimit-remaining-requests'] = String(tightestRequests.remaining);
-      headers['x-ratelimit-reset-requests'] = `${resetS}s`;
+    if (a.requests) {
+      headers['x-ratelimit-limit-requests'] = String(a.requests.limit);
+      headers['x-ratelimit-remaining-requests'] = String(a.requests.remaining);
+      headers['x-ratelimit-reset-requests'] = `${a.resetS}s`;
     }
-    if (tightestTokens) {
-      headers['x-ratelimit-limit-tokens'] = String(tightestTokens.limit);
-      headers['x-ratelimit-remaining-tokens'] = String(tightestTokens.remaining);
-      headers['x-ratelimit-reset-tokens'] = `${resetS}s`;
+    if (a.tokens) {
+      headers['x-ratelimit-limit-tokens'] = String(a.tokens.limit);
+      headers['x-ratelimit-remaining-tokens'] = String(a.tokens.remaining);
+      headers['x-ratelimit-reset-tokens'] = `${a.resetS}s`;
     }
     let settled = false;
     return {
@@ -235,14 +305,13 @@ export class Limiter {
         if (settled) return;
         settled = true;
         // The reservation becomes what the request really cost (an unpriced request costs nothing here).
-        giveBack((cost ?? 0) - reserve);
-        for (const { scope, id, limits } of scopes) {
-          if (limits.tpm !== undefined && tokens > 0)
-            void this.counters.add(`tpm:${scope}:${id}:${minute}`, tokens, 2 * MINUTE).catch(() => undefined);
-          if (limits.budget !== undefined && cost && reserve === 0) {
+        this.giveBack(a, (cost ?? 0) - a.reserve);
+        for (const { scope, id, limits } of a.scopes) {
+          if (limits.tpm !== undefined && tokens > 0) background(this.counters.add(`tpm:${scope}:${id}:${a.minute}`, tokens, 2 * MINUTE));
+          if (limits.budget !== undefined && cost && a.reserve === 0) {
             const period = limits.budget_period ?? 'month';
-            const start = periodStart(period, new Date(now));
-            void this.counters.add(`spend:${scope}:${id}:${start}`, cost, periodEnd(period, start) - Date.now()).catch(() => undefined);
+            const start = periodStart(period, new Date(a.now));
+            background(this.counters.add(`spend:${scope}:${id}:${start}`, cost, periodEnd(period, start) - Date.now()));
           }
         }
       },
