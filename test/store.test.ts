@@ -1,16 +1,17 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { rmSync } from 'node:fs';
+import { rmSync, statSync } from 'node:fs';
 import Database from 'better-sqlite3';
 import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from 'kysely';
 import pg from 'pg';
 import { KyselyStore } from '../src/store/kysely-store.js';
 import { migrationProvider } from '../src/store/migrations.js';
-import type { Store } from '../src/store/store.js';
+import type { Store, UsageRecord } from '../src/store/store.js';
 import { resolveModelSpec, type Model } from '../src/core/model-spec.js';
 import { createKey, ensureAdminKey, parseKey, secretMatches } from '../src/core/keys.js';
 import { pgSchema, tempDir } from './helpers/server.js';
+import { eventually } from './helpers/wait.js';
 
 function model(id: string, extra: Record<string, unknown> = {}): Model {
   const m = resolveModelSpec({ id, context_length: 4096, ...extra }, 'admin', 1_700_000_000);
@@ -306,6 +307,56 @@ describe('store: migration 0010 (creation order)', () => {
   creationOrderMigration('postgres', async () => {
     const schema = await pgSchema();
     return { store: new KyselyStore({ databaseUrl: schema.url, sqlitePath: '' }), url: schema.url, cleanup: () => schema.drop() };
+  });
+});
+
+describe('store: SQLite WAL checkpoints', () => {
+  it('are made off the event loop, and still happen: the database file takes the records while the store is open, and a grown WAL is cut back', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'wal.db');
+    const store = new KyselyStore({ sqlitePath: file });
+    try {
+      await store.migrate();
+      const before = statSync(file).size;
+      // One record per transaction, as the ledger commits at one connection: ~18 KB of WAL each.
+      const record = (i: number): UsageRecord => ({
+        id: `usage_wal_${i}`,
+        at: 1_700_000_000_000 + i,
+        day: '2023-11-14',
+        request_id: `req_${i}`,
+        key_id: 'key_wal',
+        org_id: 'org_wal',
+        model: 'm/a',
+        deployment: null,
+        endpoint: 'chat.completions',
+        stream: false,
+        input_tokens: 10,
+        cached_tokens: 0,
+        output_tokens: 5,
+        reasoning_tokens: 0,
+        cost: null,
+        price_missing: true,
+        estimated: false,
+        latency_ms: 1,
+        ttft_ms: null,
+        status: 200,
+        error_code: null,
+      });
+      for (let i = 0; i < 3000; i++) await store.insertUsage([record(i)]);
+      // Commits do not checkpoint (the store turns that off); the worker's checkpoints still bring the
+      // records into the database file, and the WAL that grew meanwhile is cut back to its limit
+      // when the next commit starts it over.
+      await eventually(() => assert.ok(statSync(file).size > before + 256 * 1024, `database file ${statSync(file).size} bytes`));
+      let next = 3000;
+      await eventually(async () => {
+        await store.insertUsage([record(next++)]);
+        assert.ok(statSync(`${file}-wal`).size <= 40 * 1024 * 1024, `WAL ${statSync(`${file}-wal`).size} bytes`);
+      });
+      assert.equal((await store.usageTotals('key', { key: 'key_wal' })).find((t) => t.group === 'key_wal')?.requests, next);
+    } finally {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 
