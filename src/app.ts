@@ -26,13 +26,36 @@ import type { Store } from './store/store.js';
 import { GenerationPipeline } from './core/generation.js';
 import type { ClusterBus } from './core/bus.js';
 import { standaloneBus } from './bus.js';
+import { LogBlocks } from './log-destination.js';
 
 export function openStore(config: Config): Store {
   return new KyselyStore({ databaseUrl: config.databaseUrl, sqlitePath: resolve(config.dataDir, 'switchyard.db') });
 }
 
+/** The longest a log line waits in its block before it is written. */
+const LOG_WAIT_MS = 100;
+
+/**
+ * The process's logger, on standard output, written in blocks (see LogBlocks) unless
+ * `logBufferBytes` is 0. Warnings and errors are written at once.
+ */
 export function createLogger(config: Config): Logger {
-  return pino({ level: config.logLevel, base: { service: 'switchyard' } });
+  const out = pino.destination({ dest: 1, sync: false });
+  if (config.logBufferBytes === 0) return pino({ level: config.logLevel, base: { service: 'switchyard' } }, out);
+  const blocks = new LogBlocks(out, config.logBufferBytes, LOG_WAIT_MS);
+  return pino(
+    {
+      level: config.logLevel,
+      base: { service: 'switchyard' },
+      hooks: {
+        logMethod(args, method, level) {
+          method.apply(this, args);
+          if (level >= 40) blocks.flush();
+        },
+      },
+    },
+    blocks,
+  );
 }
 
 export interface Service {

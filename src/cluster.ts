@@ -110,6 +110,7 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
     if (announced || listening.size < workers) return;
     announced = true;
     log.info({ address: `http://${address.address ?? config.host}:${address.port}`, workers }, 'switchyard listening');
+    log.flush();
   });
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) return;

@@ -60,6 +60,7 @@ const ConfigSchema = Type.Object(
     shutdownTimeoutMs: Type.Integer({ minimum: 0 }),
     websocketMaxConnectionMs: Type.Integer({ minimum: 1000 }),
     logLevel: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+    logBufferBytes: Type.Integer({ minimum: 0, maximum: 1024 * 1024 }),
     keyCacheTtlMs: Type.Integer({ minimum: 0 }),
     catalogueRefreshMs: Type.Integer({ minimum: 0 }),
     corsOrigin: Type.String(),
@@ -153,6 +154,7 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool' | 'number
   ['SWITCHYARD_SHUTDOWN_TIMEOUT_MS', 'shutdownTimeoutMs', 'int'],
   ['SWITCHYARD_WEBSOCKET_MAX_CONNECTION_MS', 'websocketMaxConnectionMs', 'int'],
   ['SWITCHYARD_LOG_LEVEL', 'logLevel', 'string'],
+  ['SWITCHYARD_LOG_BUFFER_BYTES', 'logBufferBytes', 'int'],
   ['SWITCHYARD_KEY_CACHE_TTL_MS', 'keyCacheTtlMs', 'int'],
   ['SWITCHYARD_CATALOGUE_REFRESH_MS', 'catalogueRefreshMs', 'int'],
   ['SWITCHYARD_CORS_ORIGIN', 'corsOrigin', 'string'],
@@ -206,6 +208,8 @@ const DEFAULTS = {
   // Open Responses limits a Responses WebSocket to 60 minutes.
   websocketMaxConnectionMs: 60 * 60_000,
   logLevel: 'info',
+  // Log lines go out in blocks of this size, or after LOG_FLUSH_MS (src/app.ts); 0 writes each line.
+  logBufferBytes: 4096,
   // Revocations and limit changes made elsewhere (another instance, the CLI) apply within a second.
   keyCacheTtlMs: 1_000,
   catalogueRefreshMs: 5_000,

@@ -72,6 +72,8 @@ export async function serve(argv: string[]): Promise<number> {
   if (!early) {
     const address = await service.app.listen({ host: config.host, port: config.port });
     log.info({ address, database: service.store.dialect, models: service.catalogue.all().length }, 'switchyard listening');
+    // Written at once, not with the next block of buffered lines: supervisors wait for this line.
+    log.flush();
   }
 
   return new Promise<number>((resolveExit) => {
@@ -80,6 +82,7 @@ export async function serve(argv: string[]): Promise<number> {
       if (stopping) return;
       stopping = true;
       log.info({ signal, timeout_ms: config.shutdownTimeoutMs }, 'shutting down: no new connections, draining requests');
+      log.flush();
       const timer = setTimeout(() => {
         log.warn('in-flight requests did not finish in time; exiting');
         resolveExit(1);

@@ -52,6 +52,32 @@ describe('the server process', () => {
     assert.match(p.stdout(), /shut down cleanly/);
   });
 
+  it('writes its access log in blocks: a quiet server still writes a line within a fraction of a second, and every line is out on exit', async () => {
+    const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_WORKERS: '1' });
+    const lines = () => p.stdout().split('\n');
+    // One request and then nothing: the line does not wait for a block to fill.
+    const one = await http(p.url, 'GET', '/v1/models', { key: adminKey });
+    const id = one.headers['x-request-id'];
+    const started = Date.now();
+    await eventually(() => assert.ok(lines().some((l) => l.includes(`"request_id":"${id}"`) && l.includes('"msg":"request"'))), 2000);
+    assert.ok(Date.now() - started < 1000, `the access line took ${Date.now() - started} ms`);
+    // A burst: every line is there once the process has exited, none lost or cut.
+    const ids: string[] = [];
+    for (let i = 0; i < 200; i++) ids.push(String((await http(p.url, 'GET', '/readyz')).headers['x-request-id']));
+    p.child.kill('SIGTERM');
+    assert.equal(await p.exited, 0);
+    const logged = new Set(
+      lines()
+        .filter((l) => l.includes('"msg":"request"'))
+        .map((l) => (JSON.parse(l) as { request_id: string }).request_id),
+    );
+    assert.deepEqual(
+      ids.filter((i) => !logged.has(i)),
+      [],
+      'every request has its line',
+    );
+  });
+
   for (const [label, command, args] of [
     ["npm start (the README's command)", 'npm', ['start', '--', '--port', '0']],
     ['node dist/src/main.js (what a service manager or container runs)', process.execPath, [MAIN, '--port', '0']],

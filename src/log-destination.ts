@@ -1,0 +1,53 @@
+import type pino from 'pino';
+
+type Output = ReturnType<typeof pino.destination>;
+
+/**
+ * Log lines gathered into blocks before they reach the output stream: pino's asynchronous
+ * destination hands every write to Node's thread pool, and one hand-off per request (the access
+ * log line) cost more than the line. A block is written once it reaches `blockBytes`, or `waitMs`
+ * after its first line; `flush()` writes it now (warnings and errors, the start-up line). On exit
+ * the block is written synchronously, so a process that ends (even by an uncaught error) loses
+ * nothing; one killed outright loses at most the last `waitMs` of lines.
+ */
+export class LogBlocks {
+  private block = '';
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly out: Output,
+    private readonly blockBytes: number,
+    private readonly waitMs: number,
+  ) {
+    process.once('exit', () => {
+      this.flush();
+      try {
+        out.flushSync();
+      } catch {
+        // Standard output is gone (a closed pipe): nothing more can be written.
+      }
+    });
+  }
+
+  /** pino's destination interface: one serialized line. */
+  write(line: string): boolean {
+    this.block += line;
+    if (this.block.length >= this.blockBytes) this.flush();
+    else this.timer ??= setTimeout(() => this.flush(), this.waitMs).unref();
+    return true;
+  }
+
+  /** Hands the block to the output stream now (pino's `logger.flush(cb)` calls this with its callback). */
+  flush(done?: (err?: Error) => void): void {
+    if (this.timer) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    }
+    if (this.block !== '') {
+      const block = this.block;
+      this.block = '';
+      this.out.write(block);
+    }
+    done?.();
+  }
+}
