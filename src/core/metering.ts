@@ -125,7 +125,7 @@ export class MeteredStream {
   private see(ev: GenerationEvent): GenerationEvent {
     if (this.ttft === null) {
       this.ttft = performance.now() - this.c.started;
-      this.metrics.ttft.observe({ route: this.c.endpoint, model: this.metrics.modelLabel(this.c.model) }, this.ttft / 1000);
+      this.metrics.observeTtft(this.c.endpoint, this.metrics.modelLabel(this.c.model), this.ttft / 1000);
     }
     if (ev.type === 'usage') {
       this.usage = { ...ev.usage, cost: costOf(this.c.model, ev.usage) };
@@ -158,10 +158,10 @@ export class MeteredStream {
     const missing = cost === null;
     const now = Date.now();
     const m = metrics.modelLabel(c.model);
-    if (usage.input) metrics.tokens.inc({ model: m, kind: 'input' }, usage.input);
-    if (usage.cached) metrics.tokens.inc({ model: m, kind: 'cached' }, usage.cached);
-    if (usage.output) metrics.tokens.inc({ model: m, kind: 'output' }, usage.output);
-    if (usage.reasoning) metrics.tokens.inc({ model: m, kind: 'reasoning' }, usage.reasoning);
+    if (usage.input) metrics.countTokens(m, 'input', usage.input);
+    if (usage.cached) metrics.countTokens(m, 'cached', usage.cached);
+    if (usage.output) metrics.countTokens(m, 'output', usage.output);
+    if (usage.reasoning) metrics.countTokens(m, 'reasoning', usage.reasoning);
     c.settle?.(usage.input + usage.output, cost);
     if (missing) metrics.priceMissing.inc({ model: m });
     else if (cost) metrics.cost.inc({ model: m }, cost);

@@ -178,6 +178,50 @@ export class Metrics {
     });
   }
 
+  /**
+   * Label sets bound once: prom-client hashes the labels on every call (sorting their names), and
+   * a request records five to eight samples. A bound child costs one Map lookup. There are as many
+   * entries as series prom-client keeps anyway (routes × catalogue models × statuses).
+   */
+  private readonly requestSeries = new Map<string, { count: { inc(): void }; duration: { observe(v: number): void } }>();
+  private readonly ttftSeries = new Map<string, { observe(v: number): void }>();
+  private readonly tokenSeries = new Map<string, { inc(n: number): void }>();
+
+  /** One answered HTTP request: its count and duration. */
+  countRequest(route: string, model: string, status: number, seconds: number): void {
+    const key = `${route}\0${model}\0${status}`;
+    let series = this.requestSeries.get(key);
+    if (series === undefined) {
+      const labels = { route, model, status: String(status) };
+      series = { count: this.requests.labels(labels), duration: this.duration.labels(labels) };
+      this.requestSeries.set(key, series);
+    }
+    series.count.inc();
+    series.duration.observe(seconds);
+  }
+
+  /** A generation's time to its first event. */
+  observeTtft(route: string, model: string, seconds: number): void {
+    const key = `${route}\0${model}`;
+    let series = this.ttftSeries.get(key);
+    if (series === undefined) {
+      series = this.ttft.labels({ route, model });
+      this.ttftSeries.set(key, series);
+    }
+    series.observe(seconds);
+  }
+
+  /** Tokens a generation used, by kind. */
+  countTokens(model: string, kind: 'input' | 'cached' | 'output' | 'reasoning', n: number): void {
+    const key = `${model}\0${kind}`;
+    let series = this.tokenSeries.get(key);
+    if (series === undefined) {
+      series = this.tokens.labels({ model, kind });
+      this.tokenSeries.set(key, series);
+    }
+    series.inc(n);
+  }
+
   /** Reads the number of API requests in progress (probes and metrics are not counted) at each scrape. */
   trackInFlight(read: () => number): void {
     new Gauge({

@@ -224,9 +224,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     done();
   });
   app.addHook('onResponse', (req, reply, done) => {
-    const labels = { route: req.routeOptions.url ?? 'unmatched', model: req.metricsModel ?? '', status: String(reply.statusCode) };
-    metrics.requests.inc(labels);
-    metrics.duration.observe(labels, reply.elapsedTime / 1000);
+    metrics.countRequest(req.routeOptions.url ?? 'unmatched', req.metricsModel ?? '', reply.statusCode, reply.elapsedTime / 1000);
     req.log.info(
       { method: req.method, url: loggableUrl(req.url, config.adminKey), status: reply.statusCode, ms: Math.round(reply.elapsedTime) },
       'request',
