@@ -3,6 +3,19 @@ import type pino from 'pino';
 type Output = ReturnType<typeof pino.destination>;
 
 /**
+ * The blocks written on exit, by one listener for the process: a listener each would pile up where
+ * one process starts many servers (the tests). Weak, so a closed server's blocks can be collected.
+ */
+const exiting = new Set<WeakRef<LogBlocks>>();
+let listening = false;
+function onExit(blocks: LogBlocks): void {
+  if (!listening) process.once('exit', () => exiting.forEach((ref) => ref.deref()?.flushSync()));
+  listening = true;
+  for (const ref of exiting) if (ref.deref() === undefined) exiting.delete(ref);
+  exiting.add(new WeakRef(blocks));
+}
+
+/**
  * Log lines gathered into blocks before they reach the output stream: pino's asynchronous
  * destination hands every write to Node's thread pool, and one hand-off per request (the access
  * log line) cost more than the line. A block is written once it reaches `blockBytes`, or `waitMs`
@@ -19,14 +32,17 @@ export class LogBlocks {
     private readonly blockBytes: number,
     private readonly waitMs: number,
   ) {
-    process.once('exit', () => {
-      this.flush();
-      try {
-        out.flushSync();
-      } catch {
-        // Standard output is gone (a closed pipe): nothing more can be written.
-      }
-    });
+    onExit(this);
+  }
+
+  /** Writes the block synchronously: the process is exiting and has no more turns of its loop. */
+  flushSync(): void {
+    this.flush();
+    try {
+      this.out.flushSync();
+    } catch {
+      // Standard output is gone (a closed pipe): nothing more can be written.
+    }
   }
 
   /** pino's destination interface: one serialized line. */
