@@ -39,12 +39,14 @@ function placeOf(url: string, root: string): string {
 }
 
 /**
- * Summarizes the newest profile in `dir`: only the last `windowMs` of samples count (the load,
+ * Summarizes the newest main-thread profile in `dir`: only the last `windowMs` of samples count (the load,
  * not the start-up), and the `top` largest entries are kept.
  */
 export function summarizeProfile(dir: string, root: string, windowMs: number, top = 15): ProfileSummary & { file: string } {
+  // Node writes one profile per thread (CPU.<date>.<time>.<pid>.<thread>.<n>.cpuprofile): the
+  // main thread is 0; the others (the SQLite checkpoint worker, the schema worker) are not the request path.
   const name = readdirSync(dir)
-    .filter((f) => f.endsWith('.cpuprofile'))
+    .filter((f) => f.endsWith('.cpuprofile') && f.split('.')[4] === '0')
     .sort()
     .at(-1);
   if (!name) throw new Error(`no CPU profile in ${dir}`);
