@@ -1,4 +1,3 @@
-import { once } from 'node:events';
 import type { ServerResponse } from 'node:http';
 import type { FastifyReply } from 'fastify';
 
@@ -35,8 +34,19 @@ export function openSse(reply: FastifyReply): void {
 const uncork = (raw: ServerResponse): void => raw.uncork();
 
 /** Resolves once a full socket has room again (or the client went away). */
-export async function drained(raw: ServerResponse): Promise<void> {
-  if (!raw.destroyed) await Promise.race([once(raw, 'drain'), once(raw, 'close')]);
+export function drained(raw: ServerResponse): Promise<void> {
+  if (raw.destroyed) return Promise.resolve();
+  // Both listeners go once either fires: racing two once() promises left the loser's listeners on
+  // the response, two more for every wait of a slow client's stream.
+  return new Promise((resolve) => {
+    const done = () => {
+      raw.off('drain', done);
+      raw.off('close', done);
+      resolve();
+    };
+    raw.on('drain', done);
+    raw.on('close', done);
+  });
 }
 
 /**
