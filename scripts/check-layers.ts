@@ -35,6 +35,7 @@ const ALLOWED: Record<Layer, readonly Layer[]> = {
 /** Core files an engine or protocol may use: the canonical types, errors and small shared helpers, not the pipeline. */
 const CORE_KERNEL = new Set([
   'canonical.ts',
+  'cancellation.ts',
   'channel.ts',
   'errors.ts',
   'ids.ts',

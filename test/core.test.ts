@@ -2,6 +2,9 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { once } from 'node:events';
+import { createServer } from 'node:http';
+import { Pool, errors } from 'undici';
 import pino from 'pino';
 import { loadConfig, routingPolicy } from '../src/config.js';
 import { Catalogue } from '../src/core/catalogue.js';
@@ -9,6 +12,7 @@ import { newTally, type GenerationEvent, type GenerationRequest } from '../src/c
 import { RetryBudget } from '../src/core/deployment-health.js';
 import { fileDeployment } from '../src/core/deployments.js';
 import { ApiError } from '../src/core/errors.js';
+import { Cancellation, onAbort } from '../src/core/cancellation.js';
 import { Ledger } from '../src/core/ledger.js';
 import { Limiter, MemoryCounters, type Limited } from '../src/core/limits.js';
 import { Metrics } from '../src/core/metrics.js';
@@ -349,5 +353,38 @@ describe('ledger', () => {
     assert.equal(ledger.writable, true);
     assert.deepEqual(states, [false, true]);
     assert.equal(await total('key_down'), 1);
+  });
+});
+
+describe('cancellation', () => {
+  it('aborts an undici request the way an AbortSignal does, and runs each listener once', async () => {
+    // An upstream that never answers: only the abort can end the request.
+    let closed!: () => void;
+    const serverSawClose = new Promise<void>((r) => (closed = r));
+    const server = createServer((req) => req.socket.once('close', () => closed()));
+    server.listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    const { port } = server.address() as { port: number };
+    const pool = new Pool(`http://127.0.0.1:${port}`);
+    try {
+      const gone = new Cancellation();
+      let calls = 0;
+      const forget = onAbort(gone, () => calls++);
+      const forgotten = onAbort(gone, () => assert.fail('a removed listener ran'));
+      forgotten();
+      const pending = pool.request({ path: '/', method: 'POST', body: '{}', signal: gone });
+      setTimeout(() => gone.abort(), 50);
+      await assert.rejects(pending, errors.RequestAbortedError);
+      await serverSawClose;
+      gone.abort();
+      assert.equal(calls, 1);
+      assert.equal(gone.aborted, true);
+      forget();
+      assert.equal(gone.listenerCount('abort'), 0, 'undici removed its listener too');
+    } finally {
+      await pool.destroy();
+      server.closeAllConnections();
+      server.close();
+    }
   });
 });

@@ -1,5 +1,6 @@
 import type { FastifyBaseLogger, FastifyReply, FastifyRequest } from 'fastify';
 import { ApiError } from '../core/errors.js';
+import { Cancellation } from '../core/cancellation.js';
 import type { RouteContext } from './context.js';
 import type { GenerationRequest } from '../core/canonical.js';
 import type { GenerationMeta } from '../core/generation.js';
@@ -7,12 +8,13 @@ import type { MeteredStream } from '../core/metering.js';
 import type { Model } from '../core/model-spec.js';
 
 /** A signal that fires when the client goes away before the reply is complete: generating stops and the slot is freed. */
-export function abortOnClientGone(reply: FastifyReply): AbortSignal {
-  const abort = new AbortController();
-  reply.raw.once('close', () => {
-    if (!reply.raw.writableFinished) abort.abort();
+export function abortOnClientGone(reply: FastifyReply): Cancellation {
+  const gone = new Cancellation();
+  const res = reply.raw;
+  res.once('close', () => {
+    if (!res.writableFinished) gone.abort();
   });
-  return abort.signal;
+  return gone;
 }
 
 /**

@@ -2,6 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import Type, { type Static } from 'typebox';
 import type { App, RouteContext } from './context.js';
 import { ApiError } from '../core/errors.js';
+import { Cancellation } from '../core/cancellation.js';
 import type { Principal } from '../core/principal.js';
 import type { EventLog } from '../core/responses/run.js';
 import {
@@ -21,13 +22,13 @@ import { drained, openSse, writeSse } from './sse.js';
 async function streamEvents(req: FastifyRequest, reply: FastifyReply, log: EventLog, onClientGone?: () => void): Promise<FastifyReply> {
   openSse(reply);
   const raw = reply.raw;
-  const gone = new AbortController();
+  const gone = new Cancellation();
   raw.once('close', () => {
     gone.abort();
     if (!raw.writableFinished) onClientGone?.();
   });
   let sent = 0;
-  for await (const { event, index } of log.follow(gone.signal)) {
+  for await (const { event, index } of log.follow(gone)) {
     const frame = sseFrame(event, index);
     sent++;
     if (!writeSse(raw, frame.data, frame.name)) await drained(raw);

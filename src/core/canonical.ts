@@ -4,6 +4,8 @@
  * engine consumes and produces only these.
  */
 
+import type { CancelSignal } from './cancellation.js';
+
 export type Role = 'system' | 'developer' | 'user' | 'assistant' | 'tool';
 
 /**
@@ -91,7 +93,8 @@ export interface GenerationRequest {
    * frames on as `wire.*` events instead of canonical deltas. Unset, engines emit canonical events only.
    */
   wire?: 'chat';
-  signal: AbortSignal;
+  /** Aborted when the client goes away (or the run is cancelled): the engine stops and frees what it held. */
+  signal: CancelSignal;
   /** Kept current by the engine serving the request (reset by the router for each attempt). */
   tally: UsageTally;
 }

@@ -1,4 +1,4 @@
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHash, hash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { ApiKeyRecord, KeyRole, Limits, Store } from '../store/store.js';
 import { nowSeconds } from './ids.js';
 
@@ -37,9 +37,13 @@ export function generateKey(): { token: string; parsed: ParsedKey } {
   return { token, parsed: { id: `key_${idHex}`, secret } };
 }
 
-export function secretMatches(secret: string, storedHash: string): boolean {
-  const a = Buffer.from(sha256Hex(secret), 'hex');
-  const b = Buffer.from(storedHash, 'hex');
+/**
+ * Whether a presented secret is the one whose SHA-256 was stored (hex, or its bytes where the caller
+ * keeps them decoded), compared in constant time. One-shot hashing: no Hash stream object per request.
+ */
+export function secretMatches(secret: string, storedHash: string | Buffer): boolean {
+  const a = hash('sha256', secret, 'buffer');
+  const b = typeof storedHash === 'string' ? Buffer.from(storedHash, 'hex') : storedHash;
   return a.length === b.length && timingSafeEqual(a, b);
 }
 

@@ -13,6 +13,8 @@ export interface Principal {
 
 interface CacheEntry {
   record: ApiKeyRecord | undefined;
+  /** The record's stored hash, decoded once rather than on every request. */
+  hash: Buffer | undefined;
   org: Org | undefined;
   expires: number;
 }
@@ -51,8 +53,8 @@ export class KeyAuthenticator {
     return this.lookup(parsed.id).then((entry) => this.check(entry, parsed.secret));
   }
 
-  private check({ record, org }: CacheEntry, secret: string): Principal {
-    if (!record || !secretMatches(secret, record.hash)) {
+  private check({ record, hash, org }: CacheEntry, secret: string): Principal {
+    if (!record || !hash || !secretMatches(secret, hash)) {
       throw new ApiError('invalid_api_key', 'Incorrect API key provided.');
     }
     if (record.revoked_at !== null) throw new ApiError('invalid_api_key', 'This API key has been revoked.');
@@ -72,7 +74,7 @@ export class KeyAuthenticator {
     const now = Date.now();
     const record = await this.store.getKey(id);
     const org = record ? await this.store.getOrg(record.org_id) : undefined;
-    const entry = { record, org, expires: now + this.ttlMs };
+    const entry = { record, hash: record && Buffer.from(record.hash, 'hex'), org, expires: now + this.ttlMs };
     if (this.ttlMs > 0) {
       if (this.cache.size >= MAX_CACHE) this.cache.delete(this.cache.keys().next().value!);
       this.cache.set(id, entry);

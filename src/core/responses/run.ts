@@ -1,4 +1,5 @@
 import type { ResponseEvent, ResponseFold } from './format.js';
+import { Cancellation, onAbort, type CancelSignal } from '../cancellation.js';
 
 /** Events of a response that any number of followers read from the first, each as it comes. */
 export class EventLog {
@@ -33,10 +34,9 @@ export class EventLog {
    * Every event from the first, then each as it comes, until the log finishes or `stop` fires;
    * with its index in the stream (its sequence number).
    */
-  async *follow(stop?: AbortSignal): AsyncGenerator<{ event: ResponseEvent; index: number }> {
+  async *follow(stop?: CancelSignal): AsyncGenerator<{ event: ResponseEvent; index: number }> {
     let next = 0;
-    const onStop = () => this.notify();
-    stop?.addEventListener('abort', onStop, { once: true });
+    const forget = stop && onAbort(stop, () => this.notify());
     try {
       for (;;) {
         while (next < this.events.length) {
@@ -50,7 +50,7 @@ export class EventLog {
         await this.woken;
       }
     } finally {
-      stop?.removeEventListener('abort', onStop);
+      forget?.();
     }
   }
 
@@ -99,7 +99,7 @@ export class RemoteLog extends EventLog {
  */
 export class Run extends EventLog {
   private held: ResponseEvent[] | undefined;
-  readonly abort = new AbortController();
+  readonly abort = new Cancellation();
   done: Promise<void> = Promise.resolve();
 
   constructor(

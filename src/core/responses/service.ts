@@ -1,5 +1,6 @@
 import type { Logger } from 'pino';
 import { ApiError } from '../errors.js';
+import { Cancellation } from '../cancellation.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ResponseRecord, Store } from '../../store/store.js';
 import { newTally, tallyUsage, type GenerationRequest, type Usage } from '../canonical.js';
@@ -109,7 +110,7 @@ export class ResponseService<Echo> {
     switch (m.t) {
       case 'response.cancel': {
         const run = this.running.get(m.id);
-        if (run && !run.abort.signal.aborted) run.abort.abort();
+        if (run && !run.abort.aborted) run.abort.abort();
         return;
       }
       case 'response.ended':
@@ -263,7 +264,7 @@ export class ResponseService<Echo> {
   private async stopCancelledElsewhere(ids: readonly string[]): Promise<void> {
     for (const id of ids) {
       const run = this.running.get(id);
-      if (!run?.background || run.abort.signal.aborted) continue;
+      if (!run?.background || run.abort.aborted) continue;
       if ((await this.store.getResponse(id))?.status === 'cancelled') run.abort.abort();
     }
   }
@@ -464,7 +465,7 @@ export class ResponseService<Echo> {
   ): Promise<{ compaction: Compaction; model: Model; headers: Record<string, string> }> {
     const { model, history, input, messages } = await this.context(body, who);
     const kept = [...history, ...input].filter((i): i is MessageItem => i.type === 'message' && i.role === 'user');
-    const abort = new AbortController();
+    const abort = new Cancellation();
     const req: GenerationRequest = {
       sampling: { temperature: 0 },
       // A quarter of the context at most, so that the summary fits beside what it summarises.
@@ -472,7 +473,7 @@ export class ResponseService<Echo> {
       model: model.id,
       messages: [...messages, { role: 'user', content: COMPACTION_PROMPT }],
       stream: false,
-      signal: abort.signal,
+      signal: abort,
       tally: newTally(),
     };
     const { admission, open } = await this.pipeline.admit(model, req, who, {
@@ -521,7 +522,7 @@ export class ResponseService<Echo> {
       model: model.id,
       messages,
       stream: false,
-      signal: new AbortController().signal,
+      signal: new Cancellation(),
       tally: newTally(),
     };
     return this.pipeline.countInputTokens(model, req);
@@ -566,7 +567,7 @@ export class ResponseService<Echo> {
       model: model.id,
       messages,
       stream: true,
-      signal: run.abort.signal,
+      signal: run.abort,
       tally: newTally(),
     };
 
@@ -633,15 +634,15 @@ export class ResponseService<Echo> {
         for (let ev = await events.next(); ev; ev = await events.next()) {
           if (ev.type === 'usage') billed = true;
           run.emit(fold.apply(ev));
-          if (run.abort.signal.aborted) break;
+          if (run.abort.aborted) break;
         }
-        if (run.abort.signal.aborted && !TERMINAL.includes(fold.status)) {
+        if (run.abort.aborted && !TERMINAL.includes(fold.status)) {
           counted();
           run.emit(fold.cancel());
         }
       } catch (err) {
         counted();
-        if (run.abort.signal.aborted) run.emit(fold.cancel());
+        if (run.abort.aborted) run.emit(fold.cancel());
         else {
           const e = err instanceof ApiError ? err : new ApiError('internal_error', 'Generation failed.');
           if (!(err instanceof ApiError)) this.log.error({ err, response_id: id }, 'response generation failed');

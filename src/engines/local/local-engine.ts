@@ -14,6 +14,7 @@ import type { Logger } from 'pino';
 import { ApiError, CancelledError } from '../../core/errors.js';
 import type { FunctionTool, GenerationEvent, GenerationRequest } from '../../core/canonical.js';
 import { Channel } from '../../core/channel.js';
+import { onAbort, type CancelSignal } from '../../core/cancellation.js';
 import { MAX_CHARS_PER_TOKEN } from '../../core/estimate.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
 import { inspectGgufIsolated } from './gguf.js';
@@ -264,7 +265,7 @@ export class LocalEngine implements Engine {
     }
   }
 
-  private acquire(m: LoadedModel, prompt: Token[], signal: AbortSignal): Promise<Slot> {
+  private acquire(m: LoadedModel, prompt: Token[], signal: CancelSignal): Promise<Slot> {
     const slot = m.take(prompt);
     if (slot) return Promise.resolve(slot);
     if (m.waiters.length >= this.opts.queueSize) {
@@ -273,17 +274,16 @@ export class LocalEngine implements Engine {
     return new Promise<Slot>((resolve, reject) => {
       const waiter: Waiter = {
         resolve: (s) => {
-          signal.removeEventListener('abort', onAbort);
+          forget();
           resolve(s);
         },
         reject,
       };
-      const onAbort = () => {
+      const forget = onAbort(signal, () => {
         const i = m.waiters.indexOf(waiter);
         if (i >= 0) m.waiters.splice(i, 1);
         reject(new CancelledError('The request was cancelled while it waited.'));
-      };
-      signal.addEventListener('abort', onAbort, { once: true });
+      });
       m.waiters.push(waiter);
     });
   }

@@ -13,6 +13,7 @@ import { estimateInputTokens, MAX_CHARS_PER_TOKEN, tokensForChars } from '../../
 import { Scrubber, type StreamScrubber } from './scrubber.js';
 import type { Attempt, DeploymentTarget, Engine } from '../engine.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
+import { Cancellation, onAbort, type CancelSignal } from '../../core/cancellation.js';
 import { AddressPolicy } from './address-policy.js';
 
 /** Anthropic's API version header: the Messages wire this client speaks. */
@@ -273,23 +274,20 @@ export class UpstreamEngine implements Engine {
     // (a short wait, a deadline near), the wait is timed here and the request aborted on time;
     // otherwise undici's own timeout is used, at no extra cost per request.
     const exact = headersTimeout < EXACT_TIMEOUT_BELOW_MS;
-    let signal: AbortSignal = req.signal;
-    let cancel: (() => void) | undefined;
+    let signal: CancelSignal = req.signal;
+    let forgetCancel: (() => void) | undefined;
     let timer: NodeJS.Timeout | undefined;
     let timedOut = false;
     if (exact) {
-      const abort = new AbortController();
-      cancel = () => abort.abort();
-      req.signal.addEventListener('abort', cancel, { once: true });
+      const abort = new Cancellation();
+      forgetCancel = onAbort(req.signal, () => abort.abort());
       timer = setTimeout(() => {
         timedOut = true;
         abort.abort();
       }, headersTimeout);
-      signal = abort.signal;
+      signal = abort;
     }
-    const forget = () => {
-      if (cancel) req.signal.removeEventListener('abort', cancel);
-    };
+    const forget = () => forgetCancel?.();
     let res: Dispatcher.ResponseData;
     try {
       res = await this.pool(url.origin, target.guarded).request({

@@ -1,5 +1,6 @@
 import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
+import type { CancelSignal } from '../../core/cancellation.js';
 import {
   newTally,
   type ContentPart,
@@ -119,7 +120,7 @@ export function toMessages(body: ChatRequest): Message[] {
  * A validated chat-completions body as the canonical request. Checks what the schema cannot: `n`,
  * content parts, and that a named `tool_choice` names one of the tools.
  */
-export function decodeChatRequest(body: ChatRequest, signal: AbortSignal): GenerationRequest {
+export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): GenerationRequest {
   // Neither engine returns token log probabilities: a 400 naming the parameter, never a silent null.
   if (body.logprobs === true || (body.top_logprobs != null && body.top_logprobs > 0)) {
     const param = body.logprobs === true ? 'logprobs' : 'top_logprobs';

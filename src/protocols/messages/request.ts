@@ -1,5 +1,6 @@
 import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
+import type { CancelSignal } from '../../core/cancellation.js';
 import {
   newTally,
   type CacheMark,
@@ -248,7 +249,7 @@ function effortFor(thinking: Static<typeof Thinking> | undefined, config: Static
 /** The conversation part (shared with count_tokens) as a canonical request. */
 function decodeConversation(
   body: CountTokensRequest,
-  signal: AbortSignal,
+  signal: CancelSignal,
   signatures: ThinkingSignatures,
   stream: boolean,
 ): GenerationRequest {
@@ -302,7 +303,7 @@ function decodeConversation(
   return req;
 }
 
-export function decodeMessagesRequest(body: MessagesRequest, signal: AbortSignal, signatures: ThinkingSignatures): GenerationRequest {
+export function decodeMessagesRequest(body: MessagesRequest, signal: CancelSignal, signatures: ThinkingSignatures): GenerationRequest {
   const req = decodeConversation(body, signal, signatures, body.stream === true);
   req.maxOutputTokens = body.max_tokens;
   if (body.thinking?.type === 'enabled' && body.thinking.budget_tokens !== undefined && body.thinking.budget_tokens >= body.max_tokens)
@@ -316,6 +317,10 @@ export function decodeMessagesRequest(body: MessagesRequest, signal: AbortSignal
   return req;
 }
 
-export function decodeCountTokensRequest(body: CountTokensRequest, signal: AbortSignal, signatures: ThinkingSignatures): GenerationRequest {
+export function decodeCountTokensRequest(
+  body: CountTokensRequest,
+  signal: CancelSignal,
+  signatures: ThinkingSignatures,
+): GenerationRequest {
   return decodeConversation(body, signal, signatures, false);
 }
