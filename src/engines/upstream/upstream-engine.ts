@@ -84,7 +84,6 @@ export interface UpstreamOptions {
   connectionsPerOrigin?: number | null;
 }
 
-/** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
 /** Every string in a parsed answer, scrubbed in place. */
 function scrubStrings(value: unknown, clean: (text: string) => string): unknown {
   if (typeof value === 'string') return clean(value);
@@ -97,6 +96,7 @@ function scrubStrings(value: unknown, clean: (text: string) => string): unknown 
   return value;
 }
 
+/** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
 function transportError(err: unknown, target: string, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
   const code = (err as { code?: string }).code;
   if (code === 'UND_ERR_CONNECT_TIMEOUT') {
@@ -396,7 +396,7 @@ export class UpstreamEngine implements Engine {
     };
     try {
       if (!stream) {
-        const answer: unknown = JSON.parse((await this.readAnswer(res, target.id)).toString('utf8'));
+        const answer: unknown = await this.readAnswer(res, target.id);
         reader.read(answer, out);
         yield* see(out);
       } else {
@@ -510,7 +510,7 @@ export class UpstreamEngine implements Engine {
     };
     try {
       if (!req.stream) {
-        const answer: unknown = JSON.parse((await this.readAnswer(res, target.id)).toString('utf8'));
+        const answer: unknown = await this.readAnswer(res, target.id);
         // Scrubbed string by string: scrubbing the JSON text could change what it parses to.
         if (scrub.active) scrubStrings(answer, clean);
         if (!relay.answer(answer)) {
@@ -587,20 +587,22 @@ export class UpstreamEngine implements Engine {
     return transportError(err, deployment, this.o, early, headersTimeout);
   }
 
-  /** A non-stream answer, read within the size bound: a declared length by undici's own (faster) path, anything else counted as it comes. */
-  private async readAnswer(res: Dispatcher.ResponseData, deployment: string): Promise<Buffer> {
+  /** A non-stream answer, parsed, read within the size bound: a declared length by undici's own (faster) path, anything else counted as it comes. */
+  private async readAnswer(res: Dispatcher.ResponseData, deployment: string): Promise<unknown> {
     const declared = Number(res.headers['content-length']);
     const tooLarge = () =>
       new ApiError('upstream_error', `The upstream ${deployment} sent an answer larger than ${this.o.maxBodyBytes} bytes.`, {
         failover: true,
       });
     if (declared > this.o.maxBodyBytes) throw tooLarge();
-    if (declared >= 0) return Buffer.from(await res.body.arrayBuffer());
+    if (declared >= 0) return res.body.json();
+    let body: Buffer;
     try {
-      return await readCapped(res.body, this.o.maxBodyBytes);
+      body = await readCapped(res.body, this.o.maxBodyBytes);
     } catch (err) {
       throw err instanceof TooLarge ? tooLarge() : err;
     }
+    return JSON.parse(body.toString('utf8'));
   }
 
   /**
