@@ -184,6 +184,24 @@ describe('the chat fast lane against upstreams that misbehave', () => {
           res.write(`data: {"choices":[{"index":0,"delta":{"\\u0063ontent":"${'y'.repeat(200)}"}}]}\n\n`);
           res.end('data: [DONE]\n\n');
           return;
+        case 'model-spellings': {
+          // Every way the model name can be written that a text splice could get wrong.
+          const c = (i: number) => `"choices":[{"index":0,"delta":{"content":"c${i}"},"finish_reason":null}]`;
+          res.write(`data: {"id":"chatcmpl-up","model" : "vendor-model",${c(0)}}\n\n`);
+          res.write(
+            `data: {"id":"chatcmpl-up","model":"vendor-model","choices":[{"index":0,"delta":{"content":"say \\"model\\": x"}}]}\n\n`,
+          );
+          res.write(`data: {"id":"chatcmpl-up","model":"vendor\\/model",${c(2)}}\n\n`);
+          res.write(`data: {"id":"chatcmpl-up","mod\\u0065l":"vendor-model","ext":{"model":"vendor-model"},${c(3)}}\n\n`);
+          res.write(`data: {"id":"chatcmpl-up","model":"vendor-model","model":"other-model",${c(4)}}\n\n`);
+          res.write(`data: {"id":"chatcmpl-up",\r"model":"vendor-model",${c(5)}}\n\n`);
+          res.write(`data: {"id":"chatcmpl-up",\ndata: "model":"vendor-model",${c(6)}}\n\n`);
+          res.write(`data: {"id":"chatcmpl-up",${c(7)}}\n\n`);
+          res.end(
+            `data: {"id":"chatcmpl-up","model":"vendor-model","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n`,
+          );
+          return;
+        }
         case 'error-frame':
           res.write(frame(delta('Once')));
           res.end(`data: ${JSON.stringify({ error: { message: 'the engine fell over' } })}\n\n`);
@@ -282,6 +300,28 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     assert.deepEqual(withUsage[0]!['choices'], []);
     assert.equal((withUsage[0]!['usage'] as { completion_tokens: number }).completion_tokens, 2);
     assert.equal((withUsage[0]!['usage'] as { cost: number }).cost, (4 * 1 + 2 * 2) / 1e6);
+  });
+
+  it('names the catalogue model in every chunk however the upstream wrote its own, and changes nothing else', async () => {
+    const res = await request(`${gateway.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ ...ask('model-spellings'), stream: true }),
+    });
+    const text = await res.body.text();
+    assert.ok(!text.includes('\r'), 'no CR reaches the client, where it would end a line');
+    const { frames } = await rawStream(gateway.url, key, ask('model-spellings'));
+    const chunks = frames.slice(0, -1).map((f) => f.json!);
+    assert.equal(frames.at(-1)!.raw, '[DONE]');
+    assert.equal(chunks.length, 9);
+    for (const ch of chunks) assert.equal(ch['model'], GATEWAY_MODEL, JSON.stringify(ch));
+    assert.equal(contentOf(frames), 'c0say "model": xc2c3c4c5c6c7');
+    assert.deepEqual(chunks[3]!['ext'], { model: 'vendor-model' }, "a nested field of the same name is the upstream's own");
+    assert.equal(
+      frames[0]!.raw,
+      `{"id":"chatcmpl-up","model" : "${GATEWAY_MODEL}","choices":[{"index":0,"delta":{"content":"c0"},"finish_reason":null}]}`,
+      "the upstream's text as it was, but for the name",
+    );
   });
 
   it('turns an upstream error frame or a cut-off stream into an error the SDK throws, and records it', async () => {

@@ -72,22 +72,24 @@ export const FINISH: Readonly<Record<string, FinishReason>> = {
  * What every chat-completions chunk (or whole answer) is read for first: an error it carries is
  * thrown, its usage as reported, and its first choice.
  */
-export function readChunk(chunk: Record<string, unknown>, clean: Clean): { usage?: ReportedUsage; choice?: Record<string, unknown> } {
+export function readChunk(
+  chunk: Record<string, unknown>,
+  clean: Clean,
+): { usage: ReportedUsage | undefined; choice: Record<string, unknown> | undefined } {
   const error = chunk['error'];
   if (error !== undefined && error !== null) throw upstreamFailure(obj(error)?.['message'] ?? error, clean);
   const u = obj(chunk['usage']);
   const choices = chunk['choices'];
-  const choice = Array.isArray(choices) ? obj(choices[0]) : undefined;
   return {
-    ...(u && {
-      usage: reported(
-        u['prompt_tokens'],
-        obj(u['prompt_tokens_details'])?.['cached_tokens'],
-        u['completion_tokens'],
-        obj(u['completion_tokens_details'])?.['reasoning_tokens'],
-      ),
-    }),
-    ...(choice && { choice }),
+    usage: u
+      ? reported(
+          u['prompt_tokens'],
+          obj(u['prompt_tokens_details'])?.['cached_tokens'],
+          u['completion_tokens'],
+          obj(u['completion_tokens_details'])?.['reasoning_tokens'],
+        )
+      : undefined,
+    choice: Array.isArray(choices) ? obj(choices[0]) : undefined,
   };
 }
 

@@ -9,7 +9,8 @@ import { FINISH, readChunk } from './client.js';
  * chunk, instead of being turned into canonical events and rendered again. Every event is parsed,
  * so what is counted is exactly what the client's own parser will read (output for the limit and
  * the usage tally, the finish reason, usage, errors), and written back as one `data:` frame with
- * the catalogue's model name. The usage chunk and `[DONE]` are held back (the route sends them once
+ * the catalogue's model name (spliced into the upstream's own text where that is exact, see
+ * `renamed`; re-serialized where it is not). The usage chunk and `[DONE]` are held back (the route sends them once
  * the usage record is stored, with the cost); an event past the output limit ends the stream with a
  * `length` finish; only complete events are released, so nothing half-sent can join a later frame.
  */
@@ -38,6 +39,10 @@ export class ChatRelay {
   private id: unknown;
   private created: unknown;
   private readonly maxChars: number;
+  /** The catalogue id as JSON text, and the last upstream model name seen with its JSON text. */
+  private readonly modelJson: string;
+  private upstreamModel = '';
+  private upstreamModelJson = '""';
 
   constructor(
     /** The catalogue id the client asked for, which every chunk names. */
@@ -52,6 +57,7 @@ export class ChatRelay {
     private readonly tooLarge: () => ApiError,
   ) {
     this.maxChars = cap * maxCharsPerToken;
+    this.modelJson = JSON.stringify(model);
   }
 
   /** The frames for the events completed by this text ('' while none is complete). */
@@ -90,7 +96,9 @@ export class ChatRelay {
   /** Complete events, read one by one; the frames to send for them. */
   private events(text: string): string {
     let out = '';
-    let data: string[] = [];
+    // Nearly every event has one data line: it is kept as it is, and only a second one makes a list.
+    let data: string | undefined;
+    let more: string[] | undefined;
     let pos = 0;
     while (pos < text.length && !this.done && !this.capped && !this.failure) {
       let nl = text.indexOf('\n', pos);
@@ -98,10 +106,13 @@ export class ChatRelay {
       const lineEnd = nl > pos && text.charCodeAt(nl - 1) === 13 ? nl - 1 : nl;
       if (lineEnd === pos) {
         // A blank line: the event is complete.
-        if (data.length) out += this.event(data.length === 1 ? data[0]! : data.join('\n'));
-        data = [];
+        if (data !== undefined) out += this.event(more ? [data, ...more].join('\n') : data);
+        data = undefined;
+        more = undefined;
       } else if (text.startsWith('data:', pos)) {
-        data.push(text.slice(text.charCodeAt(pos + 5) === 32 ? pos + 6 : pos + 5, lineEnd));
+        const line = text.slice(text.charCodeAt(pos + 5) === 32 ? pos + 6 : pos + 5, lineEnd);
+        if (data === undefined) data = line;
+        else (more ??= []).push(line);
       }
       // Comments, `event:` and `id:` lines carry nothing in a chat stream.
       pos = nl + 1;
@@ -135,15 +146,46 @@ export class ChatRelay {
       return '';
     }
     if (this.capped) return `data: ${this.finishFrame('length')}\n\n`;
-    chunk['model'] = this.model;
     if (obj(chunk['usage'])) {
+      chunk['model'] = this.model;
       // The usage goes out once metered (route); a chunk that also carries choices goes on without it.
       this.usageChunk = { ...chunk, choices: [] };
       const choices = chunk['choices'];
       if (!Array.isArray(choices) || choices.length === 0) return '';
       chunk['usage'] = null;
+      return `data: ${JSON.stringify(chunk)}\n\n`;
     }
+    const renamed = this.renamed(payload, chunk['model']);
+    if (renamed !== undefined) return `data: ${renamed}\n\n`;
+    chunk['model'] = this.model;
     return `data: ${JSON.stringify(chunk)}\n\n`;
+  }
+
+  /**
+   * The event's own text with the catalogue id in place of the upstream's model name, or undefined
+   * where that could differ from re-serializing the parsed chunk (which the caller then does):
+   * serializing again cost as much as parsing, on every chunk. Exact only when the text is one line
+   * (a data payload of several lines, or a lone CR, which JSON reads as a space, would end the
+   * client's SSE line), and `"model"` occurs in it once and without `\u` escapes anywhere (a key
+   * cannot be spelled another way then, so the one occurrence is the top-level key JSON.parse
+   * read), followed by the upstream's name written exactly as JSON.stringify writes it.
+   */
+  private renamed(payload: string, model: unknown): string | undefined {
+    if (typeof model !== 'string') return undefined;
+    const at = payload.indexOf('"model"');
+    if (at < 0 || payload.includes('"model"', at + 7)) return undefined;
+    if (payload.includes('\\u') || payload.includes('\n') || payload.includes('\r')) return undefined;
+    let value = at + 7;
+    while (payload.charCodeAt(value) === 32 || payload.charCodeAt(value) === 9) value++;
+    if (payload.charCodeAt(value) !== 58) return undefined;
+    value++;
+    while (payload.charCodeAt(value) === 32 || payload.charCodeAt(value) === 9) value++;
+    if (model !== this.upstreamModel) {
+      this.upstreamModel = model;
+      this.upstreamModelJson = JSON.stringify(model);
+    }
+    if (!payload.startsWith(this.upstreamModelJson, value)) return undefined;
+    return payload.slice(0, value) + this.modelJson + payload.slice(value + this.upstreamModelJson.length);
   }
 
   /**
