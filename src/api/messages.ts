@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { App, RouteContext } from './context.js';
 import type { Principal } from '../core/principal.js';
+import { Cancellation } from '../core/cancellation.js';
 import type { ReasoningSeal } from '../core/reasoning-seal.js';
 import {
   CountTokensRequest,
@@ -88,7 +89,7 @@ export function registerMessagesRoutes(app: App, ctx: RouteContext): void {
   // not here) says so in a header, as /v1/responses/input_tokens does.
   app.post('/v1/messages/count_tokens', { onRequest: ctx.requireKey, schema: { body: CountTokensRequest } }, async (req, reply) => {
     const who = req.principal!;
-    const canonical = decodeCountTokensRequest(req.body, new AbortController().signal, signatures(ctx.seal, who));
+    const canonical = decodeCountTokensRequest(req.body, new Cancellation(), signatures(ctx.seal, who));
     const model = ctx.pipeline.resolve(canonical.model, who);
     const { tokens, estimated } = await ctx.pipeline.countInputTokens(model, canonical);
     if (estimated) reply.header('x-switchyard-estimated', 'true');
