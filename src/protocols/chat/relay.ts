@@ -168,7 +168,8 @@ export class ChatRelay {
    * (a data payload of several lines, or a lone CR, which JSON reads as a space, would end the
    * client's SSE line), and `"model"` occurs in it once and without `\u` escapes anywhere (a key
    * cannot be spelled another way then, so the one occurrence is the top-level key JSON.parse
-   * read), followed by the upstream's name written exactly as JSON.stringify writes it.
+   * read), followed by the upstream's name written exactly as JSON.stringify writes it. Numbers
+   * keep the upstream's spelling, as in any pass-through (`1e400` is not turned into `null`).
    */
   private renamed(payload: string, model: unknown): string | undefined {
     if (typeof model !== 'string') return undefined;
