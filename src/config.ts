@@ -208,7 +208,7 @@ const DEFAULTS = {
   // Open Responses limits a Responses WebSocket to 60 minutes.
   websocketMaxConnectionMs: 60 * 60_000,
   logLevel: 'info',
-  // Log lines go out in blocks of this size, or after LOG_FLUSH_MS (src/app.ts); 0 writes each line.
+  // Log lines go out in blocks of this size, or after LOG_WAIT_MS (src/app.ts); 0 writes each line.
   logBufferBytes: 4096,
   // Revocations and limit changes made elsewhere (another instance, the CLI) apply within a second.
   keyCacheTtlMs: 1_000,

@@ -96,6 +96,8 @@ function scrubStrings(value: unknown, clean: (text: string) => string): unknown 
   return value;
 }
 
+const NOTHING_TO_FORGET = (): void => undefined;
+
 /** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
 function transportError(err: unknown, target: string, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
   const code = (err as { code?: string }).code;
@@ -275,19 +277,19 @@ export class UpstreamEngine implements Engine {
     // otherwise undici's own timeout is used, at no extra cost per request.
     const exact = headersTimeout < EXACT_TIMEOUT_BELOW_MS;
     let signal: CancelSignal = req.signal;
-    let forgetCancel: (() => void) | undefined;
+    /** Removes the listener that passes the client's cancel on to the timed signal (nothing to remove without one). */
+    let forget = NOTHING_TO_FORGET;
     let timer: NodeJS.Timeout | undefined;
     let timedOut = false;
     if (exact) {
       const abort = new Cancellation();
-      forgetCancel = onAbort(req.signal, () => abort.abort());
+      forget = onAbort(req.signal, () => abort.abort());
       timer = setTimeout(() => {
         timedOut = true;
         abort.abort();
       }, headersTimeout);
       signal = abort;
     }
-    const forget = () => forgetCancel?.();
     let res: Dispatcher.ResponseData;
     try {
       res = await this.pool(url.origin, target.guarded).request({
