@@ -149,6 +149,21 @@ describe('usage and cost accounting', () => {
       (now.get(`switchyard_cost_usd_total{model="${PRICED}"}`) ?? 0) > (before.get(`switchyard_cost_usd_total{model="${PRICED}"}`) ?? 0),
     );
     assert.ok([...now.keys()].some((k) => k.startsWith('switchyard_time_to_first_token_seconds_count')));
+    // The request-duration histogram of this route and model: one more observation, its buckets
+    // cumulative (non-decreasing in `le`, +Inf equal to the count), with the TYPE line scrapers need.
+    const labels = `route="/v1/chat/completions",model="${PRICED}",status="200"`;
+    const count = `switchyard_request_duration_seconds_count{${labels}}`;
+    assert.equal((now.get(count) ?? 0) - (before.get(count) ?? 0), 1);
+    assert.ok((now.get(`switchyard_request_duration_seconds_sum{${labels}}`) ?? 0) > 0);
+    const buckets = [...now]
+      .filter(([k]) => k.startsWith('switchyard_request_duration_seconds_bucket{') && k.includes(labels))
+      .map(([k, v]) => ({ le: /le="([^"]+)"/.exec(k)![1]!, v }));
+    assert.equal(buckets.length, 14, 'thirteen bounds and +Inf');
+    assert.equal(buckets.at(-1)!.le, '+Inf');
+    assert.equal(buckets.at(-1)!.v, now.get(count));
+    buckets.forEach((b, i) => i === 0 || assert.ok(b.v >= buckets[i - 1]!.v, `bucket le=${b.le} is cumulative`));
+    assert.match(res.text, /^# TYPE switchyard_request_duration_seconds histogram$/m);
+    assert.match(res.text, /^# TYPE switchyard_requests_total counter$/m);
     assert.ok(now.has(`switchyard_local_active_sequences{model="${PRICED}"}`));
     assert.ok(now.has(`switchyard_local_queue_depth{model="${PRICED}"}`));
     assert.equal(now.get('switchyard_schema_violations'), 0);
@@ -166,6 +181,8 @@ describe('usage and cost accounting', () => {
     const s = await startServer({ env: { SWITCHYARD_METRICS_TOKEN: 'scrape-token-123' } });
     try {
       assert.equal((await http(s.url, 'GET', '/metrics')).status, 401);
+      for (const authorization of ['Bearer scrape-token-12', 'Bearer scrape-token-1234', 'scrape-token-123', 'Basic scrape-token-123'])
+        assert.equal((await http(s.url, 'GET', '/metrics', { headers: { authorization } })).status, 401, authorization);
       assert.equal((await http(s.url, 'GET', '/metrics', { headers: { authorization: 'Bearer scrape-token-123' } })).status, 200);
     } finally {
       await s.close();

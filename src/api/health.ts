@@ -1,5 +1,6 @@
 import type { App, RouteContext } from './context.js';
 import { ApiError } from '../core/errors.js';
+import { secretMatches, sha256Hex } from '../core/keys.js';
 
 export function registerHealthRoutes(app: App, ctx: RouteContext): void {
   /** The process is alive and serving HTTP. */
@@ -9,10 +10,12 @@ export function registerHealthRoutes(app: App, ctx: RouteContext): void {
    * Prometheus metrics. Open by default so any scraper can read it; with SWITCHYARD_METRICS_TOKEN set
    * it needs `Authorization: Bearer <token>` (or keep the port off public networks).
    */
+  // Compared as the API keys are (hashes, in constant time), so the answer's timing says nothing of the token.
+  const tokenHash = ctx.config.metricsToken === undefined ? undefined : Buffer.from(sha256Hex(ctx.config.metricsToken), 'hex');
   app.get('/metrics', async (req, reply) => {
-    const token = ctx.config.metricsToken;
-    if (token !== undefined) {
-      const sent = req.headers.authorization === `Bearer ${token}`;
+    if (tokenHash !== undefined) {
+      const auth = req.headers.authorization ?? '';
+      const sent = auth.startsWith('Bearer ') && secretMatches(auth.slice(7), tokenHash);
       if (!sent) throw new ApiError('invalid_api_key', 'The metrics endpoint needs its token.');
     }
     reply.type(ctx.metrics.registry.contentType);

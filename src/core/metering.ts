@@ -164,7 +164,7 @@ export class MeteredStream {
     if (usage.reasoning) metrics.countTokens(m, 'reasoning', usage.reasoning);
     c.settle?.(usage.input + usage.output, cost);
     if (missing) metrics.priceMissing.inc({ model: m });
-    else if (cost) metrics.cost.inc({ model: m }, cost);
+    else if (cost) metrics.countCost(m, cost);
     this.written = this.ledger.record({
       id: newUsageId(),
       at: now,

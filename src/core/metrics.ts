@@ -1,5 +1,104 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { MetricObjectWithValues, MetricType, MetricValueWithName } from 'prom-client';
 import type { Model } from './model-spec.js';
+
+/**
+ * The per-request metrics, kept as plain numbers and handed to prom-client only when scraped.
+ * prom-client validates and hashes the label set on every call, bound children included (about
+ * 5 µs per request for the six samples a generation records; `bench/metrics-record.ts`). Here a
+ * series is bound once per label set and a sample is an addition (a bucket search for a histogram).
+ */
+class CounterSeries {
+  total = 0;
+  constructor(readonly labels: Readonly<Record<string, string>>) {}
+  inc(n = 1): void {
+    this.total += n;
+  }
+}
+
+/** A counter whose series are CounterSeries; prom-client's own state is rebuilt from them at each scrape. */
+function seriesCounter(
+  o: { name: string; help: string; labelNames: readonly string[]; registers: Registry[] },
+  series: Map<string, CounterSeries>,
+): Counter {
+  return new Counter({
+    ...o,
+    collect() {
+      this.reset();
+      for (const s of series.values()) if (s.total > 0) this.inc(s.labels, s.total);
+    },
+  });
+}
+
+class HistogramSeries {
+  /** Observations per bucket (not cumulative): counts[i] is (bounds[i-1], bounds[i]], the last one above every bound. */
+  readonly counts: Float64Array;
+  sum = 0;
+  count = 0;
+  constructor(
+    readonly labels: Readonly<Record<string, string>>,
+    private readonly bounds: readonly number[],
+  ) {
+    this.counts = new Float64Array(bounds.length + 1);
+  }
+  observe(v: number): void {
+    const bounds = this.bounds;
+    let i = 0;
+    while (i < bounds.length && v > bounds[i]!) i++;
+    this.counts[i]! += 1;
+    this.sum += v;
+    this.count += 1;
+  }
+}
+
+/** A histogram whose series are HistogramSeries, exported in prom-client's own shape (buckets, +Inf, _sum, _count). */
+class SeriesHistogram extends Histogram {
+  private readonly bounds: readonly number[];
+  private readonly series = new Map<string, HistogramSeries>();
+  private readonly metricName: string;
+  private readonly metricHelp: string;
+
+  constructor(o: { name: string; help: string; labelNames: readonly string[]; buckets: number[]; registers: Registry[] }) {
+    super(o);
+    this.metricName = o.name;
+    this.metricHelp = o.help;
+    this.bounds = [...o.buckets].sort((a, b) => a - b);
+  }
+
+  bind(key: string, labels: Readonly<Record<string, string>>): HistogramSeries {
+    let s = this.series.get(key);
+    if (s === undefined) {
+      s = new HistogramSeries(labels, this.bounds);
+      this.series.set(key, s);
+    }
+    return s;
+  }
+
+  override async get(): Promise<MetricObjectWithValues<MetricValueWithName<string>>> {
+    const name = this.metricName;
+    const values: Array<MetricValueWithName<string>> = [];
+    const bucket = `${name}_bucket`;
+    for (const s of this.series.values()) {
+      let acc = 0;
+      this.bounds.forEach((le, i) => {
+        acc += s.counts[i]!;
+        values.push({ metricName: bucket, labels: { le, ...s.labels }, value: acc });
+      });
+      values.push({ metricName: bucket, labels: { le: '+Inf', ...s.labels }, value: s.count });
+      values.push({ metricName: `${name}_sum`, labels: { ...s.labels }, value: s.sum });
+      values.push({ metricName: `${name}_count`, labels: { ...s.labels }, value: s.count });
+    }
+    // prom-client's typings declare `type` as a numeric enum that its runtime never uses: the
+    // registry writes this field into the exposition as it is, so it is the text `histogram`.
+    const type = 'histogram' as unknown as MetricType;
+    return { name, help: this.metricHelp, type, aggregator: 'sum', values, collect: () => undefined };
+  }
+
+  /** The registry's text exposition reads this when present (prom-client's own reads its internal map). */
+  getForPromString(): Promise<MetricObjectWithValues<MetricValueWithName<string>>> {
+    return this.get();
+  }
+}
 
 export interface LocalModelGauge {
   model: string;
@@ -26,11 +125,8 @@ export class Metrics {
     return model.visibility === 'private' && !this.revealPrivate ? 'private' : model.id;
   }
 
-  readonly requests: Counter<'route' | 'model' | 'status'>;
-  readonly duration: Histogram<'route' | 'model' | 'status'>;
-  readonly ttft: Histogram<'route' | 'model'>;
-  readonly tokens: Counter<'model' | 'kind'>;
-  readonly cost: Counter<'model'>;
+  private readonly duration: SeriesHistogram;
+  private readonly ttft: SeriesHistogram;
   readonly priceMissing: Counter<'model'>;
   readonly rateLimited: Counter<'limit'>;
   readonly upstreamErrors: Counter<'deployment' | 'code'>;
@@ -52,38 +148,42 @@ export class Metrics {
   ) {
     const registers = [this.registry];
     collectDefaultMetrics({ register: this.registry, prefix: 'switchyard_process_' });
-    this.requests = new Counter({
-      name: 'switchyard_requests_total',
-      help: 'HTTP requests by route, model and status',
-      labelNames: ['route', 'model', 'status'],
-      registers,
-    });
-    this.duration = new Histogram({
+    seriesCounter(
+      {
+        name: 'switchyard_requests_total',
+        help: 'HTTP requests by route, model and status',
+        labelNames: ['route', 'model', 'status'],
+        registers,
+      },
+      this.requestCounts,
+    );
+    this.duration = new SeriesHistogram({
       name: 'switchyard_request_duration_seconds',
       help: 'HTTP request duration (for streams, until the last event)',
       labelNames: ['route', 'model', 'status'],
       buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
       registers,
     });
-    this.ttft = new Histogram({
+    this.ttft = new SeriesHistogram({
       name: 'switchyard_time_to_first_token_seconds',
       help: 'Time from request to the first generated event',
       labelNames: ['route', 'model'],
       buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
       registers,
     });
-    this.tokens = new Counter({
-      name: 'switchyard_tokens_total',
-      help: 'Tokens by model and kind (input, cached, output, reasoning)',
-      labelNames: ['model', 'kind'],
-      registers,
-    });
-    this.cost = new Counter({
-      name: 'switchyard_cost_usd_total',
-      help: 'Cost in US dollars of priced requests',
-      labelNames: ['model'],
-      registers,
-    });
+    seriesCounter(
+      {
+        name: 'switchyard_tokens_total',
+        help: 'Tokens by model and kind (input, cached, output, reasoning)',
+        labelNames: ['model', 'kind'],
+        registers,
+      },
+      this.tokenSeries,
+    );
+    seriesCounter(
+      { name: 'switchyard_cost_usd_total', help: 'Cost in US dollars of priced requests', labelNames: ['model'], registers },
+      this.costSeries,
+    );
     this.priceMissing = new Counter({
       name: 'switchyard_price_missing_total',
       help: 'Requests whose cost is unknown because the model lacks a price',
@@ -178,14 +278,12 @@ export class Metrics {
     });
   }
 
-  /**
-   * Label sets bound once: prom-client hashes the labels on every call (sorting their names), and
-   * a request records five to eight samples. A bound child costs one Map lookup. There are as many
-   * entries as series prom-client keeps anyway (routes × catalogue models × statuses).
-   */
-  private readonly requestSeries = new Map<string, { count: { inc(): void }; duration: { observe(v: number): void } }>();
-  private readonly ttftSeries = new Map<string, { observe(v: number): void }>();
-  private readonly tokenSeries = new Map<string, { inc(n: number): void }>();
+  /** The series of each label set, found by one Map lookup on a key built from the label values. */
+  private readonly requestCounts = new Map<string, CounterSeries>();
+  private readonly requestSeries = new Map<string, { count: CounterSeries; duration: HistogramSeries }>();
+  private readonly ttftSeries = new Map<string, HistogramSeries>();
+  private readonly tokenSeries = new Map<string, CounterSeries>();
+  private readonly costSeries = new Map<string, CounterSeries>();
 
   /** One answered HTTP request: its count and duration. */
   countRequest(route: string, model: string, status: number, seconds: number): void {
@@ -193,7 +291,9 @@ export class Metrics {
     let series = this.requestSeries.get(key);
     if (series === undefined) {
       const labels = { route, model, status: String(status) };
-      series = { count: this.requests.labels(labels), duration: this.duration.labels(labels) };
+      const count = new CounterSeries(labels);
+      this.requestCounts.set(key, count);
+      series = { count, duration: this.duration.bind(key, labels) };
       this.requestSeries.set(key, series);
     }
     series.count.inc();
@@ -205,7 +305,7 @@ export class Metrics {
     const key = `${route}\0${model}`;
     let series = this.ttftSeries.get(key);
     if (series === undefined) {
-      series = this.ttft.labels({ route, model });
+      series = this.ttft.bind(key, { route, model });
       this.ttftSeries.set(key, series);
     }
     series.observe(seconds);
@@ -216,10 +316,20 @@ export class Metrics {
     const key = `${model}\0${kind}`;
     let series = this.tokenSeries.get(key);
     if (series === undefined) {
-      series = this.tokens.labels({ model, kind });
+      series = new CounterSeries({ model, kind });
       this.tokenSeries.set(key, series);
     }
     series.inc(n);
+  }
+
+  /** The cost of a priced request, in US dollars. */
+  countCost(model: string, dollars: number): void {
+    let series = this.costSeries.get(model);
+    if (series === undefined) {
+      series = new CounterSeries({ model });
+      this.costSeries.set(model, series);
+    }
+    series.inc(dollars);
   }
 
   /** Reads the number of API requests in progress (probes and metrics are not counted) at each scrape. */
