@@ -10,7 +10,8 @@ export function registerHealthRoutes(app: App, ctx: RouteContext): void {
    * Prometheus metrics. Open by default so any scraper can read it; with SWITCHYARD_METRICS_TOKEN set
    * it needs `Authorization: Bearer <token>` (or keep the port off public networks).
    */
-  // Compared as the API keys are (hashes, in constant time), so the answer's timing says nothing of the token.
+  // `Authorization: Bearer <token>` exactly; the token is hashed and compared in constant time, as
+  // API keys are, so the answer's timing says nothing of it.
   const tokenHash = ctx.config.metricsToken === undefined ? undefined : Buffer.from(sha256Hex(ctx.config.metricsToken), 'hex');
   app.get('/metrics', async (req, reply) => {
     if (tokenHash !== undefined) {

@@ -11,8 +11,9 @@ import type { Model } from './model-spec.js';
 class CounterSeries {
   total = 0;
   constructor(readonly labels: Readonly<Record<string, string>>) {}
+  /** Not a finite count of zero or more: dropped (prom-client threw; a scrape must never fail over one sample). */
   inc(n = 1): void {
-    this.total += n;
+    if (n >= 0 && n < Infinity) this.total += n;
   }
 }
 
@@ -42,6 +43,7 @@ class HistogramSeries {
     this.counts = new Float64Array(bounds.length + 1);
   }
   observe(v: number): void {
+    if (!Number.isFinite(v)) return;
     const bounds = this.bounds;
     let i = 0;
     while (i < bounds.length && v > bounds[i]!) i++;
@@ -51,7 +53,11 @@ class HistogramSeries {
   }
 }
 
-/** A histogram whose series are HistogramSeries, exported in prom-client's own shape (buckets, +Inf, _sum, _count). */
+/**
+ * A histogram whose series are HistogramSeries, exported in prom-client's own shape (buckets, +Inf,
+ * _sum, _count). Only `bind` feeds it: the inherited observe/labels/zero change nothing it exports,
+ * and `registry.resetMetrics()` does not clear these series (nothing here calls it).
+ */
 class SeriesHistogram extends Histogram {
   private readonly bounds: readonly number[];
   private readonly series = new Map<string, HistogramSeries>();
