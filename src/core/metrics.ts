@@ -20,13 +20,13 @@ class CounterSeries {
 /** A counter whose series are CounterSeries; prom-client's own state is rebuilt from them at each scrape. */
 function seriesCounter(
   o: { name: string; help: string; labelNames: readonly string[]; registers: Registry[] },
-  series: Map<string, CounterSeries>,
+  series: () => Iterable<CounterSeries>,
 ): Counter {
   return new Counter({
     ...o,
     collect() {
       this.reset();
-      for (const s of series.values()) if (s.total > 0) this.inc(s.labels, s.total);
+      for (const s of series()) if (s.total > 0) this.inc(s.labels, s.total);
     },
   });
 }
@@ -71,12 +71,15 @@ class SeriesHistogram extends Histogram {
     this.bounds = [...o.buckets].sort((a, b) => a - b);
   }
 
-  bind(key: string, labels: Readonly<Record<string, string>>): HistogramSeries {
-    let s = this.series.get(key);
-    if (s === undefined) {
-      s = new HistogramSeries(labels, this.bounds);
-      this.series.set(key, s);
-    }
+  /** The series of a label set, by the key its caller builds from the label values. */
+  find(key: string): HistogramSeries | undefined {
+    return this.series.get(key);
+  }
+
+  /** A new series for a label set not seen before. */
+  add(key: string, labels: Readonly<Record<string, string>>): HistogramSeries {
+    const s = new HistogramSeries(labels, this.bounds);
+    this.series.set(key, s);
     return s;
   }
 
@@ -161,7 +164,7 @@ export class Metrics {
         labelNames: ['route', 'model', 'status'],
         registers,
       },
-      this.requestCounts,
+      () => this.requestCounts(),
     );
     this.duration = new SeriesHistogram({
       name: 'switchyard_request_duration_seconds',
@@ -184,11 +187,11 @@ export class Metrics {
         labelNames: ['model', 'kind'],
         registers,
       },
-      this.tokenSeries,
+      () => this.tokenSeries.values(),
     );
     seriesCounter(
       { name: 'switchyard_cost_usd_total', help: 'Cost in US dollars of priced requests', labelNames: ['model'], registers },
-      this.costSeries,
+      () => this.costSeries.values(),
     );
     this.priceMissing = new Counter({
       name: 'switchyard_price_missing_total',
@@ -285,9 +288,7 @@ export class Metrics {
   }
 
   /** The series of each label set, found by one Map lookup on a key built from the label values. */
-  private readonly requestCounts = new Map<string, CounterSeries>();
   private readonly requestSeries = new Map<string, { count: CounterSeries; duration: HistogramSeries }>();
-  private readonly ttftSeries = new Map<string, HistogramSeries>();
   private readonly tokenSeries = new Map<string, CounterSeries>();
   private readonly costSeries = new Map<string, CounterSeries>();
 
@@ -297,24 +298,22 @@ export class Metrics {
     let series = this.requestSeries.get(key);
     if (series === undefined) {
       const labels = { route, model, status: String(status) };
-      const count = new CounterSeries(labels);
-      this.requestCounts.set(key, count);
-      series = { count, duration: this.duration.bind(key, labels) };
+      series = { count: new CounterSeries(labels), duration: this.duration.add(key, labels) };
       this.requestSeries.set(key, series);
     }
     series.count.inc();
     series.duration.observe(seconds);
   }
 
+  /** The request counters, read at scrape. */
+  private *requestCounts(): Iterable<CounterSeries> {
+    for (const s of this.requestSeries.values()) yield s.count;
+  }
+
   /** A generation's time to its first event. */
   observeTtft(route: string, model: string, seconds: number): void {
     const key = `${route}\0${model}`;
-    let series = this.ttftSeries.get(key);
-    if (series === undefined) {
-      series = this.ttft.bind(key, { route, model });
-      this.ttftSeries.set(key, series);
-    }
-    series.observe(seconds);
+    (this.ttft.find(key) ?? this.ttft.add(key, { route, model })).observe(seconds);
   }
 
   /** Tokens a generation used, by kind. */
