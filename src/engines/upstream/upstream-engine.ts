@@ -1,5 +1,5 @@
 import { StringDecoder } from 'node:string_decoder';
-import { Pool, errors as undiciErrors, type Dispatcher } from 'undici';
+import { Pool, errors as undiciErrors } from 'undici';
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
 import type { Logger } from 'pino';
 import { ApiError, CancelledError, ERRORS, isErrorCode } from '../../core/errors.js';
@@ -15,6 +15,7 @@ import type { Attempt, DeploymentTarget, Engine } from '../engine.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
 import { Cancellation, onAbort, type CancelSignal } from '../../core/cancellation.js';
 import { AddressPolicy } from './address-policy.js';
+import { TooLarge, UpstreamCall } from './upstream-call.js';
 
 /** Anthropic's API version header: the Messages wire this client speaks. */
 const ANTHROPIC_VERSION = '2023-06-01';
@@ -121,25 +122,8 @@ function transportError(err: unknown, target: string, o: UpstreamOptions, early:
   );
 }
 
-class TooLarge extends Error {}
-
 /** Waits shorter than this are timed by Switchyard itself (see generate). */
 const EXACT_TIMEOUT_BELOW_MS = 10_000;
-
-/** Reads a body up to `limit` bytes; past it the body is destroyed (the connection is not reused). */
-async function readCapped(body: Dispatcher.ResponseData['body'], limit: number): Promise<Buffer> {
-  const parts: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of body as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > limit) {
-      body.destroy();
-      throw new TooLarge();
-    }
-    parts.push(chunk);
-  }
-  return Buffer.concat(parts, size);
-}
 
 /**
  * Holds one answer to what the request allows: output past `cap` tokens (counted as content-bearing
@@ -290,17 +274,20 @@ export class UpstreamEngine implements Engine {
       }, headersTimeout);
       signal = abort;
     }
-    let res: Dispatcher.ResponseData;
+    let res: UpstreamCall;
     try {
-      res = await this.pool(url.origin, target.guarded).request({
-        path: url.path,
-        method: 'POST',
-        headers,
-        body: JSON.stringify(body),
+      res = await UpstreamCall.start(
+        this.pool(url.origin, target.guarded),
+        {
+          path: url.path,
+          method: 'POST',
+          headers,
+          body: JSON.stringify(body),
+          headersTimeout: exact ? headersTimeout + 2_000 : headersTimeout,
+          bodyTimeout: this.o.idleTimeoutMs,
+        },
         signal,
-        headersTimeout: exact ? headersTimeout + 2_000 : headersTimeout,
-        bodyTimeout: this.o.idleTimeoutMs,
-      });
+      );
     } catch (err) {
       forget();
       if (req.signal.aborted) throw new CancelledError();
@@ -313,9 +300,11 @@ export class UpstreamEngine implements Engine {
       forget();
       let text: string;
       try {
-        text = (await readCapped(res.body, this.o.maxErrorBytes)).toString('utf8');
+        text = (await res.whole(this.o.maxErrorBytes)).toString('utf8');
       } catch (err) {
         text = err instanceof TooLarge ? `(an error body over ${this.o.maxErrorBytes} bytes, not read)` : '';
+      } finally {
+        res.release();
       }
       const retryAfter = res.headers['retry-after'];
       throw upstreamError(res.statusCode, text, target.id, typeof retryAfter === 'string' ? retryAfter : undefined, scrub);
@@ -423,7 +412,7 @@ export class UpstreamEngine implements Engine {
         });
         // A UTF-8 character may be split across network chunks.
         const decoder = new StringDecoder('utf8');
-        for await (const chunk of res.body as AsyncIterable<Buffer>) {
+        for (let chunk = await res.read(); chunk !== null; chunk = await res.read()) {
           const before = sinceEvent;
           sinceEvent = 0;
           parser.feed(decoder.write(chunk));
@@ -456,7 +445,7 @@ export class UpstreamEngine implements Engine {
     } finally {
       forget();
       // A body read to its end leaves the connection reusable; anything else must not.
-      if (!res.body.readableEnded) res.body.destroy();
+      res.release();
     }
     const rest = stops && !stopped ? stops.flush() : '';
     const tailText = textScrub ? textScrub.push(rest) + textScrub.flush() : rest;
@@ -484,7 +473,7 @@ export class UpstreamEngine implements Engine {
    */
   private async *relay(
     req: GenerationRequest,
-    res: Dispatcher.ResponseData,
+    res: UpstreamCall,
     target: Extract<DeploymentTarget, { engine: 'upstream' }>,
     scrub: Scrubber,
     outputCap: number | undefined,
@@ -540,7 +529,7 @@ export class UpstreamEngine implements Engine {
         // Frames that carry no output yet (the role chunk) wait for the first that does: until
         // then a failure may still move to another deployment, as in the canonical lane.
         let held = '';
-        for await (const chunk of res.body as AsyncIterable<Buffer>) {
+        for (let chunk = await res.read(); chunk !== null; chunk = await res.read()) {
           const frames = relay.push(decoder.write(chunk));
           if (frames !== '') {
             count();
@@ -567,7 +556,7 @@ export class UpstreamEngine implements Engine {
       return;
     } finally {
       forget();
-      if (!res.body.readableEnded) res.body.destroy();
+      res.release();
     }
     yield { type: 'usage', usage: this.usage(relay.usage, tally, relay.capped, target.id) };
     yield { type: 'finish', reason: relay.capped ? 'length' : relay.finish };
@@ -589,18 +578,16 @@ export class UpstreamEngine implements Engine {
     return transportError(err, deployment, this.o, early, headersTimeout);
   }
 
-  /** A non-stream answer, parsed, read within the size bound: a declared length by undici's own (faster) path, anything else counted as it comes. */
-  private async readAnswer(res: Dispatcher.ResponseData, deployment: string): Promise<unknown> {
-    const declared = Number(res.headers['content-length']);
+  /** A non-stream answer, parsed, read within the size bound (a declared length past it is refused before reading). */
+  private async readAnswer(res: UpstreamCall, deployment: string): Promise<unknown> {
     const tooLarge = () =>
       new ApiError('upstream_error', `The upstream ${deployment} sent an answer larger than ${this.o.maxBodyBytes} bytes.`, {
         failover: true,
       });
-    if (declared > this.o.maxBodyBytes) throw tooLarge();
-    if (declared >= 0) return res.body.json();
+    if (Number(res.headers['content-length']) > this.o.maxBodyBytes) throw tooLarge();
     let body: Buffer;
     try {
-      body = await readCapped(res.body, this.o.maxBodyBytes);
+      body = await res.whole(this.o.maxBodyBytes);
     } catch (err) {
       throw err instanceof TooLarge ? tooLarge() : err;
     }

@@ -1,0 +1,192 @@
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { once } from 'node:events';
+import type { AddressInfo, Socket } from 'node:net';
+import { Pool, errors } from 'undici';
+import { TooLarge, UpstreamCall } from '../src/engines/upstream/upstream-call.js';
+import { Cancellation } from '../src/core/cancellation.js';
+
+/**
+ * The upstream engine's HTTP call (undici's dispatch API without a Readable per answer): the bounds,
+ * back-pressure, cancel and timeout behaviour that `Pool.request` gave it before, against real
+ * sockets.
+ */
+
+const servers: Server[] = [];
+const pools: Pool[] = [];
+after(async () => {
+  for (const p of pools) await p.destroy();
+  for (const s of servers) {
+    s.closeAllConnections();
+    s.close();
+  }
+});
+
+async function serve(handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ pool: Pool; sockets: Set<Socket> }> {
+  const server = createServer((req, res) => {
+    req.resume();
+    req.once('end', () => handler(req, res));
+  });
+  const sockets = new Set<Socket>();
+  server.on('connection', (s: Socket) => sockets.add(s));
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  servers.push(server);
+  const pool = new Pool(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+  pools.push(pool);
+  return { pool, sockets };
+}
+
+const POST = { path: '/', method: 'POST' as const, body: '{}' };
+
+describe('upstream call', () => {
+  it('reads a whole answer and leaves the connection for the next request', async () => {
+    const { pool, sockets } = await serve((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"a":');
+      res.end('1}');
+    });
+    let closes = 0;
+    for (let i = 0; i < 10; i++) {
+      const call = await UpstreamCall.start(pool, POST, new Cancellation());
+      for (const s of sockets) if (!s.listenerCount('close')) s.once('close', () => closes++);
+      assert.equal(call.statusCode, 200);
+      assert.equal(call.headers['content-type'], 'application/json');
+      assert.deepEqual(JSON.parse((await call.whole(1024)).toString()), { a: 1 });
+      assert.equal(call.complete, true);
+      call.release();
+    }
+    // undici's pool may open a second connection when the next request comes before the first is
+    // marked free (Pool.request does the same), but none is closed and they do not pile up.
+    assert.equal(closes, 0, 'no connection was closed');
+    assert.ok(sockets.size <= 2, `${sockets.size} connections for 10 requests in a row`);
+  });
+
+  it('refuses a body past the limit without reading it all, and closes that connection', async () => {
+    const big = Buffer.alloc(64 * 1024, 'x');
+    let written = 0;
+    let closed!: () => void;
+    const serverSawClose = new Promise<void>((r) => (closed = r));
+    const { pool } = await serve((req, res) => {
+      res.writeHead(200);
+      req.socket.once('close', () => closed());
+      // 256 MB if nobody stops it.
+      const pump = () => {
+        while (written < 256 * 1024 * 1024) {
+          written += big.length;
+          if (!res.write(big)) return void res.once('drain', pump);
+        }
+        res.end();
+      };
+      pump();
+    });
+    const call = await UpstreamCall.start(pool, POST, new Cancellation());
+    await assert.rejects(call.whole(1024 * 1024), TooLarge);
+    await serverSawClose;
+    assert.ok(written < 64 * 1024 * 1024, `the server wrote ${written} bytes before the call gave up`);
+  });
+
+  it('pauses the upstream while the reader does not read (back-pressure), then gets every byte', async () => {
+    const total = 32 * 1024 * 1024;
+    const piece = Buffer.alloc(64 * 1024, 'y');
+    let written = 0;
+    let blocked!: (n: number) => void;
+    const serverBlocked = new Promise<number>((r) => (blocked = r));
+    const { pool } = await serve((_req, res) => {
+      res.writeHead(200);
+      const pump = () => {
+        while (written < total) {
+          written += piece.length;
+          if (!res.write(piece)) {
+            blocked(written);
+            return void res.once('drain', pump);
+          }
+        }
+        res.end();
+      };
+      pump();
+    });
+    const call = await UpstreamCall.start(pool, POST, new Cancellation());
+    // Nothing is read until the server cannot write any more: without back-pressure the client
+    // would take all 32 MB into memory and the server would never block.
+    const at = await serverBlocked;
+    assert.ok(at < total, 'the server was held back');
+    let got = 0;
+    for (let chunk = await call.read(); chunk !== null; chunk = await call.read()) got += chunk.length;
+    assert.equal(got, total);
+    assert.equal(call.complete, true);
+  });
+
+  it('is cancelled before the answer starts, and after it, by the request signal', async () => {
+    const requests: Array<{ url: string; closed: Promise<void> }> = [];
+    let arrived!: () => void;
+    const { pool } = await serve((req, res) => {
+      requests.push({ url: req.url ?? '', closed: new Promise<void>((r) => req.socket.once('close', () => r())) });
+      arrived();
+      // '/' never answers (an upstream still thinking); '/half' sends a head and part of a body, then nothing.
+      if (req.url === '/half') {
+        res.writeHead(200);
+        res.write('partial');
+      }
+    });
+    const before = new Cancellation();
+    const pending = UpstreamCall.start(pool, POST, before);
+    await new Promise<void>((r) => (arrived = r));
+    before.abort();
+    await assert.rejects(pending, errors.RequestAbortedError);
+    await requests[0]!.closed;
+
+    const mid = new Cancellation();
+    const call = await UpstreamCall.start(pool, { ...POST, path: '/half' }, mid);
+    assert.equal((await call.read())?.toString(), 'partial');
+    const reading = call.read();
+    mid.abort();
+    await assert.rejects(reading, errors.RequestAbortedError);
+    await requests[1]!.closed;
+    assert.equal(mid.listenerCount('abort'), 0, 'the call removed its listener');
+    assert.equal(before.listenerCount('abort'), 0);
+  });
+
+  it('is refused with a signal aborted before the call or before its connection opened', async () => {
+    const { pool } = await serve((_req, res) => res.end('{}'));
+    const gone = new Cancellation();
+    gone.abort();
+    await assert.rejects(UpstreamCall.start(pool, POST, gone), errors.RequestAbortedError);
+    // And one aborted before its connection was even open.
+    const soon = new Cancellation();
+    const pending = UpstreamCall.start(pool, POST, soon);
+    soon.abort();
+    await assert.rejects(pending, errors.RequestAbortedError);
+  });
+
+  it("keeps undici's timeouts: no head in time, and a silent body", async () => {
+    const { pool } = await serve((req, res) => {
+      if (req.url === '/silent') {
+        res.writeHead(200);
+        res.write('a');
+      }
+    });
+    await assert.rejects(UpstreamCall.start(pool, { ...POST, headersTimeout: 200 }, new Cancellation()), {
+      code: 'UND_ERR_HEADERS_TIMEOUT',
+    });
+    const call = await UpstreamCall.start(pool, { ...POST, path: '/silent', bodyTimeout: 200 }, new Cancellation());
+    assert.equal((await call.read())?.toString(), 'a');
+    await assert.rejects(call.read(), { code: 'UND_ERR_BODY_TIMEOUT' });
+  });
+
+  it('closes the connection of a body released before its end', async () => {
+    let closed!: () => void;
+    const serverSawClose = new Promise<void>((r) => (closed = r));
+    const { pool } = await serve((req, res) => {
+      req.socket.once('close', () => closed());
+      res.writeHead(200);
+      res.write('first');
+    });
+    const call = await UpstreamCall.start(pool, POST, new Cancellation());
+    assert.equal((await call.read())?.toString(), 'first');
+    call.release();
+    await serverSawClose;
+    assert.equal(call.complete, false);
+  });
+});
