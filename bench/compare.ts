@@ -1,72 +1,132 @@
 /**
- * `npm run bench:compare -- --old <dir>`: the gateway scenarios against this build and another
- * one (a checkout of an earlier commit, built, e.g. `git worktree add /tmp/old <rev>` + `npm ci` or a
- * node_modules link + `npm run build` there), in the same run on the same machine: one fake
- * upstream, one Switchyard at a time (one worker), rounds alternating old and new so drift in the
- * machine's speed hits both. Prints the medians of each and their ratio; asserts nothing.
+ * `npm run bench:compare -- --old <dir> [--bursts N] [--seconds S]`: this build against another one
+ * (a checkout of an earlier commit, built, e.g. `git worktree add /tmp/old <rev>` + a node_modules
+ * link + `npx tsc -p tsconfig.json` there) on the same machine, in the same minutes. Both run at
+ * once (one worker each) in front of one fake upstream, warmed up, and take turns: N short bursts
+ * of load each, alternating which goes first, so that the machine's drift (this VM's speed moves by
+ * a factor of several from one hour to the next, and by ±25% between runs of a few seconds) falls
+ * on both alike. Each burst yields the CPU time the subject's processes spent per request (user +
+ * system from /proc: what the code costs) and its requests per second; the table gives the medians,
+ * the ratio of all CPU time to all requests, and in how many paired bursts the new build was the
+ * cheaper. Then the added p50 at one connection, in alternating rounds. Asserts nothing.
  */
 import { parseArgs } from 'node:util';
 import { join, resolve } from 'node:path';
-import { createBenchKey, DIST, median, spawnReady, startSwitchyard } from './lib.js';
-import { sequential, throughput, type Subject } from './gateway.js';
+import autocannon from 'autocannon';
+import { createBenchKey, DIST, median, spawnReady, startSwitchyard, treeCpuUs, type Proc } from './lib.js';
+import { requestBody, sequential, type Subject } from './gateway.js';
 
 const { values } = parseArgs({
-  options: { old: { type: 'string' }, rounds: { type: 'string', default: '3' }, seconds: { type: 'string', default: '10' } },
+  options: {
+    old: { type: 'string' },
+    bursts: { type: 'string', default: '20' },
+    seconds: { type: 'string', default: '1' },
+    sequential: { type: 'string', default: '1000' },
+  },
 });
 if (!values.old) throw new Error('--old <dir with a built dist/> is required');
 const OLD = join(resolve(values.old), 'dist');
-const rounds = Number(values.rounds);
+const bursts = Number(values.bursts);
 const seconds = Number(values.seconds);
+const one = Number(values.sequential);
+const BUILDS = ['old', 'new'] as const;
+type Build = (typeof BUILDS)[number];
 
-type Row = { nonstream_rps: number; stream_rps: number; added_us: number; nonstream_cpu_us: number; stream_cpu_us: number };
-
-const results: Record<'old' | 'new', Row[]> = { old: [], new: [] };
-
-const fake = await spawnReady('fake-upstream.js', ['0']);
-try {
-  const direct: Subject = { name: 'direct', url: fake.url, path: '/v1/chat/completions', headers: {}, model: 'fake' };
-  const base = (await sequential(direct, false, 2000)).p50_ms;
-  for (let r = 0; r < rounds; r++) {
-    for (const which of r % 2 === 0 ? (['old', 'new'] as const) : (['new', 'old'] as const)) {
-      const sy = await startSwitchyard({ upstream: fake.url, workers: 1, dist: which === 'old' ? OLD : DIST });
-      try {
-        const key = await createBenchKey(sy.url);
-        const s: Subject = {
-          name: which,
-          url: sy.url,
-          path: '/v1/chat/completions',
-          headers: { authorization: `Bearer ${key}` },
-          model: 'openai/bench-fake',
-        };
-        // CPU per request is what the code costs; unlike requests per second it hardly moves with a
-        // noisy machine (throughput measures it over the timed run).
-        const nonstream = await throughput({ ...s, pid: sy.child.pid! }, false, 64, seconds);
-        const stream = await throughput({ ...s, pid: sy.child.pid! }, true, 64, seconds);
-        const one = await sequential(s, false, 2000);
-        const row = {
-          nonstream_rps: nonstream.rps,
-          stream_rps: stream.rps,
-          added_us: Math.round((one.p50_ms - base) * 1000),
-          nonstream_cpu_us: nonstream.cpu_us_per_request ?? NaN,
-          stream_cpu_us: stream.cpu_us_per_request ?? NaN,
-        };
-        results[which].push(row);
-        console.log(`round ${r + 1} ${which}: ${JSON.stringify(row)}`);
-      } finally {
-        await sy.stop();
-      }
-    }
-  }
-} finally {
-  await fake.stop();
+interface Burst {
+  cpu: number;
+  requests: number;
 }
 
-const med = (which: 'old' | 'new', k: keyof Row) => median(results[which].map((x) => x[k]));
-const summary = (['nonstream_rps', 'stream_rps', 'added_us', 'nonstream_cpu_us', 'stream_cpu_us'] as const).map((k) => ({
-  metric: k,
-  old: med('old', k),
-  new: med('new', k),
-  'new/old': Math.round((med('new', k) / med('old', k)) * 100) / 100,
-}));
-console.table(summary);
-console.log(JSON.stringify({ rounds, seconds, summary }));
+/** One burst of load at 64 connections: CPU time used and requests answered (2xx). */
+async function burst(s: Subject, stream: boolean, duration: number): Promise<Burst> {
+  const before = treeCpuUs(s.pid!);
+  const r = await autocannon({
+    url: s.url + s.path,
+    method: 'POST',
+    connections: 64,
+    headers: { 'content-type': 'application/json', ...s.headers },
+    body: requestBody(s.model, stream),
+    duration,
+  });
+  return { cpu: treeCpuUs(s.pid!) - before, requests: r['2xx'] };
+}
+
+const fake = await spawnReady('fake-upstream.js', ['0']);
+const procs: Proc[] = [];
+try {
+  const subjects = {} as Record<Build, Subject>;
+  for (const which of BUILDS) {
+    const sy = await startSwitchyard({ upstream: fake.url, workers: 1, dist: which === 'old' ? OLD : DIST });
+    procs.push(sy);
+    subjects[which] = {
+      name: which,
+      url: sy.url,
+      path: '/v1/chat/completions',
+      headers: { authorization: `Bearer ${await createBenchKey(sy.url)}` },
+      model: 'openai/bench-fake',
+      pid: sy.child.pid!,
+    };
+  }
+  const summary: Array<Record<string, string | number>> = [];
+  for (const stream of [false, true]) {
+    const label = stream ? 'stream' : 'non-stream';
+    for (const which of BUILDS) await burst(subjects[which], stream, 3);
+    const runs: Record<Build, Burst[]> = { old: [], new: [] };
+    for (let b = 0; b < bursts; b++) {
+      for (const which of b % 2 === 0 ? BUILDS : ([...BUILDS].reverse() as Build[])) {
+        runs[which].push(await burst(subjects[which], stream, seconds));
+      }
+    }
+    const perRequest = (w: Build) => runs[w].map((x) => x.cpu / Math.max(1, x.requests));
+    const total = (w: Build) =>
+      runs[w].reduce((a, x) => a + x.cpu, 0) /
+      Math.max(
+        1,
+        runs[w].reduce((a, x) => a + x.requests, 0),
+      );
+    const wins = perRequest('new').filter((v, i) => v < perRequest('old')[i]!).length;
+    summary.push(
+      {
+        metric: `${label} CPU µs/request (median burst)`,
+        old: Math.round(median(perRequest('old'))),
+        new: Math.round(median(perRequest('new'))),
+        'new/old': Math.round((median(perRequest('new')) / median(perRequest('old'))) * 1000) / 1000,
+      },
+      {
+        metric: `${label} CPU µs/request (all bursts)`,
+        old: Math.round(total('old')),
+        new: Math.round(total('new')),
+        'new/old': Math.round((total('new') / total('old')) * 1000) / 1000,
+      },
+      { metric: `${label}: bursts where new was cheaper`, old: '', new: `${wins} of ${bursts}`, 'new/old': '' },
+      {
+        metric: `${label} req/s (median burst)`,
+        old: Math.round(median(runs.old.map((x) => x.requests / seconds))),
+        new: Math.round(median(runs.new.map((x) => x.requests / seconds))),
+        'new/old':
+          Math.round((median(runs.new.map((x) => x.requests)) / Math.max(1, median(runs.old.map((x) => x.requests)))) * 1000) / 1000,
+      },
+    );
+    console.log(`${label}: ${bursts} bursts of ${seconds} s each done`);
+  }
+  // One connection: the added p50 over the fake upstream itself, in alternating rounds.
+  const direct: Subject = { name: 'direct', url: fake.url, path: '/v1/chat/completions', headers: {}, model: 'fake' };
+  const added: Record<Build, number[]> = { old: [], new: [] };
+  for (let r = 0; r < 3; r++) {
+    const base = (await sequential(direct, false, one)).p50_ms;
+    for (const which of r % 2 === 0 ? BUILDS : ([...BUILDS].reverse() as Build[])) {
+      added[which].push(((await sequential(subjects[which], false, one)).p50_ms - base) * 1000);
+    }
+  }
+  summary.push({
+    metric: 'added p50 µs at one connection',
+    old: Math.round(median(added.old)),
+    new: Math.round(median(added.new)),
+    'new/old': Math.round((median(added.new) / median(added.old)) * 1000) / 1000,
+  });
+  console.table(summary);
+  console.log(JSON.stringify({ bursts, seconds, summary }));
+} finally {
+  for (const p of procs) await p.stop();
+  await fake.stop();
+}

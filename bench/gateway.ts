@@ -30,7 +30,8 @@ export interface Throughput {
   cpu_us_per_request?: number;
 }
 
-const body = (model: string, stream: boolean): string =>
+/** The chat-completions request every gateway scenario sends. */
+export const requestBody = (model: string, stream: boolean): string =>
   JSON.stringify({
     model,
     stream,
@@ -49,7 +50,7 @@ export async function throughput(s: Subject, stream: boolean, connections: numbe
     method: 'POST' as const,
     connections,
     headers: { 'content-type': 'application/json', ...s.headers },
-    body: body(s.model, stream),
+    body: requestBody(s.model, stream),
   };
   await autocannon({ ...opts, duration: Math.max(1, Math.round(seconds / 4)) });
   const cpu = s.pid === undefined ? undefined : treeCpuUs(s.pid);
@@ -78,7 +79,7 @@ export interface Latency {
  */
 export async function sequential(s: Subject, stream: boolean, count: number): Promise<Latency> {
   const client = new Client(s.url, { pipelining: 1, keepAliveTimeout: 60_000 });
-  const payload = body(s.model, stream);
+  const payload = requestBody(s.model, stream);
   const times: number[] = [];
   try {
     for (let i = 0; i < count + Math.ceil(count / 5); i++) {
@@ -121,7 +122,7 @@ export interface IdleStreams {
 export async function idleStreams(s: Subject, pid: number, count: number): Promise<IdleStreams> {
   const before = treeRss(pid);
   const requests: http.ClientRequest[] = [];
-  const payload = body(s.model, true);
+  const payload = requestBody(s.model, true);
   let opened = 0;
   let failed = 0;
   const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
@@ -186,7 +187,7 @@ export async function check(s: Subject): Promise<void> {
     const res = await request(s.url + s.path, {
       method: 'POST',
       headers: { 'content-type': 'application/json', ...s.headers },
-      body: body(s.model, stream),
+      body: requestBody(s.model, stream),
     });
     const text = await res.body.text();
     if (res.statusCode !== 200) throw new Error(`${s.name} answered ${res.statusCode}: ${text.slice(0, 300)}`);
