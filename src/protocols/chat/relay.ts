@@ -18,6 +18,45 @@ import { FINISH, readChunk } from './client.js';
 /** Delta fields read as output, and whether they are reasoning; any other non-null field is counted too. */
 const KNOWN_DELTA_FIELDS = new Set(['role', 'content', 'reasoning_content', 'reasoning', 'tool_calls', 'refusal']);
 
+/**
+ * Text JSON.stringify writes other than as it is (a quote, a backslash, a control character, a lone
+ * surrogate): a chunk whose text has none of it can be matched against a template (see `Template`).
+ */
+const ESCAPED = /["\\\u0000-\u001f\ud800-\udfff]/u;
+
+/** Templates learned per stream at most (an upstream whose chunks never repeat their shape stops costing one). */
+const MAX_TEMPLATES = 3;
+
+/**
+ * A content chunk's text, split around its `delta.content` text, as JSON.stringify writes it (the
+ * upstream's, and ours with the catalogue's model name). Most upstreams write every content chunk of
+ * a stream the same way but for the text, so a chunk that is `prefix + text + suffix`, with a text
+ * JSON.stringify would write as it is, is exactly the learned chunk with that text: its output is
+ * the text's length and its frame `outPrefix + text + outSuffix`, with no JSON.parse.
+ */
+interface Template {
+  prefix: string;
+  suffix: string;
+  outPrefix: string;
+  outSuffix: string;
+}
+
+/**
+ * Whether read() would count nothing of this chunk but its `delta.content`: no error, no usage, no
+ * finish reason, and no other delta field with output (kept in step with read() and count()).
+ */
+function contentOnly(chunk: Record<string, unknown>, choice: Record<string, unknown>, delta: Record<string, unknown>): boolean {
+  if ((chunk['error'] !== undefined && chunk['error'] !== null) || obj(chunk['usage']) || str(choice['finish_reason'])) return false;
+  for (const key in delta) {
+    const v = delta[key];
+    if (key === 'content' || key === 'role' || v == null) continue;
+    if ((key === 'reasoning_content' || key === 'reasoning' || key === 'refusal') && v === '') continue;
+    if (key === 'tool_calls' && Array.isArray(v) && v.length === 0) continue;
+    return false;
+  }
+  return true;
+}
+
 export class ChatRelay {
   usage: ReportedUsage | undefined;
   finish: FinishReason = 'stop';
@@ -43,6 +82,10 @@ export class ChatRelay {
   private readonly modelJson: string;
   private upstreamModel = '';
   private upstreamModelJson = '""';
+  private template: Template | undefined;
+  private templates = 0;
+  /** Content-only chunks parsed so far: a template is learned from the second (a one-chunk answer never pays for one). */
+  private plainChunks = 0;
 
   constructor(
     /** The catalogue id the client asked for, which every chunk names. */
@@ -127,6 +170,17 @@ export class ChatRelay {
       // Every stream ends with a finish reason, as the canonical lane's does.
       return this.finished ? '' : `data: ${this.finishFrame(this.finish)}\n\n`;
     }
+    const t = this.template;
+    const end = payload.length - (t?.suffix.length ?? 0);
+    // Compared as slices: string equality is about twice as fast as startsWith here.
+    if (t !== undefined && end >= t.prefix.length && payload.slice(0, t.prefix.length) === t.prefix && payload.slice(end) === t.suffix) {
+      const text = payload.slice(t.prefix.length, end);
+      if (!ESCAPED.test(text)) {
+        // What read() counts for such a chunk: its text, nothing else.
+        if (!this.count(text.length, false)) return `data: ${this.finishFrame('length')}\n\n`;
+        return `data: ${t.outPrefix}${text}${t.outSuffix}\n\n`;
+      }
+    }
     let chunk: Record<string, unknown> | undefined;
     try {
       chunk = obj(JSON.parse(payload));
@@ -156,9 +210,54 @@ export class ChatRelay {
       return `data: ${JSON.stringify(chunk)}\n\n`;
     }
     const renamed = this.renamed(payload, chunk['model']);
-    if (renamed !== undefined) return `data: ${renamed}\n\n`;
-    chunk['model'] = this.model;
-    return `data: ${JSON.stringify(chunk)}\n\n`;
+    const text = this.templates < MAX_TEMPLATES ? this.templateText(payload, chunk) : undefined;
+    let frame = renamed;
+    if (frame === undefined) {
+      chunk['model'] = this.model;
+      frame = JSON.stringify(chunk);
+    }
+    if (text !== undefined) this.learn(payload, frame, text);
+    return `data: ${frame}\n\n`;
+  }
+
+  /**
+   * The text of a chunk a template can be learned from, or undefined: a content-only chunk (its
+   * output, as read() counts it, is its `delta.content` alone: no finish reason, usage or error),
+   * whose text JSON.stringify writes as it is, and whose payload is exactly what JSON.stringify
+   * writes for it (no spaces, numbers spelled as JavaScript spells them, no duplicate keys). The
+   * first such chunk of a stream is only counted: a template pays off from the third.
+   */
+  private templateText(payload: string, chunk: Record<string, unknown>): string | undefined {
+    const choices = chunk['choices'];
+    const choice = Array.isArray(choices) ? obj(choices[0]) : undefined;
+    const delta = obj(choice?.['delta']);
+    const text = delta?.['content'];
+    if (!delta || typeof text !== 'string' || text === '' || ESCAPED.test(text) || !contentOnly(chunk, choice!, delta)) return undefined;
+    if (++this.plainChunks < 2) return undefined;
+    this.templates++;
+    return JSON.stringify(chunk) === payload ? text : undefined;
+  }
+
+  /**
+   * The template of a chunk templateText accepted: its payload and its frame (the same chunk with
+   * the catalogue's model name, as JSON.stringify writes it: `renamed` gives exactly that for such
+   * a payload) split around the text. In JSON.stringify's output `"content":"` can only start the
+   * key of an object's `content` string, so where `"content":"<text>"` occurs once it is the delta's
+   * (the model name put into the frame is a JSON string, inside which it cannot occur).
+   */
+  private learn(payload: string, frame: string, text: string): void {
+    const needle = `"content":"${text}"`;
+    const at = payload.indexOf(needle);
+    const outAt = frame.indexOf(needle);
+    if (at < 0 || outAt < 0 || payload.includes(needle, at + 1) || frame.includes(needle, outAt + 1)) return;
+    const slot = at + 11;
+    const outSlot = outAt + 11;
+    this.template = {
+      prefix: payload.slice(0, slot),
+      suffix: payload.slice(slot + text.length),
+      outPrefix: frame.slice(0, outSlot),
+      outSuffix: frame.slice(outSlot + text.length),
+    };
   }
 
   /**
