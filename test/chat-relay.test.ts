@@ -12,63 +12,185 @@ import { ChatRelay } from '../src/protocols/chat/relay.js';
  * template (one is learned from a stream's second content chunk and used from the third).
  */
 
-const CATALOGUE = 'meta-llama/tiny-stories';
 const tooLarge = () => new ApiError('upstream_error', 'too large');
-const relay = (cap = Number.MAX_SAFE_INTEGER) => new ChatRelay(CATALOGUE, (t) => t, cap, 32, 1 << 20, tooLarge);
+const relay = (catalogue: string, cap = Number.MAX_SAFE_INTEGER) => new ChatRelay(catalogue, (t) => t, cap, 32, 1 << 20, tooLarge);
 
-/** Text that JSON.stringify writes as it is, and text it escapes (quotes, backslashes, controls, lone surrogates). */
+/** Pieces of text: what JSON.stringify writes as it is, what it escapes, and what looks like the JSON around a text. */
+const ATOMS = [
+  'a',
+  ' ',
+  'é',
+  '😀',
+  '\ud800',
+  '\udc00',
+  '\u2028',
+  '\u007f',
+  '\u0000',
+  '\n',
+  '\r',
+  '"',
+  '\\',
+  '/',
+  '"content":"',
+  '"model"',
+  '{',
+  '}',
+  'null',
+];
 const text = fc.oneof(
-  { weight: 4, arbitrary: fc.string({ maxLength: 12 }) },
-  { weight: 2, arbitrary: fc.string({ unit: 'grapheme', maxLength: 6 }) },
-  { weight: 1, arbitrary: fc.constantFrom('"', '\\', 'a\nb', '\r', '\t', '\ud800', 'x\udc00y', '😀', '\u2028', 'é', '') },
+  { weight: 4, arbitrary: fc.array(fc.constantFrom(...ATOMS), { maxLength: 5 }).map((a) => a.join('')) },
+  { weight: 3, arbitrary: fc.string({ maxLength: 10 }) },
+  { weight: 1, arbitrary: fc.string({ unit: 'grapheme', maxLength: 4 }) },
+  { weight: 2, arbitrary: fc.constantFrom('', 'same', ' word') },
 );
+/** Any value an upstream may put in a field. */
+const value = fc.oneof(fc.constant(null), fc.constant(''), text, fc.integer(), fc.constant([]), fc.constant({}), fc.boolean());
+const rare = <T>(a: fc.Arbitrary<T>, weight = 4) => fc.oneof({ weight, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: a });
+const NAMES = ['vendor-model', 'v/m', 'm"x', '"content":"a"', 'a\u2028b', 'x\ud800', 'model', ''];
 
 type Chunk = Record<string, unknown>;
+const defined = (o: Record<string, unknown>): Chunk => Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined));
 
-/** One stream: fixed head fields, then chunks of every kind an upstream sends, each written plainly or Python-style. */
+const headArb = fc.record({
+  id: fc.oneof(fc.constantFrom('chatcmpl-up', 'id "q"', '\ud800'), fc.integer(), fc.constant(undefined)),
+  created: fc.constantFrom(7, 8, undefined),
+  model: fc.oneof({ weight: 3, arbitrary: fc.constantFrom(...NAMES) }, { weight: 1, arbitrary: fc.constantFrom(undefined, null, 3) }),
+  usage: fc.constantFrom(undefined, null),
+  decoy: rare(text),
+  extra: rare(value),
+});
+/** A choice but for its content: the fields a stream's chunks repeat. */
+const choiceArb = fc.record({
+  role: rare(fc.constantFrom('assistant', null)),
+  reasoning_content: rare(value),
+  reasoning: rare(value, 8),
+  refusal: rare(value),
+  tool_calls: rare(fc.constantFrom([], null, [{ index: 0, function: { arguments: 'ab' } }])),
+  other: rare(value, 6),
+  finish: fc.oneof({ weight: 8, arbitrary: fc.constant(null) }, { weight: 1, arbitrary: fc.constantFrom(undefined, 'stop', 'length', '') }),
+});
+/**
+ * The shape of a chunk: everything but its text. Real streams repeat one shape with a new text each
+ * time, which is what a template is learned from; a stream here has up to three, and other choices,
+ * usage, an error and the way the upstream writes the JSON vary with the shape.
+ */
+const shapeArb = fc.record({
+  head: fc.nat({ max: 2 }),
+  choice: choiceArb,
+  // The first choice is the content's; up to two more, as written by some servers.
+  others: fc.oneof(
+    { weight: 8, arbitrary: fc.array(choiceArb, { maxLength: 0 }) },
+    { weight: 1, arbitrary: fc.array(choiceArb, { maxLength: 2 }) },
+  ),
+  noChoices: fc.oneof({ weight: 15, arbitrary: fc.constant(false) }, { weight: 1, arbitrary: fc.constant(true) }),
+  usage: fc.oneof({ weight: 12, arbitrary: fc.constant(false) }, { weight: 1, arbitrary: fc.constant(true) }),
+  error: fc.oneof({ weight: 30, arbitrary: fc.constant(false) }, { weight: 1, arbitrary: fc.constant(true) }),
+  // As JSON.stringify writes it (mostly), or valid JSON it does not write.
+  spelling: fc.oneof(
+    { weight: 6, arbitrary: fc.constant('plain' as const) },
+    { weight: 1, arbitrary: fc.constant('raw-text' as const) },
+    {
+      weight: 1,
+      arbitrary: fc.constantFrom(
+        'spaced' as const,
+        'escaped-key' as const,
+        'escaped-text' as const,
+        'raw-text' as const,
+        'raw-control' as const,
+        'duplicate' as const,
+      ),
+    },
+  ),
+});
+
+type Head = typeof headArb extends fc.Arbitrary<infer H> ? H : never;
+type Shape = typeof shapeArb extends fc.Arbitrary<infer S> ? S : never;
+type ChoiceSpec = typeof choiceArb extends fc.Arbitrary<infer C> ? C : never;
+
+function choiceOf(ch: ChoiceSpec, index: number, content: unknown): Chunk {
+  return defined({
+    index,
+    delta: defined({
+      role: ch.role,
+      reasoning_content: ch.reasoning_content,
+      reasoning: ch.reasoning,
+      content,
+      refusal: ch.refusal,
+      tool_calls: ch.tool_calls,
+      other: ch.other,
+    }),
+    logprobs: null,
+    finish_reason: ch.finish,
+  });
+}
+
+function chunkOf(head: Head, shape: Shape, content: unknown): Chunk {
+  return defined({
+    id: head.id,
+    object: 'chat.completion.chunk',
+    created: head.created,
+    model: head.model,
+    ...(head.decoy !== undefined && { meta: { content: head.decoy } }),
+    choices: shape.noChoices ? [] : [choiceOf(shape.choice, 0, content), ...shape.others.map((c, i) => choiceOf(c, i + 1, 'other'))],
+    usage: shape.usage ? { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 } : head.usage,
+    extra: head.extra,
+    ...(shape.error && { error: { message: 'the engine fell over' } }),
+  });
+}
+
+/** A text written into JSON with only what JSON needs escaped (lone surrogates and U+2028 stay raw). */
+const rawString = (t: string) => `"${t.replace(/["\\\u0000-\u001f]/g, (c) => JSON.stringify(c).slice(1, -1))}"`;
+
+function spell(chunk: Chunk, spelling: Shape['spelling'], content: unknown): string {
+  const json = JSON.stringify(chunk);
+  const written = `"content":${JSON.stringify(content)}`;
+  switch (spelling) {
+    case 'plain':
+      return json;
+    case 'spaced':
+      return json.replace(/,"/g, ', "');
+    case 'escaped-key':
+      return json.replace(written, written.replace('"content"', '"\\u0063ontent"'));
+    case 'escaped-text':
+      return typeof content === 'string'
+        ? json.replace(written, `"content":"${[...content].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`).join('')}"`)
+        : json;
+    case 'raw-text':
+      return typeof content === 'string' ? json.replace(written, `"content":${rawString(content)}`) : json;
+    case 'raw-control':
+      // Not JSON at all where the text has a control character (other than a line end, which ends the line).
+      return typeof content === 'string'
+        ? json.replace(written, `"content":"${content.replace(/["\\\n\r]/g, (c) => JSON.stringify(c).slice(1, -1))}"`)
+        : json;
+    case 'duplicate':
+      // Duplicate keys: JSON.parse takes the last, here a content of "b" written escaped.
+      return `${json.slice(0, -1)},"choices":[{"index":0,"delta":{"content":"\\u0062"},"finish_reason":null}]}`;
+  }
+}
+
+/** Chunk texts: often a few that repeat (so templates are learned, and a text can equal another chunk's), else anything. */
+const contentArb = fc.oneof(
+  { weight: 2, arbitrary: fc.constant('b') },
+  { weight: 3, arbitrary: fc.constantFrom('same', ' word', 'ZZZZ', 'x\ud800', 'a\tb') },
+  { weight: 4, arbitrary: text },
+  { weight: 1, arbitrary: value },
+);
+
+/** A stream: up to three heads and shapes, the catalogue name, and its chunks' payloads. */
 const streamArb = fc
   .record({
-    id: fc.constantFrom('chatcmpl-up', 'id with "quote"', 'x'),
-    model: fc.constantFrom('vendor-model', 'vendor/model', 'm"x'),
-    withModel: fc.boolean(),
-    withUsageNull: fc.boolean(),
+    heads: fc.array(headArb, { minLength: 1, maxLength: 3 }),
+    shapes: fc.array(shapeArb, { minLength: 1, maxLength: 3 }),
+    catalogue: fc.constantFrom('meta-llama/tiny-stories', 'm"x', '"content":"a"', 'a\u2028b', 'x\ud800y', 'model'),
+    chunks: fc.array(fc.record({ shape: fc.nat({ max: 2 }), content: contentArb }), { minLength: 1, maxLength: 40 }),
   })
-  .chain((head) => {
-    const base = (): Chunk => ({
-      id: head.id,
-      object: 'chat.completion.chunk',
-      created: 7,
-      ...(head.withModel && { model: head.model }),
-      ...(head.withUsageNull && { usage: null }),
-    });
-    const choice = (delta: object, finish: string | null = null) => ({
-      ...base(),
-      choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
-    });
-    const chunk: fc.Arbitrary<Chunk> = fc.oneof(
-      { weight: 10, arbitrary: text.map((t) => choice({ content: t })) },
-      { weight: 1, arbitrary: text.map((t) => choice({ role: 'assistant', content: t })) },
-      { weight: 1, arbitrary: text.map((t) => choice({ reasoning_content: t })) },
-      { weight: 1, arbitrary: text.map((t) => choice({ content: t, refusal: '' })) },
-      { weight: 1, arbitrary: text.map((t) => choice({ content: t, extra: t })) },
-      { weight: 1, arbitrary: text.map((t) => ({ ...choice({ content: 'same' }), obfuscation: t })) },
-      { weight: 1, arbitrary: text.map((t) => choice({ content: t }, 'stop')) },
-      {
-        weight: 1,
-        arbitrary: text.map((t) =>
-          choice({ tool_calls: [{ index: 0, id: 'call_1', type: 'function', function: { name: 'f', arguments: t } }] }),
-        ),
-      },
-      { weight: 1, arbitrary: fc.constant({ ...base(), choices: [], usage: { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 } }) },
-    );
-    return fc.array(
-      fc.record({ chunk, spaced: fc.nat({ max: 4 }).map((n) => n === 0) }).map(({ chunk: c, spaced }) => {
-        const json = JSON.stringify(c);
-        return spaced ? json.replace(/,"/g, ', "') : json;
-      }),
-      { minLength: 1, maxLength: 40 },
-    );
-  });
+  .map(({ heads, shapes, catalogue, chunks }) => ({
+    catalogue,
+    payloads: chunks.map(({ shape, content }) => {
+      const sh = shapes[shape % shapes.length]!;
+      return spell(chunkOf(heads[sh.head % heads.length]!, sh, content), sh.spelling, content);
+    }),
+  }));
 
 /** A stream's text split into the network pieces it arrived in. */
 const cutsArb = fc.array(fc.nat({ max: 4000 }), { maxLength: 6 });
@@ -85,48 +207,83 @@ function pieces(all: string, cuts: number[]): string[] {
   return out;
 }
 
+const sse = (payloads: readonly string[]) => payloads.map((x) => `data: ${x}\n\n`).join('') + 'data: [DONE]\n\n';
+
+/** Everything a relay says about a stream it read, but its frames. */
+const state = (r: ChatRelay) => ({
+  deltas: r.deltas,
+  chars: r.chars,
+  reasoningChars: r.reasoningChars,
+  finish: r.finish,
+  usage: r.usage,
+  capped: r.capped,
+  done: r.done,
+  failure: r.failure?.message,
+});
+
 describe('chat relay', () => {
   it('frames and counts every stream exactly as reading each chunk on its own does', () => {
     fc.assert(
-      fc.property(streamArb, cutsArb, (payloads, cuts) => {
-        const r = relay();
+      fc.property(streamArb, cutsArb, ({ catalogue, payloads }, cuts) => {
+        const r = relay(catalogue);
         let frames = '';
-        for (const p of pieces(payloads.map((x) => `data: ${x}\n\n`).join('') + 'data: [DONE]\n\n', cuts)) frames += r.push(p);
+        for (const p of pieces(sse(payloads), cuts)) frames += r.push(p);
         let expected = '';
         let deltas = 0;
         let chars = 0;
         let reasoning = 0;
+        let failed = false;
         for (const p of payloads) {
-          const one = relay();
+          const one = relay(catalogue);
           expected += one.push(`data: ${p}\n\n`);
           deltas += one.deltas;
           chars += one.chars;
           reasoning += one.reasoningChars;
+          // A failed chunk ends the stream: nothing after it is read.
+          if (one.failure) {
+            failed = true;
+            break;
+          }
         }
-        // The stream's end: [DONE] adds a finish chunk only where no chunk carried a finish reason.
-        const finished = payloads.some(
-          (p) => (JSON.parse(p) as { choices?: Array<{ finish_reason: unknown }> }).choices?.[0]?.finish_reason,
-        );
-        const tail = frames.slice(expected.length);
         assert.equal(frames.slice(0, expected.length), expected);
-        if (finished) assert.equal(tail, '');
-        else assert.match(tail, /^data: \{.*"finish_reason":"stop"\}\]\}\n\n$/);
         assert.deepEqual([r.deltas, r.chars, r.reasoningChars], [deltas, chars, reasoning]);
-        assert.equal(r.done, true);
-        assert.equal(r.failure, undefined);
-        for (const line of frames.split('\n\n').filter(Boolean)) {
-          const chunk = JSON.parse(line.slice(6)) as Chunk;
-          assert.equal(chunk['model'], CATALOGUE);
-        }
+        assert.equal(r.failure !== undefined, failed);
+        // [DONE] adds a finish chunk only where no chunk carried a finish reason.
+        assert.ok(
+          failed ||
+            frames.length === expected.length ||
+            /^data: \{.*"finish_reason":"stop"\}\]\}\n\n$/s.test(frames.slice(expected.length)),
+        );
       }),
-      { numRuns: 400, seed: 20261125 },
+      { numRuns: 1000, seed: 20261125 },
+    );
+  });
+
+  it('counts, cuts and ends a stream at the output limit as the parsing path does', () => {
+    // The same stream written with a space after each opening brace: valid JSON that JSON.stringify
+    // does not write, so no template is ever learned from it; what the client parses must be the same.
+    fc.assert(
+      fc.property(streamArb, fc.nat({ max: 30 }), cutsArb, ({ catalogue, payloads }, cap, cuts) => {
+        const read = (ps: readonly string[]) => {
+          const r = relay(catalogue, cap);
+          let frames = '';
+          for (const p of pieces(sse(ps), cuts)) frames += r.push(p);
+          const parsed = frames
+            .split('\n\n')
+            .filter(Boolean)
+            .map((l) => JSON.parse(l.slice(6)) as unknown);
+          return { parsed, ...state(r) };
+        };
+        assert.deepEqual(read(payloads), read(payloads.map((p) => `{ ${p.slice(1)}`)));
+      }),
+      { numRuns: 1000, seed: 20261126 },
     );
   });
 
   it('learns a template from a plain stream and still cuts it at the output limit', () => {
     const chunk = (i: number) =>
       `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { content: ` w${i}` }, finish_reason: null }] })}\n\n`;
-    const r = relay(5);
+    const r = relay('meta-llama/tiny-stories', 5);
     let out = '';
     for (let i = 0; i < 50; i++) out += r.push(chunk(i));
     const frames = out
@@ -141,6 +298,6 @@ describe('chat relay', () => {
     );
     assert.equal(r.capped, true);
     assert.equal(r.deltas, 5);
-    assert.ok(frames.every((f) => f.model === CATALOGUE));
+    assert.ok(frames.every((f) => f.model === 'meta-llama/tiny-stories'));
   });
 });

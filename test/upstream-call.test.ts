@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { once } from 'node:events';
 import type { AddressInfo, Socket } from 'node:net';
-import { Pool, errors } from 'undici';
+import { Pool, errors, type Dispatcher } from 'undici';
 import { TooLarge, UpstreamCall } from '../src/engines/upstream/upstream-call.js';
 import { Cancellation } from '../src/core/cancellation.js';
 
@@ -39,9 +39,11 @@ async function serve(handler: (req: IncomingMessage, res: ServerResponse) => voi
 }
 
 const POST = { path: '/', method: 'POST' as const, body: '{}' };
+/** Each test's bound: a call that never wakes its reader fails the test instead of hanging the run. */
+const T = { timeout: 15_000 };
 
 describe('upstream call', () => {
-  it('reads a whole answer and leaves the connection for the next request', async () => {
+  it('reads a whole answer and leaves the connection for the next request', T, async () => {
     const { pool, sockets } = await serve((_req, res) => {
       res.writeHead(200, { 'content-type': 'application/json' });
       res.write('{"a":');
@@ -49,12 +51,14 @@ describe('upstream call', () => {
     });
     let closes = 0;
     for (let i = 0; i < 10; i++) {
-      const call = await UpstreamCall.start(pool, POST, new Cancellation());
+      const signal = new Cancellation();
+      const call = await UpstreamCall.start(pool, POST, signal);
       for (const s of sockets) if (!s.listenerCount('close')) s.once('close', () => closes++);
       assert.equal(call.statusCode, 200);
       assert.equal(call.headers['content-type'], 'application/json');
       assert.deepEqual(JSON.parse((await call.whole(1024)).toString()), { a: 1 });
       assert.equal(call.complete, true);
+      assert.equal(signal.listenerCount('abort'), 0, 'no cancel listener is left once the body ended');
       call.release();
     }
     // undici's pool may open a second connection when the next request comes before the first is
@@ -63,7 +67,7 @@ describe('upstream call', () => {
     assert.ok(sockets.size <= 2, `${sockets.size} connections for 10 requests in a row`);
   });
 
-  it('refuses a body past the limit without reading it all, and closes that connection', async () => {
+  it('refuses a body past the limit without reading it all, and closes that connection', T, async () => {
     const big = Buffer.alloc(64 * 1024, 'x');
     let written = 0;
     let closed!: () => void;
@@ -87,7 +91,7 @@ describe('upstream call', () => {
     assert.ok(written < 64 * 1024 * 1024, `the server wrote ${written} bytes before the call gave up`);
   });
 
-  it('pauses the upstream while the reader does not read (back-pressure), then gets every byte', async () => {
+  it('pauses the upstream while the reader does not read (back-pressure), then gets every byte', T, async () => {
     const total = 32 * 1024 * 1024;
     const piece = Buffer.alloc(64 * 1024, 'y');
     let written = 0;
@@ -118,7 +122,7 @@ describe('upstream call', () => {
     assert.equal(call.complete, true);
   });
 
-  it('is cancelled before the answer starts, and after it, by the request signal', async () => {
+  it('is cancelled before the answer starts, and after it, by the request signal', T, async () => {
     const requests: Array<{ url: string; closed: Promise<void> }> = [];
     let arrived!: () => void;
     const { pool } = await serve((req, res) => {
@@ -148,7 +152,7 @@ describe('upstream call', () => {
     assert.equal(before.listenerCount('abort'), 0);
   });
 
-  it('is refused with a signal aborted before the call or before its connection opened', async () => {
+  it('is refused with a signal aborted before the call or before its connection opened', T, async () => {
     const { pool } = await serve((_req, res) => res.end('{}'));
     const gone = new Cancellation();
     gone.abort();
@@ -160,7 +164,7 @@ describe('upstream call', () => {
     await assert.rejects(pending, errors.RequestAbortedError);
   });
 
-  it("keeps undici's timeouts: no head in time, and a silent body", async () => {
+  it("keeps undici's timeouts: no head in time, and a silent body", T, async () => {
     const { pool } = await serve((req, res) => {
       if (req.url === '/silent') {
         res.writeHead(200);
@@ -170,12 +174,14 @@ describe('upstream call', () => {
     await assert.rejects(UpstreamCall.start(pool, { ...POST, headersTimeout: 200 }, new Cancellation()), {
       code: 'UND_ERR_HEADERS_TIMEOUT',
     });
-    const call = await UpstreamCall.start(pool, { ...POST, path: '/silent', bodyTimeout: 200 }, new Cancellation());
+    const signal = new Cancellation();
+    const call = await UpstreamCall.start(pool, { ...POST, path: '/silent', bodyTimeout: 200 }, signal);
     assert.equal((await call.read())?.toString(), 'a');
     await assert.rejects(call.read(), { code: 'UND_ERR_BODY_TIMEOUT' });
+    assert.equal(signal.listenerCount('abort'), 0);
   });
 
-  it('closes the connection of a body released before its end', async () => {
+  it('closes the connection of a body released before its end', T, async () => {
     let closed!: () => void;
     const serverSawClose = new Promise<void>((r) => (closed = r));
     const { pool } = await serve((req, res) => {
@@ -183,10 +189,92 @@ describe('upstream call', () => {
       res.writeHead(200);
       res.write('first');
     });
-    const call = await UpstreamCall.start(pool, POST, new Cancellation());
+    const signal = new Cancellation();
+    const call = await UpstreamCall.start(pool, POST, signal);
     assert.equal((await call.read())?.toString(), 'first');
     call.release();
+    assert.equal(signal.listenerCount('abort'), 0);
     await serverSawClose;
     assert.equal(call.complete, false);
+    call.release();
+  });
+
+  it('waits past interim answers (103 Early Hints) for the real head', T, async () => {
+    const { pool } = await serve((_req, res) => {
+      res.writeEarlyHints({ link: '</style.css>; rel=preload' });
+      // The real head comes later, as from an upstream that hints first and thinks after.
+      setTimeout(() => {
+        res.writeHead(429, { 'retry-after': '2', 'content-type': 'application/json' });
+        res.end('{"error":{"message":"slow down"}}');
+      }, 100);
+    });
+    const call = await UpstreamCall.start(pool, POST, new Cancellation());
+    assert.equal(call.statusCode, 429);
+    assert.equal(call.headers['retry-after'], '2');
+    assert.equal((await call.whole(1024)).toString(), '{"error":{"message":"slow down"}}');
+  });
+
+  it('takes an AbortSignal as well, and drops what was unread when it fires', T, async () => {
+    let more!: () => void;
+    const { pool } = await serve((_req, res) => {
+      res.writeHead(200);
+      res.write('one');
+      more = () => res.write('two');
+    });
+    const controller = new AbortController();
+    const call = await UpstreamCall.start(pool, POST, controller.signal);
+    assert.equal((await call.read())?.toString(), 'one');
+    // 'two' arrives while nobody reads (looked for once per turn of the event loop); the cancel comes before the next read.
+    more();
+    while (call.buffered === 0) await new Promise((r) => setImmediate(r));
+    controller.abort();
+    await assert.rejects(call.read(), errors.RequestAbortedError);
+    assert.equal(call.buffered, 0, 'what was unread is dropped');
+  });
+
+  it('pauses the upstream once 64 KiB wait unread and resumes it when they are read (the handler, driven directly)', T, async () => {
+    const controller = new FakeController();
+    let handler!: Dispatcher.DispatchHandler;
+    const dispatcher = {
+      dispatch(_opts: Dispatcher.DispatchOptions, h: Dispatcher.DispatchHandler) {
+        handler = h;
+        h.onRequestStart?.(controller, {});
+        h.onResponseStart?.(controller, 200, {}, 'OK');
+        return true;
+      },
+    } as unknown as Dispatcher;
+    const call = await UpstreamCall.start(dispatcher, POST, new Cancellation());
+    const piece = Buffer.alloc(16 * 1024, 'z');
+    for (let i = 0; i < 3; i++) handler.onResponseData?.(controller, piece);
+    assert.equal(controller.paused, false, 'below 64 KiB the upstream keeps sending');
+    handler.onResponseData?.(controller, piece);
+    assert.equal(controller.paused, true, 'at 64 KiB unread it is paused');
+    assert.equal((await call.read())?.length, 64 * 1024, 'everything held comes in one read');
+    assert.equal(controller.paused, false, 'and reading resumes it');
+    // A reader already waiting takes each chunk as it comes: nothing is paused.
+    const next = call.read();
+    handler.onResponseData?.(controller, Buffer.alloc(100 * 1024));
+    assert.equal((await next)?.length, 100 * 1024);
+    assert.equal(controller.paused, false);
+    handler.onResponseEnd?.(controller, {});
+    assert.equal(await call.read(), null);
+    assert.equal(call.complete, true);
   });
 });
+
+/** A DispatchController that records what the handler asked of it. */
+class FakeController implements Dispatcher.DispatchController {
+  paused = false;
+  aborted = false;
+  reason: Error | null = null;
+  pause(): void {
+    this.paused = true;
+  }
+  resume(): void {
+    this.paused = false;
+  }
+  abort(reason: Error): void {
+    this.aborted = true;
+    this.reason = reason;
+  }
+}

@@ -54,6 +54,11 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
     return call;
   }
 
+  /** Bytes of the body that came and are not read yet. */
+  get buffered(): number {
+    return this.queued;
+  }
+
   /** The body was read to its end (the connection goes back to the pool). */
   get complete(): boolean {
     return this.ended && this.failure === undefined;
@@ -80,9 +85,14 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
     return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size);
   }
 
-  /** The body's next bytes (everything that came since the last call), or null at its end. */
+  /**
+   * The body's next bytes (everything that came since the last call), or null at its end. A failure
+   * (a cancel, a timeout, a broken connection) is thrown at once, with whatever was still unread
+   * dropped, as `Pool.request`'s destroyed body did.
+   */
   async read(): Promise<Buffer | null> {
     while (this.queued === 0 && !this.ended && !this.failure) await this.wait();
+    if (this.failure) throw this.failure;
     if (this.queued > 0) {
       const chunks = this.chunks;
       const size = this.queued;
@@ -91,7 +101,6 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
       if (this.controller?.paused) this.controller.resume();
       return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size);
     }
-    if (this.failure) throw this.failure;
     return null;
   }
 
@@ -124,6 +133,8 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
   }
 
   onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {
+    // An interim answer (102 Processing, 103 Early Hints) is not the response: its head comes later.
+    if (statusCode < 200) return;
     this.statusCode = statusCode;
     this.headers = headers;
     this.started = true;
@@ -145,6 +156,8 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
 
   onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
     this.failure = err;
+    this.chunks = [];
+    this.queued = 0;
     this.forget();
     this.wakeReader();
   }
