@@ -12,9 +12,8 @@
  */
 import { parseArgs } from 'node:util';
 import { join, resolve } from 'node:path';
-import autocannon from 'autocannon';
 import { createBenchKey, DIST, median, spawnReady, startSwitchyard, treeCpuUs, type Proc } from './lib.js';
-import { requestBody, sequential, type Subject } from './gateway.js';
+import { load, sequential, type Subject } from './gateway.js';
 
 const { values } = parseArgs({
   options: {
@@ -40,14 +39,7 @@ interface Burst {
 /** One burst of load at 64 connections: CPU time used and requests answered (2xx). */
 async function burst(s: Subject, stream: boolean, duration: number): Promise<Burst> {
   const before = treeCpuUs(s.pid!);
-  const r = await autocannon({
-    url: s.url + s.path,
-    method: 'POST',
-    connections: 64,
-    headers: { 'content-type': 'application/json', ...s.headers },
-    body: requestBody(s.model, stream),
-    duration,
-  });
+  const r = await load(s, stream, 64, duration);
   return { cpu: treeCpuUs(s.pid!) - before, requests: r['2xx'] };
 }
 

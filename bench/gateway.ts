@@ -43,18 +43,23 @@ export const requestBody = (model: string, stream: boolean): string =>
     ],
   });
 
-/** Requests per second (2xx only) and latency percentiles, with a warm-up run first. */
-export async function throughput(s: Subject, stream: boolean, connections: number, seconds: number): Promise<Throughput> {
-  const opts = {
+/** One run of the load generator against a subject's chat-completions endpoint, with no warm-up. */
+export function load(s: Subject, stream: boolean, connections: number, seconds: number): Promise<autocannon.Result> {
+  return autocannon({
     url: s.url + s.path,
-    method: 'POST' as const,
+    method: 'POST',
     connections,
     headers: { 'content-type': 'application/json', ...s.headers },
     body: requestBody(s.model, stream),
-  };
-  await autocannon({ ...opts, duration: Math.max(1, Math.round(seconds / 4)) });
+    duration: seconds,
+  });
+}
+
+/** Requests per second (2xx only) and latency percentiles, with a warm-up run first. */
+export async function throughput(s: Subject, stream: boolean, connections: number, seconds: number): Promise<Throughput> {
+  await load(s, stream, connections, Math.max(1, Math.round(seconds / 4)));
   const cpu = s.pid === undefined ? undefined : treeCpuUs(s.pid);
-  const r = await autocannon({ ...opts, duration: seconds });
+  const r = await load(s, stream, connections, seconds);
   const used = cpu === undefined ? undefined : treeCpuUs(s.pid!) - cpu;
   return {
     ...(used !== undefined && r['2xx'] > 0 && { cpu_us_per_request: Math.round(used / r['2xx']) }),

@@ -6,9 +6,10 @@ import { FINISH, readChunk } from './client.js';
 /**
  * The same-protocol fast lane of chat completions (docs/decisions.md, "The same-protocol fast
  * lane"): an upstream's chat-completions stream passed on to a chat-completions client chunk for
- * chunk, instead of being turned into canonical events and rendered again. Every event is parsed,
- * so what is counted is exactly what the client's own parser will read (output for the limit and
- * the usage tally, the finish reason, usage, errors), and written back as one `data:` frame with
+ * chunk, instead of being turned into canonical events and rendered again. Every event is parsed
+ * (or matched against a template learned from one, which gives the same: see `Template`), so what
+ * is counted is exactly what the client's own parser will read (output for the limit and the
+ * usage tally, the finish reason, usage, errors), and written back as one `data:` frame with
  * the catalogue's model name (spliced into the upstream's own text where that is exact, see
  * `renamed`; re-serialized where it is not). The usage chunk and `[DONE]` are held back (the route sends them once
  * the usage record is stored, with the cost); an event past the output limit ends the stream with a
