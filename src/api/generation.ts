@@ -30,12 +30,14 @@ export async function openGeneration(
   canonical: GenerationRequest,
   endpoint: GenerationMeta['endpoint'],
 ): Promise<{ model: Model; events: MeteredStream }> {
-  const { model, admission, open } = await ctx.pipeline.start(canonical, req.principal!, {
+  const started = ctx.pipeline.start(canonical, req.principal!, {
     endpoint,
     requestId: req.id,
     stream: canonical.stream,
     started: req.startedAt,
   });
+  // Awaited only when it is a promise: admission against local counters is answered at once.
+  const { model, admission, open } = started instanceof Promise ? await started : started;
   req.metricsModel = ctx.metrics.modelLabel(model);
   reply.headers(admission.headers);
   return { model, events: await open() };

@@ -2,8 +2,8 @@ import { ApiError } from './errors.js';
 import type { GenerationRequest } from './canonical.js';
 import type { Principal } from './principal.js';
 import { costOf, type Ledger } from './ledger.js';
-import type { Admission, Limiter } from './limits.js';
-import { MeteredStream, type GenerationStart } from './metering.js';
+import type { Admission, Limiter, Maybe } from './limits.js';
+import { MeteredStream, type GenerationStart, type MeterContext } from './metering.js';
 import type { Metrics } from './metrics.js';
 import type { Capability, Model } from './model-spec.js';
 import type { Router } from './router.js';
@@ -57,15 +57,25 @@ export class GenerationPipeline {
     return this.router.resolve(id, who);
   }
 
-  /** Steps 2 and 3: what the request needs of the model, then admission. */
-  async admit(model: Model, req: GenerationRequest, who: Principal, meta: GenerationMeta): Promise<Admitted> {
+  /**
+   * Steps 2 and 3: what the request needs of the model, then admission. At once when the limiter
+   * answers from local counters (no promise per request for it), else a promise; a refusal is
+   * thrown (or rejects).
+   */
+  admit(model: Model, req: GenerationRequest, who: Principal, meta: GenerationMeta): Maybe<Admitted> {
     this.checkNeeds(model, req, meta.endpoint);
-    const admission = await this.limiter.admit(who, model.id, () => worstCaseCost(model, req));
-    const start: GenerationStart = { ...meta, model, who };
+    const admission = this.limiter.admit(who, model.id, () => worstCaseCost(model, req));
+    return admission instanceof Promise
+      ? admission.then((a) => this.admitted(model, req, who, meta, a))
+      : this.admitted(model, req, who, meta, admission);
+  }
+
+  private admitted(model: Model, req: GenerationRequest, who: Principal, meta: GenerationMeta, admission: Admission): Admitted {
+    const start: MeterContext = { ...meta, model, who, trace: {}, settle: admission.settle };
     return {
       model,
       admission,
-      open: () => MeteredStream.open(this.router, req, { ...start, trace: {}, settle: admission.settle }, this.ledger, this.metrics),
+      open: () => MeteredStream.open(this.router, req, start, this.ledger, this.metrics),
     };
   }
 
@@ -76,7 +86,7 @@ export class GenerationPipeline {
   }
 
   /** All of it for a request whose context is complete (chat completions, Messages). */
-  async start(req: GenerationRequest, who: Principal, meta: GenerationMeta): Promise<Admitted> {
+  start(req: GenerationRequest, who: Principal, meta: GenerationMeta): Maybe<Admitted> {
     return this.admit(this.resolve(req.model, who), req, who, meta);
   }
 

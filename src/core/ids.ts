@@ -1,4 +1,4 @@
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomBytes, randomFillSync } from 'node:crypto';
 
 /** Unix seconds, as API objects carry them (`created`, `created_at`). */
 export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
@@ -16,12 +16,29 @@ export function orderMs(): number {
   return lastOrderMs;
 }
 
+/** Random bytes drawn from the CSPRNG a block at a time: a call per id was a measurable share of the request hot path. */
+const RANDOM_BLOCK = 4096;
+const randomBlock = Buffer.alloc(RANDOM_BLOCK);
+let randomAt = RANDOM_BLOCK;
+
 /**
- * Random ids for objects (responses, items, completions, usage records). randomUUID draws from a
- * pre-filled entropy cache; randomBytes per call was a measurable share of the request hot path.
+ * 128 random bits as 32 hex characters, for ids that must be unique and unguessable. As random as
+ * a UUID (which has 122 such bits) and about four times cheaper than `randomUUID()` with its dashes
+ * removed: the bytes come from a block filled by the CSPRNG (randomFillSync) once per 256 ids.
  */
+export function randomHex(): string {
+  if (randomAt === RANDOM_BLOCK) {
+    randomFillSync(randomBlock);
+    randomAt = 0;
+  }
+  const hex = randomBlock.toString('hex', randomAt, randomAt + 16);
+  randomAt += 16;
+  return hex;
+}
+
+/** Random ids for objects (responses, items, completions). */
 export function newId(prefix: string, sep = '_'): string {
-  return `${prefix}${sep}${randomUUID().replaceAll('-', '')}`;
+  return `${prefix}${sep}${randomHex()}`;
 }
 
 const PROCESS_TAG = randomBytes(6).toString('hex');

@@ -34,6 +34,9 @@ function dayOf(ms: number): string {
   return dayCache.day;
 }
 
+const ENDED: Promise<void> = Promise.resolve();
+const NOTHING = (): void => undefined;
+
 /** Where a metered generation's events come from: the router's open stream. */
 export interface EventSource {
   open(
@@ -88,33 +91,58 @@ export class MeteredStream {
     return s;
   }
 
-  /** The next event, or undefined once the generation ended; a failure is thrown (and recorded). */
-  async next(): Promise<GenerationEvent | undefined> {
+  /**
+   * The next event, or undefined once the generation ended; a failure is thrown (and recorded).
+   * Not an async function: that would add a promise and a turn of the microtask queue to every
+   * event on top of the engine's own.
+   */
+  next(): Promise<GenerationEvent | undefined> {
     const first = this.first;
     if (first !== undefined) {
       this.first = undefined;
-      return first;
+      return Promise.resolve(first);
     }
-    if (this.ended) return undefined;
-    let r: IteratorResult<GenerationEvent>;
+    if (this.ended) return Promise.resolve(undefined);
+    let step: Promise<IteratorResult<GenerationEvent>>;
     try {
-      r = await this.rest!.next();
+      step = this.rest!.next();
     } catch (err) {
-      this.fail(err, true);
-      throw err;
+      return Promise.reject(this.failedMidStream(err));
     }
+    return step.then(this.step, this.stepFailed);
+  }
+
+  /** One engine step, seen: bound once per generation, not made per event. */
+  private readonly step = (r: IteratorResult<GenerationEvent>): GenerationEvent | undefined => {
     if (r.done) {
       this.end();
       return undefined;
     }
     return this.see(r.value);
+  };
+
+  private readonly stepFailed = (err: unknown): never => {
+    throw this.failedMidStream(err);
+  };
+
+  private failedMidStream(err: unknown): unknown {
+    this.fail(err, true);
+    return err;
   }
 
-  /** Stops the generation if it is still going (recorded as cancelled). Safe to call more than once. */
-  async close(): Promise<void> {
-    if (this.ended) return;
+  /**
+   * Stops the generation if it is still going (recorded as cancelled). Safe to call more than once.
+   * Every route calls it when it is done; for a generation that ended it costs no promise.
+   */
+  close(): Promise<void> {
+    if (this.ended) return ENDED;
     this.end();
-    await this.rest?.return?.(undefined).catch(() => undefined);
+    try {
+      const stopped = this.rest?.return?.(undefined);
+      return stopped ? stopped.then(NOTHING, NOTHING) : ENDED;
+    } catch {
+      return ENDED;
+    }
   }
 
   /** Resolves once the ledger record of this (ended) generation is stored: answer only after it. */

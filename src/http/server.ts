@@ -1,4 +1,3 @@
-import { randomUUID } from 'node:crypto';
 import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -17,6 +16,7 @@ import swagger from '@fastify/swagger';
 import websocket from '@fastify/websocket';
 import { Ajv } from 'ajv';
 import { ApiError } from '../core/errors.js';
+import { randomHex } from '../core/ids.js';
 import { validationError, type ValidationIssue } from '../protocols/validation.js';
 import { LoadShedder } from './load-shedder.js';
 import { extractToken } from './auth.js';
@@ -155,7 +155,7 @@ function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
   setTimeout(() => socket.destroy(), 2000).unref();
   socket.end(
     `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\n` +
-      `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: req_${randomUUID().replace(/-/g, '')}\r\nconnection: close\r\n\r\n${body}`,
+      `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: req_${randomHex()}\r\nconnection: close\r\n\r\n${body}`,
   );
 }
 
@@ -177,7 +177,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     clientErrorHandler: clientError,
     genReqId: (req) => {
       const inbound = req.headers['x-request-id'];
-      return typeof inbound === 'string' && INBOUND_REQUEST_ID.test(inbound) ? inbound : `req_${randomUUID().replace(/-/g, '')}`;
+      return typeof inbound === 'string' && INBOUND_REQUEST_ID.test(inbound) ? inbound : `req_${randomHex()}`;
     },
     return503OnClosing: true,
     forceCloseConnections: 'idle',

@@ -31,13 +31,19 @@ export interface ReportedUsage {
 }
 
 export function reported(input: unknown, cached: unknown, output: unknown, reasoning: unknown): ReportedUsage {
-  const r = { input: count(input), cached: count(cached), output: count(output), reasoning: count(reasoning) };
-  const invalid =
+  const r: ReportedUsage = {
+    input: count(input),
+    cached: count(cached),
+    output: count(output),
+    reasoning: count(reasoning),
+    invalid: false,
+  };
+  r.invalid =
     (input !== undefined && r.input === undefined) ||
     (output !== undefined && r.output === undefined) ||
     (cached !== undefined && cached !== null && r.cached === undefined) ||
     (reasoning !== undefined && reasoning !== null && r.reasoning === undefined);
-  return { ...r, invalid };
+  return r;
 }
 
 /** Tool calls one answer may hold; an index beyond it is a malformed stream (it would allocate a sparse array). */

@@ -186,6 +186,18 @@ const USAGE_COLUMNS: ReadonlyArray<keyof UsageRecord> = [
   'error_code',
 ];
 const FLAG_COLUMNS = new Set<keyof UsageRecord>(['stream', 'price_missing', 'estimated']);
+/** Per column of USAGE_COLUMNS, whether it is a flag (stored as 0 or 1): looked up once, not per record. */
+const USAGE_FLAGS = USAGE_COLUMNS.map((c) => FLAG_COLUMNS.has(c));
+
+/** A usage record as the positional parameters of the prepared insert (SQLite has no booleans). */
+function usageRow(r: UsageRecord): unknown[] {
+  const row = new Array<unknown>(USAGE_COLUMNS.length);
+  for (let i = 0; i < row.length; i++) {
+    const v = r[USAGE_COLUMNS[i]!];
+    row[i] = USAGE_FLAGS[i] ? (v ? 1 : 0) : v;
+  }
+  return row;
+}
 
 /**
  * SQLite result codes and PostgreSQL SQLSTATE classes that mean "this row is wrong" (a type, range
@@ -728,7 +740,7 @@ export class KyselyStore implements Store {
     const columns = USAGE_COLUMNS.join(', ');
     const stmt = db.prepare(`INSERT OR IGNORE INTO usage_records (${columns}) VALUES (${USAGE_COLUMNS.map(() => '?').join(', ')})`);
     return db.transaction((records: readonly UsageRecord[]) => {
-      for (const r of records) stmt.run(USAGE_COLUMNS.map((c) => (FLAG_COLUMNS.has(c) ? (r[c] ? 1 : 0) : r[c])));
+      for (const r of records) stmt.run(usageRow(r));
     });
   }
 

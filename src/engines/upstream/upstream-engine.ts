@@ -17,11 +17,29 @@ import { Cancellation, onAbort, type CancelSignal } from '../../core/cancellatio
 import { AddressPolicy } from './address-policy.js';
 import { TooLarge, UpstreamCall } from './upstream-call.js';
 
+type UpstreamTarget = Extract<DeploymentTarget, { engine: 'upstream' }>;
+
+/** A request the upstream took: its answer (head read, body not yet), and what reading it needs. */
+interface Sent {
+  res: UpstreamCall;
+  scrub: Scrubber;
+  headersTimeout: number;
+  /** Removes the cancel listener of a timed call; called once the answer is read. */
+  forget: () => void;
+  /** The answer is a stream (asked for, or the upstream's API always streams). */
+  stream: boolean;
+}
+
+/** A generation that fails at its first step, as the async generators fail. */
+async function* refuse(err: Error): AsyncGenerator<GenerationEvent> {
+  throw err;
+}
+
 /** Anthropic's API version header: the Messages wire this client speaks. */
 const ANTHROPIC_VERSION = '2023-06-01';
 
 /** How a deployment's key is sent: `x-api-key` and a version for Anthropic, a Bearer token for the rest (written into `headers`). */
-function addAuth(headers: Record<string, string>, target: Extract<DeploymentTarget, { engine: 'upstream' }>): Record<string, string> {
+function addAuth(headers: Record<string, string>, target: UpstreamTarget): Record<string, string> {
   if (target.api === 'anthropic') {
     headers['anthropic-version'] = ANTHROPIC_VERSION;
     if (target.apiKey) headers['x-api-key'] = target.apiKey;
@@ -238,8 +256,24 @@ export class UpstreamEngine implements Engine {
     }
   }
 
-  async *generate(req: GenerationRequest, target: DeploymentTarget, attempt?: Attempt): AsyncGenerator<GenerationEvent> {
-    if (target.engine !== 'upstream') throw new Error('upstream engine given a non-upstream target');
+  /**
+   * The same-protocol fast lane (relay) where it applies, the canonical lane otherwise. The lane is
+   * chosen before the call rather than inside one generator that delegates to the other: a
+   * delegating async generator adds a generator step (and its promises) to every event.
+   */
+  generate(req: GenerationRequest, target: DeploymentTarget, attempt?: Attempt): AsyncIterable<GenerationEvent> {
+    if (target.engine !== 'upstream') return refuse(new Error('upstream engine given a non-upstream target'));
+    // A stream from a deployment with a key stays on the canonical lane: only there is the key
+    // found when the model writes it across several deltas (the fast lane scrubs frame by frame).
+    const fast = req.wire === 'chat' && target.api === 'chat' && !(req.stream && this.scrubber(target.apiKey).active);
+    return fast ? this.relay(req, target, attempt) : this.canonical(req, target, attempt);
+  }
+
+  /**
+   * Sends the request and waits for the answer's head: an error status or a transport failure is
+   * thrown here (the router may fail over), and an accepted request is billed from here on.
+   */
+  private async send(req: GenerationRequest, target: UpstreamTarget, attempt: Attempt | undefined): Promise<Sent> {
     // A deployment that speaks the Responses API or Anthropic's Messages gets it natively (always
     // streamed); others get chat completions.
     const api = target.api;
@@ -313,12 +347,14 @@ export class UpstreamEngine implements Engine {
     // The upstream took the request: from here it is billed, by estimate until the upstream reports usage.
     tally.input = estimateInputTokens(req);
     tally.exact = false;
-    // A stream from a deployment with a key stays on the canonical lane: only there is the key
-    // found when the model writes it across several deltas (the fast lane scrubs frame by frame).
-    if (req.wire === 'chat' && api === 'chat' && !(stream && scrub.active)) {
-      yield* this.relay(req, res, target, scrub, attempt?.outputCap, headersTimeout, forget);
-      return;
-    }
+    return { res, scrub, headersTimeout, forget, stream };
+  }
+
+  /** Any protocol to canonical events: the upstream's answer or stream read, limited, stop strings applied, scrubbed. */
+  private async *canonical(req: GenerationRequest, target: UpstreamTarget, attempt: Attempt | undefined): AsyncGenerator<GenerationEvent> {
+    const { res, scrub, headersTimeout, forget, stream } = await this.send(req, target, attempt);
+    const api = target.api;
+    const tally = req.tally;
     const clean = (text: string): string => scrub.text(text);
     const messages = api === 'anthropic' ? new MessagesReader(clean) : undefined;
     const reader: StreamReader = messages ?? (api === 'responses' ? new ResponsesReader(clean) : new ChatReader(clean));
@@ -471,15 +507,9 @@ export class UpstreamEngine implements Engine {
    * limit need, with the same bounds, timeouts, scrubbing and failover rule as the canonical lane
    * below. A non-stream answer past the output limit is cut the canonical way.
    */
-  private async *relay(
-    req: GenerationRequest,
-    res: UpstreamCall,
-    target: Extract<DeploymentTarget, { engine: 'upstream' }>,
-    scrub: Scrubber,
-    outputCap: number | undefined,
-    headersTimeout: number,
-    forget: () => void,
-  ): AsyncGenerator<GenerationEvent> {
+  private async *relay(req: GenerationRequest, target: UpstreamTarget, attempt: Attempt | undefined): AsyncGenerator<GenerationEvent> {
+    const { res, scrub, headersTimeout, forget } = await this.send(req, target, attempt);
+    const outputCap = attempt?.outputCap;
     const tally = req.tally;
     const clean = (text: string): string => scrub.text(text);
     const cap = outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER;
@@ -612,10 +642,14 @@ export class UpstreamEngine implements Engine {
       cached: Math.min(input, use?.cached ?? 0),
       output,
       reasoning: Math.min(output, use?.reasoning ?? (use?.output === undefined ? tally.reasoning : 0)),
-      ...(use?.cacheWrite && { cacheWrite: Math.min(input, use.cacheWrite) }),
-      ...(estimated && { estimated: true }),
     };
-    Object.assign(tally, { input: usage.input, cached: usage.cached, output: usage.output, reasoning: usage.reasoning, exact: !estimated });
+    if (use?.cacheWrite) usage.cacheWrite = Math.min(input, use.cacheWrite);
+    if (estimated) usage.estimated = true;
+    tally.input = usage.input;
+    tally.cached = usage.cached;
+    tally.output = usage.output;
+    tally.reasoning = usage.reasoning;
+    tally.exact = !estimated;
     return usage;
   }
 
