@@ -505,7 +505,7 @@ export class UpstreamEngine implements Engine {
    * The same-protocol fast lane (chat completions in, a chat-completions upstream): the upstream's
    * frames go on as they came, read by protocols/chat/relay.ts for what metering and the output
    * limit need, with the same bounds, timeouts, scrubbing and failover rule as the canonical lane
-   * below. A non-stream answer past the output limit is cut the canonical way.
+   * (above). A non-stream answer past the output limit is cut the canonical way.
    */
   private async *relay(req: GenerationRequest, target: UpstreamTarget, attempt: Attempt | undefined): AsyncGenerator<GenerationEvent> {
     const { res, scrub, headersTimeout, forget } = await this.send(req, target, attempt);
