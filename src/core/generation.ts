@@ -71,11 +71,14 @@ export class GenerationPipeline {
   }
 
   private admitted(model: Model, req: GenerationRequest, who: Principal, meta: GenerationMeta, admission: Admission): Admitted {
-    const start: MeterContext = { ...meta, model, who, trace: {}, settle: admission.settle };
     return {
       model,
       admission,
-      open: () => MeteredStream.open(this.router, req, start, this.ledger, this.metrics),
+      // Each opening gets its own context (the router writes the deployment that served it into `trace`).
+      open: () => {
+        const start: MeterContext = { ...meta, model, who, trace: {}, settle: admission.settle };
+        return MeteredStream.open(this.router, req, start, this.ledger, this.metrics);
+      },
     };
   }
 

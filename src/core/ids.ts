@@ -27,7 +27,7 @@ let randomAt = RANDOM_BLOCK;
  * removed: the bytes come from a block filled by the CSPRNG (randomFillSync) once per 256 ids.
  */
 export function randomHex(): string {
-  if (randomAt === RANDOM_BLOCK) {
+  if (randomAt + 16 > RANDOM_BLOCK) {
     randomFillSync(randomBlock);
     randomAt = 0;
   }

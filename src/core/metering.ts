@@ -103,13 +103,12 @@ export class MeteredStream {
       return Promise.resolve(first);
     }
     if (this.ended) return Promise.resolve(undefined);
-    let step: Promise<IteratorResult<GenerationEvent>>;
     try {
-      step = this.rest!.next();
+      // Promise.resolve hands a native promise back as it is: no extra promise for a generator's step.
+      return Promise.resolve(this.rest!.next()).then(this.step, this.stepFailed);
     } catch (err) {
       return Promise.reject(this.failedMidStream(err));
     }
-    return step.then(this.step, this.stepFailed);
   }
 
   /** One engine step, seen: bound once per generation, not made per event. */

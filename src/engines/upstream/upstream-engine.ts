@@ -140,7 +140,7 @@ function transportError(err: unknown, target: string, o: UpstreamOptions, early:
   );
 }
 
-/** Waits shorter than this are timed by Switchyard itself (see generate). */
+/** Waits shorter than this are timed by Switchyard itself (see send). */
 const EXACT_TIMEOUT_BELOW_MS = 10_000;
 
 /**
