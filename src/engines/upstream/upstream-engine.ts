@@ -22,7 +22,6 @@ type UpstreamTarget = Extract<DeploymentTarget, { engine: 'upstream' }>;
 /** A request the upstream took: its answer (head read, body not yet), and what reading it needs. */
 interface Sent {
   res: UpstreamCall;
-  scrub: Scrubber;
   headersTimeout: number;
   /** Removes the cancel listener of a timed call; called once the answer is read. */
   forget: () => void;
@@ -265,15 +264,16 @@ export class UpstreamEngine implements Engine {
     if (target.engine !== 'upstream') return refuse(new Error('upstream engine given a non-upstream target'));
     // A stream from a deployment with a key stays on the canonical lane: only there is the key
     // found when the model writes it across several deltas (the fast lane scrubs frame by frame).
-    const fast = req.wire === 'chat' && target.api === 'chat' && !(req.stream && this.scrubber(target.apiKey).active);
-    return fast ? this.relay(req, target, attempt) : this.canonical(req, target, attempt);
+    const scrub = this.scrubber(target.apiKey);
+    const fast = req.wire === 'chat' && target.api === 'chat' && !(req.stream && scrub.active);
+    return fast ? this.relay(req, target, scrub, attempt) : this.canonical(req, target, scrub, attempt);
   }
 
   /**
    * Sends the request and waits for the answer's head: an error status or a transport failure is
    * thrown here (the router may fail over), and an accepted request is billed from here on.
    */
-  private async send(req: GenerationRequest, target: UpstreamTarget, attempt: Attempt | undefined): Promise<Sent> {
+  private async send(req: GenerationRequest, target: UpstreamTarget, scrub: Scrubber, attempt: Attempt | undefined): Promise<Sent> {
     // A deployment that speaks the Responses API or Anthropic's Messages gets it natively (always
     // streamed); others get chat completions.
     const api = target.api;
@@ -287,7 +287,6 @@ export class UpstreamEngine implements Engine {
         : api === 'anthropic'
           ? encodeMessagesRequest(req, target.upstreamModel)
           : encodeChatRequest(req, target.upstreamModel);
-    const scrub = this.scrubber(target.apiKey);
     const tally = req.tally;
     const headersTimeout = Math.max(1, Math.min(this.o.firstByteTimeoutMs, (attempt?.deadline ?? Infinity) - Date.now()));
     // undici checks its timeouts on a coarse clock (up to a second late). Where that second matters
@@ -347,12 +346,17 @@ export class UpstreamEngine implements Engine {
     // The upstream took the request: from here it is billed, by estimate until the upstream reports usage.
     tally.input = estimateInputTokens(req);
     tally.exact = false;
-    return { res, scrub, headersTimeout, forget, stream };
+    return { res, headersTimeout, forget, stream };
   }
 
   /** Any protocol to canonical events: the upstream's answer or stream read, limited, stop strings applied, scrubbed. */
-  private async *canonical(req: GenerationRequest, target: UpstreamTarget, attempt: Attempt | undefined): AsyncGenerator<GenerationEvent> {
-    const { res, scrub, headersTimeout, forget, stream } = await this.send(req, target, attempt);
+  private async *canonical(
+    req: GenerationRequest,
+    target: UpstreamTarget,
+    scrub: Scrubber,
+    attempt: Attempt | undefined,
+  ): AsyncGenerator<GenerationEvent> {
+    const { res, headersTimeout, forget, stream } = await this.send(req, target, scrub, attempt);
     const api = target.api;
     const tally = req.tally;
     const clean = (text: string): string => scrub.text(text);
@@ -507,12 +511,16 @@ export class UpstreamEngine implements Engine {
    * limit need, with the same bounds, timeouts, scrubbing and failover rule as the canonical lane
    * (above). A non-stream answer past the output limit is cut the canonical way.
    */
-  private async *relay(req: GenerationRequest, target: UpstreamTarget, attempt: Attempt | undefined): AsyncGenerator<GenerationEvent> {
-    const { res, scrub, headersTimeout, forget } = await this.send(req, target, attempt);
-    const outputCap = attempt?.outputCap;
+  private async *relay(
+    req: GenerationRequest,
+    target: UpstreamTarget,
+    scrub: Scrubber,
+    attempt: Attempt | undefined,
+  ): AsyncGenerator<GenerationEvent> {
+    const { res, headersTimeout, forget } = await this.send(req, target, scrub, attempt);
     const tally = req.tally;
     const clean = (text: string): string => scrub.text(text);
-    const cap = outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER;
+    const cap = attempt?.outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER;
     let early = true;
     const relay = new ChatRelay(
       req.model,
