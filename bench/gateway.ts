@@ -117,6 +117,10 @@ export interface IdleStreams {
   rss_before_mb: number;
   rss_mb: number;
   per_stream_kb: number;
+  /** CPU time the server's processes spent after every client went away at once, until quiet again, per stream. */
+  close_cpu_us_per_stream: number;
+  /** The slowest answer to /healthz (asked every 10 ms, one at a time) meanwhile: how long the server stalled. */
+  close_worst_probe_ms: number;
 }
 
 /**
@@ -175,14 +179,43 @@ export async function idleStreams(s: Subject, pid: number, count: number): Promi
   });
   await sleep(2000);
   const rss = treeRss(pid);
+  // Then every client goes away at once: what the server spends closing the streams (each one's
+  // upstream call, usage record and sockets), and how long it stops answering meanwhile.
+  const probe = new Client(s.url);
+  let worst = 0;
+  let probing = true;
+  const probes = (async () => {
+    while (probing) {
+      const t = performance.now();
+      const r = await probe.request({ path: '/healthz', method: 'GET' });
+      await r.body.text();
+      worst = Math.max(worst, performance.now() - t);
+      await sleep(10);
+    }
+  })();
+  const cpuBefore = treeCpuUs(pid);
   for (const r of requests) r.destroy();
   agent.destroy();
-  await sleep(1000);
+  // Until the server is quiet again: two 100 ms spans in a row with under 10 ms of CPU (at most 20 s).
+  let quiet = 0;
+  let last = cpuBefore;
+  for (let i = 0; quiet < 2 && i < 200; i++) {
+    await sleep(100);
+    const now = treeCpuUs(pid);
+    quiet = now - last < 10_000 ? quiet + 1 : 0;
+    last = now;
+  }
+  const closeCpu = last - cpuBefore;
+  probing = false;
+  await probes;
+  await probe.close();
   return {
     streams: count,
     rss_before_mb: Math.round(before / 1048576),
     rss_mb: Math.round(rss / 1048576),
     per_stream_kb: Math.round(((rss - before) / count / 1024) * 10) / 10,
+    close_cpu_us_per_stream: Math.round(closeCpu / count),
+    close_worst_probe_ms: Math.round(worst),
   };
 }
 

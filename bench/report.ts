@@ -146,7 +146,7 @@ export function renderTable(r: Results): string {
     const m = g.idle_streams;
     out.push(
       '',
-      `**Idle streams**: ${f(m.streams)} open streams, each with its upstream stream held open: RSS ${f(m.rss_before_mb)} MB before, ${f(m.rss_mb)} MB with them open (${f(m.per_stream_kb, 1)} KB per stream), ${m.workers} workers.`,
+      `**Idle streams**: ${f(m.streams)} open streams, each with its upstream stream held open: RSS ${f(m.rss_before_mb)} MB before, ${f(m.rss_mb)} MB with them open (${f(m.per_stream_kb, 1)} KB per stream), ${m.workers} workers. All closed at once by their clients: ${f(m.close_cpu_us_per_stream)} µs of CPU per stream, and /healthz answered within ${f(m.close_worst_probe_ms)} ms meanwhile.`,
     );
   }
   if (g.profile) {

@@ -3,8 +3,9 @@ import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { once } from 'node:events';
 import type { AddressInfo, Socket } from 'node:net';
-import { Pool, errors, type Dispatcher } from 'undici';
+import { Pool, buildConnector, errors, type Dispatcher } from 'undici';
 import { TooLarge, UpstreamCall } from '../src/engines/upstream/upstream-call.js';
+import { withoutReconnectAfterAbort } from '../src/engines/upstream/connector.js';
 import { Cancellation } from '../src/core/cancellation.js';
 
 /**
@@ -23,7 +24,10 @@ after(async () => {
   }
 });
 
-async function serve(handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ pool: Pool; sockets: Set<Socket> }> {
+async function serve(
+  handler: (req: IncomingMessage, res: ServerResponse) => void,
+  options: Pool.Options = {},
+): Promise<{ pool: Pool; sockets: Set<Socket> }> {
   const server = createServer((req, res) => {
     req.resume();
     req.once('end', () => handler(req, res));
@@ -33,7 +37,7 @@ async function serve(handler: (req: IncomingMessage, res: ServerResponse) => voi
   server.listen(0, '127.0.0.1');
   await once(server, 'listening');
   servers.push(server);
-  const pool = new Pool(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+  const pool = new Pool(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, options);
   pools.push(pool);
   return { pool, sockets };
 }
@@ -198,6 +202,54 @@ describe('upstream call', () => {
     assert.equal(call.complete, false);
     call.release();
   });
+
+  it(
+    "opens no connection in place of an aborted call's, and still connects for a call waiting behind it (the engine's connector)",
+    T,
+    async () => {
+      let connects = 0;
+      const inner = buildConnector({});
+      const connect = withoutReconnectAfterAbort((opts, callback) => {
+        connects += 1;
+        inner(opts, callback);
+      });
+      const { pool } = await serve(
+        (req, res) => {
+          if (req.url !== '/hold') return void res.end('{}');
+          res.writeHead(200);
+          res.write('first');
+        },
+        { connections: 1, connect },
+      );
+      const held = async () => {
+        const signal = new Cancellation();
+        const call = await UpstreamCall.start(pool, { ...POST, path: '/hold' }, signal);
+        assert.equal((await call.read())?.toString(), 'first');
+        return { signal, call };
+      };
+
+      // undici 7 puts an aborted call back as pending when its socket closes, and connects again for
+      // it (nodejs/undici#5845); undici runs that connect as it handles the close, so by the time
+      // 'disconnect' has been emitted and this test goes on, it would have been counted.
+      const a = await held();
+      assert.equal(connects, 1);
+      const gone = once(pool, 'disconnect');
+      a.signal.abort();
+      await assert.rejects(a.call.read(), errors.RequestAbortedError);
+      await gone;
+      assert.equal(connects, 1, 'no connection was opened for the aborted call');
+      assert.equal(pool.stats.pending, 0);
+
+      // A call queued behind a held one (one connection allowed) gets a new connection once the held
+      // call is aborted: the socket error the connector substitutes does not fail waiting calls.
+      const b = await held();
+      const waiting = UpstreamCall.start(pool, POST, new Cancellation());
+      b.signal.abort();
+      const next = await waiting;
+      assert.equal((await next.whole(1024)).toString(), '{}');
+      assert.equal(connects, 3);
+    },
+  );
 
   it('waits past interim answers (103 Early Hints) for the real head', T, async () => {
     const { pool } = await serve((_req, res) => {

@@ -1,11 +1,12 @@
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import OpenAI from 'openai';
 import { Pool } from 'undici';
 import { http, type TestServer, type WireList } from './helpers/server.js';
 import { GATEWAY_MODEL as MODEL, chunkFrame, closers, completionBody, fixture, startGateway } from './helpers/fixtures.js';
-import { eventually } from './helpers/wait.js';
+import { deferred, eventually } from './helpers/wait.js';
 import { spawnReady, type Proc } from '../bench/lib.js';
 
 const ask = { model: MODEL, messages: [{ role: 'user' as const, content: 'Once upon a time' }], max_tokens: 8 };
@@ -190,6 +191,54 @@ describe('upstream faults', () => {
     assert.equal(stalls.hits.post, 1, 'bytes went out: never retried');
     const u = await usage(s);
     assert.deepEqual([u.requests, u.errors], [1, 1]);
+  });
+
+  it('closes the upstream connection of a stream its client left, and opens none in its place', async () => {
+    // undici 7 reconnected after every aborted call (nodejs/undici#5845): each client that went
+    // away mid-stream left a fresh, never-used connection on the upstream.
+    const accepted = new Set<Socket>();
+    const carried = new Set<Socket>();
+    let heldOpen = 0;
+    const heldClosed = deferred();
+    const STREAMS = 3;
+    const upstream = keep(
+      await fixture((req, res) => {
+        carried.add(req.socket);
+        let body = '';
+        req.setEncoding('utf8');
+        req.on('data', (c: string) => (body += c));
+        req.on('end', () => {
+          if (req.method === 'GET') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[]}');
+          if (!(JSON.parse(body) as { stream?: boolean }).stream) return void ok(res);
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+          // Held open until the gateway lets go.
+          heldOpen += 1;
+          req.socket.once('close', () => {
+            heldOpen -= 1;
+            if (heldOpen === 0) heldClosed.resolve();
+          });
+        });
+      }),
+    );
+    upstream.server.on('connection', (s: Socket) => accepted.add(s));
+    const s = keep(await startGateway([{ baseUrl: upstream.url }]));
+    const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
+    const streams = await Promise.all(Array.from({ length: STREAMS }, () => client.chat.completions.create({ ...ask, stream: true })));
+    for (const stream of streams) {
+      const first = await stream[Symbol.asyncIterator]().next();
+      assert.equal(first.done, false);
+    }
+    assert.equal(heldOpen, STREAMS);
+    for (const stream of streams) stream.controller.abort();
+    // The gateway closes each upstream connection when its client goes away (the upstream's only
+    // sign to stop generating).
+    await heldClosed.promise;
+    // A reconnect would be opened as the gateway handles those closes, before it reads this request.
+    const after = await client.chat.completions.create(ask);
+    assert.equal(after.choices[0]?.message.content, 'fine');
+    const idle = [...accepted].filter((sock) => !carried.has(sock));
+    assert.equal(idle.length, 0, `${idle.length} connections opened to the upstream carried no request`);
   });
 
   it('ends a Responses stream that breaks with response.failed, stored as failed', async () => {

@@ -11,6 +11,13 @@ const HIGH_WATER_MARK = 64 * 1024;
 const NO_LISTENER = (): void => undefined;
 
 /**
+ * The reason a call is aborted with (cancelled, or released before its end). It reaches only this
+ * call's own failure, which the engine takes as "nothing to report", so one instance serves every
+ * call: making an error captures a stack trace, and thousands of streams can be cancelled at once.
+ */
+const ABORTED = new undiciErrors.RequestAbortedError();
+
+/**
  * One request to an upstream through undici's `dispatch`, read as its head, then its body as whole
  * or chunk by chunk. `Pool.request` wraps every answer in a Readable stream (and an AsyncResource)
  * that the engine only ever drained: about a quarter of a non-stream call's CPU on the calling side
@@ -37,7 +44,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
   private readonly forget: () => void;
 
   private constructor(signal: CancelSignal) {
-    this.forget = signal.aborted ? NO_LISTENER : onAbort(signal, () => this.abort(new undiciErrors.RequestAbortedError()));
+    this.forget = signal.aborted ? NO_LISTENER : onAbort(signal, () => this.abort(ABORTED));
   }
 
   /** Sends the request; resolves once the response head is in (rejects as `Pool.request` would: timeouts, refused connections, an abort). */
@@ -107,7 +114,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
   /** Done with the call: one not read to its end is aborted. Safe to call more than once. */
   release(): void {
     this.forget();
-    if (!this.ended && !this.failure) this.abort(new undiciErrors.RequestAbortedError());
+    if (!this.ended && !this.failure) this.abort(ABORTED);
   }
 
   private abort(reason: Error): void {
@@ -129,7 +136,7 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller;
-    if (this.abortBeforeStart) controller.abort(new undiciErrors.RequestAbortedError());
+    if (this.abortBeforeStart) controller.abort(ABORTED);
   }
 
   onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {

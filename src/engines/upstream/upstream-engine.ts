@@ -1,5 +1,5 @@
 import { StringDecoder } from 'node:string_decoder';
-import { Pool, errors as undiciErrors } from 'undici';
+import { Pool, buildConnector, errors as undiciErrors } from 'undici';
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
 import type { Logger } from 'pino';
 import { ApiError, CancelledError, ERRORS, isErrorCode } from '../../core/errors.js';
@@ -16,6 +16,7 @@ import { StopMatcher } from '../../core/stop-matcher.js';
 import { Cancellation, onAbort, type CancelSignal } from '../../core/cancellation.js';
 import { AddressPolicy } from './address-policy.js';
 import { TooLarge, UpstreamCall } from './upstream-call.js';
+import { withoutReconnectAfterAbort } from './connector.js';
 
 type UpstreamTarget = Extract<DeploymentTarget, { engine: 'upstream' }>;
 
@@ -228,7 +229,8 @@ export class UpstreamEngine implements Engine {
     const key = guarded ? `${origin} guarded` : origin;
     let p = this.pools.get(key);
     if (!p) {
-      const connect = guarded ? this.o.policy.connector(this.o.connectTimeoutMs) : { timeout: this.o.connectTimeoutMs };
+      const timeout = this.o.connectTimeoutMs;
+      const connect = withoutReconnectAfterAbort(guarded ? this.o.policy.connector(timeout) : buildConnector({ timeout }));
       p = new Pool(origin, { connections: this.o.connectionsPerOrigin ?? null, keepAliveTimeout: 30_000, connect });
       this.pools.set(key, p);
     }

@@ -1,0 +1,42 @@
+import type { Socket } from 'node:net';
+import { errors as undiciErrors, type buildConnector } from 'undici';
+
+/**
+ * What undici's abort of a running call is turned into: a socket error. One shared instance, since
+ * it is never shown to anyone (the call it ends was aborted already) and making an error captures a
+ * stack trace.
+ */
+const CALL_ABORTED = new undiciErrors.SocketError('the call on this connection was aborted');
+
+/** `destroy` of the sockets below: undici's "aborted" note becomes CALL_ABORTED; anything else passes as is. */
+function destroyEndingTheCall(this: Socket, err?: Error): Socket {
+  const own = Object.getPrototypeOf(this) as Socket;
+  const aborted = err instanceof undiciErrors.InformationalError && err.message === 'aborted';
+  return own.destroy.call(this, aborted ? CALL_ABORTED : err);
+}
+
+/**
+ * Wraps an undici connector so that an aborted call does not open a new connection.
+ *
+ * undici 7 aborts a running call by destroying its socket with an informational error. When the
+ * socket closes, the client puts the aborted request back as pending (informational errors mean
+ * "retry elsewhere"), opens a new connection for it, and only there finds it aborted
+ * (nodejs/undici#5845; the fix is in undici 8, which needs Node 22). For a gateway every client that
+ * goes away mid-stream, and every output limit or timeout, cost a TCP connect on the event loop and
+ * left an idle connection open on the upstream: 4,000 streams closed at once reopened 4,000
+ * connections (bench/README.md, "Streams closed at once").
+ *
+ * The sockets this connector hands to undici turn that one error into a socket error. undici
+ * treats a socket error as the end of the running request (it is not put back) and, as with an
+ * informational one, does not fail requests still waiting for the connection, which get a new one
+ * as before.
+ */
+export function withoutReconnectAfterAbort(inner: buildConnector.connector): buildConnector.connector {
+  return (opts, callback) => {
+    inner(opts, (...args) => {
+      const socket = args[1];
+      if (socket) socket.destroy = destroyEndingTheCall;
+      callback(...args);
+    });
+  };
+}
