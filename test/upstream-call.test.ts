@@ -251,6 +251,44 @@ describe('upstream call', () => {
     },
   );
 
+  it('refuses at once a call cancelled while it waits for a connection, and leaves that connection to the next call', T, async () => {
+    let connects = 0;
+    const inner = buildConnector({});
+    const connect = withoutReconnectAfterAbort((opts, callback) => {
+      connects += 1;
+      inner(opts, callback);
+    });
+    const carried: string[] = [];
+    const { pool } = await serve(
+      (req, res) => {
+        carried.push(req.url ?? '');
+        if (req.url !== '/hold') return void res.end('{}');
+        res.writeHead(200);
+        res.write('first');
+      },
+      { connections: 1, connect },
+    );
+    const holder = new Cancellation();
+    const held = await UpstreamCall.start(pool, { ...POST, path: '/hold' }, holder);
+    assert.equal((await held.read())?.toString(), 'first');
+    // Queued behind the held call (one connection allowed), then cancelled: refused now, not when
+    // a connection frees.
+    const queued = new Cancellation();
+    const waiting = UpstreamCall.start(pool, { ...POST, path: '/never' }, queued);
+    queued.abort();
+    await assert.rejects(waiting, errors.RequestAbortedError);
+    assert.equal(queued.listenerCount('abort'), 0);
+    // The held call ends; the cancelled one gets its turn on a new connection and is dropped
+    // without closing it, so the next call goes out on that same connection.
+    const gone = once(pool, 'disconnect');
+    holder.abort();
+    await gone;
+    const next = await UpstreamCall.start(pool, POST, new Cancellation());
+    assert.equal((await next.whole(1024)).toString(), '{}');
+    assert.equal(connects, 2);
+    assert.deepEqual(carried, ['/hold', '/'], 'the cancelled call never went out');
+  });
+
   it('waits past interim answers (103 Early Hints) for the real head', T, async () => {
     const { pool } = await serve((_req, res) => {
       res.writeEarlyHints({ link: '</style.css>; rel=preload' });

@@ -1,4 +1,3 @@
-import type { Socket } from 'node:net';
 import { errors as undiciErrors, type buildConnector } from 'undici';
 
 /**
@@ -8,12 +7,8 @@ import { errors as undiciErrors, type buildConnector } from 'undici';
  */
 const CALL_ABORTED = new undiciErrors.SocketError('the call on this connection was aborted');
 
-/** `destroy` of the sockets below: undici's "aborted" note becomes CALL_ABORTED; anything else passes as is. */
-function destroyEndingTheCall(this: Socket, err?: Error): Socket {
-  const own = Object.getPrototypeOf(this) as Socket;
-  const aborted = err instanceof undiciErrors.InformationalError && err.message === 'aborted';
-  return own.destroy.call(this, aborted ? CALL_ABORTED : err);
-}
+/** undici's note for a call it aborts (client-h1's `abort`), the one error whose socket close puts the call back. */
+const abortNote = (err: Error | undefined): boolean => err instanceof undiciErrors.InformationalError && err.message === 'aborted';
 
 /**
  * Wraps an undici connector so that an aborted call does not open a new connection.
@@ -35,7 +30,13 @@ export function withoutReconnectAfterAbort(inner: buildConnector.connector): bui
   return (opts, callback) => {
     inner(opts, (...args) => {
       const socket = args[1];
-      if (socket) socket.destroy = destroyEndingTheCall;
+      if (socket) {
+        // The socket's own destroy (an inner connector may have set one), with the note replaced.
+        const destroy = socket.destroy;
+        socket.destroy = function (this: typeof socket, err?: Error) {
+          return destroy.call(this, abortNote(err) ? CALL_ABORTED : err);
+        };
+      }
       callback(...args);
     });
   };

@@ -118,8 +118,14 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
   }
 
   private abort(reason: Error): void {
-    if (this.controller) this.controller.abort(reason);
-    else this.abortBeforeStart = true;
+    if (this.controller) return this.controller.abort(reason);
+    // Still waiting for a connection: refused at once (as Pool.request was), and dropped by
+    // onRequestStart when undici gets to it.
+    this.abortBeforeStart = true;
+    if (!this.failure) {
+      this.failure = reason;
+      this.wakeReader();
+    }
   }
 
   private wait(): Promise<void> {
@@ -136,7 +142,9 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller;
-    if (this.abortBeforeStart) controller.abort(ABORTED);
+    // Thrown, not controller.abort(): undici then fails the call before writing it and keeps the
+    // connection, where abort() would close a connection that never carried it.
+    if (this.abortBeforeStart) throw ABORTED;
   }
 
   onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {
