@@ -6,7 +6,7 @@
 import autocannon from 'autocannon';
 import { Client, request } from 'undici';
 import http from 'node:http';
-import { percentile, sleep, treeCpuUs, treeRss } from './lib.js';
+import { percentile, probeHealth, sleep, treeCpuUs, treeRss } from './lib.js';
 
 export interface Subject {
   name: string;
@@ -181,18 +181,8 @@ export async function idleStreams(s: Subject, pid: number, count: number): Promi
   const rss = treeRss(pid);
   // Then every client goes away at once: what the server spends closing the streams (each one's
   // upstream call, usage record and sockets), and how long it stops answering meanwhile.
-  const probe = new Client(s.url);
-  let worst = 0;
-  let probing = true;
-  const probes = (async () => {
-    while (probing) {
-      const t = performance.now();
-      const r = await probe.request({ path: '/healthz', method: 'GET' });
-      await r.body.text();
-      worst = Math.max(worst, performance.now() - t);
-      await sleep(10);
-    }
-  })();
+  const client = new Client(s.url);
+  const probe = probeHealth(client, 10);
   const cpuBefore = treeCpuUs(pid);
   for (const r of requests) r.destroy();
   agent.destroy();
@@ -206,9 +196,8 @@ export async function idleStreams(s: Subject, pid: number, count: number): Promi
     last = now;
   }
   const closeCpu = last - cpuBefore;
-  probing = false;
-  await probes;
-  await probe.close();
+  const worst = await probe.stop();
+  await client.close();
   return {
     streams: count,
     rss_before_mb: Math.round(before / 1048576),

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { createServer, type AddressInfo } from 'node:net';
-import { request } from 'undici';
+import { request, type Dispatcher } from 'undici';
 import { PACKAGE_ROOT } from '../src/config.js';
 
 export const DIST = join(PACKAGE_ROOT, 'dist');
@@ -217,3 +217,28 @@ export const median = (xs: readonly number[]): number =>
   );
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * Asks `/healthz` through `dispatcher` one request at a time (waiting `pauseMs` between them) until
+ * stopped; `stop()` resolves to the slowest answer in ms: how long the server stopped answering.
+ */
+export function probeHealth(dispatcher: Dispatcher, pauseMs = 0): { stop(): Promise<number> } {
+  let slowest = 0;
+  let probing = true;
+  const probes = (async () => {
+    while (probing) {
+      const t = performance.now();
+      const res = await dispatcher.request({ path: '/healthz', method: 'GET' });
+      await res.body.dump();
+      slowest = Math.max(slowest, performance.now() - t);
+      if (pauseMs > 0) await sleep(pauseMs);
+    }
+  })();
+  return {
+    async stop() {
+      probing = false;
+      await probes;
+      return slowest;
+    },
+  };
+}

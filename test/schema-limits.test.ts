@@ -7,6 +7,7 @@ import { http, SHARED_MODELS, startServer, tempDir, type TestServer } from './he
 import { processMemory, startProcess, type Running } from './helpers/process.js';
 import { closers } from './helpers/fixtures.js';
 import { eventually, settle } from './helpers/wait.js';
+import { probeHealth } from '../bench/lib.js';
 
 const STORIES = 'local/stories260k';
 const SCHEMAS = join(SHARED_MODELS, '..', 'schemas');
@@ -114,16 +115,7 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     const big = { type: 'object', properties: props };
     const pool = new Pool(s.url, { connections: 4 });
     open.add(() => pool.close());
-    const slowest = { ms: 0 };
-    let pinging = true;
-    const pings = (async () => {
-      while (pinging) {
-        const t = performance.now();
-        const res = await pool.request({ path: '/healthz', method: 'GET' });
-        await res.body.dump();
-        slowest.ms = Math.max(slowest.ms, performance.now() - t);
-      }
-    })();
+    const pings = probeHealth(pool);
     const refused = await Promise.all(
       Array.from({ length: 6 }, (_, i) =>
         http(s.url, 'POST', '/v1/chat/completions', {
@@ -132,8 +124,7 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
         }),
       ),
     );
-    pinging = false;
-    await pings;
+    const slowest = { ms: await pings.stop() };
     for (const r of refused) {
       assert.equal(r.status, 400, r.text.slice(0, 200));
       assert.equal(r.json.error.code, 'schema_too_large');
