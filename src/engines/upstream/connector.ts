@@ -18,7 +18,7 @@ const abortNote = (err: Error | undefined): boolean => err instanceof undiciErro
  * "retry elsewhere"), opens a new connection for it, and only there finds it aborted
  * (nodejs/undici#5845; the fix is in undici 8, which needs Node 22). For a gateway every client that
  * goes away mid-stream, and every output limit or timeout, cost a TCP connect on the event loop and
- * left an idle connection open on the upstream: 4,000 streams closed at once reopened 4,000
+ * left an idle connection open on the upstream: 5,000 streams closed at once reopened 5,000
  * connections (bench/README.md, "Streams closed at once").
  *
  * The sockets this connector hands to undici turn that one error into a socket error. undici
