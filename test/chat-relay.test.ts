@@ -207,7 +207,10 @@ function pieces(all: string, cuts: number[]): string[] {
   return out;
 }
 
-const sse = (payloads: readonly string[]) => payloads.map((x) => `data: ${x}\n\n`).join('') + 'data: [DONE]\n\n';
+/** A stream's SSE text, its lines ended as SSE allows: LF, CRLF or a lone CR. */
+const sse = (payloads: readonly string[], eol = '\n') =>
+  payloads.map((x) => `data: ${x}${eol}${eol}`).join('') + `data: [DONE]${eol}${eol}`;
+const eolArb = fc.constantFrom('\n', '\r\n', '\r');
 
 /** Everything a relay says about a stream it read, but its frames. */
 const state = (r: ChatRelay) => ({
@@ -222,12 +225,12 @@ const state = (r: ChatRelay) => ({
 });
 
 describe('chat relay', () => {
-  it('frames and counts every stream exactly as reading each chunk on its own does', () => {
+  it('frames and counts every stream exactly as reading each chunk on its own does, whatever its line ends', () => {
     fc.assert(
-      fc.property(streamArb, cutsArb, ({ catalogue, payloads }, cuts) => {
+      fc.property(streamArb, cutsArb, eolArb, ({ catalogue, payloads }, cuts, eol) => {
         const r = relay(catalogue);
         let frames = '';
-        for (const p of pieces(sse(payloads), cuts)) frames += r.push(p);
+        for (const p of pieces(sse(payloads, eol), cuts)) frames += r.push(p);
         let expected = '';
         let deltas = 0;
         let chars = 0;
@@ -257,6 +260,21 @@ describe('chat relay', () => {
       }),
       { numRuns: 1000, seed: 20261125 },
     );
+  });
+
+  it('reads an event of two data lines as one when the CRLF between them is split across two reads', () => {
+    const payload = JSON.stringify({ id: 'x', choices: [{ index: 0, delta: { content: 'hi' }, finish_reason: null }] });
+    const [a, b] = [payload.slice(0, 10), payload.slice(10)];
+    const r = relay('m');
+    // A lone CR at the end of a read: only the next read tells whether it ends a line or starts a CRLF.
+    let frames = r.push(`data: ${a}\r`);
+    frames += r.push(`\ndata: ${b}\r\n\r\n`);
+    frames += r.push('data: [DONE]\r\r');
+    const reference = relay('m');
+    const expected = reference.push(`data: ${a}\ndata: ${b}\n\ndata: [DONE]\n\n`);
+    assert.equal(r.failure, undefined);
+    assert.equal(frames, expected);
+    assert.deepEqual(state(r), state(reference));
   });
 
   it('counts, cuts and ends a stream at the output limit as the parsing path does', () => {

@@ -194,12 +194,27 @@ describe('the chat fast lane against upstreams that misbehave', () => {
           res.write(`data: {"id":"chatcmpl-up","model":"vendor\\/model",${c(2)}}\n\n`);
           res.write(`data: {"id":"chatcmpl-up","mod\\u0065l":"vendor-model","ext":{"model":"vendor-model"},${c(3)}}\n\n`);
           res.write(`data: {"id":"chatcmpl-up","model":"vendor-model","model":"other-model",${c(4)}}\n\n`);
-          res.write(`data: {"id":"chatcmpl-up",\r"model":"vendor-model",${c(5)}}\n\n`);
+          res.write(`data: {"id":"chatcmpl-up",\t"model":\t"vendor-model",${c(5)}}\n\n`);
           res.write(`data: {"id":"chatcmpl-up",\ndata: "model":"vendor-model",${c(6)}}\n\n`);
           res.write(`data: {"id":"chatcmpl-up",${c(7)}}\n\n`);
           res.end(
             `data: {"id":"chatcmpl-up","model":"vendor-model","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n`,
           );
+          return;
+        }
+        case 'cr-lines': {
+          // SSE lines may end with a lone CR as well as LF or CRLF: CR-only events, a CRLF split
+          // between two writes, and events of two data lines (joined by a lone CR, and by a CRLF
+          // split between two writes: read as a CR and a blank line, it would cut the event in two).
+          // The network may join writes; test/chat-relay.test.ts splits the reads exactly.
+          const j = (o: object) => JSON.stringify(o);
+          res.write(`data: ${j(delta('Once'))}\r\r`);
+          res.write(`data: ${j(delta(' upon'))}\r`);
+          res.write(`\n\r\ndata: ${j(delta(' a'))}\r\r`);
+          res.write(`data: {"id":"chatcmpl-up",\rdata: "model":"vendor-model","choices":[{"index":0,"delta":{"content":" ti"}}]}\r\r`);
+          res.write(`data: {"id":"chatcmpl-up",\r`);
+          res.write(`\ndata: "model":"vendor-model","choices":[{"index":0,"delta":{"content":"me"}}]}\r\n\r\n`);
+          res.end(`data: ${j(delta('', 'stop'))}\r\rdata: [DONE]\r\r`);
           return;
         }
         case 'error-frame':
@@ -322,6 +337,40 @@ describe('the chat fast lane against upstreams that misbehave', () => {
       `{"id":"chatcmpl-up","model" : "${GATEWAY_MODEL}","choices":[{"index":0,"delta":{"content":"c0"},"finish_reason":null}]}`,
       "the upstream's text as it was, but for the name",
     );
+  });
+
+  it('reads SSE lines ended by a lone CR, and a CRLF split between two reads', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    let text = '';
+    let finish: string | null | undefined;
+    const stream = await client.chat.completions.create({
+      ...ask('cr-lines'),
+      stream: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsStreaming);
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta.content ?? '';
+      finish ??= chunk.choices[0]?.finish_reason;
+      assert.equal(chunk.model, GATEWAY_MODEL);
+    }
+    assert.equal(text, 'Once upon a time');
+    assert.equal(finish, 'stop');
+    // The canonical lane (`store: true`) reads the same stream the same way.
+    const stored = await client.chat.completions.create({
+      ...ask('cr-lines'),
+      store: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    assert.equal(stored.choices[0]?.message.content, 'a fine answer', 'non-stream upstream answer');
+    let canonical = '';
+    const storedStream = await client.chat.completions.create({
+      ...ask('cr-lines'),
+      stream: true,
+      store: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsStreaming);
+    for await (const chunk of storedStream) canonical += chunk.choices[0]?.delta.content ?? '';
+    assert.equal(canonical, text);
+    const { frames } = await rawStream(gateway.url, key, ask('cr-lines'));
+    assert.equal(frames.at(-1)!.raw, '[DONE]');
+    assert.ok(frames.every((f) => !f.raw.includes('\r')));
   });
 
   it('turns an upstream error frame or a cut-off stream into an error the SDK throws, and records it', async () => {

@@ -2,6 +2,7 @@ import { ApiError } from '../../core/errors.js';
 import type { FinishReason } from '../../core/canonical.js';
 import { obj, str, type Clean, type ReportedUsage } from '../reader.js';
 import { FINISH, readChunk } from './client.js';
+import { SseLineEnds } from '../sse-line-ends.js';
 
 /**
  * The same-protocol fast lane of chat completions (docs/decisions.md, "The same-protocol fast
@@ -74,6 +75,7 @@ export class ChatRelay {
   private finished = false;
   /** Text of events not yet complete. */
   private pending = '';
+  private readonly lineEnds = new SseLineEnds();
   /** The upstream's usage chunk, held back for the route to send with the metered usage. */
   private usageChunk: Record<string, unknown> | undefined;
   private id: unknown;
@@ -107,6 +109,8 @@ export class ChatRelay {
   /** The frames for the events completed by this text ('' while none is complete). */
   push(text: string): string {
     if (this.done || this.capped || this.failure) return '';
+    // The scans below know LF and CRLF line ends; a lone CR is made an LF first.
+    text = this.lineEnds.push(text);
     // Only the new text is searched for the end of an event: a long event that comes in many
     // pieces is joined once, when it completes, not rescanned with every piece.
     const nl = text.lastIndexOf('\n');
@@ -265,8 +269,8 @@ export class ChatRelay {
    * The event's own text with the catalogue id in place of the upstream's model name, or undefined
    * where that could differ from re-serializing the parsed chunk (which the caller then does):
    * serializing again cost as much as parsing, on every chunk. Exact only when the text is one line
-   * (a data payload of several lines, or a lone CR, which JSON reads as a space, would end the
-   * client's SSE line), and `"model"` occurs in it once and without `\u` escapes anywhere (a key
+   * (a data payload of several lines would end the client's SSE line; push() made every lone CR
+   * a line end), and `"model"` occurs in it once and without `\u` escapes anywhere (a key
    * cannot be spelled another way then, so the one occurrence is the top-level key JSON.parse
    * read), followed by the upstream's name written exactly as JSON.stringify writes it. Numbers
    * keep the upstream's spelling, as in any pass-through (`1e400` is not turned into `null`).
