@@ -268,6 +268,8 @@ describe('chat relay', () => {
     const r = relay('m');
     // A lone CR at the end of a read: only the next read tells whether it ends a line or starts a CRLF.
     let frames = r.push(`data: ${a}\r`);
+    // An empty read in between (a decoder holding part of a character gives one) changes nothing.
+    frames += r.push('');
     frames += r.push(`\ndata: ${b}\r\n\r\n`);
     frames += r.push('data: [DONE]\r\r');
     const reference = relay('m');
@@ -275,6 +277,16 @@ describe('chat relay', () => {
     assert.equal(r.failure, undefined);
     assert.equal(frames, expected);
     assert.deepEqual(state(r), state(reference));
+  });
+
+  it('drops a BOM at the start of a stream, as SSE does, and only there', () => {
+    const payload = JSON.stringify({ id: 'x', choices: [{ index: 0, delta: { content: 'hi' }, finish_reason: null }] });
+    const r = relay('m');
+    const frames = r.push('') + r.push(`\ufeffdata: ${payload}\n\n`) + r.push('\ufeffdata: [DONE]\n\n');
+    const reference = relay('m');
+    assert.equal(frames, reference.push(`data: ${payload}\n\n`));
+    assert.equal(r.chars, 2);
+    assert.equal(r.done, false, 'a BOM later in the stream is not dropped: that line is an unknown field');
   });
 
   it('counts, cuts and ends a stream at the output limit as the parsing path does', () => {

@@ -208,7 +208,8 @@ describe('the chat fast lane against upstreams that misbehave', () => {
           // split between two writes: read as a CR and a blank line, it would cut the event in two).
           // The network may join writes; test/chat-relay.test.ts splits the reads exactly.
           const j = (o: object) => JSON.stringify(o);
-          res.write(`data: ${j(delta('Once'))}\r\r`);
+          // A BOM first, which SSE ignores.
+          res.write(`\ufeffdata: ${j(delta('Once'))}\r\r`);
           res.write(`data: ${j(delta(' upon'))}\r`);
           res.write(`\n\r\ndata: ${j(delta(' a'))}\r\r`);
           res.write(`data: {"id":"chatcmpl-up",\rdata: "model":"vendor-model","choices":[{"index":0,"delta":{"content":" ti"}}]}\r\r`);
@@ -217,6 +218,12 @@ describe('the chat fast lane against upstreams that misbehave', () => {
           res.end(`data: ${j(delta('', 'stop'))}\r\rdata: [DONE]\r\r`);
           return;
         }
+        case 'cr-many':
+          // 2,000 small CR-only events in one write: reads far larger than the 4 KiB line bound.
+          res.end(
+            `${Array.from({ length: 2000 }, (_, i) => `data: ${JSON.stringify(delta(i % 10 === 0 ? '.' : ''))}\r\r`).join('')}data: [DONE]\r\r`,
+          );
+          return;
         case 'error-frame':
           res.write(frame(delta('Once')));
           res.end(`data: ${JSON.stringify({ error: { message: 'the engine fell over' } })}\n\n`);
@@ -235,7 +242,8 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     gateway = c.keep(
       await startGateway(
         [{ baseUrl: up.url, upstreamModel: 'vendor-model' }],
-        { SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' },
+        // A small line bound: the CR-only stream below must pass it event by event, not read by read.
+        { SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1', SWITCHYARD_UPSTREAM_MAX_LINE_BYTES: '4096' },
         { pricing: PRICING },
       ),
     );
@@ -371,6 +379,17 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     const { frames } = await rawStream(gateway.url, key, ask('cr-lines'));
     assert.equal(frames.at(-1)!.raw, '[DONE]');
     assert.ok(frames.every((f) => !f.raw.includes('\r')));
+    // Many small CR-only events in large reads are held to the line bound one event at a time, in both lanes.
+    for (const store of [false, true]) {
+      let dots = '';
+      const many = await client.chat.completions.create({
+        ...ask('cr-many'),
+        stream: true,
+        store,
+      } as OpenAI.Chat.ChatCompletionCreateParamsStreaming);
+      for await (const chunk of many) dots += chunk.choices[0]?.delta.content ?? '';
+      assert.equal(dots, '.'.repeat(200), store ? 'canonical lane' : 'fast lane');
+    }
   });
 
   it('turns an upstream error frame or a cut-off stream into an error the SDK throws, and records it', async () => {

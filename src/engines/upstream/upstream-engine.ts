@@ -7,7 +7,7 @@ import type { GenerationEvent, GenerationRequest, Usage, UsageTally } from '../.
 import { obj, str, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
 import { ChatReader, encodeChatRequest } from '../../protocols/chat/client.js';
 import { ChatRelay } from '../../protocols/chat/relay.js';
-import { SseLineEnds } from '../../protocols/sse-line-ends.js';
+import { SseInput } from '../../protocols/sse-input.js';
 import { ResponsesReader, encodeResponsesRequest } from '../../protocols/responses/client.js';
 import { MessagesReader, encodeMessagesRequest } from '../../protocols/messages/client.js';
 import { estimateInputTokens, MAX_CHARS_PER_TOKEN, tokensForChars } from '../../core/estimate.js';
@@ -455,14 +455,15 @@ export class UpstreamEngine implements Engine {
         });
         // A UTF-8 character may be split across network chunks.
         const decoder = new StringDecoder('utf8');
-        const lineEnds = new SseLineEnds();
+        const input = new SseInput();
         for (let chunk = await res.read(); chunk !== null; chunk = await res.read()) {
           const before = sinceEvent;
           sinceEvent = 0;
-          parser.feed(lineEnds.push(decoder.write(chunk)));
-          // Bytes held for an event not yet complete: what came after the last newline of this
-          // chunk if an event ended in it, else everything since the last event.
-          sinceEvent = sinceEvent === -1 ? chunk.length - chunk.lastIndexOf(10) - 1 : before + chunk.length;
+          parser.feed(input.push(decoder.write(chunk)));
+          // Bytes held for an event not yet complete: what came after the last line end (LF or CR)
+          // of this chunk if an event ended in it, else everything since the last event.
+          sinceEvent =
+            sinceEvent === -1 ? chunk.length - Math.max(chunk.lastIndexOf(10), chunk.lastIndexOf(13)) - 1 : before + chunk.length;
           if (sinceEvent > this.o.maxLineBytes) {
             throw new ApiError(
               'upstream_error',

@@ -2,7 +2,7 @@ import { ApiError } from '../../core/errors.js';
 import type { FinishReason } from '../../core/canonical.js';
 import { obj, str, type Clean, type ReportedUsage } from '../reader.js';
 import { FINISH, readChunk } from './client.js';
-import { SseLineEnds } from '../sse-line-ends.js';
+import { SseInput } from '../sse-input.js';
 
 /**
  * The same-protocol fast lane of chat completions (docs/decisions.md, "The same-protocol fast
@@ -75,7 +75,7 @@ export class ChatRelay {
   private finished = false;
   /** Text of events not yet complete. */
   private pending = '';
-  private readonly lineEnds = new SseLineEnds();
+  private readonly input = new SseInput();
   /** The upstream's usage chunk, held back for the route to send with the metered usage. */
   private usageChunk: Record<string, unknown> | undefined;
   private id: unknown;
@@ -109,8 +109,8 @@ export class ChatRelay {
   /** The frames for the events completed by this text ('' while none is complete). */
   push(text: string): string {
     if (this.done || this.capped || this.failure) return '';
-    // The scans below know LF and CRLF line ends; a lone CR is made an LF first.
-    text = this.lineEnds.push(text);
+    // The scans below know LF and CRLF line ends; a lone CR is made an LF first (and a BOM dropped).
+    text = this.input.push(text);
     // Only the new text is searched for the end of an event: a long event that comes in many
     // pieces is joined once, when it completes, not rescanned with every piece.
     const nl = text.lastIndexOf('\n');
