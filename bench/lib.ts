@@ -156,7 +156,7 @@ export async function createBenchKey(url: string): Promise<string> {
 }
 
 /** The process and all its descendants, from /proc. */
-function processTree(pid: number): number[] {
+export function processTree(pid: number): number[] {
   const children = new Map<number, number[]>();
   for (const name of readdirSync('/proc')) {
     if (!/^\d+$/.test(name)) continue;

@@ -115,9 +115,11 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) return;
     log.error({ worker: worker.id, code, signal }, 'worker exited; starting another');
+    // Not unref()'d: when every worker died at once this timer is all that keeps the primary
+    // running, and an unref()'d one let it exit with code 0 instead of starting new workers.
     setTimeout(() => {
       if (!stopping) fork();
-    }, 1000).unref();
+    }, 1000);
   });
   for (let i = 0; i < workers; i++) fork();
 

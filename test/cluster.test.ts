@@ -8,6 +8,7 @@ import { http, tempDir, type WireKey } from './helpers/server.js';
 import { startProcess } from './helpers/process.js';
 import { eventually, withinOneMinute } from './helpers/wait.js';
 import { chunkFrame, fixture } from './helpers/fixtures.js';
+import { freePort, processTree } from '../bench/lib.js';
 
 const ADMIN = 'sk-test-cluster-admin-0123456789';
 
@@ -122,6 +123,41 @@ async function follow(url: string, path: string, key: string, ms: number): Promi
 describe('SWITCHYARD_WORKERS on SQLite: the workers behave as one (cluster bus over IPC)', () => {
   const dataDir = tempDir();
   after(() => rmSync(dataDir, { recursive: true, force: true }));
+
+  it('starts new workers when every worker dies at once, and still stops cleanly', async () => {
+    // A port of its own: new workers listening on port 0 after every worker is gone would get a new one.
+    const port = await freePort();
+    const p = await startProcess({ SWITCHYARD_DATA_DIR: tempDir(), SWITCHYARD_ADMIN_KEY: ADMIN, SWITCHYARD_WORKERS: '2' }, { port });
+    try {
+      const workers = processTree(p.child.pid!).slice(1);
+      assert.equal(workers.length, 2, `worker processes: ${workers.join(', ')}`);
+      // Both at once (an OOM kill, or one bad input that crashes each): the restart timer is then
+      // all that keeps the primary running, and an unref()'d one let it exit with code 0.
+      for (const pid of workers) process.kill(pid, 'SIGKILL');
+      await eventually(async () => {
+        assert.equal(p.child.exitCode, null, `the primary exited:\n${p.stdout()}`);
+        // Refused until new workers listen. A connection the primary accepted as the workers died
+        // is handed to a dead one and never answered (node:cluster's round robin): hence the
+        // client's own short timeout, as any client would have.
+        const client = new Client(p.url, { headersTimeout: 2_000, bodyTimeout: 2_000 });
+        try {
+          const r = await client.request({ path: '/v1/models', method: 'GET', headers: { authorization: `Bearer ${ADMIN}` } });
+          await r.body.text();
+          assert.equal(r.statusCode, 200);
+        } finally {
+          await client.close();
+        }
+      }, 20_000);
+      const replaced = processTree(p.child.pid!).slice(1);
+      assert.equal(replaced.length, 2);
+      assert.ok(replaced.every((pid) => !workers.includes(pid)));
+      assert.equal(p.stdout().match(/"msg":"worker exited; starting another"/g)?.length, 2);
+    } finally {
+      p.child.kill('SIGTERM');
+    }
+    assert.equal(await p.exited, 0, p.stdout());
+    assert.match(p.stdout(), /"msg":"shut down cleanly"}\s*$/);
+  });
 
   it('follows, reads and cancels a background response from any worker, and revokes a key everywhere at once', async () => {
     // A slow upstream: one word every 20 ms, for up to 10 s; it notes when Switchyard hangs up.
