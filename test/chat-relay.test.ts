@@ -262,7 +262,9 @@ describe('chat relay', () => {
     );
   });
 
-  it('reads an event of two data lines as one when the CRLF between them is split across two reads', () => {
+  it('reads an event of two data lines as one when the CRLF between them is split across two reads', (t) => {
+    // A finish chunk the relay writes takes its time from the clock: one clock for both relays.
+    t.mock.timers.enable({ apis: ['Date'], now: 1_764_115_200_000 });
     const payload = JSON.stringify({ id: 'x', choices: [{ index: 0, delta: { content: 'hi' }, finish_reason: null }] });
     const [a, b] = [payload.slice(0, 10), payload.slice(10)];
     const r = relay('m');
@@ -289,7 +291,10 @@ describe('chat relay', () => {
     assert.equal(r.done, false, 'a BOM later in the stream is not dropped: that line is an unknown field');
   });
 
-  it('counts, cuts and ends a stream at the output limit as the parsing path does', () => {
+  it('counts, cuts and ends a stream at the output limit as the parsing path does', (t) => {
+    // The `length` finish chunk takes its time from the clock where the upstream's chunks gave
+    // none: both readings of a stream must see the same second.
+    t.mock.timers.enable({ apis: ['Date'], now: 1_764_115_200_000 });
     // The same stream written with a space after each opening brace: valid JSON that JSON.stringify
     // does not write, so no template is ever learned from it; what the client parses must be the same.
     fc.assert(

@@ -225,12 +225,16 @@ describe('protocols/responses', () => {
     });
   });
 
-  it('replays a stored response as the same events it streamed, ids included', () => {
+  it('replays a stored response as the same events it streamed, ids included', (t) => {
+    // Replayed a minute after it finished: the replay still says when it finished.
+    t.mock.timers.enable({ apis: ['Date'], now: 1_764_115_200_000 });
     const fold = open();
     const live: ResponseEvent[] = [...fold.start()];
     for (const e of EVENTS) live.push(...fold.apply(e));
+    t.mock.timers.tick(60_000);
     const { events, finished } = responsesFormat.replay(responsesFormat.serialize(fold));
     assert.ok(finished);
+    assert.equal((events.at(-1) as unknown as { response: { completed_at: number } }).response.completed_at, 1_764_115_200);
     // Replay renders each item's text as one delta where the live stream had several.
     const squash = (evs: ResponseEvent[]) => {
       const out: Array<Record<string, unknown>> = [];

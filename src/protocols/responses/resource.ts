@@ -83,6 +83,8 @@ export interface BuilderOptions {
   maxToolCalls?: number | null | undefined;
   /** Ids for the output items in order; replay passes the stored ones. */
   idFor?: (kind: 'msg' | 'rs' | 'fc', index: number) => string;
+  /** `completed_at` when the response finishes: now, or the stored time when replayed. */
+  completedAt?: () => number;
 }
 
 /**
@@ -227,7 +229,7 @@ export class ResponseBuilder implements ResponseFold {
         this.close(out, incomplete ? 'incomplete' : 'completed');
         const r = this.response;
         r.usage = renderResponseUsage(this.usage);
-        r.completed_at = nowSeconds();
+        r.completed_at = this.opts.completedAt ? this.opts.completedAt() : nowSeconds();
         if (incomplete) {
           r.status = 'incomplete';
           r.incomplete_details = { reason: ev.reason === 'length' ? 'max_output_tokens' : 'content_filter' };
@@ -438,6 +440,7 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
     const ids = r.output.map((o) => o.id);
     const sealed = r.output.filter((o): o is ReasoningItem => o.type === 'reasoning').map((o) => o.encrypted_content);
     let sealIndex = 0;
+    const finishedAt = r.completed_at;
     const base: ResponseObject = {
       ...structuredClone(r),
       status: 'in_progress',
@@ -450,6 +453,8 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
     const builder = new ResponseBuilder(base, {
       summary: r.reasoning.summary,
       idFor: (_kind, i) => ids[i] ?? newId('item'),
+      // A replay says when the response finished, not when it is replayed.
+      ...(finishedAt !== null && { completedAt: () => finishedAt }),
       ...(sealed.some(Boolean) && { seal: () => sealed[sealIndex++] ?? '' }),
     });
     const events: WireEvent[] = [...builder.start()];
