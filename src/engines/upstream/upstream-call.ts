@@ -33,7 +33,6 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
   statusCode = 0;
   headers: IncomingHttpHeaders = {};
   private controller: Dispatcher.DispatchController | undefined;
-  private abortBeforeStart = false;
   private chunks: Buffer[] = [];
   private queued = 0;
   private started = false;
@@ -121,7 +120,6 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
     if (this.controller) return this.controller.abort(reason);
     // Still waiting for a connection: refused at once (as Pool.request was), and dropped by
     // onRequestStart when undici gets to it.
-    this.abortBeforeStart = true;
     if (!this.failure) {
       this.failure = reason;
       this.wakeReader();
@@ -142,9 +140,10 @@ export class UpstreamCall implements Dispatcher.DispatchHandler {
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller;
+    // A failure before the start can only be an abort (undici ends a call it failed itself).
     // Thrown, not controller.abort(): undici then fails the call before writing it and keeps the
     // connection, where abort() would close a connection that never carried it.
-    if (this.abortBeforeStart) throw ABORTED;
+    if (this.failure) throw this.failure;
   }
 
   onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {

@@ -269,8 +269,8 @@ export class ChatRelay {
    * The event's own text with the catalogue id in place of the upstream's model name, or undefined
    * where that could differ from re-serializing the parsed chunk (which the caller then does):
    * serializing again cost as much as parsing, on every chunk. Exact only when the text is one line
-   * (a data payload of several lines would end the client's SSE line; push() made every lone CR
-   * a line end), and `"model"` occurs in it once and without `\u` escapes anywhere (a key
+   * (a data payload of several lines would end the client's SSE line; a payload holds no CR, since
+   * push() made every lone CR a line end), and `"model"` occurs in it once and without `\u` escapes anywhere (a key
    * cannot be spelled another way then, so the one occurrence is the top-level key JSON.parse
    * read), followed by the upstream's name written exactly as JSON.stringify writes it. Numbers
    * keep the upstream's spelling, as in any pass-through (`1e400` is not turned into `null`).
@@ -279,7 +279,7 @@ export class ChatRelay {
     if (typeof model !== 'string') return undefined;
     const at = payload.indexOf('"model"');
     if (at < 0 || payload.includes('"model"', at + 7)) return undefined;
-    if (payload.includes('\\u') || payload.includes('\n') || payload.includes('\r')) return undefined;
+    if (payload.includes('\\u') || payload.includes('\n')) return undefined;
     let value = at + 7;
     while (payload.charCodeAt(value) === 32 || payload.charCodeAt(value) === 9) value++;
     if (payload.charCodeAt(value) !== 58) return undefined;

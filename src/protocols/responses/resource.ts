@@ -83,8 +83,8 @@ export interface BuilderOptions {
   maxToolCalls?: number | null | undefined;
   /** Ids for the output items in order; replay passes the stored ones. */
   idFor?: (kind: 'msg' | 'rs' | 'fc', index: number) => string;
-  /** `completed_at` when the response finishes: now, or the stored time when replayed. */
-  completedAt?: () => number;
+  /** `completed_at` of a replayed response (its stored time); a live one finishes now. */
+  completedAt?: number;
 }
 
 /**
@@ -229,7 +229,7 @@ export class ResponseBuilder implements ResponseFold {
         this.close(out, incomplete ? 'incomplete' : 'completed');
         const r = this.response;
         r.usage = renderResponseUsage(this.usage);
-        r.completed_at = this.opts.completedAt ? this.opts.completedAt() : nowSeconds();
+        r.completed_at = this.opts.completedAt ?? nowSeconds();
         if (incomplete) {
           r.status = 'incomplete';
           r.incomplete_details = { reason: ev.reason === 'length' ? 'max_output_tokens' : 'content_filter' };
@@ -440,7 +440,6 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
     const ids = r.output.map((o) => o.id);
     const sealed = r.output.filter((o): o is ReasoningItem => o.type === 'reasoning').map((o) => o.encrypted_content);
     let sealIndex = 0;
-    const finishedAt = r.completed_at;
     const base: ResponseObject = {
       ...structuredClone(r),
       status: 'in_progress',
@@ -454,7 +453,7 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
       summary: r.reasoning.summary,
       idFor: (_kind, i) => ids[i] ?? newId('item'),
       // A replay says when the response finished, not when it is replayed.
-      ...(finishedAt !== null && { completedAt: () => finishedAt }),
+      ...(r.completed_at !== null && { completedAt: r.completed_at }),
       ...(sealed.some(Boolean) && { seal: () => sealed[sealIndex++] ?? '' }),
     });
     const events: WireEvent[] = [...builder.start()];
