@@ -147,6 +147,11 @@ describe('the chat fast lane against upstreams that misbehave', () => {
         ...head,
         choices: [{ index: 0, delta: { content }, finish_reason: finish }],
       });
+      if (body.stream !== true && kind.startsWith('malformed ')) {
+        // A whole answer that is JSON but not a chat completion: the rest of the message after the word.
+        res.writeHead(200, { 'content-type': 'application/json' }).end(kind.slice('malformed '.length));
+        return;
+      }
       if (body.stream !== true) {
         const text = kind === 'ignores-max' ? 'word '.repeat(2000) : 'a fine answer';
         res.writeHead(200, { 'content-type': 'application/json' }).end(
@@ -415,6 +420,35 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     };
     db.close();
     assert.ok(failed.n >= 2, 'both failures have a usage record');
+  });
+
+  it('answers 502 for a whole answer that is not a chat completion, in both lanes, instead of passing it on', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    const message = (m: object) => JSON.stringify({ ...m, role: 'assistant' });
+    const answers = [
+      '{}',
+      '{"choices":null}',
+      '{"choices":[]}',
+      '{"choices":[{"index":0,"message":null}]}',
+      `{"choices":[{"index":0,"message":${message({ content: { a: 1 } })}}]}`,
+      `{"choices":[{"index":0,"message":${message({ content: 'x', tool_calls: 'x' })}}]}`,
+      `{"choices":[{"index":0,"message":${message({ content: 'x' })},"finish_reason":42}]}`,
+    ];
+    for (const answer of answers) {
+      // store: true folds the answer from canonical events (the canonical lane); without it the fast lane reads it.
+      for (const store of [false, true]) {
+        await assert.rejects(
+          client.chat.completions.create({ ...ask(`malformed ${answer}`), store } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming),
+          (err: unknown) => {
+            assert.ok(err instanceof OpenAI.APIError, answer);
+            assert.equal(err.status, 502, answer);
+            assert.equal(err.code, 'upstream_error', answer);
+            assert.match(err.message, /not a chat completion/, answer);
+            return true;
+          },
+        );
+      }
+    }
   });
 
   it('answers a non-stream request with the upstream completion under the catalogue model and metered usage', async () => {

@@ -5,7 +5,7 @@ import type { Logger } from 'pino';
 import { ApiError, CancelledError, ERRORS, isErrorCode } from '../../core/errors.js';
 import type { GenerationEvent, GenerationRequest, Usage, UsageTally } from '../../core/canonical.js';
 import { obj, str, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
-import { ChatReader, encodeChatRequest } from '../../protocols/chat/client.js';
+import { ChatReader, answerProblem, encodeChatRequest } from '../../protocols/chat/client.js';
 import { ChatRelay } from '../../protocols/chat/relay.js';
 import { SseInput } from '../../protocols/sse-input.js';
 import { ResponsesReader, encodeResponsesRequest } from '../../protocols/responses/client.js';
@@ -430,7 +430,7 @@ export class UpstreamEngine implements Engine {
     };
     try {
       if (!stream) {
-        const answer: unknown = await this.readAnswer(res, target.id);
+        const answer: unknown = await this.readAnswer(res, target.id, reader instanceof ChatReader);
         reader.read(answer, out);
         yield* see(out);
       } else {
@@ -544,7 +544,7 @@ export class UpstreamEngine implements Engine {
     };
     try {
       if (!req.stream) {
-        const answer: unknown = await this.readAnswer(res, target.id);
+        const answer: unknown = await this.readAnswer(res, target.id, true);
         // Scrubbed string by string: scrubbing the JSON text could change what it parses to.
         if (scrub.active) scrubStrings(answer, clean);
         if (!relay.answer(answer)) {
@@ -622,7 +622,7 @@ export class UpstreamEngine implements Engine {
   }
 
   /** A non-stream answer, parsed, read within the size bound (a declared length past it is refused before reading). */
-  private async readAnswer(res: UpstreamCall, deployment: string): Promise<unknown> {
+  private async readAnswer(res: UpstreamCall, deployment: string, chat: boolean): Promise<unknown> {
     const tooLarge = () =>
       new ApiError('upstream_error', `The upstream ${deployment} sent an answer larger than ${this.o.maxBodyBytes} bytes.`, {
         failover: true,
@@ -634,7 +634,13 @@ export class UpstreamEngine implements Engine {
     } catch (err) {
       throw err instanceof TooLarge ? tooLarge() : err;
     }
-    return JSON.parse(body.toString('utf8'));
+    const answer: unknown = JSON.parse(body.toString('utf8'));
+    const problem = chat ? answerProblem(answer) : undefined;
+    if (problem)
+      throw new ApiError('upstream_error', `The upstream ${deployment} sent a reply that is not a chat completion: ${problem}.`, {
+        failover: true,
+      });
+    return answer;
   }
 
   /**

@@ -93,6 +93,34 @@ export function readChunk(
   };
 }
 
+/**
+ * Why a whole (non-stream) answer is not a chat completion a client could read, or undefined when
+ * it is one. Stream chunks may lack a choice (the usage chunk); a whole answer may not: without one
+ * there is nothing to answer with, and a field of the wrong type breaks the client's own parser.
+ * An answer carrying `error` is the upstream's failure, reported as such by the readers.
+ */
+export function answerProblem(answer: unknown): string | undefined {
+  const a = obj(answer);
+  if (!a) return 'it is not a JSON object';
+  if (a['error'] !== undefined && a['error'] !== null) return undefined;
+  const choices = a['choices'];
+  if (!Array.isArray(choices) || choices.length === 0) return 'it has no choices';
+  const choice = obj(choices[0]);
+  const message = obj(choice?.['message']);
+  if (!choice || !message) return 'its choice has no message';
+  const content = message['content'];
+  if (content !== undefined && content !== null && typeof content !== 'string' && !Array.isArray(content))
+    return 'its content is neither text nor null';
+  const refusal = message['refusal'];
+  if (refusal !== undefined && refusal !== null && typeof refusal !== 'string') return 'its refusal is not text';
+  const calls = message['tool_calls'];
+  if (calls !== undefined && calls !== null && (!Array.isArray(calls) || !calls.every((c) => obj(obj(c)?.['function']))))
+    return 'its tool calls are malformed';
+  const finish = choice['finish_reason'];
+  if (finish !== undefined && finish !== null && typeof finish !== 'string') return 'its finish reason is not text';
+  return undefined;
+}
+
 /** Chat completions chunks (or a whole non-stream reply); tracks tool-call starts. Reads every field defensively. */
 export class ChatReader implements StreamReader {
   finish: FinishReason = 'stop';
