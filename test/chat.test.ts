@@ -255,6 +255,12 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
         { ...base, tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } },
         'tool_choice',
       ],
+      // A tool_choice that cannot be honoured without tools ('auto' and 'none' can: below).
+      [{ ...base, tool_choice: 'required' }, 'tool_choice'],
+      [{ ...base, tools: [], tool_choice: 'required' }, 'tool_choice'],
+      [{ ...base, tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice'],
+      // Metadata keys of at most 64 characters (values 512, 16 pairs).
+      [{ ...base, store: true, metadata: { ['k'.repeat(65)]: 'v' } }, 'metadata'],
       [
         // A schema that accepts no value (issue 16: patterns compile now; this cannot).
         {
@@ -277,6 +283,8 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
         max_tokens: 2,
         some_future_field: true,
         user: 'u1',
+        tool_choice: 'none',
+        metadata: { ['k'.repeat(64)]: 'v' },
         messages: [{ role: 'user', content: [{ type: 'text', text: 'Once' }] }],
       },
     });

@@ -1,5 +1,6 @@
 import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
+import { refuseChoiceWithoutTools } from '../validation.js';
 import type { CancelSignal } from '../../core/cancellation.js';
 import {
   newTally,
@@ -163,6 +164,9 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
       req.toolChoice = typeof choice === 'string' ? choice : ({ name: choice.function.name } satisfies ToolChoice);
     }
     if (body.parallel_tool_calls != null) req.parallelToolCalls = body.parallel_tool_calls;
+  } else if (body.tool_choice != null) {
+    const choice = body.tool_choice;
+    refuseChoiceWithoutTools(typeof choice === 'string' ? choice : choice.function.name, typeof choice !== 'string');
   }
   const rf = body.response_format;
   if (rf != null) {

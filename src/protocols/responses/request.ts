@@ -1,5 +1,6 @@
 import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
+import { refuseChoiceWithoutTools } from '../validation.js';
 import type { FunctionTool, ResponseFormat } from '../../core/canonical.js';
 import type { ResponsesCreate } from '../../core/responses/format.js';
 import {
@@ -115,6 +116,9 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
       generation.toolChoice = typeof choice === 'string' ? choice : { name: choice.name };
     }
     if (body.parallel_tool_calls != null) generation.parallelToolCalls = body.parallel_tool_calls;
+  } else if (body.tool_choice != null) {
+    const choice = body.tool_choice;
+    refuseChoiceWithoutTools(typeof choice === 'string' ? choice : choice.name, typeof choice !== 'string');
   }
   const fmt = body.text?.format;
   if (fmt && fmt.type === 'json_schema') {
