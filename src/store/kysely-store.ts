@@ -56,6 +56,14 @@ interface Database {
 /** Ids bound in one statement at most (5 parameters a row when inserting items). */
 const ID_SLICE = 500;
 
+/**
+ * Lets the event loop run between the slices of a large write or read outside a transaction.
+ * better-sqlite3 runs each statement on the event loop, and awaiting a statement that is already
+ * done never gives way to I/O: 200,000 input items stored in 400 slices held every other request
+ * for seconds (the load shedder answered them 503).
+ */
+const nextTurn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
 /** A listed response: everything but its input items, which the response object does not carry. */
 const LISTED_RESPONSE_COLUMNS = [
   'id',
@@ -451,6 +459,7 @@ export class KyselyStore implements Store {
     const rows = [...byId].map(([id, item]) => ({ org_id: orgId, id, response_id: responseId, item, created_at: at }));
     // In slices, well inside SQLite's and PostgreSQL's limits on bound parameters.
     for (let n = 0; n < rows.length; n += ID_SLICE) {
+      if (n > 0) await nextTurn();
       await this.db
         .insertInto('stored_items')
         .values(rows.slice(n, n + ID_SLICE))
@@ -463,6 +472,7 @@ export class KyselyStore implements Store {
     const found = new Map<string, string>();
     const unique = [...new Set(ids)];
     for (let n = 0; n < unique.length; n += ID_SLICE) {
+      if (n > 0) await nextTurn();
       const slice = unique.slice(n, n + ID_SLICE);
       const stored = await this.db
         .selectFrom('stored_items')
@@ -550,10 +560,18 @@ export class KyselyStore implements Store {
         .where('conversation_id', '=', conversationId)
         .executeTakeFirst();
       const start = Number(row?.top ?? 0) + 1;
-      await tx
-        .insertInto('conversation_items')
-        .values(items.map((it, i) => ({ id: it.id, conversation_id: conversationId, seq: start + i, item: it.json, created_at: at })))
-        .execute();
+      // In slices: one statement for every item would pass the databases' limits on bound
+      // parameters (SQLite's 32,766, PostgreSQL's 65,535) from about 6,500 items on.
+      for (let n = 0; n < items.length; n += ID_SLICE) {
+        await tx
+          .insertInto('conversation_items')
+          .values(
+            items
+              .slice(n, n + ID_SLICE)
+              .map((it, i) => ({ id: it.id, conversation_id: conversationId, seq: start + n + i, item: it.json, created_at: at })),
+          )
+          .execute();
+      }
     });
   }
 
