@@ -31,6 +31,12 @@ const isReply = (m: unknown): m is CounterReply =>
   typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && !('op' in m);
 
 /** A worker's view of the primary's counters: every operation is one IPC round trip. */
+/**
+ * The exit code of a server that could not start (its configuration, database or port): sysexits'
+ * EX_CONFIG. A worker exiting with it before it listened is not replaced.
+ */
+export const START_FAILED = 78;
+
 export class IpcCounters implements Counters {
   private seq = 0;
   private readonly pending = new Map<number, { resolve: (v: number | undefined) => void; reject: (e: Error) => void }>();
@@ -114,6 +120,14 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
   });
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) return;
+    if (code === START_FAILED && !listening.has(worker.id)) {
+      // It could not start (its error is on stderr): another would fail the same way, so the
+      // service stops instead of starting workers for ever.
+      log.fatal({ worker: worker.id }, 'a worker could not start; stopping');
+      failed = true;
+      stopService?.('SIGTERM');
+      return;
+    }
     log.error({ worker: worker.id, code, signal }, 'worker exited; starting another');
     // Not unref()'d: when every worker died at once this timer is all that keeps the primary
     // running, and an unref()'d one let it exit with code 0 instead of starting new workers.
@@ -121,6 +135,7 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
       if (!stopping) fork();
     }, 1000);
   });
+  let stopService: ((signal: NodeJS.Signals) => void) | undefined;
   for (let i = 0; i < workers; i++) fork();
 
   return new Promise((resolveExit) => {
@@ -128,7 +143,7 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
       if (stopping) return;
       stopping = true;
       log.info({ signal, workers }, 'shutting down: workers drain their requests');
-      const live = Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined);
+      const live = Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined && !w.isDead());
       let left = live.length;
       const done = () => {
         if (--left > 0) return;
@@ -162,6 +177,7 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
         }
       }, config.shutdownTimeoutMs + 2_000).unref();
     };
+    stopService = stop;
     process.on('SIGTERM', () => stop('SIGTERM'));
     process.on('SIGINT', () => stop('SIGINT'));
   });

@@ -2,7 +2,7 @@ import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig } from './config.js';
 import cluster from 'node:cluster';
 import { createLogger, createService, prepareDatabase } from './app.js';
-import { IpcCounters, runPrimary } from './cluster.js';
+import { IpcCounters, START_FAILED, runPrimary } from './cluster.js';
 import { workerBus } from './bus.js';
 
 function showGeneratedKey(key: string | undefined): void {
@@ -66,11 +66,22 @@ export async function serve(argv: string[]): Promise<number> {
     release();
     log.fatal({ err }, 'start-up failed');
     console.error(`switchyard: start-up failed: ${(err as Error).message}`);
-    return 1;
+    return START_FAILED;
   }
   showGeneratedKey(service.generatedAdminKey);
   if (!early) {
-    const address = await service.app.listen({ host: config.host, port: config.port });
+    let address: string;
+    try {
+      address = await service.app.listen({ host: config.host, port: config.port });
+    } catch (err) {
+      // Most often the port is taken: said in one line, not a stack trace, and (in a worker) with
+      // the code that tells the primary not to start another worker that would fail the same way.
+      release();
+      log.fatal({ err }, 'cannot listen');
+      console.error(`switchyard: cannot listen on ${config.host}:${config.port}: ${(err as Error).message}`);
+      await service.close().catch(() => undefined);
+      return START_FAILED;
+    }
     log.info({ address, database: service.store.dialect, models: service.catalogue.all().length }, 'switchyard listening');
     // Written at once, not with the next block of buffered lines: supervisors wait for this line.
     log.flush();
