@@ -89,6 +89,18 @@ export async function startMain(
 }
 
 /**
+ * The priced catalogue models deployed on the fake upstream: id, name, the upstream's model (see
+ * fake-upstream.ts) and the protocol Switchyard speaks to it.
+ */
+const BENCH_MODELS = [
+  ['openai/bench-fake', 'Bench fake', 'fake', 'chat'],
+  ['openai/bench-hold', 'Bench fake that holds streams open', 'hold', 'chat'],
+  ['openai/bench-short', 'Bench fake, one piece of text per stream', 'short', 'chat'],
+  ['openai/bench-responses', 'Bench fake, a Responses upstream', 'fake', 'responses'],
+  ['openai/bench-responses-short', 'Bench fake, a Responses upstream, one piece of text per stream', 'short', 'responses'],
+] as const;
+
+/**
  * Switchyard in front of the fake upstream: a catalogue model deployed on it with its price set (so
  * every request is costed and written to the ledger), and info logging.
  */
@@ -107,33 +119,18 @@ export function startSwitchyard(o: {
       writeFileSync(
         config,
         JSON.stringify({
-          models: [
-            {
-              id: 'openai/bench-fake',
-              name: 'Bench fake',
-              model_type: 'text_generation',
-              context_length: 8192,
-              capabilities: ['function_calling', 'structured_output'],
-              pricing: [
-                { metric: 'input_tokens', rate: 0.15 },
-                { metric: 'output_tokens', rate: 0.6 },
-              ],
-            },
-            {
-              id: 'openai/bench-hold',
-              name: 'Bench fake that holds streams open',
-              model_type: 'text_generation',
-              context_length: 8192,
-              pricing: [
-                { metric: 'input_tokens', rate: 0.15 },
-                { metric: 'output_tokens', rate: 0.6 },
-              ],
-            },
-          ],
-          deployments: [
-            { model: 'openai/bench-fake', baseUrl: `${o.upstream}/v1`, upstreamModel: 'fake' },
-            { model: 'openai/bench-hold', baseUrl: `${o.upstream}/v1`, upstreamModel: 'hold' },
-          ],
+          models: BENCH_MODELS.map(([id, name]) => ({
+            id,
+            name,
+            model_type: 'text_generation',
+            context_length: 8192,
+            ...(id === 'openai/bench-fake' && { capabilities: ['function_calling', 'structured_output'] }),
+            pricing: [
+              { metric: 'input_tokens', rate: 0.15 },
+              { metric: 'output_tokens', rate: 0.6 },
+            ],
+          })),
+          deployments: BENCH_MODELS.map(([model, , upstreamModel, api]) => ({ model, baseUrl: `${o.upstream}/v1`, upstreamModel, api })),
         }),
       );
       return { SWITCHYARD_CONFIG: config, SWITCHYARD_MODELS_DIR: o.modelsDir ?? join(dataDir, 'models') };
