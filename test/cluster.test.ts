@@ -5,7 +5,12 @@ import { Client } from 'undici';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { http, tempDir, type WireKey } from './helpers/server.js';
-import { startProcess } from './helpers/process.js';
+import { MAIN, startProcess } from './helpers/process.js';
+import { spawn } from 'node:child_process';
+import { createServer } from 'node:net';
+import type { AddressInfo } from 'node:net';
+import { once } from 'node:events';
+import { PACKAGE_ROOT } from '../src/config.js';
 import { eventually, withinOneMinute } from './helpers/wait.js';
 import { chunkFrame, fixture } from './helpers/fixtures.js';
 import { freePort, processTree } from '../bench/lib.js';
@@ -157,6 +162,56 @@ describe('SWITCHYARD_WORKERS on SQLite: the workers behave as one (cluster bus o
     }
     assert.equal(await p.exited, 0, p.stdout());
     assert.match(p.stdout(), /"msg":"shut down cleanly"}\s*$/);
+  });
+
+  it('stops with one line and no restarts when the port is taken, with one worker and with two', async () => {
+    const blocker = createServer();
+    blocker.listen(0, '127.0.0.1');
+    await once(blocker, 'listening');
+    const port = (blocker.address() as AddressInfo).port;
+    try {
+      for (const workers of ['1', '2']) {
+        const child = spawn(process.execPath, [MAIN, '--port', String(port)], {
+          env: {
+            PATH: process.env['PATH'] ?? '',
+            SWITCHYARD_DATA_DIR: tempDir(),
+            SWITCHYARD_ADMIN_KEY: ADMIN,
+            SWITCHYARD_WORKERS: workers,
+          },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        let out = '';
+        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+        child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+        const [code] = (await once(child, 'exit')) as [number | null];
+        // One worker: the start-up failure's own code; a primary: 1, its workers having failed.
+        assert.equal(code, workers === '1' ? 78 : 1, out);
+        assert.match(out, new RegExp(`switchyard: cannot listen on 127\\.0\\.0\\.1:${port}: .*EADDRINUSE`), out);
+        assert.doesNotMatch(out, /starting another/, out);
+      }
+    } finally {
+      blocker.close();
+    }
+  });
+
+  it('stops cleanly on SIGTERM when started as `switchyard serve` with two workers', async () => {
+    const child = spawn(process.execPath, [join(PACKAGE_ROOT, 'bin', 'switchyard.js'), 'serve', '--port', String(await freePort())], {
+      env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_DATA_DIR: tempDir(), SWITCHYARD_ADMIN_KEY: ADMIN, SWITCHYARD_WORKERS: '2' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    const exit = once(child, 'exit');
+    await new Promise<void>((resolve) => {
+      child.stdout.on('data', (d: Buffer) => {
+        out += d.toString();
+        if (/"workers":2,"msg":"switchyard listening"/.test(out)) resolve();
+      });
+    });
+    child.kill('SIGTERM');
+    const [code] = (await exit) as [number | null];
+    assert.equal(code, 0, out);
+    assert.doesNotMatch(out, /did not stop/, out);
   });
 
   it('follows, reads and cancels a background response from any worker, and revokes a key everywhere at once', async () => {
