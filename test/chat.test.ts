@@ -269,11 +269,16 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
         },
         'response_format',
       ],
+      [
+        { ...base, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', not: {} } } } },
+        'response_format',
+      ],
     ];
     for (const [body, param] of cases) {
       const res = await http(server.url, 'POST', '/v1/chat/completions', { key, body });
       assert.equal(res.status, 400, `${JSON.stringify(body).slice(0, 120)} → ${res.text}`);
       assert.equal(res.json.error.param, param, res.text);
+      if (param === 'metadata') assert.match(res.json.error.message, /keys are at most 64 characters/);
     }
     // Unknown fields are ignored; text parts are accepted.
     const ok = await http(server.url, 'POST', '/v1/chat/completions', {

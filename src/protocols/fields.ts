@@ -17,9 +17,14 @@ export const Seed = nullable(Type.Integer({ minimum: 0, maximum: 4_294_967_294 }
 export const Stop = nullable(Type.Union([Type.String(), Type.Array(Type.String(), { maxItems: 4 })]));
 export const NullableBoolean = nullable(Type.Boolean());
 export const TopLogprobs = nullable(Type.Integer({ minimum: 0, maximum: 20 }));
-/** OpenAI's metadata: at most 16 string pairs, keys up to 64 characters, values up to 512 (a key schema given to Type.Record is not checked: its pattern is `^.*$`, hence propertyNames). */
-export const Metadata = Type.Record(Type.String(), Type.String({ maxLength: 512 }), {
+/**
+ * OpenAI's metadata: at most 16 string pairs, keys up to 64 characters, values up to 512. The key
+ * bound is a pattern that every key must match (other keys are additional, hence refused): a
+ * length on Type.Record's key schema is dropped (its pattern becomes `^.*$`), and `propertyNames`
+ * does not exist in OpenAPI 3.0's schemas.
+ */
+export const Metadata = Type.Record(Type.String({ pattern: '^[\\s\\S]{0,64}$' }), Type.String({ maxLength: 512 }), {
   maxProperties: 16,
-  propertyNames: { maxLength: 64 },
+  additionalProperties: false,
 });
 export { nullable };

@@ -45,6 +45,13 @@ export function validationError(issues: readonly ValidationIssue[], where: strin
     case 'oneOf':
       detail = 'does not match any of the accepted shapes';
       break;
+    case 'additionalProperties': {
+      const key = String(issue.params['additionalProperty']);
+      // The one object with free keys but a bound on them (protocols/fields.ts, Metadata).
+      const why = param === 'metadata' || param.endsWith('.metadata') ? ': keys are at most 64 characters' : '';
+      detail = `the key '${key.length > 40 ? `${key.slice(0, 40)}…` : key}' is not accepted${why}`;
+      break;
+    }
     default:
       detail = issue.message ?? 'is invalid';
   }
