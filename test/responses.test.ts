@@ -256,6 +256,11 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal(r.background, true);
     const polled = await client.responses.retrieve(r.id);
     assert.equal(polled.status, 'in_progress');
+    // Nothing continues from a response whose output is not all there yet.
+    await assert.rejects(
+      client.responses.create({ model: RANDOM, input: 'and?', previous_response_id: r.id }),
+      (e: unknown) => e instanceof OpenAI.BadRequestError && e.param === 'previous_response_id' && /still in progress/.test(e.message),
+    );
     const cancelled = await client.responses.cancel(r.id);
     assert.equal(cancelled.status, 'cancelled');
     assert.equal((await client.responses.retrieve(r.id)).status, 'cancelled');
@@ -325,6 +330,8 @@ describe('POST /v1/responses with TinyStories', () => {
       [{ ...base, tool_choice: 'required' }, 'tool_choice'],
       [{ ...base, tool_choice: { type: 'function', name: 'f' } }, 'tool_choice'],
       [{ ...base, metadata: { ['k'.repeat(65)]: 'v' } }, 'metadata'],
+      // A schema that accepts no value, named by where the Responses API puts it.
+      [{ ...base, text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', not: {} } } } }, 'text.format'],
       [{ model: STORIES }, 'input'],
       [{ ...base, input: [{ type: 'bogus' }] }, 'input[0].type'],
       [{ ...base, previous_response_id: 'resp_1', conversation: 'conv_1' }, 'conversation'],

@@ -59,7 +59,16 @@ export interface FunctionTool {
 export type ToolChoice = 'auto' | 'none' | 'required' | { name: string };
 
 export type ResponseFormat =
-  { type: 'text' } | { type: 'json_object' } | { type: 'json_schema'; name: string; schema: Record<string, unknown>; strict?: boolean };
+  | { type: 'text' }
+  | { type: 'json_object' }
+  | {
+      type: 'json_schema';
+      name: string;
+      schema: Record<string, unknown>;
+      strict?: boolean;
+      /** The request's name for where the schema came (for errors naming it); `response_format` when unset. */
+      param?: string;
+    };
 
 export interface Sampling {
   temperature?: number;

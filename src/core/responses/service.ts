@@ -400,6 +400,10 @@ export class ResponseService<Echo> {
           param: 'previous_response_id',
         });
       }
+      // Its output is not all there yet: continuing from it would continue from part of it.
+      if (n === 0 && (r.status === 'queued' || r.status === 'in_progress')) {
+        throw new ApiError('invalid_value', `Previous response with id '${id}' is still in progress.`, { param: 'previous_response_id' });
+      }
       chain.unshift([...(JSON.parse(r.input_items) as Item[]), ...this.format.read(r.body).output]);
       id = r.previous_response_id;
     }

@@ -220,7 +220,8 @@ export class LocalEngine implements Engine {
       sequences: this.opts.parallel,
       modelGpuLayers: model.gpuLayers,
     });
-    const bytes = model.size + estimate.cpuRam + estimate.gpuVram;
+    // Whole bytes: the estimate's parts are not always integers.
+    const bytes = Math.ceil(model.size + estimate.cpuRam + estimate.gpuVram);
     this.evictFor(bytes);
     const context = await model.createContext({
       contextSize,
@@ -459,7 +460,7 @@ export class LocalEngine implements Engine {
       };
     }
     if (fmt?.type === 'json_schema') {
-      const c = await this.grammars.forSchema(fmt.schema, 'response_format');
+      const c = await this.grammars.forSchema(fmt.schema, fmt.param ?? 'response_format');
       const check = checkOf(c, false);
       return {
         grammar: c.grammar,

@@ -627,6 +627,8 @@ class Compiler {
     if (not === true) throw new Unsatisfiable(`the schema at '${path || '/'}' is 'not: true'`);
     if (!isSchema(not)) return rest;
     const keys = Object.keys(not).filter((k) => CONSTRAINTS.has(k));
+    // `not: {}` (or a schema of annotations only) forbids every value, as `not: true` does.
+    if (keys.length === 0) throw new Unsatisfiable(`the schema at '${path || '/'}' is 'not' of a schema that accepts every value`);
     if (keys.length === 1 && keys[0] === 'required' && Array.isArray(not['required'])) {
       // Any one of the names absent is enough: make an optional one impossible.
       const required = new Set(Array.isArray(rest['required']) ? (rest['required'] as unknown[]).map(String) : []);

@@ -299,7 +299,13 @@ function decodeConversation(
   const effort = effortFor(body.thinking, body.output_config);
   if (effort !== undefined) req.reasoningEffort = effort;
   const format = body.output_config?.format;
-  if (format != null) req.responseFormat = { type: 'json_schema', name: 'output', schema: format.schema as Record<string, unknown> };
+  if (format != null)
+    req.responseFormat = {
+      type: 'json_schema',
+      name: 'output',
+      schema: format.schema as Record<string, unknown>,
+      param: 'output_config.format',
+    };
   return req;
 }
 

@@ -133,6 +133,7 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
       name: fmt.name,
       schema: fmt.schema,
       ...(fmt.strict != null && { strict: fmt.strict }),
+      param: 'text.format',
     };
   } else if (fmt && fmt.type === 'json_object') {
     generation.responseFormat = { type: 'json_object' } satisfies ResponseFormat;
