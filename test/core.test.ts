@@ -106,6 +106,22 @@ describe('router', () => {
     );
   }
 
+  it('logs a deployment whose key variable is unset once, not on every catalogue refresh', () => {
+    const lines: Array<{ msg?: string; deployment?: string }> = [];
+    const capture = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg?: string }) });
+    const engine = new ScriptedEngine(() => 'ok');
+    const keyed = (id: string) =>
+      fileDeployment({ id, model: MODEL, baseUrl: `http://127.0.0.1:1/${id}/v1`, apiKeyEnv: 'UPSTREAM_KEY_UNSET' }, 0);
+    const r = new Router(catalogue, engine, engine, [keyed('k0')], {}, capture, basePolicy);
+    // The refresh that runs every few seconds: the same table again, then one more deployment.
+    r.setDeployments([]);
+    r.setDeployments([]);
+    r.setDeployments([{ ...keyed('k1'), source: 'database' }]);
+    r.close();
+    const unset = lines.filter((l) => l.msg === 'deployment API key variable is not set').map((l) => l.deployment);
+    assert.deepEqual(unset, ['k0', 'k1']);
+  });
+
   it('spreads first attempts by weight', async () => {
     const engine = new ScriptedEngine(() => 'ok');
     const r = router(engine, [3, 1]);

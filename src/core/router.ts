@@ -48,6 +48,8 @@ const upstreamId = (d: Route): string | undefined => (d.target.engine === 'upstr
 export class Router {
   private upstreams = new Map<string, Route[]>();
   private byId = new Map<string, Route>();
+  /** Deployment problems already logged (see setDeployments). */
+  private reported = new Set<string>();
   private readonly health: DeploymentHealth;
   private readonly budget: RetryBudget;
 
@@ -79,14 +81,25 @@ export class Router {
   setDeployments(stored: readonly Deployment[]): void {
     const table = new Map<string, Route[]>();
     const byId = new Map<string, Route>();
+    // The table is rebuilt on every catalogue refresh: a problem is logged when it appears, not every time.
+    const problems = new Set<string>();
+    const once = (key: string, report: () => void) => {
+      problems.add(key);
+      if (!this.reported.has(key)) report();
+    };
     for (const d of [...this.fromFile, ...stored]) {
       const guarded = d.source === 'database';
       // A stored row naming another variable (written before this rule, or by hand) gets no key at all.
       const refused = guarded && d.apiKeyEnv ? keyVarRefusal(d.apiKeyEnv, this.policy.keyVars) : undefined;
-      if (refused) this.log.error({ deployment: d.id, env: d.apiKeyEnv }, `deployment key variable refused: ${refused}`);
+      if (refused)
+        once(`refused\0${d.id}\0${d.apiKeyEnv}`, () =>
+          this.log.error({ deployment: d.id, env: d.apiKeyEnv }, `deployment key variable refused: ${refused}`),
+        );
       const apiKey = d.apiKeyEnv && !refused ? this.env[d.apiKeyEnv] : undefined;
       if (d.apiKeyEnv && !refused && !apiKey)
-        this.log.warn({ deployment: d.id, env: d.apiKeyEnv }, 'deployment API key variable is not set');
+        once(`unset\0${d.id}\0${d.apiKeyEnv}`, () =>
+          this.log.warn({ deployment: d.id, env: d.apiKeyEnv }, 'deployment API key variable is not set'),
+        );
       const route: Route = {
         engine: this.upstream,
         weight: d.weight,
@@ -106,6 +119,7 @@ export class Router {
     }
     this.upstreams = table;
     this.byId = byId;
+    this.reported = problems;
     this.health.retain(new Set(byId.keys()));
   }
 
