@@ -5,6 +5,14 @@ import { createLogger, createService, prepareDatabase } from './app.js';
 import { IpcCounters, START_FAILED, runPrimary } from './cluster.js';
 import { workerBus } from './bus.js';
 
+const USAGE = `Usage: npm start [-- --port N --host H]   (or: node dist/src/main.js, npx switchyard serve)
+
+Serves the API until SIGTERM or SIGINT, then drains in-flight requests and exits.
+  --port N   port to listen on (default: PORT, else 8080)
+  --host H   address to listen on (default: HOST, else 127.0.0.1)
+Every other setting is an environment variable (README.md, "Configuration").
+`;
+
 function showGeneratedKey(key: string | undefined): void {
   if (!key) return;
   // Shown once: only its hash is stored.
@@ -21,7 +29,15 @@ function showGeneratedKey(key: string | undefined): void {
 export async function serve(argv: string[]): Promise<number> {
   let config;
   try {
-    const { values } = parseArgs({ args: argv, options: { port: { type: 'string' }, host: { type: 'string' } }, strict: true });
+    const { values } = parseArgs({
+      args: argv,
+      options: { port: { type: 'string' }, host: { type: 'string' }, help: { type: 'boolean', short: 'h' } },
+      strict: true,
+    });
+    if (values.help) {
+      process.stdout.write(USAGE);
+      return 0;
+    }
     const port = values.port === undefined ? undefined : Number(values.port);
     if (port !== undefined && !(Number.isInteger(port) && port >= 0 && port <= 65535)) {
       throw new ConfigError(`Invalid configuration: --port must be an integer from 0 to 65535 (got "${values.port}")`);

@@ -194,6 +194,26 @@ describe('SWITCHYARD_WORKERS on SQLite: the workers behave as one (cluster bus o
     }
   });
 
+  it('answers --help with its usage, and a bad option with exit code 2, before starting anything', async () => {
+    const run = async (args: string[]) => {
+      const child = spawn(process.execPath, [MAIN, ...args], {
+        env: { PATH: process.env['PATH'] ?? '' },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let out = '';
+      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+      child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+      const [code] = (await once(child, 'exit')) as [number | null];
+      return { code, out };
+    };
+    const help = await run(['--help']);
+    assert.equal(help.code, 0, help.out);
+    assert.match(help.out, /^Usage: npm start/);
+    const bad = await run(['--port', '70000']);
+    assert.equal(bad.code, 2, bad.out);
+    assert.match(bad.out, /--port must be an integer/);
+  });
+
   it('stops cleanly on SIGTERM when started as `switchyard serve` with two workers', async () => {
     const child = spawn(process.execPath, [join(PACKAGE_ROOT, 'bin', 'switchyard.js'), 'serve', '--port', String(await freePort())], {
       env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_DATA_DIR: tempDir(), SWITCHYARD_ADMIN_KEY: ADMIN, SWITCHYARD_WORKERS: '2' },
