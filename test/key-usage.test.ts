@@ -202,6 +202,9 @@ for (const dialect of ['sqlite', 'postgres'] as const) {
         ['group_by=week', 'group_by'],
         ['from=2026-1-1', 'from'],
         ['to=yesterday', 'to'],
+        ['from=2026-13-45', 'from'],
+        ['to=2026-02-30', 'to'],
+        ['from=2026-02-02&to=2026-02-01', 'from'],
       ] as const) {
         const res = await http<Envelope>(server.url, 'GET', `/v1/usage?${query}`, { key: mine.key });
         assert.equal(res.status, 400, query);

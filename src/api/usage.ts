@@ -2,6 +2,7 @@ import Type, { type Static } from 'typebox';
 import type { App, RouteContext } from './context.js';
 import { ownUsageTotals } from '../core/usage.js';
 import type { UsageTotal } from '../store/store.js';
+import { ApiError } from '../core/errors.js';
 
 const Day = Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' });
 
@@ -16,12 +17,26 @@ const UsageQuery = Type.Object({
 });
 type UsageQuery = Static<typeof UsageQuery>;
 
+/** A day the pattern lets through must be a real one (not 2026-13-45), and the range must not run backwards. */
+function checkDays(q: UsageQuery): void {
+  for (const param of ['from', 'to'] as const) {
+    const day = q[param];
+    if (day === undefined) continue;
+    const at = new Date(`${day}T00:00:00Z`);
+    if (Number.isNaN(at.getTime()) || at.toISOString().slice(0, 10) !== day)
+      throw new ApiError('invalid_value', `${param} '${day}' is not a day of the calendar (YYYY-MM-DD).`, { param });
+  }
+  if (q.from !== undefined && q.to !== undefined && q.from > q.to)
+    throw new ApiError('invalid_value', `from (${q.from}) is after to (${q.to}).`, { param: 'from' });
+}
+
 /**
  * Usage totals from the ledger: `GET /admin/usage` (admin keys: every record) and `GET /v1/usage`
  * (any key: its own records only), with the same query and the same answer.
  */
 export function registerUsageRoutes(app: App, ctx: RouteContext): void {
   const answer = async (q: UsageQuery, totals: (groupBy: NonNullable<UsageQuery['group_by']>) => Promise<UsageTotal[]>) => {
+    checkDays(q);
     // Totals include every request answered so far: queued ledger records are written first.
     await ctx.ledger.flush();
     const groupBy = q.group_by ?? 'day';
