@@ -236,6 +236,12 @@ describe('the chat fast lane against upstreams that misbehave', () => {
         case 'cut-off':
           res.end(frame(delta('Once')));
           return;
+        case 'no-done':
+          // Closed after the finish chunk and usage, without [DONE], as some servers do.
+          res.end(
+            `${frame(delta('Once'))}${frame(delta(' more', 'stop'))}${frame({ ...head, choices: [], usage: { prompt_tokens: 4, completion_tokens: 2, total_tokens: 6 } })}`,
+          );
+          return;
         default:
           res.end(`${frame(delta('fine', 'stop'))}data: [DONE]\n\n`);
       }
@@ -420,6 +426,21 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     };
     db.close();
     assert.ok(failed.n >= 2, 'both failures have a usage record');
+  });
+
+  it('takes a stream closed after its finish reason without [DONE] as complete, in both lanes', async () => {
+    for (const store of [false, true]) {
+      const { frames, status } = await rawStream(gateway.url, key, {
+        ...ask('no-done', { store }),
+        stream_options: { include_usage: true },
+      });
+      assert.equal(status, 200);
+      assert.equal(contentOf(frames), 'Once more', `store: ${store}`);
+      assert.equal(frames.at(-1)?.raw, '[DONE]', `store: ${store}`);
+      const usage = frames.at(-2)?.json?.['usage'] as { completion_tokens?: number } | undefined;
+      assert.equal(usage?.completion_tokens, 2, `store: ${store}`);
+      assert.ok(!frames.some((f) => f.json?.['error'] !== undefined), `store: ${store}`);
+    }
   });
 
   it('answers 502 for a whole answer that is not a chat completion, in both lanes, instead of passing it on', async () => {

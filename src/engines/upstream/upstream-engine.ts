@@ -480,7 +480,8 @@ export class UpstreamEngine implements Engine {
           if (guard.capped) break;
         }
         if (failure) throw failure;
-        if (!done && !guard.capped && !stopped)
+        // A chat stream closed after its finish reason but without [DONE] is complete.
+        if (!done && !guard.capped && !stopped && !(reader instanceof ChatReader && reader.finished))
           throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
       }
     } catch (err) {
@@ -588,7 +589,7 @@ export class UpstreamEngine implements Engine {
           // [DONE] the body is read to its end, which leaves the connection reusable.
           if (relay.capped) break;
         }
-        if (!relay.done && !relay.capped)
+        if (!relay.complete && !relay.capped)
           throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
         count();
         yield { type: 'wire.object', object: relay.usageFrame() };

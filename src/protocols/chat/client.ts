@@ -124,6 +124,8 @@ export function answerProblem(answer: unknown): string | undefined {
 /** Chat completions chunks (or a whole non-stream reply); tracks tool-call starts. Reads every field defensively. */
 export class ChatReader implements StreamReader {
   finish: FinishReason = 'stop';
+  /** A finish reason came: a stream that ends without [DONE] after it is complete all the same. */
+  finished = false;
   usage: ReportedUsage | undefined;
   private readonly started = new Set<number>();
 
@@ -164,7 +166,10 @@ export class ChatReader implements StreamReader {
       });
     }
     const finish = str(choice['finish_reason']);
-    if (finish) this.finish = FINISH[finish] ?? 'stop';
+    if (finish) {
+      this.finish = FINISH[finish] ?? 'stop';
+      this.finished = true;
+    }
     return false;
   }
 }

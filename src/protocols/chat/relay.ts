@@ -367,6 +367,14 @@ export class ChatRelay {
     }
   }
 
+  /**
+   * Whether a stream that ended here was complete: its [DONE] came, or at least its finish reason
+   * (some servers close the stream after the finish chunk without a [DONE]).
+   */
+  get complete(): boolean {
+    return this.done || this.finished;
+  }
+
   /** The chunk that ends a stream the upstream ended without one, or a capped one, in the stream's own id and time. */
   private finishFrame(reason: FinishReason): string {
     this.finished = true;
