@@ -78,6 +78,10 @@ describe('administering the catalogue and deployments', () => {
     assert.equal((await move('active')).status, 200);
     assert.equal((await move('pending')).status, 400, 'active does not go back to pending');
     assert.equal((await move('deleted')).status, 200);
+    // Created again, it says how it comes back (it is not listed, but its id is kept).
+    const again = await http(b.url, 'POST', '/admin/models', { key: b.adminKey, body: { id: 'qwen/lifecycle', context_length: 100 } });
+    assert.equal(again.status, 409);
+    assert.match(again.text, /was deleted: set its status to inactive/);
     const revive = await move('active');
     assert.equal(revive.status, 400, 'a deleted model comes back as inactive first');
     assert.match(revive.text, /inactive/);

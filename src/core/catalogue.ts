@@ -193,7 +193,10 @@ export class Catalogue {
     const model = resolveModelSpec(spec, 'admin', nowSeconds());
     if (typeof model === 'string') throw new ApiError('invalid_value', model, { param: 'id' });
     if (this.byId.has(model.id) || !(await this.store.insertModel(model))) {
-      throw new ApiError('conflict', `Model '${model.id}' already exists.`, { param: 'id' });
+      // A deleted model keeps its id (its usage records name it); it is brought back, not created again.
+      const existing = this.byId.get(model.id) ?? (await this.store.getModel(model.id));
+      const deleted = existing?.status === 'deleted' ? ' It was deleted: set its status to inactive to bring it back.' : '';
+      throw new ApiError('conflict', `Model '${model.id}' already exists.${deleted}`, { param: 'id' });
     }
     await this.refresh();
     return model;

@@ -120,7 +120,10 @@ function routeError(err: FastifyError, req: FastifyRequest): ApiError {
 
 /** The HTTP form of an error: its status, the envelope, and the headers its options ask for. */
 function sendError(reply: FastifyReply, e: ApiError, as?: { status: number; body: Record<string, unknown> }): FastifyReply {
-  reply.code(as?.status ?? e.status).headers(e.headers);
+  const status = as?.status ?? e.status;
+  reply.code(status).headers(e.headers);
+  // Node has no reason phrase for Anthropic's 529 and would write "529 unknown".
+  if (status === 529) reply.raw.statusMessage = 'Overloaded';
   if (e.retryAfterMs !== undefined) reply.header('retry-after', String(Math.max(1, Math.ceil(e.retryAfterMs / 1000))));
   // The OpenAI SDKs honour this: retrying cannot help until configuration or a budget changes.
   if (e.final) reply.header('x-should-retry', 'false');
