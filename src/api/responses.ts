@@ -15,8 +15,8 @@ import { compactionObject, inputTokensObject } from '../protocols/responses/reso
 import { IdParams } from '../protocols/responses/conversations.js';
 import { PageQuery, listPage } from '../protocols/pages.js';
 import { pageOf } from '../core/paging.js';
-import { sseFrame } from '../protocols/responses/stream.js';
-import { drained, openSse, writeSse } from './sse.js';
+import { sseFrames } from '../protocols/responses/stream.js';
+import { drained, openSse, writeFrames } from './sse.js';
 
 /** Streams a response's events (from the first) as server-sent events, following it until it ends. */
 async function streamEvents(req: FastifyRequest, reply: FastifyReply, log: EventLog, onClientGone?: () => void): Promise<FastifyReply> {
@@ -28,10 +28,10 @@ async function streamEvents(req: FastifyRequest, reply: FastifyReply, log: Event
     if (!raw.writableFinished) onClientGone?.();
   });
   let sent = 0;
-  for await (const { event, index } of log.follow(gone)) {
-    const frame = sseFrame(event, index);
-    sent++;
-    if (!writeSse(raw, frame.data, frame.name)) await drained(raw);
+  // What is there goes out in one write (the events of one upstream read, or a replay's all).
+  for await (const { start, events } of log.batches(gone)) {
+    sent += events.length;
+    if (!writeFrames(raw, sseFrames(events, start))) await drained(raw);
   }
   raw.end();
   req.log.debug({ events: sent }, 'response stream ended');

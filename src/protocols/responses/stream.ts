@@ -2,11 +2,17 @@ import type { ApiError } from '../../core/errors.js';
 import type { ResponseEvent } from '../../core/responses/format.js';
 
 /**
- * One Responses stream event as a server-sent event: named by its type, numbered by its place in
- * the stream (the same number for every follower and for a replay).
+ * Responses stream events as server-sent events, ready to write: each named by its type, numbered
+ * by its place in the stream (`start` for the first; the same number for every follower and for a
+ * replay).
  */
-export function sseFrame(event: ResponseEvent, index: number): { name: string; data: string } {
-  return { name: event.type, data: numbered(event, index) };
+export function sseFrames(events: readonly ResponseEvent[], start: number): string {
+  let out = '';
+  for (let i = 0; i < events.length; i++) {
+    const event = events[i]!;
+    out += `event: ${event.type}\ndata: ${numbered(event, start + i)}\n\n`;
+  }
+  return out;
 }
 
 /** One Responses stream event as a WebSocket message: the same object as the SSE `data:`. */
