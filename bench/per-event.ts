@@ -8,16 +8,19 @@
  * own event log, rendered with its own ids and sequence numbers). The share of a 20-piece stream
  * that this is bounds what a lane forwarding the upstream's events could save. Short bursts at 64
  * connections, the four cases taking turns in alternating order (this VM's speed drifts), medians.
- * Asserts nothing.
+ * With `--old <dir>` (a built checkout, as for bench:compare) that build runs the same cases in
+ * the same turns. Asserts nothing.
  */
 import { parseArgs } from 'node:util';
+import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
-import { createBenchKey, median, spawnReady, startSwitchyard, treeCpuUs } from './lib.js';
+import { createBenchKey, DIST, median, spawnReady, startSwitchyard, treeCpuUs, type Proc } from './lib.js';
 import { requestBody } from './gateway.js';
 
 const { values } = parseArgs({
-  options: { bursts: { type: 'string', default: '12' }, seconds: { type: 'string', default: '2' } },
+  options: { bursts: { type: 'string', default: '12' }, seconds: { type: 'string', default: '2' }, old: { type: 'string' } },
 });
+const builds = [{ name: 'this build', dist: DIST }, ...(values.old ? [{ name: 'old', dist: join(resolve(values.old), 'dist') }] : [])];
 const bursts = Number(values.bursts);
 const seconds = Number(values.seconds);
 
@@ -40,39 +43,45 @@ const CASES = [
 ] as const;
 
 const fake = await spawnReady('fake-upstream.js', ['0']);
-const sy = await startSwitchyard({ upstream: fake.url, workers: 1 });
+const procs: Proc[] = [];
 try {
-  const key = await createBenchKey(sy.url);
-  const pid = sy.child.pid!;
-  const run = async (c: (typeof CASES)[number], duration: number): Promise<number> => {
-    const before = treeCpuUs(pid);
+  const subjects: Array<{ name: string; url: string; pid: number; key: string }> = [];
+  for (const b of builds) {
+    const sy = await startSwitchyard({ upstream: fake.url, workers: 1, dist: b.dist });
+    procs.push(sy);
+    subjects.push({ name: b.name, url: sy.url, pid: sy.child.pid!, key: await createBenchKey(sy.url) });
+  }
+  const run = async (s: (typeof subjects)[number], c: (typeof CASES)[number], duration: number): Promise<number> => {
+    const before = treeCpuUs(s.pid);
     const r = await autocannon({
-      url: sy.url + c.path,
+      url: s.url + c.path,
       method: 'POST',
       connections: 64,
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${s.key}` },
       body: c.body,
       duration,
     });
-    if (r.non2xx || r.errors) throw new Error(`${c.name}: ${r.non2xx} non-2xx answers, ${r.errors} errors`);
-    return (treeCpuUs(pid) - before) / Math.max(1, r['2xx']);
+    if (r.non2xx || r.errors) throw new Error(`${s.name}, ${c.name}: ${r.non2xx} non-2xx answers, ${r.errors} errors`);
+    return (treeCpuUs(s.pid) - before) / Math.max(1, r['2xx']);
   };
-  for (const c of CASES) await run(c, 2);
-  const cpu = new Map<string, number[]>(CASES.map((c) => [c.name, []]));
+  const turns = subjects.flatMap((s) => CASES.map((c) => ({ s, c, label: `${s.name}: ${c.name}` })));
+  for (const t of turns) await run(t.s, t.c, 2);
+  const cpu = new Map<string, number[]>(turns.map((t) => [t.label, []]));
   for (let b = 0; b < bursts; b++) {
-    for (const c of b % 2 === 0 ? CASES : [...CASES].reverse()) cpu.get(c.name)!.push(await run(c, seconds));
+    for (const t of b % 2 === 0 ? turns : [...turns].reverse()) cpu.get(t.label)!.push(await run(t.s, t.c, seconds));
   }
-  const m = (name: string) => median(cpu.get(name)!);
-  const rows = CASES.map((c) => ({ case: c.name, 'CPU µs/request (median burst)': Math.round(m(c.name)) }));
-  console.table(rows);
-  for (const p of ['chat', 'responses']) {
-    const long = m(`${p}, 20 pieces`);
-    const extra = long - m(`${p}, 1 piece`);
-    console.log(
-      `${p}: ${(extra / 19).toFixed(1)} µs per further piece of text; 19 pieces are ${Math.round((100 * extra) / long)}% of a 20-piece stream's CPU`,
-    );
+  const m = (label: string) => median(cpu.get(label)!);
+  console.table(turns.map((t) => ({ case: t.label, 'CPU µs/request (median burst)': Math.round(m(t.label)) })));
+  for (const s of subjects) {
+    for (const p of ['chat', 'responses']) {
+      const long = m(`${s.name}: ${p}, 20 pieces`);
+      const extra = long - m(`${s.name}: ${p}, 1 piece`);
+      console.log(
+        `${s.name}, ${p}: ${(extra / 19).toFixed(1)} µs per further piece of text; 19 pieces are ${Math.round((100 * extra) / long)}% of a 20-piece stream's CPU`,
+      );
+    }
   }
 } finally {
-  await sy.stop();
+  for (const p of procs) await p.stop();
   await fake.stop();
 }
