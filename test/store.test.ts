@@ -65,7 +65,15 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       );
       await store.saveResponseItems('org_b', 'resp_other', [{ id: 'msg_2', json: '{"b":true}' }], 1);
       await store.createConversation({ id: 'conv_items', org_id: 'org_a', created_at: 1, created_ms: 1000, metadata: '{}' });
-      await store.appendConversationItems('conv_items', [{ id: 'msg_c', json: '{"c":1}' }], 2);
+      assert.equal(await store.appendConversationItems('conv_items', [{ id: 'msg_c', json: '{"c":1}' }], 2), true);
+      // A conversation deleted (or never there) takes nothing, and says so instead of failing a foreign key.
+      assert.equal(await store.appendConversationItems('conv_gone', [{ id: 'msg_g', json: '{}' }], 2), false);
+      // More items than one statement may bind (5 parameters each), appended as one block in order.
+      await store.createConversation({ id: 'conv_many', org_id: 'org_a', created_at: 1, created_ms: 1001, metadata: '{}' });
+      const many = Array.from({ length: 7_000 }, (_, i) => ({ id: `msg_m${i}`, json: `{"i":${i}}` }));
+      assert.equal(await store.appendConversationItems('conv_many', many, 3), true);
+      const last = await store.listConversationItems('conv_many', { limit: 1, order: 'desc' });
+      assert.deepEqual(last.items, ['{"i":6999}']);
       assert.deepEqual(Object.fromEntries(await store.findItems('org_a', ['msg_1', 'msg_2', 'msg_c', 'msg_none'])), {
         msg_1: '{"v":1}',
         msg_2: '{"v":2}',

@@ -547,13 +547,13 @@ export class KyselyStore implements Store {
     });
   }
 
-  async appendConversationItems(conversationId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<void> {
-    if (items.length === 0) return;
-    await this.db.transaction().execute(async (tx) => {
+  async appendConversationItems(conversationId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<boolean> {
+    if (items.length === 0) return true;
+    return this.db.transaction().execute(async (tx) => {
       // PostgreSQL: the conversation row lock serializes appenders. SQLite: transactions already do.
-      if (this.dialect === 'postgres') {
-        await tx.selectFrom('conversations').select('id').where('id', '=', conversationId).forUpdate().execute();
-      }
+      let q = tx.selectFrom('conversations').select('id').where('id', '=', conversationId);
+      if (this.dialect === 'postgres') q = q.forUpdate();
+      if (!(await q.executeTakeFirst())) return false;
       const row = await tx
         .selectFrom('conversation_items')
         .select((eb) => eb.fn.max<number | string | null>('seq').as('top'))
@@ -572,6 +572,7 @@ export class KyselyStore implements Store {
           )
           .execute();
       }
+      return true;
     });
   }
 

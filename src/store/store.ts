@@ -230,8 +230,11 @@ export interface Store {
   listConversations(orgId: string, q: CreationQuery): Promise<{ records: ConversationRecord[]; hasMore: boolean }>;
   updateConversation(id: string, metadata: string): Promise<void>;
   deleteConversation(id: string): Promise<boolean>;
-  /** Appends items as one contiguous block, atomically, after everything already there. */
-  appendConversationItems(conversationId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<void>;
+  /**
+   * Appends items as one contiguous block, atomically, after everything already there. False (and
+   * nothing written) when the conversation is gone (deleted while a response on it ran).
+   */
+  appendConversationItems(conversationId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<boolean>;
   listConversationItems(
     conversationId: string,
     opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },

@@ -40,8 +40,9 @@ export class ConversationService {
   }
 
   private async append(c: ConversationRecord, items: readonly Item[]): Promise<void> {
+    let appended: boolean;
     try {
-      await this.store.appendConversationItems(
+      appended = await this.store.appendConversationItems(
         c.id,
         items.map((i) => ({ id: i.id, json: JSON.stringify(i) })),
         nowSeconds(),
@@ -56,6 +57,8 @@ export class ConversationService {
         );
       throw err;
     }
+    // Deleted since it was looked up.
+    if (!appended) throw new ApiError('not_found', `No conversation with id '${c.id}'.`, { param: 'conversation_id' });
   }
 
   async create(who: Principal, input: readonly InputItem[], metadata: Record<string, string>): Promise<Conversation> {

@@ -682,13 +682,17 @@ export class ResponseService<Echo> {
         if (conv && (fold.status === 'completed' || fold.status === 'incomplete')) {
           // One contiguous block per response, appended when it ends: concurrent responses on one
           // conversation never interleave, and each saw the conversation as it was when it started.
-          await attempt('conversation', () =>
-            this.store.appendConversationItems(
+          await attempt('conversation', async () => {
+            const appended = await this.store.appendConversationItems(
               conv.id,
               [...added, ...fold.output].map((i) => ({ id: i.id, json: JSON.stringify(i) })),
               nowSeconds(),
-            ),
-          );
+            );
+            // Deleted while this response ran: the response is kept (it names the conversation, as
+            // OpenAI's do), the turn goes nowhere.
+            if (!appended)
+              this.log.info({ response_id: id, conversation_id: conv.id }, 'conversation deleted meanwhile; turn not appended');
+          });
         }
         if (local && (fold.status === 'completed' || fold.status === 'incomplete'))
           local.remember(id, [...history, ...input, ...fold.output], kept);
