@@ -271,6 +271,25 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       }),
       (err: unknown) => err instanceof Anthropic.BadRequestError && /signature/.test(err.message),
     );
+    // A server tool is refused by its type (it has no input_schema, which only client tools need).
+    await assert.rejects(
+      client.messages.create({
+        model: STORIES,
+        max_tokens: 5,
+        messages: [{ role: 'user', content: 'x' }],
+        tools: [{ type: 'web_search_20250305', name: 'web_search', max_uses: 1 }],
+      }),
+      (err: unknown) => err instanceof Anthropic.BadRequestError && /Tool type 'web_search_20250305' is not supported/.test(err.message),
+    );
+    await assert.rejects(
+      client.messages.create({
+        model: STORIES,
+        max_tokens: 5,
+        messages: [{ role: 'user', content: 'x' }],
+        tools: [{ name: 'f' } as Anthropic.Tool],
+      }),
+      (err: unknown) => err instanceof Anthropic.BadRequestError && /tools\[0\]\.input_schema/.test(err.message),
+    );
     // A body that is not JSON, on the raw wire.
     const raw = await http<{ type: string; error: { type: string } }>(server.url, 'POST', '/v1/messages', {
       headers: { 'x-api-key': key, 'content-type': 'application/json', 'anthropic-version': '2023-06-01' },

@@ -330,6 +330,9 @@ describe('POST /v1/responses with TinyStories', () => {
       [{ ...base, tool_choice: 'required' }, 'tool_choice'],
       [{ ...base, tool_choice: { type: 'function', name: 'f' } }, 'tool_choice'],
       [{ ...base, metadata: { ['k'.repeat(65)]: 'v' } }, 'metadata'],
+      // A built-in tool is refused by its type, not for the name it does not have.
+      [{ ...base, tools: [{ type: 'web_search' }] }, 'tools[0].type'],
+      [{ ...base, tools: [{ type: 'function' }] }, 'tools[0].name'],
       // A schema that accepts no value, named by where the Responses API puts it.
       [{ ...base, text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', not: {} } } } }, 'text.format'],
       [{ model: STORIES }, 'input'],

@@ -28,7 +28,8 @@ const Tool = Type.Object({
   name: Type.String({ pattern: '^[a-zA-Z0-9_-]{1,128}$' }),
   type: Type.Optional(Type.String()),
   description: Type.Optional(Type.String()),
-  input_schema: Type.Object({}),
+  // Required of client tools only (checked in decodeMessagesRequest): a server tool has none, and is refused by its type.
+  input_schema: Type.Optional(Type.Object({})),
   cache_control: CacheControl,
 });
 
@@ -269,6 +270,10 @@ function decodeConversation(
             param: `tools[${i}].type`,
           },
         );
+      if (t.input_schema === undefined)
+        throw new ApiError('missing_required_parameter', `Missing required parameter: 'tools[${i}].input_schema'.`, {
+          param: `tools[${i}].input_schema`,
+        });
     });
     req.tools = body.tools.map((t, i) =>
       withCache<FunctionTool>(

@@ -17,9 +17,11 @@ import {
 } from '../fields.js';
 import { decodeInput } from './items.js';
 
+// `type` and `name` are checked in decodeResponsesRequest: a built-in tool (web_search, …) has no
+// name, and is refused by its type rather than for the name it lacks.
 const FunctionTool = Type.Object({
-  type: Type.Literal('function'),
-  name: Type.String({ pattern: '^[a-zA-Z0-9_.-]{1,64}$' }),
+  type: Type.String(),
+  name: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_.-]{1,64}$' })),
   description: nullable(Type.String()),
   parameters: nullable(Type.Record(Type.String(), Type.Unknown())),
   strict: NullableBoolean,
@@ -102,12 +104,20 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
   }
   if (body.max_output_tokens != null) generation.maxOutputTokens = body.max_output_tokens;
   if (body.tools?.length) {
-    generation.tools = body.tools.map((t): FunctionTool => ({
-      name: t.name,
-      ...(t.description != null && { description: t.description }),
-      ...(t.parameters != null && { parameters: t.parameters }),
-      ...(t.strict != null && { strict: t.strict }),
-    }));
+    generation.tools = body.tools.map((t, i): FunctionTool => {
+      if (t.type !== 'function')
+        throw new ApiError('unsupported_parameter', `Tool type '${t.type}' is not supported here; only function tools.`, {
+          param: `tools[${i}].type`,
+        });
+      if (t.name === undefined)
+        throw new ApiError('missing_required_parameter', `Missing required parameter: 'tools[${i}].name'.`, { param: `tools[${i}].name` });
+      return {
+        name: t.name,
+        ...(t.description != null && { description: t.description }),
+        ...(t.parameters != null && { parameters: t.parameters }),
+        ...(t.strict != null && { strict: t.strict }),
+      };
+    });
     const choice = body.tool_choice;
     if (choice != null) {
       if (typeof choice !== 'string' && !body.tools.some((t) => t.name === choice.name)) {
