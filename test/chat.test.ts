@@ -251,6 +251,7 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
         'messages[0].content[0]',
       ],
       [{ ...base, messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: {} }] }] }, 'messages[0].content[0].type'],
+      [{ ...base, messages: [{ role: 'user', content: [{ type: 'text' }] }] }, 'messages[0].content[0].text'],
       [
         { ...base, tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } },
         'tool_choice',

@@ -87,7 +87,15 @@ export type ChatRequest = Static<typeof ChatRequest>;
 
 function toParts(parts: ReadonlyArray<{ type: string } & Record<string, unknown>>, where: string): ContentPart[] {
   return parts.map((p, j) => {
-    if (p.type === 'text' && typeof p['text'] === 'string') return { type: 'text', text: p['text'] };
+    if (p.type === 'text') {
+      if (typeof p['text'] !== 'string')
+        throw new ApiError(
+          p['text'] === undefined ? 'missing_required_parameter' : 'invalid_value',
+          `${where}[${j}].text must be a string: a text part carries its text.`,
+          { param: `${where}[${j}].text` },
+        );
+      return { type: 'text', text: p['text'] };
+    }
     if (p.type === 'image_url') {
       const img = p['image_url'] as { url?: unknown; detail?: unknown } | undefined;
       if (typeof img?.url !== 'string')
