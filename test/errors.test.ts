@@ -1,6 +1,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { Readable } from 'node:stream';
+import { gzipSync } from 'node:zlib';
 import { request } from 'undici';
 import { createKey, http, startServer, type Envelope, type HttpResult, type TestServer } from './helpers/server.js';
 
@@ -33,6 +34,19 @@ describe('error contract', () => {
       headers: { 'content-type': 'application/json' },
     });
     assertEnvelope(empty, 400, 'invalid_json');
+    // Valid JSON with a prototype-poisoning key is refused too.
+    const proto = await http(server.url, 'POST', '/admin/orgs', { key: server.adminKey, body: '{"id":"x","__proto__":{"admin":true}}' });
+    assertEnvelope(proto, 400, 'invalid_json');
+  });
+
+  it('answers a compressed body with 415, not as JSON it cannot read', async () => {
+    const res = await http(server.url, 'POST', '/admin/orgs', {
+      key: server.adminKey,
+      body: gzipSync('{"id":"zipped"}'),
+      headers: { 'content-type': 'application/json', 'content-encoding': 'gzip' },
+    });
+    assertEnvelope(res, 415, 'unsupported_media_type');
+    assert.match(res.json.error.message, /Content-Encoding 'gzip'/);
   });
 
   it('parses JSON sent without a JSON content type (curl -d)', async () => {

@@ -239,7 +239,17 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   // An empty body is no body (the OpenAI SDKs send `content-type: application/json` with an empty
   // POST for cancel and with DELETE); routes that need one say so through their schema.
   const json = app.getDefaultJsonParser('error', 'ignore');
-  const parseJson: FastifyBodyParser<string> = (req, body, done) => (body.trim() === '' ? done(null, undefined) : json(req, body, done));
+  const parseJson: FastifyBodyParser<string> = (req, body, done) => {
+    // A compressed body would be read as text and refused as "not valid JSON": say what is wrong.
+    const encoding = req.headers['content-encoding'];
+    if (encoding !== undefined && encoding.toLowerCase() !== 'identity')
+      return done(
+        new ApiError('unsupported_media_type', `Content-Encoding '${encoding}' is not accepted; send the body uncompressed.`),
+        undefined,
+      );
+    if (body.trim() === '') return done(null, undefined);
+    json(req, body, done);
+  };
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
   app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
