@@ -103,6 +103,7 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
   const counters = config.redisUrl ? undefined : new MemoryCounters();
   let stopping = false;
   let failed = false;
+  let startFailed = false;
   // Announced once every worker listens, so "listening" means the whole service is up.
   const listening = new Set<number>();
   let announced = false;
@@ -120,11 +121,12 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
   });
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) return;
-    if (code === START_FAILED && !listening.has(worker.id)) {
-      // It could not start (its error is on stderr): another would fail the same way, so the
-      // service stops instead of starting workers for ever.
+    if (code === START_FAILED && !announced) {
+      // The service never came up (the error is on stderr): another worker would fail the same
+      // way, so it stops instead of starting workers for ever. Once it served, a replacement that
+      // cannot start (a database briefly away) is retried as any dead worker is: the others serve.
       log.fatal({ worker: worker.id }, 'a worker could not start; stopping');
-      failed = true;
+      startFailed = true;
       stopService?.('SIGTERM');
       return;
     }
@@ -149,8 +151,14 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
         if (--left > 0) return;
         void counters?.close();
         void closeBus();
-        log.info(failed ? 'shut down; a worker did not stop cleanly' : 'shut down cleanly');
-        resolveExit(failed ? 1 : 0);
+        log.info(
+          startFailed
+            ? 'shut down: the service could not start'
+            : failed
+              ? 'shut down; a worker did not stop cleanly'
+              : 'shut down cleanly',
+        );
+        resolveExit(startFailed ? START_FAILED : failed ? 1 : 0);
       };
       if (left === 0) {
         left = 1;
