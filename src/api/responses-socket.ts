@@ -115,8 +115,11 @@ class ResponseSocket {
       // The client may have left while the response was being created.
       if (abort.signal.aborted) run.abort.abort();
       else abort.signal.addEventListener('abort', () => run.abort.abort(), { once: true });
-      for await (const { event, index } of run.follow(abort.signal)) {
-        if (!(await this.send(socketFrame(event, index)))) break;
+      // One WebSocket message per event (the SDK reads them so), from the batches the run hands over.
+      follow: for await (const { start, events } of run.batches(abort.signal)) {
+        for (let i = 0; i < events.length; i++) {
+          if (!(await this.send(socketFrame(events[i]!, start + i)))) break follow;
+        }
       }
       await run.done;
       if (run.fold.status === 'failed' && previous !== null) this.local.evict(previous);

@@ -32,19 +32,9 @@ export class EventLog {
 
   /**
    * Every event from the first, then each as it comes, until the log finishes or `stop` fires;
-   * with its index in the stream (its sequence number).
-   */
-  async *follow(stop?: CancelSignal): AsyncGenerator<{ event: ResponseEvent; index: number }> {
-    for await (const { start, events } of this.batches(stop)) {
-      for (let i = 0; i < events.length; i++) yield { event: events[i]!, index: start + i };
-    }
-  }
-
-  /**
-   * The same events as `follow`, handed over as they are there: every event not yet handed over,
-   * at once, with the index of the first. A stream written from these costs one step of the
-   * generator and one socket write per batch, where one per event cost about as much as the rest
-   * of the event's way (bench/README.md, "What a stream's events cost").
+   * handed over as they are there: every event not yet handed over, at once, with the index of the
+   * first (its sequence number). A stream written from these costs one step of the generator and
+   * one socket write per batch rather than per event.
    */
   async *batches(stop?: CancelSignal): AsyncGenerator<{ start: number; events: readonly ResponseEvent[] }> {
     let next = 0;

@@ -153,8 +153,8 @@ export class ResponseService<Echo> {
     };
     // An empty first message says "the owner is here" before the first event is ready.
     this.bus.publish({ t: 'response.events', id, to, start: 0, events: [], done: false });
-    for await (const { event } of run.follow()) {
-      batch.push(event);
+    for await (const { events } of run.batches()) {
+      for (const event of events) batch.push(event);
       if (!scheduled) {
         scheduled = true;
         setImmediate(() => flush(false));
