@@ -74,6 +74,10 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.equal(await store.appendConversationItems('conv_many', many, 3), true);
       const last = await store.listConversationItems('conv_many', { limit: 1, order: 'desc' });
       assert.deepEqual(last.items, ['{"i":6999}']);
+      // Items of a response deleted while they were written in slices are not left behind.
+      const orphans = Array.from({ length: 1_200 }, (_, i) => ({ id: `msg_o${i}`, json: '{}' }));
+      await store.saveResponseItems('org_a', 'resp_deleted_meanwhile', orphans, 5);
+      assert.equal((await store.findItems('org_a', ['msg_o0', 'msg_o1199'])).size, 0);
       assert.deepEqual(Object.fromEntries(await store.findItems('org_a', ['msg_1', 'msg_2', 'msg_c', 'msg_none'])), {
         msg_1: '{"v":1}',
         msg_2: '{"v":2}',

@@ -466,6 +466,12 @@ export class KyselyStore implements Store {
         .onConflict((oc) => oc.columns(['org_id', 'id']).doNothing())
         .execute();
     }
+    // The response may have been deleted between two slices (deleting it deletes the items stored
+    // so far): what came after would be left to no response, and still found by reference.
+    if (rows.length > ID_SLICE) {
+      const kept = await this.db.selectFrom('responses').select('id').where('id', '=', responseId).executeTakeFirst();
+      if (!kept) await this.db.deleteFrom('stored_items').where('response_id', '=', responseId).execute();
+    }
   }
 
   async findItems(orgId: string, ids: readonly string[]): Promise<Map<string, string>> {
