@@ -290,6 +290,16 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       }),
       (err: unknown) => err instanceof Anthropic.BadRequestError && /tools\[0\]\.input_schema/.test(err.message),
     );
+    await assert.rejects(
+      client.messages.create({
+        model: STORIES,
+        max_tokens: 5,
+        messages: [{ role: 'user', content: 'x' }],
+        // A server tool without a name (MCP toolsets name their server instead).
+        tools: [{ type: 'mcp_toolset', mcp_server_name: 'docs' } as unknown as Anthropic.Tool],
+      }),
+      (err: unknown) => err instanceof Anthropic.BadRequestError && /Tool type 'mcp_toolset' is not supported/.test(err.message),
+    );
     // A body that is not JSON, on the raw wire.
     const raw = await http<{ type: string; error: { type: string } }>(server.url, 'POST', '/v1/messages', {
       headers: { 'x-api-key': key, 'content-type': 'application/json', 'anthropic-version': '2023-06-01' },

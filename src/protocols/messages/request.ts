@@ -25,7 +25,8 @@ const Content = Type.Union([Type.String(), Type.Array(Block)]);
 const CacheControl = Type.Optional(Type.Unknown());
 
 const Tool = Type.Object({
-  name: Type.String({ pattern: '^[a-zA-Z0-9_-]{1,128}$' }),
+  // Required of client tools only, as input_schema (checked in decodeMessagesRequest): some server tools have none.
+  name: Type.Optional(Type.String({ pattern: '^[a-zA-Z0-9_-]{1,128}$' })),
   type: Type.Optional(Type.String()),
   description: Type.Optional(Type.String()),
   // Required of client tools only (checked in decodeMessagesRequest): a server tool has none, and is refused by its type.
@@ -260,7 +261,7 @@ function decodeConversation(
   body.messages.forEach((m, i) => messages.push(...toMessages(m.role, m.content as string | WireBlock[], i, signatures)));
   const req: GenerationRequest = { model: body.model, messages, sampling: {}, stream, signal, tally: newTally() };
   if (body.tools?.length) {
-    body.tools.forEach((t, i) => {
+    req.tools = body.tools.map((t, i) => {
       // Anthropic's server tools (web search, code execution, …) run at Anthropic; here only client tools.
       if (t.type !== undefined && t.type !== 'custom')
         throw new ApiError(
@@ -270,13 +271,14 @@ function decodeConversation(
             param: `tools[${i}].type`,
           },
         );
+      // Required of client tools (the schema leaves them optional, so a server tool is refused for its type).
+      if (t.name === undefined)
+        throw new ApiError('missing_required_parameter', `Missing required parameter: 'tools[${i}].name'.`, { param: `tools[${i}].name` });
       if (t.input_schema === undefined)
         throw new ApiError('missing_required_parameter', `Missing required parameter: 'tools[${i}].input_schema'.`, {
           param: `tools[${i}].input_schema`,
         });
-    });
-    req.tools = body.tools.map((t, i) =>
-      withCache<FunctionTool>(
+      return withCache<FunctionTool>(
         {
           name: t.name,
           ...(t.description !== undefined && { description: t.description }),
@@ -284,8 +286,8 @@ function decodeConversation(
         },
         t,
         `tools[${i}]`,
-      ),
-    );
+      );
+    });
   }
   const choice = body.tool_choice;
   if (choice) {
