@@ -236,6 +236,12 @@ describe('the chat fast lane against upstreams that misbehave', () => {
         case 'cut-off':
           res.end(frame(delta('Once')));
           return;
+        case 'no-done-empty':
+          // An empty answer, closed after its finish chunk without [DONE].
+          res.end(
+            `${frame({ ...head, choices: [{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }] })}${frame(delta('', 'stop'))}`,
+          );
+          return;
         case 'no-done':
           // Closed after the finish chunk and usage, without [DONE], as some servers do.
           res.end(
@@ -441,6 +447,16 @@ describe('the chat fast lane against upstreams that misbehave', () => {
       assert.equal(usage?.completion_tokens, 2, `store: ${store}`);
       assert.ok(!frames.some((f) => f.json?.['error'] !== undefined), `store: ${store}`);
     }
+    // An empty answer ended that way: its own role and finish chunks, in the stream's id, then [DONE].
+    const { frames, status } = await rawStream(gateway.url, key, ask('no-done-empty'));
+    assert.equal(status, 200);
+    const finishes = frames.filter(
+      (f) => (f.json?.['choices'] as Array<{ finish_reason?: string | null }> | undefined)?.[0]?.finish_reason,
+    );
+    assert.equal(finishes.length, 1);
+    assert.equal(finishes[0]!.json!['id'], 'chatcmpl-up');
+    assert.equal(frames.at(-1)?.raw, '[DONE]');
+    assert.ok(!frames.some((f) => f.json?.['error'] !== undefined));
   });
 
   it('answers 502 for a whole answer that is not a chat completion, in both lanes, instead of passing it on', async () => {

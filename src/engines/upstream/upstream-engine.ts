@@ -591,6 +591,11 @@ export class UpstreamEngine implements Engine {
         }
         if (!relay.complete && !relay.capped)
           throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
+        // Complete without [DONE] and without output: the held role and finish chunks are the answer.
+        if (held !== '') {
+          early = false;
+          yield { type: 'wire.frames', frames: held };
+        }
         count();
         yield { type: 'wire.object', object: relay.usageFrame() };
       }
