@@ -117,9 +117,15 @@ describe('router', () => {
     r.setDeployments([]);
     r.setDeployments([]);
     r.setDeployments([{ ...keyed('k1'), source: 'database' }]);
+    // A stored row naming a variable deployments may not use: refused, and said once too.
+    const refused = { ...keyed('k2'), apiKeyEnv: 'SWITCHYARD_ADMIN_KEY', source: 'database' as const };
+    r.setDeployments([refused]);
+    r.setDeployments([refused]);
     r.close();
     const unset = lines.filter((l) => l.msg === 'deployment API key variable is not set').map((l) => l.deployment);
     assert.deepEqual(unset, ['k0', 'k1']);
+    const refusals = lines.filter((l) => l.msg?.startsWith('deployment key variable refused')).map((l) => l.deployment);
+    assert.deepEqual(refusals, ['k2']);
   });
 
   it('spreads first attempts by weight', async () => {

@@ -66,8 +66,8 @@ export type ResponseFormat =
       name: string;
       schema: Record<string, unknown>;
       strict?: boolean;
-      /** The request's name for where the schema came (for errors naming it); `response_format` when unset. */
-      param?: string;
+      /** The request's name for where the schema came (for errors naming it); `response_format` (chat) when unset. */
+      param?: 'text.format' | 'output_config.format';
     };
 
 export interface Sampling {
