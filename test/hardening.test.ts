@@ -2,7 +2,7 @@ import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { connect } from 'node:net';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
-import type { ServerResponse } from 'node:http';
+import { request, type ServerResponse } from 'node:http';
 import { http, startServer, tempDir, type TestServer } from './helpers/server.js';
 import { GATEWAY_MODEL as MODEL, chunkFrame, closers, fixture, startGateway } from './helpers/fixtures.js';
 import { sendRaw } from './helpers/fuzz-cases.js';
@@ -161,6 +161,20 @@ describe('hardening', () => {
     assert.equal(shed.status, 503);
     assert.equal(shed.json.error.code, 'overloaded');
     assert.equal(shed.headers['retry-after'], '1');
+    // Anthropic's overloaded answer on the Messages endpoint: 529, with a reason phrase Node lacks.
+    const messages = await new Promise<{ status: number | undefined; reason: string | undefined }>((resolve, reject) => {
+      const r = request(
+        `${s.url}/v1/messages`,
+        { method: 'POST', headers: { 'x-api-key': s.adminKey, 'content-type': 'application/json', 'anthropic-version': '2023-06-01' } },
+        (res) => {
+          res.resume();
+          res.on('end', () => resolve({ status: res.statusCode, reason: res.statusMessage }));
+        },
+      );
+      r.on('error', reject);
+      r.end(JSON.stringify({ model: MODEL, max_tokens: 5, messages: [{ role: 'user', content: 'x' }] }));
+    });
+    assert.deepEqual(messages, { status: 529, reason: 'Overloaded' });
     assert.equal((await http(s.url, 'GET', '/healthz')).status, 200, 'probes are still answered');
     a.socket.destroy();
     b.socket.destroy();
