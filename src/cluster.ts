@@ -30,13 +30,13 @@ const isCall = (m: unknown): m is CounterCall =>
 const isReply = (m: unknown): m is CounterReply =>
   typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && !('op' in m);
 
-/** A worker's view of the primary's counters: every operation is one IPC round trip. */
 /**
- * The exit code of a server that could not start (its configuration, database or port): sysexits'
- * EX_CONFIG. A worker exiting with it before it listened is not replaced.
+ * The exit code of a server that could not start (its database, its port, a model it must load):
+ * sysexits' EX_CONFIG. A worker exiting with it before the service first came up is not replaced.
  */
 export const START_FAILED = 78;
 
+/** A worker's view of the primary's counters: every operation is one IPC round trip. */
 export class IpcCounters implements Counters {
   private seq = 0;
   private readonly pending = new Map<number, { resolve: (v: number | undefined) => void; reject: (e: Error) => void }>();
@@ -124,7 +124,7 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
     if (code === START_FAILED && !announced) {
       // The service never came up (the error is on stderr): another worker would fail the same
       // way, so it stops instead of starting workers for ever. Once it served, a replacement that
-      // cannot start (a database briefly away) is retried as any dead worker is: the others serve.
+      // cannot start (a database briefly away) is retried like every dead worker: the others serve.
       log.fatal({ worker: worker.id }, 'a worker could not start; stopping');
       startFailed = true;
       stopService?.('SIGTERM');

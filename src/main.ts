@@ -62,6 +62,16 @@ export async function serve(argv: string[]): Promise<number> {
   };
   const isWorker = cluster.isWorker;
   const log = isWorker ? createLogger(config).child({ worker: cluster.worker?.id }) : createLogger(config);
+  /**
+   * A start that fails: one line on stderr, not a stack trace, and (in a worker) the code that tells
+   * the primary not to start another worker that would fail the same way.
+   */
+  const cannotStart = (err: unknown, what: string): number => {
+    release();
+    log.fatal({ err }, what);
+    console.error(`switchyard: ${what}: ${(err as Error).message}`);
+    return START_FAILED;
+  };
   const clustered = !isWorker && config.workers > 1;
   let service;
   try {
@@ -79,10 +89,7 @@ export async function serve(argv: string[]): Promise<number> {
       isWorker ? { shared: true, bus: workerBus(), ...(!config.redisUrl && { counters: new IpcCounters() }) } : {},
     );
   } catch (err) {
-    release();
-    log.fatal({ err }, 'start-up failed');
-    console.error(`switchyard: start-up failed: ${(err as Error).message}`);
-    return START_FAILED;
+    return cannotStart(err, 'start-up failed');
   }
   showGeneratedKey(service.generatedAdminKey);
   if (!early) {
@@ -90,13 +97,9 @@ export async function serve(argv: string[]): Promise<number> {
     try {
       address = await service.app.listen({ host: config.host, port: config.port });
     } catch (err) {
-      // Most often the port is taken: said in one line, not a stack trace, and (in a worker) with
-      // the code that tells the primary not to start another worker that would fail the same way.
-      release();
-      log.fatal({ err }, 'cannot listen');
-      console.error(`switchyard: cannot listen on ${config.host}:${config.port}: ${(err as Error).message}`);
+      // Most often the port is taken.
       await service.close().catch(() => undefined);
-      return START_FAILED;
+      return cannotStart(err, `cannot listen on ${config.host}:${config.port}`);
     }
     log.info({ address, database: service.store.dialect, models: service.catalogue.all().length }, 'switchyard listening');
     // Written at once, not with the next block of buffered lines: supervisors wait for this line.

@@ -62,7 +62,8 @@ export function validationError(issues: readonly ValidationIssue[], where: strin
  * A `tool_choice` in a request without tools: `required` or a named function cannot be honoured
  * (OpenAI refuses both), `auto` and `none` mean what no tools means anyway and pass.
  */
-export function refuseChoiceWithoutTools(choice: string, named: boolean): void {
-  if (named) throw new ApiError('invalid_value', `tool_choice names '${choice}', but the request has no tools.`, { param: 'tool_choice' });
+export function refuseChoiceWithoutTools(choice: string | { name: string }): void {
+  if (typeof choice !== 'string')
+    throw new ApiError('invalid_value', `tool_choice names '${choice.name}', but the request has no tools.`, { param: 'tool_choice' });
   if (choice === 'required') throw new ApiError('invalid_value', "tool_choice 'required' needs tools.", { param: 'tool_choice' });
 }

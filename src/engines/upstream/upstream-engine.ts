@@ -364,7 +364,8 @@ export class UpstreamEngine implements Engine {
     const tally = req.tally;
     const clean = (text: string): string => scrub.text(text);
     const messages = api === 'anthropic' ? new MessagesReader(clean) : undefined;
-    const reader: StreamReader = messages ?? (api === 'responses' ? new ResponsesReader(clean) : new ChatReader(clean));
+    const chat = messages || api === 'responses' ? undefined : new ChatReader(clean);
+    const reader: StreamReader = messages ?? chat ?? new ResponsesReader(clean);
     const out: GenerationEvent[] = [];
     // The Responses API has no `stop`: it is applied here. The upstream is read to its end anyway,
     // so the usage it reports (and bills) stays exact.
@@ -430,7 +431,7 @@ export class UpstreamEngine implements Engine {
     };
     try {
       if (!stream) {
-        const answer: unknown = await this.readAnswer(res, target.id, reader instanceof ChatReader);
+        const answer: unknown = await this.readAnswer(res, target.id, reader === chat);
         reader.read(answer, out);
         yield* see(out);
       } else {
@@ -481,7 +482,7 @@ export class UpstreamEngine implements Engine {
         }
         if (failure) throw failure;
         // A chat stream closed after its finish reason but without [DONE] is complete.
-        if (!done && !guard.capped && !stopped && !(reader instanceof ChatReader && reader.finished))
+        if (!done && !guard.capped && !stopped && !chat?.finished)
           throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
       }
     } catch (err) {

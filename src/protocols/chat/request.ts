@@ -173,8 +173,7 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
     }
     if (body.parallel_tool_calls != null) req.parallelToolCalls = body.parallel_tool_calls;
   } else if (body.tool_choice != null) {
-    const choice = body.tool_choice;
-    refuseChoiceWithoutTools(typeof choice === 'string' ? choice : choice.function.name, typeof choice !== 'string');
+    refuseChoiceWithoutTools(typeof body.tool_choice === 'string' ? body.tool_choice : body.tool_choice.function);
   }
   const rf = body.response_format;
   if (rf != null) {

@@ -127,8 +127,7 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
     }
     if (body.parallel_tool_calls != null) generation.parallelToolCalls = body.parallel_tool_calls;
   } else if (body.tool_choice != null) {
-    const choice = body.tool_choice;
-    refuseChoiceWithoutTools(typeof choice === 'string' ? choice : choice.name, typeof choice !== 'string');
+    refuseChoiceWithoutTools(body.tool_choice);
   }
   const fmt = body.text?.format;
   if (fmt && fmt.type === 'json_schema') {
