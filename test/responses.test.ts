@@ -359,6 +359,30 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal(ok.status, 200);
   });
 
+  it("names each request's own field when chat and Responses send the same refused schema at once", async () => {
+    // One compile serves both while it runs; its refusal must not carry the first caller's field name.
+    const schema = { type: 'object', properties: { n: { type: 'integer' } }, not: {} };
+    const [chatRes, responsesRes] = await Promise.all([
+      http(server.url, 'POST', '/v1/chat/completions', {
+        key,
+        body: {
+          model: STORIES,
+          messages: [{ role: 'user', content: 'hi' }],
+          response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
+        },
+      }),
+      http(server.url, 'POST', '/v1/responses', {
+        key,
+        body: { model: STORIES, input: 'hi', text: { format: { type: 'json_schema', name: 'x', schema } } },
+      }),
+    ]);
+    assert.equal(chatRes.status, 400, chatRes.text);
+    assert.equal(responsesRes.status, 400, responsesRes.text);
+    assert.equal(chatRes.json.error.param, 'response_format');
+    assert.equal(responsesRes.json.error.param, 'text.format');
+    assert.equal(chatRes.json.error.message, responsesRes.json.error.message);
+  });
+
   it('refuses conversation items whose parts are not objects with a 400 naming them, never a 500', async () => {
     const conv = await client.conversations.create({});
     const cases: Array<[Record<string, unknown>, string]> = [

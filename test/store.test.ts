@@ -73,7 +73,10 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       const many = Array.from({ length: 7_000 }, (_, i) => ({ id: `msg_m${i}`, json: `{"i":${i}}` }));
       assert.equal(await store.appendConversationItems('conv_many', many, 3), true);
       const last = await store.listConversationItems('conv_many', { limit: 1, order: 'desc' });
-      assert.deepEqual(last.items, ['{"i":6999}']);
+      assert.deepEqual(last?.items, ['{"i":6999}']);
+      // A cursor that names no item of the conversation is not a page from the start.
+      assert.equal(await store.listConversationItems('conv_many', { after: 'msg_none', limit: 1, order: 'asc' }), undefined);
+      assert.deepEqual((await store.listConversationItems('conv_many', { after: 'msg_m0', limit: 1, order: 'asc' }))?.items, ['{"i":1}']);
       // Items of a response deleted while they were written in slices are not left behind.
       const orphans = Array.from({ length: 1_200 }, (_, i) => ({ id: `msg_o${i}`, json: '{}' }));
       await store.saveResponseItems('org_a', 'resp_deleted_meanwhile', orphans, 5);

@@ -192,7 +192,9 @@ for (const dialect of ['sqlite', 'postgres'] as const) {
     });
 
     it('refuses bad query values with a 400 naming the parameter, and a missing key with 401', async () => {
-      for (const path of ['/v1/responses', '/v1/conversations']) {
+      // The item lists (a conversation's, a response's input) answer a cursor that names nothing as the lists do.
+      const itemLists = [`/v1/conversations/${conversationIds[0]!}/items`, `/v1/responses/${responseIds[0]!}/input_items`];
+      for (const path of ['/v1/responses', '/v1/conversations', ...itemLists]) {
         for (const [query, param] of [
           ['limit=0', 'limit'],
           ['limit=101', 'limit'],

@@ -585,7 +585,7 @@ export class KyselyStore implements Store {
   async listConversationItems(
     conversationId: string,
     opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
-  ): Promise<ItemPage> {
+  ): Promise<ItemPage | undefined> {
     let q = this.db.selectFrom('conversation_items').select(['item', 'seq']).where('conversation_id', '=', conversationId);
     if (opts.after !== undefined) {
       const anchor = await this.db
@@ -594,7 +594,8 @@ export class KyselyStore implements Store {
         .where('conversation_id', '=', conversationId)
         .where('id', '=', opts.after)
         .executeTakeFirst();
-      if (anchor) q = q.where('seq', opts.order === 'asc' ? '>' : '<', Number(anchor.seq));
+      if (!anchor) return undefined;
+      q = q.where('seq', opts.order === 'asc' ? '>' : '<', Number(anchor.seq));
     }
     const rows = await q
       .orderBy('seq', opts.order)

@@ -235,10 +235,11 @@ export interface Store {
    * nothing written) when the conversation is gone (deleted while a response on it ran).
    */
   appendConversationItems(conversationId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<boolean>;
+  /** A page of the conversation's items; undefined when `after` names no item of this conversation. */
   listConversationItems(
     conversationId: string,
     opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
-  ): Promise<ItemPage>;
+  ): Promise<ItemPage | undefined>;
   allConversationItems(conversationId: string): Promise<string[]>;
   getConversationItem(conversationId: string, itemId: string): Promise<string | undefined>;
   /** Which of these item ids the conversation already holds (ids are unique per conversation). */

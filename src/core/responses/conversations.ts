@@ -129,7 +129,10 @@ export class ConversationService {
     page: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
   ): Promise<{ items: Item[]; hasMore: boolean }> {
     const c = await this.load(id, who);
-    const found: ItemPage = await this.store.listConversationItems(c.id, page);
+    const found: ItemPage | undefined = await this.store.listConversationItems(c.id, page);
+    // As the responses and conversations lists do: a cursor that names nothing is the client's mistake, not an empty page.
+    if (found === undefined)
+      throw new ApiError('invalid_value', `No item '${page.after}' in this conversation to list after.`, { param: 'after' });
     return { items: found.items.map((j) => JSON.parse(j) as Item), hasMore: found.hasMore };
   }
 

@@ -198,7 +198,16 @@ export class SchemaGrammars {
     return this.anyObjectGrammar;
   }
 
+  /** The schema compiled; a schema that cannot be is refused with an error naming `param` (the caller's field). */
   forSchema(schema: Record<string, unknown>, param: string): Promise<CompiledSchema> {
+    // A compile is shared by every request with the same schema while it runs (on chat it is
+    // `response_format`, on Responses `text.format`): its error names no field, each caller's does.
+    return this.compiled(schema).catch((err: unknown) => {
+      throw err instanceof ApiError ? new ApiError(err.code, err.message, { param }) : err;
+    });
+  }
+
+  private compiled(schema: Record<string, unknown>): Promise<CompiledSchema> {
     const json = JSON.stringify(schema);
     const key = createHash('sha256').update(json).digest('base64url');
     const hit = this.cache.get(key);
@@ -207,7 +216,7 @@ export class SchemaGrammars {
       this.cache.set(key, hit);
       return hit.compiled;
     }
-    const compiled = this.compile(key, schema, param);
+    const compiled = this.compile(key, schema);
     const entry: Entry = { compiled, schema, bytes: json.length };
     this.cache.set(key, entry);
     this.bytes += entry.bytes;
@@ -227,7 +236,7 @@ export class SchemaGrammars {
     this.worker.call({ op: 'forget', key }).catch(() => undefined);
   }
 
-  private async compile(key: string, schema: Record<string, unknown>, param: string): Promise<CompiledSchema> {
+  private async compile(key: string, schema: Record<string, unknown>): Promise<CompiledSchema> {
     let reply: Reply;
     try {
       reply = await this.worker.call({ op: 'compile', key, schema }, this.opts.compileTimeoutMs);
@@ -236,31 +245,24 @@ export class SchemaGrammars {
         throw new ApiError(
           'schema_too_large',
           `The JSON schema took longer than ${this.opts.compileTimeoutMs} ms to compile (SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS); simplify it.`,
-          { param },
         );
       }
-      throw new ApiError('unsupported_schema', `The JSON schema could not be compiled (${(err as Error).message}).`, { param });
+      throw new ApiError('unsupported_schema', `The JSON schema could not be compiled (${(err as Error).message}).`);
     }
     if (!reply.ok) {
       if (reply.kind === 'unsupported')
-        throw new ApiError('unsupported_schema', `${capitalise(reply.message)}; remove it or use another model.`, { param });
-      throw new ApiError('invalid_value', `The JSON schema is invalid: ${reply.message}`, { param });
+        throw new ApiError('unsupported_schema', `${capitalise(reply.message)}; remove it or use another model.`);
+      throw new ApiError('invalid_value', `The JSON schema is invalid: ${reply.message}`);
     }
     const gbnf = reply.gbnf ?? '';
     if (gbnf.length > MAX_GRAMMAR_BYTES) {
-      throw new ApiError(
-        'schema_too_large',
-        `The JSON schema makes a grammar of ${gbnf.length} bytes; the limit is ${MAX_GRAMMAR_BYTES}.`,
-        { param },
-      );
+      throw new ApiError('schema_too_large', `The JSON schema makes a grammar of ${gbnf.length} bytes; the limit is ${MAX_GRAMMAR_BYTES}.`);
     }
     let grammar: LlamaGrammar;
     try {
       grammar = new LlamaGrammar(await this.llama(), { grammar: gbnf });
     } catch (err) {
-      throw new ApiError('unsupported_schema', `The JSON schema could not be turned into a grammar (${(err as Error).message}).`, {
-        param,
-      });
+      throw new ApiError('unsupported_schema', `The JSON schema could not be turned into a grammar (${(err as Error).message}).`);
     }
     return { grammar, checked: reply.checked ?? [], check: (text) => this.validate(key, schema, text) };
   }
