@@ -274,6 +274,25 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
         { ...base, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', not: {} } } } },
         'response_format',
       ],
+      // A pattern anchored at both ends whose matches are all shorter than minLength, or one whose
+      // matches are all longer than maxLength: no string satisfies either.
+      [
+        {
+          ...base,
+          response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '^a$', minLength: 2 } } },
+        },
+        'response_format',
+      ],
+      [
+        {
+          ...base,
+          response_format: {
+            type: 'json_schema',
+            json_schema: { name: 'x', schema: { type: 'string', pattern: '[0-9]{5}', maxLength: 3 } },
+          },
+        },
+        'response_format',
+      ],
     ];
     for (const [body, param] of cases) {
       const res = await http(server.url, 'POST', '/v1/chat/completions', { key, body });
@@ -295,6 +314,29 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       },
     });
     assert.equal(ok.status, 200, ok.text);
+  });
+
+  it('meets minLength with a pattern that matches shorter strings but leaves an end open', async () => {
+    // '^[a-z]' matches any string that starts with a letter; the letter alone is 1 character.
+    for (const [pattern, test] of [
+      ['^[a-z]', /^[a-z]/],
+      ['[0-9]$', /[0-9]$/],
+    ] as const) {
+      const res = await client.chat.completions.create({
+        model: STORIES,
+        max_tokens: 40,
+        messages: [{ role: 'user', content: 'Name it.' }],
+        response_format: {
+          type: 'json_schema',
+          json_schema: { name: 'x', strict: true, schema: { type: 'string', pattern, minLength: 6, maxLength: 12 } },
+        },
+      });
+      const value: unknown = JSON.parse(res.choices[0]!.message.content!);
+      assert.equal(typeof value, 'string', res.choices[0]!.message.content!);
+      const text = value as string;
+      assert.ok([...text].length >= 6 && [...text].length <= 12, `length of ${JSON.stringify(text)}`);
+      assert.match(text, test);
+    }
   });
 });
 

@@ -405,7 +405,7 @@ export const schemaArb: fc.Arbitrary<unknown> = fc.letrec<{ schema: unknown }>((
         minProperties: oddValue,
         maxProperties: oddValue,
         format: fc.constantFrom('date', 'time', 'date-time', 'email', 'uuid', 'made-up'),
-        pattern: fc.constantFrom('^[a-z]+$', '(', '.*'),
+        pattern: fc.constantFrom('^[a-z]+$', '(', '.*', '^a$', '^[a-z]', '[0-9]{3}$', '^(ab|c)'),
         minimum: oddValue,
         nullable: fc.boolean(),
         description: fc.string({ maxLength: 20 }),

@@ -16,7 +16,7 @@
  */
 import { STRING_FORMATS, INTEGER_FORMATS } from './schema-formats.js';
 import { integerRange, multiplesIn, numberRange, type NumberBounds } from './schema-numbers.js';
-import { patternMatches, patternToGbnf } from './schema-regex.js';
+import { patternMatches, patternSpan, patternToGbnf } from './schema-regex.js';
 import type { Draft } from './schema-validator.js';
 
 /** The schema cannot be compiled (the request is refused with this message): unsupported, or invalid (it accepts nothing). */
@@ -863,7 +863,9 @@ class Compiler {
     const pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
     const patternBody = pattern !== undefined ? patternToGbnf(pattern) : undefined;
     if (pattern !== undefined && patternBody === undefined) this.check('pattern', path);
-    const shaped = format ?? patternBody;
+    let shaped = format ?? patternBody;
+    if (format === undefined && pattern !== undefined && patternBody !== undefined)
+      shaped = this.sized(pattern, patternBody, min, max, path);
     if (shaped !== undefined) {
       if (format !== undefined && pattern !== undefined) this.check('pattern', path);
       if (min > 0 || max !== Infinity) this.check('minLength/maxLength', path);
@@ -872,6 +874,28 @@ class Compiler {
     if (min === 0 && max === Infinity) return this.base('string');
     this.base('char');
     return this.rule(`${path}-string`, `"\\"" char${repeat(min, max)} "\\""`);
+  }
+
+  /**
+   * A pattern's grammar (strings that match it whole) made to reach the length bounds where it
+   * cannot alone: a `minLength` above its longest match is met with any text on a side the pattern
+   * leaves open, and refused where it is anchored at both ends; a `maxLength` below its shortest is
+   * refused. Lengths that overlap stay with the check.
+   */
+  private sized(pattern: string, body: string, min: number, max: number, path: string): string {
+    const span = patternSpan(pattern);
+    if (span === undefined) return body;
+    const where = path || '/';
+    if (span.min > max) throw new Unsatisfiable(`the pattern at '${where}' matches no string of at most ${max} characters (maxLength)`);
+    if (span.max >= min) return body;
+    if (span.anchoredStart && span.anchoredEnd)
+      throw new Unsatisfiable(
+        `the pattern at '${where}' matches only strings of at most ${span.max} character${span.max === 1 ? '' : 's'}, below its minLength ${min}`,
+      );
+    if (!span.openStart && !span.openEnd) return body;
+    this.base('char');
+    const pad = `char${repeat(min - span.max, max === Infinity ? Infinity : max - span.min)}`;
+    return span.openEnd ? `${body} ${pad}` : `${pad} ${body}`;
   }
 
   private arrayRule(s: Schema, path: string, base: string): string {

@@ -226,6 +226,98 @@ export function patternToGbnf(pattern: string): string | undefined {
   }
 }
 
+/** The lengths of the strings `patternToGbnf` allows, and whether the pattern itself is anchored. */
+export interface PatternSpan {
+  /** Fewest and most characters of a string the grammar allows (the most may be Infinity). */
+  min: number;
+  max: number;
+  /** Every top-level alternative starts with `^` (ends with `$`): nothing may come before (after) its match. */
+  anchoredStart: boolean;
+  anchoredEnd: boolean;
+  /** No top-level alternative starts with `^` (ends with `$`): any text may come before (after) its match. */
+  openStart: boolean;
+  openEnd: boolean;
+}
+
+function span(alts: readonly AST.Alternative[]): [number, number] {
+  let lo = Infinity;
+  let hi = 0;
+  for (const alt of alts) {
+    let a = 0;
+    let b = 0;
+    for (const e of alt.elements) {
+      const [x, y] = elementSpan(e);
+      a += x;
+      b += y;
+    }
+    lo = Math.min(lo, a);
+    hi = Math.max(hi, b);
+  }
+  return [lo === Infinity ? 0 : lo, hi];
+}
+
+function elementSpan(e: AST.Element): [number, number] {
+  switch (e.type) {
+    case 'Character':
+    case 'CharacterSet':
+    case 'CharacterClass':
+      return [1, 1];
+    case 'Group':
+    case 'CapturingGroup':
+      return span(e.alternatives);
+    case 'Quantifier': {
+      if (e.max === 0) return [0, 0];
+      // As the grammar writes it: at most MAX_REPEAT repetitions.
+      const [x, y] = elementSpan(e.element);
+      const max = e.max === Infinity ? Infinity : Math.min(e.max, MAX_REPEAT);
+      return [x * e.min, y === 0 ? 0 : y * max];
+    }
+    default:
+      return [0, 0];
+  }
+}
+
+type Anchoring = 'all' | 'none' | 'some';
+
+/** Whether the alternatives are anchored at one end: all of them, none, or some (groups looked into). */
+function anchoring(alts: readonly AST.Alternative[], side: 'start' | 'end'): Anchoring {
+  const each = alts.map((alt): Anchoring => {
+    const e = side === 'start' ? alt.elements[0] : alt.elements.at(-1);
+    if (e?.type === 'Assertion') return e.kind === side ? 'all' : 'none';
+    if (e?.type === 'Group' || e?.type === 'CapturingGroup') return anchoring(e.alternatives, side);
+    return 'none';
+  });
+  return each.every((a) => a === 'all') ? 'all' : each.every((a) => a === 'none') ? 'none' : 'some';
+}
+
+/**
+ * What `patternToGbnf` makes of `pattern`, by length: the grammar allows only strings that match
+ * the whole pattern, so a `minLength` above its longest needs text the pattern leaves open (before
+ * an unanchored start, after an unanchored end), and is unsatisfiable where it is anchored at both.
+ * Undefined where `patternToGbnf` is.
+ */
+export function patternSpan(pattern: string): PatternSpan | undefined {
+  if (patternToGbnf(pattern) === undefined) return undefined;
+  const parser = new RegExpParser();
+  let ast: AST.Pattern;
+  try {
+    ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: true });
+  } catch {
+    ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: false });
+  }
+  const [min, max] = span(ast.alternatives);
+  const start = anchoring(ast.alternatives, 'start');
+  const end = anchoring(ast.alternatives, 'end');
+  return {
+    min,
+    max,
+    anchoredStart: start === 'all',
+    anchoredEnd: end === 'all',
+    openStart: start === 'none',
+    openEnd: end === 'none',
+  };
+}
+
 /** Whether `name` matches `pattern` as the validator reads it (u flag, or without where it must). */
 export function patternMatches(pattern: string, name: string): boolean {
   let re: RegExp;
