@@ -1,6 +1,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { request } from 'node:http';
 import { createKey, http, readSse, startWithClient, type TestServer } from './helpers/server.js';
 import { checkStream, type Ev, type WireResponse } from './helpers/responses.js';
 import { eventually } from './helpers/wait.js';
@@ -357,6 +358,45 @@ describe('POST /v1/responses with TinyStories', () => {
       body: { ...base, instructions: 'x'.repeat(100), max_output_tokens: 1 },
     });
     assert.equal(ok.status, 200);
+  });
+
+  it('stops a response whose client left while it was being set up, streamed or not', async () => {
+    // The client sends its request and goes within milliseconds: often before the route had
+    // anything to listen on. The run must still stop and be stored as cancelled, not run to its limit.
+    const listed = async () =>
+      (await http<{ data: Array<{ id: string; status: string }> }>(server.url, 'GET', '/v1/responses?order=desc&limit=100', { key })).json
+        .data;
+    const before = new Set((await listed()).map((r) => r.id));
+    for (const stream of [false, true, false, true]) {
+      await new Promise<void>((resolve) => {
+        const req = request(`${server.url}/v1/responses`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+        });
+        req.on('error', () => resolve());
+        req.on('close', () => resolve());
+        req.end(JSON.stringify({ model: RANDOM, input: 'Once upon a time', max_output_tokens: 4000, stream }), () =>
+          setTimeout(() => req.destroy(), 5),
+        );
+      });
+    }
+    // Nothing generates any more (a request whose body had not been read when its client left
+    // never became a response, so not all four may be listed), and what was created was cancelled.
+    await eventually(async () => {
+      const loaded = await http<{ data: Array<{ model: string; active: number; queued: number }> }>(
+        server.url,
+        'GET',
+        '/admin/local/loaded',
+        {
+          key: server.adminKey,
+        },
+      );
+      const random = loaded.json.data.find((m) => m.model === RANDOM);
+      assert.deepEqual([random?.active, random?.queued], [0, 0]);
+      const mine = (await listed()).filter((r) => !before.has(r.id));
+      assert.ok(mine.length > 0, 'at least one response was created');
+      assert.deepEqual(new Set(mine.map((r) => r.status)), new Set(['cancelled']));
+    });
   });
 
   it("names each request's own field when chat and Responses send the same refused schema at once", async () => {

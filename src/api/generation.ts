@@ -11,10 +11,19 @@ import type { Model } from '../core/model-spec.js';
 export function abortOnClientGone(reply: FastifyReply): Cancellation {
   const gone = new Cancellation();
   const res = reply.raw;
-  res.once('close', () => {
-    if (!res.writableFinished) gone.abort();
-  });
+  // A client that left while the body was read or the key checked has closed already: no 'close' comes.
+  if (res.closed) gone.abort();
+  else
+    res.once('close', () => {
+      if (!res.writableFinished) gone.abort();
+    });
   return gone;
+}
+
+/** Calls `stop` when the client goes (or now, if it has gone already). */
+export function whenGone(gone: Cancellation, stop: () => void): void {
+  if (gone.aborted) stop();
+  else gone.addEventListener('abort', stop);
 }
 
 /**

@@ -17,16 +17,24 @@ import { PageQuery, listPage } from '../protocols/pages.js';
 import { pageOf } from '../core/paging.js';
 import { sseFrames } from '../protocols/responses/stream.js';
 import { drained, openSse, writeFrames } from './sse.js';
+import { abortOnClientGone, whenGone } from './generation.js';
 
-/** Streams a response's events (from the first) as server-sent events, following it until it ends. */
-async function streamEvents(req: FastifyRequest, reply: FastifyReply, log: EventLog, onClientGone?: () => void): Promise<FastifyReply> {
+/**
+ * Streams a response's events (from the first) as server-sent events, following it until it ends
+ * or the client goes (`gone`, made when the request came in, so a client that left during the
+ * awaits before this is seen); `onClientGone` then stops the run itself.
+ */
+async function streamEvents(
+  req: FastifyRequest,
+  reply: FastifyReply,
+  log: EventLog,
+  gone: Cancellation,
+  onClientGone?: () => void,
+): Promise<FastifyReply> {
+  if (onClientGone) whenGone(gone, onClientGone);
+  if (gone.aborted) return reply;
   openSse(reply);
   const raw = reply.raw;
-  const gone = new Cancellation();
-  raw.once('close', () => {
-    gone.abort();
-    if (!raw.writableFinished) onClientGone?.();
-  });
   let sent = 0;
   // What is there goes out in one write (the events of one upstream read, or a replay's all).
   for await (const { start, events } of log.batches(gone)) {
@@ -54,21 +62,20 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
   const { responses } = ctx;
 
   app.post('/v1/responses', { onRequest: ctx.requireKey, schema: { body: ResponsesRequestSchema } }, async (req, reply) => {
+    const gone = abortOnClientGone(reply);
     const body = decodeResponsesRequest(req.body);
     const { run, firstEvents, model, headers } = await responses.create(body, req.principal!, { id: req.id, started: req.startedAt });
     req.metricsModel = ctx.metrics.modelLabel(model);
     reply.headers(headers);
     if (body.stream) {
       // A foreground stream stops when its client leaves; a background one carries on.
-      return streamEvents(req, reply, run, body.background ? undefined : () => run.abort.abort());
+      return streamEvents(req, reply, run, gone, body.background ? undefined : () => run.abort.abort());
     }
     if (body.background) {
       await firstEvents;
       return run.resource();
     }
-    reply.raw.once('close', () => {
-      if (!reply.raw.writableFinished) run.abort.abort();
-    });
+    whenGone(gone, () => run.abort.abort());
     await run.done;
     return run.resource();
   });
@@ -106,7 +113,10 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     },
     async (req, reply) => {
       const stream = req.query.stream === true || req.query.stream === 'true';
-      if (stream) return streamEvents(req, reply, await responses.replay(req.params.id, req.principal!));
+      if (stream) {
+        const gone = abortOnClientGone(reply);
+        return streamEvents(req, reply, await responses.replay(req.params.id, req.principal!), gone);
+      }
       return responses.get(req.params.id, req.principal!);
     },
   );
