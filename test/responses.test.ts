@@ -294,7 +294,23 @@ describe('POST /v1/responses with TinyStories', () => {
       body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true, stream: true },
     });
     const evs = bg.events.map((e) => JSON.parse(e.data) as Ev);
-    assert.equal(evs[0]!.type, 'response.queued');
+    // Every stream begins with response.created; a background one's is queued, then in progress.
+    assert.deepEqual(
+      evs.slice(0, 3).map((e) => [e.type, (e as { response?: { status?: string } }).response?.status]),
+      [
+        ['response.created', 'queued'],
+        ['response.queued', 'queued'],
+        ['response.in_progress', 'in_progress'],
+      ],
+    );
+    checkStream(bg.events);
+    // So the openai SDK's stream helper follows a background response, live and resumed by id.
+    const live = await client.responses
+      .stream({ model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true })
+      .finalResponse();
+    assert.equal(live.status, 'incomplete');
+    const resumed = await client.responses.stream({ response_id: live.id }).finalResponse();
+    assert.equal(resumed.output_text, live.output_text);
     assert.equal(evs.at(-1)!.type, 'response.incomplete');
   });
 

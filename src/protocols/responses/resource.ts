@@ -126,6 +126,8 @@ export class ResponseBuilder implements ResponseFold {
   private toolCalls = 0;
   /** The label the model gave its next (or current) message. */
   private phase: MessagePhase | undefined;
+  /** `response.created` has been rendered. */
+  private created = false;
 
   constructor(
     readonly response: ResponseObject,
@@ -144,22 +146,32 @@ export class ResponseBuilder implements ResponseFold {
     return this.response.output;
   }
 
-  /** `response.queued`: a background response waiting to start. */
+  /**
+   * A background response waiting to start: `response.created` (status `queued`; every stream
+   * begins with it, and the openai SDK's stream helper takes its snapshot from it), then
+   * `response.queued`.
+   */
   queued(): WireEvent[] {
-    return [{ type: 'response.queued', response: copy(this.response) }];
+    this.response.status = 'queued';
+    this.created = true;
+    const snapshot = copy(this.response);
+    return [
+      { type: 'response.created', response: snapshot },
+      { type: 'response.queued', response: copy(snapshot) },
+    ];
   }
 
   private id(kind: 'msg' | 'rs' | 'fc'): string {
     return this.opts.idFor ? this.opts.idFor(kind, this.ids++) : newId(kind);
   }
 
-  /** `response.created` and `response.in_progress`. */
+  /** `response.created` (unless `queued` sent it) and `response.in_progress`. */
   start(): WireEvent[] {
     this.response.status = 'in_progress';
-    return [
-      { type: 'response.created', response: copy(this.response) },
-      { type: 'response.in_progress', response: copy(this.response) },
-    ];
+    const progress: WireEvent = { type: 'response.in_progress', response: copy(this.response) };
+    if (this.created) return [progress];
+    this.created = true;
+    return [{ type: 'response.created', response: copy(this.response) }, progress];
   }
 
   apply(ev: GenerationEvent): WireEvent[] {
