@@ -83,11 +83,13 @@ describe("Open Responses: what the server emits matches the specification's sche
     ],
   ] as const) {
     it(`every stream event (${label}) by the schema of its type`, async () => {
-      const { status, events } = await readSse(server.url, 'POST', '/v1/responses', {
+      const { status, events, done } = await readSse(server.url, 'POST', '/v1/responses', {
         key,
         body: { model: MODEL, input: 'Once upon a time', max_output_tokens: 12, stream: true, ...extra },
       });
       assert.equal(status, 200);
+      // "The terminal event MUST be the literal string [DONE]" (Streaming HTTP Responses).
+      assert.ok(done, 'the stream ends with data: [DONE]');
       const parsed = checkStream(events);
       for (const e of parsed) {
         const v = eventSchemas.get(e.type);

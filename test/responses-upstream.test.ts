@@ -295,6 +295,23 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     assert.deepEqual(stored.json.error, last.response!.error);
   });
 
+  it('answers a foreground non-stream response that failed with the error it failed with, and stores it as failed', async () => {
+    const before = new Set(
+      (await http<{ data: Array<{ id: string }> }>(server.url, 'GET', '/v1/responses?limit=100', { key })).json.data.map((r) => r.id),
+    );
+    const res = await http(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: 'please break' } });
+    assert.equal(res.status, 502, res.text);
+    assert.equal(res.json.error.type, 'server_error');
+    assert.match(res.json.error.message, /upstream/i);
+    assert.ok(res.headers['x-request-id']);
+    const listed = (await http<{ data: WireResponse[] }>(server.url, 'GET', '/v1/responses?limit=100', { key })).json.data;
+    const stored = listed.filter((r) => !before.has(r.id));
+    assert.deepEqual(
+      stored.map((r) => [r.status, r.error?.code]),
+      [['failed', res.json.error.code]],
+    );
+  });
+
   it('refuses tools and structured output for a model that does not advertise them, naming the capability', async () => {
     const tools = await http(server.url, 'POST', '/v1/responses', {
       key,

@@ -97,11 +97,12 @@ describe('POST /v1/responses with TinyStories', () => {
   });
 
   it('streams the documented events, and the stream() helper gives finalResponse()', async () => {
-    const { status, events } = await readSse(server.url, 'POST', '/v1/responses', {
+    const { status, events, done } = await readSse(server.url, 'POST', '/v1/responses', {
       key,
       body: { model: STORIES, input: 'Once upon a time', max_output_tokens: 8, temperature: 0, stream: true },
     });
     assert.equal(status, 200);
+    assert.ok(done, 'the stream ends with data: [DONE], after the terminal event');
     const parsed = checkStream(events);
     const types = parsed.map((d) => d.type);
     const deltas = types.filter((t) => t === 'response.output_text.delta').length;
@@ -240,6 +241,7 @@ describe('POST /v1/responses with TinyStories', () => {
     const id = liveEvents[0]!.response!.id;
     const replay = await readSse(server.url, 'GET', `/v1/responses/${id}?stream=true`, { key });
     const replayed = checkStream(replay.events);
+    assert.ok(live.done && replay.done, 'both end with data: [DONE]');
     const shape = (evs: Ev[]) => evs.filter((e) => e.type !== 'response.output_text.delta').map((e) => e.type);
     assert.deepEqual(shape(replayed), shape(liveEvents));
     assert.deepEqual(replayed.at(-1)!.response, liveEvents.at(-1)!.response, 'the final response is identical');
@@ -304,6 +306,7 @@ describe('POST /v1/responses with TinyStories', () => {
       ],
     );
     checkStream(bg.events);
+    assert.ok(bg.done);
     // So the openai SDK's stream helper follows a background response, live and resumed by id.
     const live = await client.responses
       .stream({ model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true })

@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import Type, { type Static } from 'typebox';
 import type { App, RouteContext } from './context.js';
-import { ApiError } from '../core/errors.js';
+import { ApiError, isErrorCode } from '../core/errors.js';
 import { Cancellation } from '../core/cancellation.js';
 import type { Principal } from '../core/principal.js';
 import type { EventLog } from '../core/responses/run.js';
@@ -18,6 +18,16 @@ import { pageOf } from '../core/paging.js';
 import { sseFrames } from '../protocols/responses/stream.js';
 import { drained, openSse, writeFrames } from './sse.js';
 import { abortOnClientGone, whenGone } from './generation.js';
+
+const DONE_FRAME = 'data: [DONE]\n\n';
+
+/** The error a failed response's `error` names (`server_error` is an internal error). */
+function failureOf(resource: Record<string, unknown>): ApiError {
+  const error = resource['error'] as { code?: unknown; message?: unknown } | null | undefined;
+  const code = isErrorCode(error?.code) ? error.code : 'internal_error';
+  const message = typeof error?.message === 'string' && error.message !== '' ? error.message : 'The response failed.';
+  return new ApiError(code, message);
+}
 
 /**
  * Streams a response's events (from the first) as server-sent events, following it until it ends
@@ -41,7 +51,10 @@ async function streamEvents(
     sent += events.length;
     if (!writeFrames(raw, sseFrames(events, start))) await drained(raw);
   }
-  raw.end();
+  // Open Responses: "The terminal event MUST be the literal string [DONE]" (after the response's
+  // own terminal event; OpenAI's API sends none, and its SDK, like the others, skips it).
+  if (gone.aborted) raw.end();
+  else raw.end(DONE_FRAME);
   req.log.debug({ events: sent }, 'response stream ended');
   return reply;
 }
@@ -77,7 +90,11 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     }
     whenGone(gone, () => run.abort.abort());
     await run.done;
-    return run.resource();
+    const resource = run.resource();
+    // A foreground response that failed is answered as the error it failed with (stored as failed
+    // all the same): the status chat completions answers, and a 5xx the client's SDK retries.
+    if (resource['status'] === 'failed') throw failureOf(resource);
+    return resource;
   });
 
   // Condenses a context into the user's messages and a sealed summary (Open Responses' compaction).

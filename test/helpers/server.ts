@@ -181,7 +181,7 @@ export async function readSse(
   method: string,
   path: string,
   opts: { key: string; body?: object },
-): Promise<{ status: number; events: SseEvent[] }> {
+): Promise<{ status: number; events: SseEvent[]; done: boolean }> {
   const res = await request(`${base}${path}`, {
     method: method as 'GET',
     headers: { authorization: `Bearer ${opts.key}`, 'content-type': 'application/json' },
@@ -200,7 +200,11 @@ export async function readSse(
       }
       return { event, data: data.join('\n') };
     });
-  return { status: res.statusCode, events };
+  // A stream's closing `data: [DONE]` is not an event: `done` says whether it came, last.
+  const last = events.at(-1);
+  const done = last !== undefined && last.event === undefined && last.data === '[DONE]';
+  if (done) events.pop();
+  return { status: res.statusCode, events, done };
 }
 
 /** A server, an inference key of `org`, and the official SDK pointed at it. */
