@@ -99,6 +99,51 @@ describe("Open Responses: what the server emits matches the specification's sche
     });
   }
 
+  it('lists input and conversation items as the item schemas require, status included', async () => {
+    const input = [
+      { type: 'message', role: 'user', content: 'What is the weather in Paris?' },
+      { type: 'message', role: 'developer', content: [{ type: 'input_text', text: 'Be brief.' }] },
+      { type: 'function_call', call_id: 'call_1', name: 'weather', arguments: '{"city":"Paris"}' },
+      { type: 'function_call_output', call_id: 'call_1', output: '{"temp":21}' },
+    ];
+    const r = await http<{ id: string }>(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input, max_output_tokens: 3 },
+    });
+    assert.equal(r.status, 200, r.text);
+    const item = validator('ItemField');
+    const listed = await http<{ data: Array<{ type: string; status?: string }> }>(
+      server.url,
+      'GET',
+      `/v1/responses/${r.json.id}/input_items`,
+      {
+        key,
+      },
+    );
+    assert.equal(listed.json.data.length, input.length);
+    for (const i of listed.json.data) {
+      valid(item, i, `input item ${i.type}`);
+      assert.equal(i.status, 'completed');
+    }
+    const conv = await http<{ id: string }>(server.url, 'POST', '/v1/conversations', { key, body: { items: input } });
+    await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: 'And tomorrow?', conversation: conv.json.id, max_output_tokens: 3 },
+    });
+    const items = await http<{ data: Array<{ type: string }> }>(server.url, 'GET', `/v1/conversations/${conv.json.id}/items?limit=100`, {
+      key,
+    });
+    assert.equal(items.json.data.length, input.length + 2);
+    for (const i of items.json.data) valid(item, i, `conversation item ${i.type}`);
+    // A status the items do not have is refused, naming the field.
+    const bad = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: [{ type: 'message', role: 'user', content: 'x', status: 'done' }] },
+    });
+    assert.equal(bad.status, 400, bad.text);
+    assert.equal(bad.json.error.param, 'input[0].status');
+  });
+
   it('refuses what it cannot do with a 400 naming the parameter, never a silent null', async () => {
     const logprobs = await http(server.url, 'POST', '/v1/responses', { key, body: { model: MODEL, input: 'x', top_logprobs: 2 } });
     assert.equal(logprobs.status, 400);

@@ -66,9 +66,26 @@ function itemId(raw: Raw, where: string, prefix: string): string {
   return id;
 }
 
+const STATUSES = new Set(['in_progress', 'completed', 'incomplete']);
+
+/**
+ * An input item's status: the client's, or `completed` (Open Responses requires one on every
+ * message and function item the API returns, as the input items and conversation lists do).
+ */
+function itemStatus(raw: Raw, where: string): string {
+  const status = raw['status'];
+  if (status === undefined || status === null) return 'completed';
+  if (typeof status !== 'string' || !STATUSES.has(status)) {
+    throw new ApiError('invalid_value', `${where}.status must be one of 'in_progress', 'completed', 'incomplete'.`, {
+      param: `${where}.status`,
+    });
+  }
+  return status;
+}
+
 export function decodeInput(input: string | readonly Raw[]): InputItem[] {
   if (typeof input === 'string')
-    return [{ id: newId('msg'), type: 'message', role: 'user', content: [{ type: 'input_text', text: input }] }];
+    return [{ id: newId('msg'), type: 'message', role: 'user', status: 'completed', content: [{ type: 'input_text', text: input }] }];
   return input.map((raw, i): InputItem => {
     const where = `input[${i}]`;
     // Open Responses lets a reference leave out its type: an object with an id and no message fields.
@@ -92,6 +109,7 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
           id: itemId(raw, where, 'msg'),
           type: 'message',
           role,
+          status: itemStatus(raw, where),
           content: contentParts(raw['content'], role, where),
           ...(phase != null && { phase }),
         };
@@ -103,6 +121,7 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
           call_id: str(raw['call_id'], `${where}.call_id`),
           name: str(raw['name'], `${where}.name`),
           arguments: str(raw['arguments'], `${where}.arguments`),
+          status: itemStatus(raw, where),
         };
       case 'function_call_output': {
         const output = raw['output'];
@@ -111,6 +130,7 @@ export function decodeInput(input: string | readonly Raw[]): InputItem[] {
           type: 'function_call_output',
           call_id: str(raw['call_id'], `${where}.call_id`),
           output: typeof output === 'string' ? output : JSON.stringify(output ?? ''),
+          status: itemStatus(raw, where),
         };
       }
       case 'reasoning': {
