@@ -161,6 +161,12 @@ describe('Responses over WebSocket', () => {
     assert.equal((failed.at(-1)!['error'] as { code: string }).code, 'not_found');
     const again = await s.turn({ store: false, previous_response_id: a.response!.id, input: 'Then?' });
     assert.equal((again.at(-1)!['error'] as { code: string }).code, 'previous_response_not_found');
+    // Likewise when the continuation is refused for a field before anything runs (temperature 5).
+    const b = checkTurn(await s.turn({ store: false, input: 'Once upon a time' }));
+    const refused = await s.turn({ store: false, previous_response_id: b.response!.id, input: 'Then?', temperature: 5 });
+    assert.equal((refused.at(-1)!['error'] as { code: string; param: string }).param, 'temperature');
+    const later = await s.turn({ store: false, previous_response_id: b.response!.id, input: 'Then?' });
+    assert.equal((later.at(-1)!['error'] as { code: string }).code, 'previous_response_not_found');
     s.ws.close();
   });
 

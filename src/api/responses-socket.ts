@@ -101,8 +101,10 @@ class ResponseSocket {
     const n = ++this.turns;
     let previous: string | null = null;
     try {
-      const body = this.decode(data);
-      previous = body.previous_response_id ?? null;
+      const message = this.parse(data);
+      // Known before the message is validated: a continuation refused for any field forgets it too.
+      if (typeof message['previous_response_id'] === 'string') previous = message['previous_response_id'];
+      const body = this.check(message);
       const create = { ...decodeResponsesRequest(body), stream: true };
       const abort = new AbortController();
       this.running = abort;
@@ -134,8 +136,8 @@ class ResponseSocket {
     }
   }
 
-  /** A `response.create` message as a validated request body; anything else is the turn's error. */
-  private decode(data: RawData): ResponsesRequest {
+  /** A `response.create` message's fields (without `type`); anything else is the turn's error. */
+  private parse(data: RawData): Record<string, unknown> {
     let msg: unknown;
     try {
       // Text frames arrive as one Buffer (ws's default binary type); a fragmented one as a list of them.
@@ -151,6 +153,11 @@ class ResponseSocket {
         param: 'type',
       });
     }
+    return body;
+  }
+
+  /** A `response.create` message's fields as a validated request body. */
+  private check(body: Record<string, unknown>): ResponsesRequest {
     for (const field of HTTP_ONLY) {
       if (field in body) {
         throw new ApiError('unsupported_parameter', `'${field}' is an HTTP field; leave it out of WebSocket response.create events.`, {
