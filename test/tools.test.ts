@@ -152,6 +152,79 @@ describe('function calling and structured output on the local engine (stories260
     );
   });
 
+  it('calls only the allowed tools (tool_choice allowed_tools), on chat completions and Responses', async () => {
+    const timeParams = {
+      type: 'object',
+      properties: { zone: { type: 'string', enum: ['UTC', 'CET'] } },
+      required: ['zone'],
+      additionalProperties: false,
+    };
+    const tools: OpenAI.Chat.ChatCompletionTool[] = [
+      weatherTool,
+      { type: 'function', function: { name: 'get_time', parameters: timeParams } },
+    ];
+    // Required among one allowed tool of two: every call is to that tool, at temperature 1.
+    for (let i = 0; i < 8; i++) {
+      const r = await client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'Help me.' }],
+        tools,
+        tool_choice: {
+          type: 'allowed_tools',
+          allowed_tools: { mode: 'required', tools: [{ type: 'function', function: { name: 'get_time' } }] },
+        },
+      });
+      const calls = r.choices[0]!.message.tool_calls ?? [];
+      assert.ok(calls.length > 0);
+      for (const c of calls) assert.equal(c.type === 'function' && c.function.name, 'get_time');
+    }
+    const responsesTools: OpenAI.Responses.FunctionTool[] = [
+      { type: 'function', name: 'get_weather', parameters: weatherParams, strict: true },
+      { type: 'function', name: 'get_time', parameters: timeParams, strict: true },
+    ];
+    for (let i = 0; i < 8; i++) {
+      const r = await client.responses.create({
+        model: STORIES,
+        input: 'Help me.',
+        tools: responsesTools,
+        tool_choice: { type: 'allowed_tools', mode: 'required', tools: [{ type: 'function', name: 'get_weather' }] },
+        store: false,
+      });
+      const calls = r.output.filter((o) => o.type === 'function_call');
+      assert.ok(calls.length > 0);
+      for (const c of calls) {
+        assert.equal(c.name, 'get_weather');
+        assert.ok(validWeather(JSON.parse(c.arguments)));
+      }
+      // The request's tools and choice are echoed as sent (the mode the client left out, as its default).
+      assert.equal(r.tools.length, 2);
+      assert.deepEqual(r.tool_choice, { type: 'allowed_tools', mode: 'required', tools: [{ type: 'function', name: 'get_weather' }] });
+    }
+    // A name that is not one of the tools is refused, naming where it is.
+    const bad = await http(server.url, 'POST', '/v1/responses', {
+      key: client.apiKey!,
+      body: {
+        model: STORIES,
+        input: 'x',
+        tools: responsesTools,
+        tool_choice: { type: 'allowed_tools', tools: [{ type: 'function', name: 'nope' }] },
+      },
+    });
+    assert.equal(bad.status, 400, bad.text);
+    assert.equal(bad.json.error.param, 'tool_choice.tools[0].name');
+    const badChat = await http(server.url, 'POST', '/v1/chat/completions', {
+      key: client.apiKey!,
+      body: {
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        tools,
+        tool_choice: { type: 'allowed_tools', allowed_tools: { mode: 'auto', tools: [{ type: 'function', function: { name: 'nope' } }] } },
+      },
+    });
+    assert.equal(badChat.status, 400, badChat.text);
+    assert.equal(badChat.json.error.param, 'tool_choice.allowed_tools.tools[0].function.name');
+  });
+
   it('lets the model answer in text under "auto" (it never opens a tool call)', async () => {
     const r = await client.chat.completions.create({
       model: STORIES,

@@ -1,4 +1,5 @@
 import { ApiError } from '../core/errors.js';
+import type { FunctionTool, ToolChoice } from '../core/canonical.js';
 
 /**
  * A request that failed its schema, as one clear error naming the parameter: shared by every
@@ -66,4 +67,24 @@ export function refuseChoiceWithoutTools(choice: string | { name: string }): voi
   if (typeof choice !== 'string')
     throw new ApiError('invalid_value', `tool_choice names '${choice.name}', but the request has no tools.`, { param: 'tool_choice' });
   if (choice === 'required') throw new ApiError('invalid_value', "tool_choice 'required' needs tools.", { param: 'tool_choice' });
+}
+
+/**
+ * `tool_choice: {type: "allowed_tools"}` (Open Responses, and OpenAI's chat completions): the model
+ * may call only the named tools, which must be among the request's. Enforced for every engine alike
+ * by offering the engine only those tools (docs/decisions.md, "Allowed tools"); `mode` is the
+ * choice among them. `names[i]` is reported as `param(i)` when it names no tool of the request.
+ */
+export function allowTools(
+  tools: readonly FunctionTool[],
+  names: readonly string[],
+  mode: 'none' | 'auto' | 'required',
+  param: (i: number) => string,
+): { tools: FunctionTool[]; toolChoice: ToolChoice } {
+  names.forEach((name, i) => {
+    if (!tools.some((t) => t.name === name))
+      throw new ApiError('invalid_value', `allowed_tools names '${name}', which is not one of the tools.`, { param: param(i) });
+  });
+  const allowed = new Set(names);
+  return { tools: tools.filter((t) => allowed.has(t.name)), toolChoice: mode };
 }

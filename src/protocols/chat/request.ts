@@ -1,6 +1,6 @@
 import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
-import { refuseChoiceWithoutTools } from '../validation.js';
+import { allowTools, refuseChoiceWithoutTools } from '../validation.js';
 import type { CancelSignal } from '../../core/cancellation.js';
 import {
   newTally,
@@ -64,6 +64,16 @@ export const ChatRequest = Type.Object({
     Type.Union([
       Type.Enum(['none', 'auto', 'required']),
       Type.Object({ type: Type.Literal('function'), function: Type.Object({ name: Type.String() }) }),
+      Type.Object({
+        type: Type.Literal('allowed_tools'),
+        allowed_tools: Type.Object({
+          mode: Type.Enum(['auto', 'required']),
+          tools: Type.Array(Type.Object({ type: Type.Literal('function'), function: Type.Object({ name: Type.String() }) }), {
+            minItems: 1,
+            maxItems: 128,
+          }),
+        }),
+      }),
     ]),
   ),
   parallel_tool_calls: NullableBoolean,
@@ -162,8 +172,18 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
       ...(t.function.parameters !== undefined && { parameters: t.function.parameters as Record<string, unknown> }),
       ...(t.function.strict != null && { strict: t.function.strict }),
     }));
-    if (body.tool_choice != null) {
-      const choice = body.tool_choice;
+    const choice = body.tool_choice;
+    if (choice != null && typeof choice !== 'string' && choice.type === 'allowed_tools') {
+      const { mode, tools } = choice.allowed_tools;
+      const allowed = allowTools(
+        req.tools,
+        tools.map((t) => t.function.name),
+        mode,
+        (i) => `tool_choice.allowed_tools.tools[${i}].function.name`,
+      );
+      req.tools = allowed.tools;
+      req.toolChoice = allowed.toolChoice;
+    } else if (choice != null) {
       if (typeof choice !== 'string' && !body.tools.some((t) => t.function.name === choice.function.name)) {
         throw new ApiError('invalid_value', `tool_choice names '${choice.function.name}', which is not one of the tools.`, {
           param: 'tool_choice',
@@ -173,7 +193,10 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
     }
     if (body.parallel_tool_calls != null) req.parallelToolCalls = body.parallel_tool_calls;
   } else if (body.tool_choice != null) {
-    refuseChoiceWithoutTools(typeof body.tool_choice === 'string' ? body.tool_choice : body.tool_choice.function);
+    const choice = body.tool_choice;
+    refuseChoiceWithoutTools(
+      typeof choice === 'string' ? choice : choice.type === 'function' ? choice.function : choice.allowed_tools.tools[0]!.function,
+    );
   }
   const rf = body.response_format;
   if (rf != null) {

@@ -1,6 +1,6 @@
 import Type, { type Static } from 'typebox';
 import { ApiError } from '../../core/errors.js';
-import { refuseChoiceWithoutTools } from '../validation.js';
+import { allowTools, refuseChoiceWithoutTools } from '../validation.js';
 import type { FunctionTool, ResponseFormat } from '../../core/canonical.js';
 import type { ResponsesCreate } from '../../core/responses/format.js';
 import {
@@ -37,7 +37,15 @@ export const ResponsesRequestSchema = Type.Object({
   top_p: TopP,
   tools: nullable(Type.Array(FunctionTool)),
   tool_choice: nullable(
-    Type.Union([Type.Enum(['auto', 'none', 'required']), Type.Object({ type: Type.Literal('function'), name: Type.String() })]),
+    Type.Union([
+      Type.Enum(['auto', 'none', 'required']),
+      Type.Object({ type: Type.Literal('function'), name: Type.String() }),
+      Type.Object({
+        type: Type.Literal('allowed_tools'),
+        mode: Type.Optional(Type.Enum(['none', 'auto', 'required'])),
+        tools: Type.Array(Type.Object({ type: Type.Literal('function'), name: Type.String() }), { minItems: 1, maxItems: 128 }),
+      }),
+    ]),
   ),
   parallel_tool_calls: NullableBoolean,
   stream: NullableBoolean,
@@ -119,7 +127,16 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
       };
     });
     const choice = body.tool_choice;
-    if (choice != null) {
+    if (choice != null && typeof choice !== 'string' && choice.type === 'allowed_tools') {
+      const allowed = allowTools(
+        generation.tools,
+        choice.tools.map((t) => t.name),
+        choice.mode ?? 'auto',
+        (i) => `tool_choice.tools[${i}].name`,
+      );
+      generation.tools = allowed.tools;
+      generation.toolChoice = allowed.toolChoice;
+    } else if (choice != null) {
       if (typeof choice !== 'string' && !body.tools.some((t) => t.name === choice.name)) {
         throw new ApiError('invalid_value', `tool_choice names '${choice.name}', which is not one of the tools.`, { param: 'tool_choice' });
       }
@@ -127,7 +144,8 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
     }
     if (body.parallel_tool_calls != null) generation.parallelToolCalls = body.parallel_tool_calls;
   } else if (body.tool_choice != null) {
-    refuseChoiceWithoutTools(body.tool_choice);
+    const choice = body.tool_choice;
+    refuseChoiceWithoutTools(typeof choice === 'string' || choice.type === 'function' ? choice : { name: choice.tools[0]!.name });
   }
   const fmt = body.text?.format;
   if (fmt && fmt.type === 'json_schema') {

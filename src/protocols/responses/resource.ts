@@ -405,7 +405,11 @@ function newResource(r: NewResponse<ResponsesRequest>): ResponseObject {
     store: r.store,
     temperature: body.temperature ?? 1,
     text: { format: echoFormat(body.text?.format), ...(body.text?.verbosity != null && { verbosity: body.text.verbosity }) },
-    tool_choice: body.tool_choice ?? 'auto',
+    // AllowedToolChoice requires its mode: the default one the request left out is echoed.
+    tool_choice:
+      typeof body.tool_choice === 'object' && body.tool_choice?.type === 'allowed_tools'
+        ? { mode: 'auto', ...body.tool_choice }
+        : (body.tool_choice ?? 'auto'),
     tools: (body.tools ?? []).map((t) => ({
       type: 'function',
       name: t.name,
