@@ -72,6 +72,54 @@ describe('hardening', () => {
     assert.equal((await http(s.url, 'GET', '/v1/models', { key: s.adminKey, headers: { 'x-pad': 'a'.repeat(2000) } })).status, 200);
   });
 
+  it('answers a missing Host, non-finite and oversized counts and wrongly typed fields with a 400 in the envelope', async () => {
+    const s = keep(await startServer());
+    const port = Number(new URL(s.url).port);
+    // HTTP/1.1 without Host: Node's parser answered a bare 400 with an empty body.
+    const noHost = await sendRaw(port, Buffer.from('GET /healthz HTTP/1.1\r\n\r\n'));
+    assert.equal(noHost.status, 400);
+    assert.match((JSON.parse(noHost.body) as { error: { message: string } }).error.message, /Host header/);
+    assert.ok(noHost.headers.get('x-request-id'));
+    const old = await sendRaw(port, Buffer.from('GET /healthz HTTP/1.0\r\n\r\n'));
+    assert.equal(old.status, 200, 'HTTP/1.0 has no Host requirement');
+    const cases: Array<[string, string, string]> = [
+      // 1e309 parses to Infinity, which passed the integer check and became "Infinity tokens".
+      ['/v1/chat/completions', `{"model":"local/stories260k","messages":[{"role":"user","content":"x"}],"max_tokens":1e309}`, 'max_tokens'],
+      [
+        '/v1/chat/completions',
+        `{"model":"local/stories260k","messages":[{"role":"user","content":"x"}],"max_tokens":4294967296}`,
+        'max_tokens',
+      ],
+      ['/v1/chat/completions', `{"model":"local/stories260k","messages":[{"role":"user","content":"x"}],"user":{"id":1}}`, 'user'],
+      ['/v1/responses', `{"model":"local/stories260k","input":"x","max_output_tokens":1e309}`, 'max_output_tokens'],
+      ['/v1/responses', `{"model":"local/stories260k","input":"x","include":["bogus"]}`, 'include[0]'],
+      ['/v1/messages', `{"model":"local/stories260k","max_tokens":1e309,"messages":[{"role":"user","content":"x"}]}`, 'max_tokens'],
+      ['/v1/messages', `{"model":"local/stories260k","max_tokens":5,"messages":[{"role":"user","content":[]}]}`, 'messages[0].content'],
+    ];
+    for (const [path, body, param] of cases) {
+      const r = await http(s.url, 'POST', path, { key: s.adminKey, body });
+      assert.equal(r.status, 400, `${body} → ${r.text}`);
+      const error = (r.json as unknown as { error: { param?: string | null; type: string; message: string } }).error;
+      assert.equal(error.type, 'invalid_request_error');
+      // Anthropic's envelope has no param: its message names the field instead.
+      if (path === '/v1/messages') assert.ok(error.message.includes(param.split('[')[0]!), `${body} → ${r.text}`);
+      else assert.equal(error.param, param, `${body} → ${r.text}`);
+    }
+    // A final assistant message may be empty (a prefill), as Anthropic's API allows.
+    const prefill = await http(s.url, 'POST', '/v1/messages', {
+      key: s.adminKey,
+      body: {
+        model: 'local/stories260k',
+        max_tokens: 3,
+        messages: [
+          { role: 'user', content: 'Once' },
+          { role: 'assistant', content: '' },
+        ],
+      },
+    });
+    assert.equal(prefill.status, 200, prefill.text);
+  });
+
   it('refuses upstream URLs that reach internal addresses unless allowed, when set and on connect', async () => {
     let hits = 0;
     const internal = keep(

@@ -173,6 +173,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     // gets 408 after bodyTimeoutMs instead of holding its slot forever; checked every second.
     requestTimeout: config.bodyTimeoutMs,
     http: {
+      requireHostHeader: false,
       maxHeaderSize: config.maxHeaderBytes,
       headersTimeout: Math.min(60_000, config.bodyTimeoutMs),
       connectionsCheckingInterval: Math.min(1_000, Math.max(100, Math.floor(config.bodyTimeoutMs / 4))),
@@ -215,6 +216,11 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.addHook('onRequest', (req, reply, done) => {
     req.startedAt = performance.now();
     reply.header('x-request-id', req.id);
+    // HTTP/1.1 requires Host (RFC 9112 §3.2): refused here, in the envelope, rather than by Node's
+    // parser with an empty body (requireHostHeader is off below for that reason).
+    if (req.headers.host === undefined && req.raw.httpVersion === '1.1') {
+      return done(new ApiError('invalid_request', 'An HTTP/1.1 request must carry a Host header.'));
+    }
     // Probes and metrics are answered even under load: they are how operators see it.
     if (!req.url.startsWith('/v1/') && !req.url.startsWith('/admin/')) return done();
     const reason = shedder.refuse();

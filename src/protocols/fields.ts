@@ -9,7 +9,12 @@ const nullable = <T extends Parameters<typeof Type.Optional>[0]>(t: T) => Type.O
 export const ModelField = Type.String({ minLength: 1, maxLength: 255 });
 export const Temperature = nullable(Type.Number({ minimum: 0, maximum: 2 }));
 export const TopP = nullable(Type.Number({ minimum: 0, maximum: 1 }));
-export const MaxOutputTokens = nullable(Type.Integer({ minimum: 1 }));
+/**
+ * The most any count in a request may be: engines hold counts as 32-bit integers, and JSON's `1e309`
+ * parses to Infinity, which Ajv's integer check lets through (Infinity % 1 is NaN).
+ */
+export const COUNT_MAX = 2_147_483_647;
+export const MaxOutputTokens = nullable(Type.Integer({ minimum: 1, maximum: COUNT_MAX }));
 export const Instructions = nullable(Type.String({ maxLength: 32000 }));
 export const Penalty = nullable(Type.Number({ minimum: -2, maximum: 2 }));
 /** llama.cpp seeds are unsigned 32-bit, and 2^32−1 means "random" there: anything outside is refused, not wrapped. */

@@ -77,6 +77,8 @@ export const ChatRequest = Type.Object({
     ]),
   ),
   parallel_tool_calls: NullableBoolean,
+  // A string, as OpenAI's (and passed on to nobody): another type is a client's mistake.
+  user: nullable(Type.String()),
   logprobs: NullableBoolean,
   top_logprobs: TopLogprobs,
   response_format: nullable(

@@ -11,7 +11,7 @@ import {
   type ToolCall,
   type ToolChoice,
 } from '../../core/canonical.js';
-import { ModelField, nullable } from '../fields.js';
+import { COUNT_MAX, ModelField, nullable } from '../fields.js';
 import { obj, str } from '../reader.js';
 
 /**
@@ -42,7 +42,7 @@ const ToolChoiceWire = Type.Object({
 
 const Thinking = Type.Object({
   type: Type.Enum(['enabled', 'disabled', 'adaptive', 'between_tools']),
-  budget_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+  budget_tokens: Type.Optional(Type.Integer({ minimum: 1, maximum: COUNT_MAX })),
   display: nullable(Type.Enum(['summarized', 'omitted'])),
 });
 
@@ -66,10 +66,10 @@ const conversation = {
 /** `POST /v1/messages`; unknown fields are accepted and ignored, as Anthropic's own beta fields come and go. */
 export const MessagesRequest = Type.Object({
   ...conversation,
-  max_tokens: Type.Integer({ minimum: 1 }),
+  max_tokens: Type.Integer({ minimum: 1, maximum: COUNT_MAX }),
   temperature: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
   top_p: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
-  top_k: Type.Optional(Type.Integer({ minimum: 0 })),
+  top_k: Type.Optional(Type.Integer({ minimum: 0, maximum: COUNT_MAX })),
   stop_sequences: Type.Optional(Type.Array(Type.String(), { maxItems: 16 })),
   stream: Type.Optional(Type.Boolean()),
   metadata: nullable(Type.Object({ user_id: nullable(Type.String({ maxLength: 256 })) })),
@@ -258,7 +258,13 @@ function decodeConversation(
   const messages: Message[] = [];
   const system = systemText(body.system as string | WireBlock[] | undefined);
   if (system !== undefined) messages.push({ role: 'system', content: system });
-  body.messages.forEach((m, i) => messages.push(...toMessages(m.role, m.content as string | WireBlock[], i, signatures)));
+  body.messages.forEach((m, i) => {
+    // As Anthropic's API: only a final assistant message (a prefill) may be empty.
+    if (m.content.length === 0 && !(m.role === 'assistant' && i === body.messages.length - 1)) {
+      throw bad('All messages must have non-empty content except for the optional final assistant message.', `messages[${i}].content`);
+    }
+    messages.push(...toMessages(m.role, m.content as string | WireBlock[], i, signatures));
+  });
   const req: GenerationRequest = { model: body.model, messages, sampling: {}, stream, signal, tally: newTally() };
   if (body.tools?.length) {
     req.tools = body.tools.map((t, i) => {

@@ -4,6 +4,7 @@ import { allowTools, refuseChoiceWithoutTools } from '../validation.js';
 import type { FunctionTool, ResponseFormat } from '../../core/canonical.js';
 import type { ResponsesCreate } from '../../core/responses/format.js';
 import {
+  COUNT_MAX,
   Instructions,
   MaxOutputTokens,
   Metadata,
@@ -26,6 +27,17 @@ const FunctionTool = Type.Object({
   parameters: nullable(Type.Record(Type.String(), Type.Unknown())),
   strict: NullableBoolean,
 });
+
+const INCLUDABLE = [
+  'reasoning.encrypted_content',
+  'message.output_text.logprobs',
+  'message.input_image.image_url',
+  'file_search_call.results',
+  'web_search_call.results',
+  'web_search_call.action.sources',
+  'computer_call_output.output.image_url',
+  'code_interpreter_call.outputs',
+];
 
 /** `POST /v1/responses` (spec §4.2 with the wire doc's extra fields); unknown fields are ignored. */
 export const ResponsesRequestSchema = Type.Object({
@@ -71,7 +83,7 @@ export const ResponsesRequestSchema = Type.Object({
   presence_penalty: Penalty,
   frequency_penalty: Penalty,
   top_logprobs: TopLogprobs,
-  max_tool_calls: nullable(Type.Integer({ minimum: 1 })),
+  max_tool_calls: nullable(Type.Integer({ minimum: 1, maximum: COUNT_MAX })),
   service_tier: nullable(Type.Enum(['auto', 'default', 'flex', 'priority'])),
   safety_identifier: nullable(Type.String({ maxLength: 64 })),
   prompt_cache_key: nullable(Type.String({ maxLength: 64 })),
@@ -85,7 +97,9 @@ export const ResponsesRequestSchema = Type.Object({
   previous_response_id: nullable(Type.String({ minLength: 1 })),
   conversation: nullable(Type.Union([Type.String({ minLength: 1 }), Type.Object({ id: Type.String({ minLength: 1 }) })])),
   background: NullableBoolean,
-  include: nullable(Type.Array(Type.String())),
+  // OpenAI's values (Open Responses names two of them): those for tools that are not here include
+  // nothing, and no logprobs are returned; anything else is a 400 listing them.
+  include: nullable(Type.Array(Type.Enum(INCLUDABLE))),
   metadata: nullable(Metadata),
   truncation: nullable(Type.Enum(['auto', 'disabled'])),
   user: nullable(Type.String()),
