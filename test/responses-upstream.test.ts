@@ -303,6 +303,8 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     assert.equal(res.status, 502, res.text);
     assert.equal(res.json.error.type, 'server_error');
     assert.match(res.json.error.message, /upstream/i);
+    // The deployment (config-0 here: internal topology) is in the log, not in the client's error.
+    assert.doesNotMatch(res.json.error.message, /config-\d/);
     assert.ok(res.headers['x-request-id']);
     const listed = (await http<{ data: WireResponse[] }>(server.url, 'GET', '/v1/responses?limit=100', { key })).json.data;
     const stored = listed.filter((r) => !before.has(r.id));

@@ -242,6 +242,15 @@ describe('POST /v1/responses with TinyStories', () => {
     const replay = await readSse(server.url, 'GET', `/v1/responses/${id}?stream=true`, { key });
     const replayed = checkStream(replay.events);
     assert.ok(live.done && replay.done, 'both end with data: [DONE]');
+    // Resumed after a sequence number (OpenAI's starting_after): the rest, numbered as before.
+    const resumed = await readSse(server.url, 'GET', `/v1/responses/${id}?stream=true&starting_after=3`, { key });
+    const rest = resumed.events.map((e) => JSON.parse(e.data) as Ev);
+    assert.deepEqual(
+      rest.map((e) => e.sequence_number),
+      replayed.slice(4).map((e) => e.sequence_number),
+    );
+    assert.deepEqual(rest.at(-1), replayed.at(-1));
+    assert.ok(resumed.done);
     const shape = (evs: Ev[]) => evs.filter((e) => e.type !== 'response.output_text.delta').map((e) => e.type);
     assert.deepEqual(shape(replayed), shape(liveEvents));
     assert.deepEqual(replayed.at(-1)!.response, liveEvents.at(-1)!.response, 'the final response is identical');

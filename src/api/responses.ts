@@ -40,6 +40,7 @@ async function streamEvents(
   log: EventLog,
   gone: Cancellation,
   onClientGone?: () => void,
+  startingAfter = -1,
 ): Promise<FastifyReply> {
   if (onClientGone) whenGone(gone, onClientGone);
   if (gone.aborted) return reply;
@@ -47,7 +48,14 @@ async function streamEvents(
   const raw = reply.raw;
   let sent = 0;
   // What is there goes out in one write (the events of one upstream read, or a replay's all).
-  for await (const { start, events } of log.batches(gone)) {
+  for await (const batch of log.batches(gone)) {
+    let { start, events } = batch;
+    // A replay `starting_after` a sequence number leaves out what the client already has.
+    if (start <= startingAfter) {
+      events = events.slice(startingAfter + 1 - start);
+      start = startingAfter + 1;
+      if (events.length === 0) continue;
+    }
     sent += events.length;
     if (!writeFrames(raw, sseFrames(events, start))) await drained(raw);
   }
@@ -124,6 +132,8 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
         params: IdParams,
         querystring: Type.Object({
           stream: Type.Optional(Type.Union([Type.Boolean(), Type.Enum(['true', 'false'])])),
+          // OpenAI's: the sequence number after which a resumed stream picks up.
+          starting_after: Type.Optional(Type.Integer({ minimum: 0 })),
           include: Type.Optional(Type.Unknown()),
         }),
       },
@@ -132,7 +142,8 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
       const stream = req.query.stream === true || req.query.stream === 'true';
       if (stream) {
         const gone = abortOnClientGone(reply);
-        return streamEvents(req, reply, await responses.replay(req.params.id, req.principal!), gone);
+        const log = await responses.replay(req.params.id, req.principal!);
+        return streamEvents(req, reply, log, gone, undefined, req.query.starting_after);
       }
       return responses.get(req.params.id, req.principal!);
     },

@@ -290,6 +290,8 @@ export class Router {
           this.log.warn({ model: model.id, deployment: id, error: err.message }, 'deployment failed; trying the next');
           continue;
         }
+        // The client's error does not name the deployment (internal topology); the log does.
+        if (failed) this.log.warn({ model: model.id, deployment: id, error: err.message }, 'deployment failed');
         throw err;
       }
     }

@@ -119,24 +119,24 @@ function scrubStrings(value: unknown, clean: (text: string) => string): unknown 
 const NOTHING_TO_FORGET = (): void => undefined;
 
 /** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
-function transportError(err: unknown, target: string, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
+function transportError(err: unknown, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
   const code = (err as { code?: string }).code;
   if (code === 'UND_ERR_CONNECT_TIMEOUT') {
-    return new ApiError('upstream_timeout', `The upstream ${target} did not accept a connection within ${o.connectTimeoutMs} ms.`, {
+    return new ApiError('upstream_timeout', `The upstream did not accept a connection within ${o.connectTimeoutMs} ms.`, {
       failover: early,
     });
   }
   if (code === 'UND_ERR_HEADERS_TIMEOUT') {
-    return new ApiError('upstream_timeout', `The upstream ${target} sent nothing within ${headersTimeoutMs} ms.`, { failover: early });
+    return new ApiError('upstream_timeout', `The upstream sent nothing within ${headersTimeoutMs} ms.`, { failover: early });
   }
   if (code === 'UND_ERR_BODY_TIMEOUT') {
-    return new ApiError('upstream_timeout', `The upstream ${target} went silent for ${o.idleTimeoutMs} ms mid-answer.`, {
+    return new ApiError('upstream_timeout', `The upstream went silent for ${o.idleTimeoutMs} ms mid-answer.`, {
       failover: early,
     });
   }
   return new ApiError(
     early ? 'upstream_unreachable' : 'upstream_error',
-    early ? `The upstream ${target} could not be reached.` : `The upstream ${target} broke off mid-answer.`,
+    early ? `The upstream could not be reached.` : `The upstream broke off mid-answer.`,
     { failover: early },
   );
 }
@@ -328,7 +328,7 @@ export class UpstreamEngine implements Engine {
       forget();
       if (req.signal.aborted) throw new CancelledError();
       this.log.warn({ deployment: target.id, err: (err as Error).message }, 'upstream unreachable');
-      throw transportError(timedOut ? { code: 'UND_ERR_HEADERS_TIMEOUT' } : err, target.id, this.o, true, headersTimeout);
+      throw transportError(timedOut ? { code: 'UND_ERR_HEADERS_TIMEOUT' } : err, this.o, true, headersTimeout);
     } finally {
       if (timer) clearTimeout(timer);
     }
@@ -431,7 +431,7 @@ export class UpstreamEngine implements Engine {
     };
     try {
       if (!stream) {
-        const answer: unknown = await this.readAnswer(res, target.id, reader === chat);
+        const answer: unknown = await this.readAnswer(res, reader === chat);
         reader.read(answer, out);
         yield* see(out);
       } else {
@@ -466,11 +466,9 @@ export class UpstreamEngine implements Engine {
           sinceEvent =
             sinceEvent === -1 ? chunk.length - Math.max(chunk.lastIndexOf(10), chunk.lastIndexOf(13)) - 1 : before + chunk.length;
           if (sinceEvent > this.o.maxLineBytes) {
-            throw new ApiError(
-              'upstream_error',
-              `The upstream ${target.id} sent a stream event larger than ${this.o.maxLineBytes} bytes.`,
-              { failover: early },
-            );
+            throw new ApiError('upstream_error', `The upstream sent a stream event larger than ${this.o.maxLineBytes} bytes.`, {
+              failover: early,
+            });
           }
           if (out.length) {
             yield* see(out);
@@ -483,7 +481,7 @@ export class UpstreamEngine implements Engine {
         if (failure) throw failure;
         // A chat stream closed after its finish reason but without [DONE] is complete.
         if (!done && !guard.capped && !stopped && !chat?.finished)
-          throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
+          throw new ApiError('upstream_error', `The upstream ended its stream before it was complete.`, { failover: early });
       }
     } catch (err) {
       const failure = this.readFailure(err, req, target.id, early, headersTimeout);
@@ -536,7 +534,7 @@ export class UpstreamEngine implements Engine {
       MAX_CHARS_PER_TOKEN,
       this.o.maxLineBytes,
       () =>
-        new ApiError('upstream_error', `The upstream ${target.id} sent a stream event larger than ${this.o.maxLineBytes} bytes.`, {
+        new ApiError('upstream_error', `The upstream sent a stream event larger than ${this.o.maxLineBytes} bytes.`, {
           failover: early,
         }),
     );
@@ -546,7 +544,7 @@ export class UpstreamEngine implements Engine {
     };
     try {
       if (!req.stream) {
-        const answer: unknown = await this.readAnswer(res, target.id, true);
+        const answer: unknown = await this.readAnswer(res, true);
         // Scrubbed string by string: scrubbing the JSON text could change what it parses to.
         if (scrub.active) scrubStrings(answer, clean);
         if (!relay.answer(answer)) {
@@ -591,7 +589,7 @@ export class UpstreamEngine implements Engine {
           if (relay.capped) break;
         }
         if (!relay.complete && !relay.capped)
-          throw new ApiError('upstream_error', `The upstream ${target.id} ended its stream before it was complete.`, { failover: early });
+          throw new ApiError('upstream_error', `The upstream ended its stream before it was complete.`, { failover: early });
         // Complete without [DONE] and without output: the held role and finish chunks are the answer.
         if (held !== '') {
           early = false;
@@ -623,15 +621,15 @@ export class UpstreamEngine implements Engine {
     if (req.signal.aborted || err instanceof undiciErrors.RequestAbortedError) return undefined;
     if (err instanceof ApiError) return err;
     if (err instanceof SyntaxError)
-      return new ApiError('upstream_error', `The upstream ${deployment} sent a reply that is not JSON.`, { failover: early });
+      return new ApiError('upstream_error', `The upstream sent a reply that is not JSON.`, { failover: early });
     this.log.warn({ deployment, err: (err as Error).message }, 'upstream broke off');
-    return transportError(err, deployment, this.o, early, headersTimeout);
+    return transportError(err, this.o, early, headersTimeout);
   }
 
   /** A non-stream answer, parsed, read within the size bound (a declared length past it is refused before reading). */
-  private async readAnswer(res: UpstreamCall, deployment: string, chat: boolean): Promise<unknown> {
+  private async readAnswer(res: UpstreamCall, chat: boolean): Promise<unknown> {
     const tooLarge = () =>
-      new ApiError('upstream_error', `The upstream ${deployment} sent an answer larger than ${this.o.maxBodyBytes} bytes.`, {
+      new ApiError('upstream_error', `The upstream sent an answer larger than ${this.o.maxBodyBytes} bytes.`, {
         failover: true,
       });
     if (Number(res.headers['content-length']) > this.o.maxBodyBytes) throw tooLarge();
@@ -644,7 +642,7 @@ export class UpstreamEngine implements Engine {
     const answer: unknown = JSON.parse(body.toString('utf8'));
     const problem = chat ? answerProblem(answer) : undefined;
     if (problem)
-      throw new ApiError('upstream_error', `The upstream ${deployment} sent a reply that is not a chat completion: ${problem}.`, {
+      throw new ApiError('upstream_error', `The upstream sent a reply that is not a chat completion: ${problem}.`, {
         failover: true,
       });
     return answer;
