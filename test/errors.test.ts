@@ -26,7 +26,10 @@ describe('error contract', () => {
 
   it('answers malformed JSON with 400 invalid_json', async () => {
     for (const body of ['{"org": "acme",', 'not json', '{"a":1}}']) {
-      assertEnvelope(await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body }), 400, 'invalid_json');
+      const res = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body });
+      assertEnvelope(res, 400, 'invalid_json');
+      // The parser's reason, which says where it stopped.
+      assert.match(res.json.error.message, /^The request body is not valid JSON: .*(position|end of JSON|Unexpected)/);
     }
     const empty = await http(server.url, 'POST', '/admin/keys', {
       key: server.adminKey,
@@ -37,6 +40,7 @@ describe('error contract', () => {
     // Valid JSON with a prototype-poisoning key is refused too.
     const proto = await http(server.url, 'POST', '/admin/orgs', { key: server.adminKey, body: '{"id":"x","__proto__":{"admin":true}}' });
     assertEnvelope(proto, 400, 'invalid_json');
+    assert.match(proto.json.error.message, /'__proto__' key/);
   });
 
   it('answers a compressed body with 415, not as JSON it cannot read', async () => {

@@ -15,6 +15,7 @@ import cors from '@fastify/cors';
 import swagger from '@fastify/swagger';
 import websocket from '@fastify/websocket';
 import { Ajv } from 'ajv';
+import { parse as parseSecureJson } from 'secure-json-parse';
 import { ApiError } from '../core/errors.js';
 import { randomHex } from '../core/ids.js';
 import { validationError, type ValidationIssue } from '../protocols/validation.js';
@@ -84,6 +85,18 @@ export function loggableUrl(url: string, knownSecret?: string): string {
   // The decoded form is logged only when it had something to hide (a key written %-escaped).
   const redacted = redactShapes(decoded);
   return redacted !== decoded ? redacted : out;
+}
+
+/** Why a body is not JSON Switchyard takes: JSON.parse's reason (where), or the refused `__proto__` key. */
+function jsonError(err: unknown): ApiError {
+  const reason = err instanceof Error ? err.message : String(err);
+  if (reason === 'Object contains forbidden prototype property') {
+    return new ApiError(
+      'invalid_json',
+      "The request body has a '__proto__' key, which is refused (it could alter objects' prototypes); remove it.",
+    );
+  }
+  return new ApiError('invalid_json', `The request body is not valid JSON: ${reason}.`);
 }
 
 const INBOUND_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -244,7 +257,6 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   // Clients (curl -d, some SDK wrappers) often send JSON without the JSON content type: parse it anyway.
   // An empty body is no body (the OpenAI SDKs send `content-type: application/json` with an empty
   // POST for cancel and with DELETE); routes that need one say so through their schema.
-  const json = app.getDefaultJsonParser('error', 'ignore');
   const parseJson: FastifyBodyParser<string> = (req, body, done) => {
     // A compressed body would be read as text and refused as "not valid JSON": say what is wrong.
     const encoding = req.headers['content-encoding'];
@@ -254,7 +266,14 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
         undefined,
       );
     if (body.trim() === '') return done(null, undefined);
-    json(req, body, done);
+    // Fastify's own JSON parser is this call, but it answers every failure with the same message.
+    let parsed: unknown;
+    try {
+      parsed = parseSecureJson(body, undefined, { protoAction: 'error', constructorAction: 'ignore' });
+    } catch (err) {
+      return done(jsonError(err), undefined);
+    }
+    done(null, parsed);
   };
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
