@@ -388,6 +388,33 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal(ok.status, 200);
   });
 
+  it('leaves the oldest turns out of what the model reads under truncation auto, and refuses without it', async () => {
+    // About 1,000 tokens of turns against stories260K's 512-token context.
+    const turn = 'Once upon a time there was a little girl who liked to play in the park with her dog every day.';
+    const input = [
+      { type: 'message', role: 'developer', content: 'Tell short stories.' },
+      ...Array.from({ length: 24 }, (_, i) => ({ type: 'message', role: i % 2 === 0 ? 'user' : 'assistant', content: turn })),
+    ];
+    const refused = await http(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input, max_output_tokens: 16 } });
+    assert.equal(refused.status, 400, refused.text);
+    assert.equal(refused.json.error.code, 'context_length_exceeded');
+    const r = await client.responses.create({
+      model: STORIES,
+      input: input as OpenAI.Responses.ResponseInput,
+      max_output_tokens: 16,
+      truncation: 'auto',
+    });
+    assert.equal(r.truncation, 'auto');
+    assert.ok(r.usage!.input_tokens + 16 <= 512, `input ${r.usage!.input_tokens}`);
+    assert.ok(r.usage!.input_tokens > 256, 'as many recent turns as fit, not just the last');
+    // What was sent is stored whole; only what the model read was shortened.
+    const items = await client.responses.inputItems.list(r.id, { limit: 100 });
+    assert.equal(items.data.length, input.length);
+    // Without max_output_tokens a quarter of the context is left to answer in.
+    const open = await client.responses.create({ model: STORIES, input: input as OpenAI.Responses.ResponseInput, truncation: 'auto' });
+    assert.ok(open.usage!.input_tokens <= 512 - 128, `input ${open.usage!.input_tokens}`);
+  });
+
   it('stops a response whose client left while it was being set up, streamed or not', async () => {
     // The client sends its request and goes within milliseconds: often before the route had
     // anything to listen on. The run must still stop and be stored as cancelled, not run to its limit.

@@ -84,6 +84,8 @@ export interface ResponsesCreate<Echo> {
   includeSealedReasoning: boolean;
   /** `reasoning.summary`: null for none. */
   summary: string | null;
+  /** `auto`: older turns may be left out of what the model reads when the whole does not fit its context. */
+  truncation: 'auto' | 'disabled';
   /** The decoded request, which the protocol echoes in the response object. */
   echo: Echo;
 }

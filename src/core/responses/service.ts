@@ -3,7 +3,7 @@ import { ApiError } from '../errors.js';
 import { Cancellation } from '../cancellation.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ResponseRecord, Store } from '../../store/store.js';
-import { newTally, tallyUsage, type GenerationRequest, type Usage } from '../canonical.js';
+import { newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
 import {
   checkNewItemIds,
   itemsToMessages,
@@ -457,6 +457,56 @@ export class ResponseService<Echo> {
   }
 
   /**
+   * `truncation: "auto"`: when the whole context does not fit the model's, the oldest turns are left
+   * out of what it reads (the stored input keeps them), cut before a user message so that a function
+   * call is never separated from its output; system and developer messages and the instructions
+   * stay. The earliest cut that fits (keeping the most turns) is found by halving, each step one count of the prompt (exact on
+   * the local engine, estimated for an upstream), leaving room for `max_output_tokens` or, without
+   * it, a quarter of the context (at most 1,024 tokens) to answer in. When not even the last turn
+   * fits, the context is left whole and the engine's context_length_exceeded stands.
+   */
+  private async fit(model: Model, body: ResponsesCreate<Echo>, who: Principal, items: Item[], messages: Message[]): Promise<Message[]> {
+    const ctx = model.context_length;
+    if (ctx === undefined || ctx === null) return messages;
+    const count = async (m: Message[]) =>
+      (
+        await this.pipeline.countInputTokens(model, {
+          ...body.generation,
+          model: model.id,
+          messages: m,
+          stream: false,
+          signal: new Cancellation(),
+          tally: newTally(),
+        })
+      ).tokens;
+    const out = body.generation.maxOutputTokens;
+    const whole = await count(messages);
+    if (whole < ctx && whole + (out ?? 0) <= ctx) return messages;
+    const room = ctx - (out ?? Math.min(1024, Math.floor(ctx / 4)));
+    const cuts = items.flatMap((it, i) => (i > 0 && it.type === 'message' && it.role === 'user' ? [i] : []));
+    const sealed = this.sealedText(who);
+    const from = (cut: number) =>
+      itemsToMessages(
+        [
+          ...items.slice(0, cut).filter((i) => i.type === 'message' && (i.role === 'system' || i.role === 'developer')),
+          ...items.slice(cut),
+        ],
+        body.instructions,
+        sealed,
+      );
+    let best: Message[] | undefined;
+    for (let lo = 0, hi = cuts.length - 1; lo <= hi;) {
+      const mid = (lo + hi) >> 1;
+      const m = from(cuts[mid]!);
+      if ((await count(m)) <= room) {
+        best = m;
+        hi = mid - 1;
+      } else lo = mid + 1;
+    }
+    return best ?? messages;
+  }
+
+  /**
    * `POST /v1/responses/compact`: the context (previous response chain and input) condensed into the
    * user's messages, kept verbatim, and one compaction item: a summary the model writes of everything
    * (sealed, so only this service can read it back). A real generation, admitted, metered and billed
@@ -546,7 +596,10 @@ export class ResponseService<Echo> {
     const { store, background } = body;
     if (background && !store)
       throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
-    const { model, conv, history, input, added, own, messages } = await this.context(body, who, local);
+    const context = await this.context(body, who, local);
+    const { model, conv, history, input, added, own } = context;
+    const messages =
+      body.truncation === 'auto' ? await this.fit(model, body, who, [...history, ...input], context.messages) : context.messages;
     // Continuing a response only this connection knows (`store: false`): a stored one cannot point
     // at it, so it keeps the context it continues as its input.
     const prev = body.previousResponseId === null ? undefined : local?.get(body.previousResponseId);

@@ -193,6 +193,7 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
     conversationId: conversation == null ? null : typeof conversation === 'string' ? conversation : conversation.id,
     includeSealedReasoning: body.include?.includes('reasoning.encrypted_content') === true,
     summary: body.reasoning?.summary ?? null,
+    truncation: body.truncation ?? 'disabled',
     echo: body,
   };
 }
