@@ -113,7 +113,8 @@ async function follow(url: string, path: string, key: string, ms: number): Promi
       for (let i = buf.indexOf('\n\n'); i >= 0; i = buf.indexOf('\n\n')) {
         const data = /^data: (.*)$/m.exec(buf.slice(0, i))?.[1];
         buf = buf.slice(i + 2);
-        if (data) events.push(JSON.parse(data) as { type: string; sequence_number: number });
+        // Open Responses ends the stream with [DONE], which is not an event.
+        if (data && data !== '[DONE]') events.push(JSON.parse(data) as { type: string; sequence_number: number });
       }
     }
   } catch {

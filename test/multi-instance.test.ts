@@ -216,6 +216,7 @@ function follow(origin: string, id: string, key: string, timeoutMs: number): Fol
       status = res.statusCode;
       const decoder = new TextDecoder();
       let buf = '';
+      let sawDone = false;
       for await (const chunk of res.body) {
         buf += decoder.decode(chunk as Buffer, { stream: true });
         let cut: number;
@@ -228,11 +229,18 @@ function follow(origin: string, id: string, key: string, timeoutMs: number): Fol
             .map((l) => l.slice(6))
             .join('\n');
           if (data === '') continue;
+          // Open Responses ends the stream with [DONE], after the terminal event.
+          if (data === '[DONE]') {
+            sawDone = true;
+            continue;
+          }
+          if (sawDone) throw new Error('an event after [DONE]');
           firstAt ??= performance.now();
           events.push(JSON.parse(data) as Ev);
         }
       }
       if (status !== 200) error = `status ${status}`;
+      else if (!sawDone) error = 'no [DONE] at the end';
     } catch (err) {
       error = `${(err as Error).name === 'TimeoutError' || (err as Error).name === 'AbortError' ? `no end within ${timeoutMs} ms` : (err as Error).message}`;
     } finally {
