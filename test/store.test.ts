@@ -56,14 +56,10 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       await store.saveResponseItems(
         'org_a',
         'resp_items',
-        [
-          { id: 'msg_1', json: '{"v":1}' },
-          { id: 'msg_2', json: '{"v":2}' },
-          { id: 'msg_1', json: '{"v":3}' },
-        ],
+        [item({ id: 'msg_1', v: 1 }), item({ id: 'msg_2', v: 2 }), item({ id: 'msg_1', v: 3 })],
         1,
       );
-      await store.saveResponseItems('org_b', 'resp_other', [{ id: 'msg_2', json: '{"b":true}' }], 1);
+      await store.saveResponseItems('org_b', 'resp_other', [item({ id: 'msg_2', b: true })], 1);
       await store.createConversation({ id: 'conv_items', org_id: 'org_a', created_at: 1, created_ms: 1000, metadata: '{}' });
       assert.equal(await store.appendConversationItems('conv_items', [{ id: 'msg_c', json: '{"c":1}' }], 2), true);
       // A conversation deleted (or never there) takes nothing, and says so instead of failing a foreign key.
@@ -78,21 +74,21 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.equal(await store.listConversationItems('conv_many', { after: 'msg_none', limit: 1, order: 'asc' }), undefined);
       assert.deepEqual((await store.listConversationItems('conv_many', { after: 'msg_m0', limit: 1, order: 'asc' }))?.items, ['{"i":1}']);
       // Items of a response deleted while they were written in slices are not left behind.
-      const orphans = Array.from({ length: 1_200 }, (_, i) => ({ id: `msg_o${i}`, json: '{}' }));
+      const orphans = Array.from({ length: 1_200 }, (_, i) => ({ id: `msg_o${i}` }));
       await store.saveResponseItems('org_a', 'resp_deleted_meanwhile', orphans, 5);
       assert.equal((await store.findItems('org_a', ['msg_o0', 'msg_o1199'])).size, 0);
       assert.deepEqual(Object.fromEntries(await store.findItems('org_a', ['msg_1', 'msg_2', 'msg_c', 'msg_none'])), {
-        msg_1: '{"v":1}',
-        msg_2: '{"v":2}',
+        msg_1: '{"id":"msg_1","v":1}',
+        msg_2: '{"id":"msg_2","v":2}',
         msg_c: '{"c":1}',
       });
       assert.deepEqual(Object.fromEntries(await store.findItems('org_c', ['msg_1', 'msg_c'])), {});
       // An id stored before keeps its first item and response: a later save does not move it.
-      await store.saveResponseItems('org_a', 'resp_later', [{ id: 'msg_2', json: '{"v":4}' }], 2);
-      assert.equal((await store.findItems('org_a', ['msg_2'])).get('msg_2'), '{"v":2}');
+      await store.saveResponseItems('org_a', 'resp_later', [item({ id: 'msg_2', v: 4 })], 2);
+      assert.equal((await store.findItems('org_a', ['msg_2'])).get('msg_2'), '{"id":"msg_2","v":2}');
       assert.ok(await store.deleteResponse('resp_items'));
       assert.deepEqual([...(await store.findItems('org_a', ['msg_1', 'msg_2', 'msg_c'])).keys()], ['msg_c']);
-      assert.equal((await store.findItems('org_b', ['msg_2'])).get('msg_2'), '{"b":true}');
+      assert.equal((await store.findItems('org_b', ['msg_2'])).get('msg_2'), '{"id":"msg_2","b":true}');
     });
 
     it('stores chat completions per organization: metadata filters, update, cursor order with equal times, delete', async () => {
@@ -175,6 +171,13 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.deepEqual([page.records.map((r) => r.id), page.hasMore], [['rl_a', 'rl_b'], true]);
       const { input_items: _items, ...listed } = resp('rl_a', 'org_l', 1000);
       assert.deepEqual(page.records[0], listed, 'every field but the input items comes back');
+      assert.deepEqual(await store.getResponse('rl_a'), listed);
+      // The input is kept apart: a change of status leaves it, deleting the response takes it.
+      await store.createResponse({ ...resp('rl_in', 'org_l', 3000), status: 'in_progress', input_items: '[{"id":"msg_in"}]' });
+      assert.equal(await store.updateResponse('rl_in', ['in_progress'], { status: 'completed', body: '{"done":true}' }), true);
+      assert.equal(await store.getResponseInput('rl_in'), '[{"id":"msg_in"}]');
+      assert.equal(await store.deleteResponse('rl_in'), true);
+      assert.equal(await store.getResponseInput('rl_in'), undefined);
       assert.equal((await store.listResponses('org_l', { limit: 3, order: 'asc' })).hasMore, false);
 
       const conv = (id: string, org: string, created_ms: number) => ({
@@ -292,7 +295,7 @@ function creationOrderMigration(name: string, open: () => Promise<{ store: Kysel
       const to = await migrator.migrateTo('0009_stored_chat_completions');
       assert.equal(to.error, undefined);
       await sql`insert into responses (id, org_id, status, background, conversation_id, previous_response_id, created_at, updated_at, body, input_items)
-        values ('resp_old2', 'acme', 'completed', 0, null, null, 1700000002, 1, '{}', '[]'),
+        values ('resp_old2', 'acme', 'completed', 0, null, null, 1700000002, 1, '{}', '[{"id":"msg_old2"}]'),
                ('resp_old1', 'acme', 'completed', 0, null, null, 1700000001, 1, '{}', '[]')`.execute(db);
       await sql`insert into conversations (id, org_id, created_at, metadata) values ('conv_old', 'acme', 1700000003, '{}')`.execute(db);
       await store.migrate();
@@ -305,6 +308,10 @@ function creationOrderMigration(name: string, open: () => Promise<{ store: Kysel
         ],
       );
       assert.equal((await store.getConversation('conv_old'))?.created_ms, 1_700_000_003_000);
+      // 0011 moved each response's input out of its row, unchanged.
+      assert.equal(await store.getResponseInput('resp_old2'), '[{"id":"msg_old2"}]');
+      assert.equal(await store.getResponseInput('resp_old1'), '[]');
+      assert.equal('input_items' in (await store.getResponse('resp_old2'))!, false);
     } finally {
       await db.destroy();
       await store.close();
@@ -313,6 +320,8 @@ function creationOrderMigration(name: string, open: () => Promise<{ store: Kysel
   });
 }
 
+/** An item as the store keeps it: its id and whatever else it holds. */
+const item = (o: { id: string } & Record<string, unknown>): { id: string } => o;
 describe('store: migration 0010 (creation order)', () => {
   creationOrderMigration('sqlite', async () => {
     const dir = tempDir();

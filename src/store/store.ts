@@ -50,7 +50,7 @@ export interface ResponseRecord {
   input_items: string;
 }
 
-/** A response as lists read it: without its input items. */
+/** A response as it is read back: without its input items (getResponseInput has them). */
 export type ListedResponse = Omit<ResponseRecord, 'input_items'>;
 
 export interface ConversationRecord {
@@ -204,8 +204,14 @@ export interface Store {
   getModel(id: string): Promise<Model | undefined>;
   listModels(): Promise<Model[]>;
 
+  /** Stores the response and, apart from it, its input items (written once, never rewritten). */
   createResponse(r: ResponseRecord): Promise<void>;
-  getResponse(id: string): Promise<ResponseRecord | undefined>;
+  getResponse(id: string): Promise<ListedResponse | undefined>;
+  /**
+   * The response's own input items, JSON array: kept out of the response's row, which is rewritten
+   * on every change of status (a 200,000-item input rewritten three times held a worker for seconds).
+   */
+  getResponseInput(id: string): Promise<string | undefined>;
   /** The organization's stored responses, a page at a time (without their input items). */
   listResponses(orgId: string, q: CreationQuery): Promise<{ records: ListedResponse[]; hasMore: boolean }>;
   /** Updates only when the current status is one of `from` (a state transition); returns whether it did. */
@@ -216,12 +222,16 @@ export interface Store {
   ): Promise<boolean>;
   /** Deletes the response and its stored items. */
   deleteResponse(id: string): Promise<boolean>;
-  /** Keeps a stored response's items (input and output) findable by id within the organization; an id already stored keeps its first item. */
-  saveResponseItems(orgId: string, responseId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<void>;
+  /**
+   * Keeps a stored response's items (input and output) findable by id within the organization, each
+   * stored as its JSON (made a slice at a time, between which other requests run); an id already
+   * stored keeps its first item.
+   */
+  saveResponseItems(orgId: string, responseId: string, items: ReadonlyArray<{ readonly id: string }>, at: number): Promise<void>;
   /** Items with these ids the organization stored, in responses or conversations (JSON text by id). */
   findItems(orgId: string, ids: readonly string[]): Promise<Map<string, string>>;
   /** Running responses whose owner stopped refreshing them before `before` (ms). */
-  staleResponses(statuses: readonly string[], before: number): Promise<ResponseRecord[]>;
+  staleResponses(statuses: readonly string[], before: number): Promise<ListedResponse[]>;
   touchResponses(ids: readonly string[], at: number): Promise<void>;
 
   createConversation(c: ConversationRecord): Promise<void>;

@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import { ApiError } from '../errors.js';
 import { Cancellation } from '../cancellation.js';
 import type { Principal } from '../principal.js';
-import type { ConversationRecord, ResponseRecord, Store } from '../../store/store.js';
+import type { ConversationRecord, ListedResponse, Store } from '../../store/store.js';
 import { newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
 import {
   checkNewItemIds,
@@ -275,7 +275,7 @@ export class ResponseService<Echo> {
 
   // ---- reading
 
-  private async record(id: string, who: Principal): Promise<ResponseRecord> {
+  private async record(id: string, who: Principal): Promise<ListedResponse> {
     const r = await this.store.getResponse(id);
     if (!r || r.org_id !== who.orgId) throw new ApiError('not_found', `No response with id '${id}'.`, { param: 'response_id' });
     return r;
@@ -289,7 +289,7 @@ export class ResponseService<Echo> {
   }
 
   /** A stored response as it is now: the run's state while it runs, here or elsewhere; else what was stored. */
-  private async current(r: Pick<ResponseRecord, 'id' | 'body'>): Promise<Record<string, unknown>> {
+  private async current(r: Pick<ListedResponse, 'id' | 'body'>): Promise<Record<string, unknown>> {
     const run = this.running.get(r.id);
     if (run) return run.resource();
     const stored = this.format.read(r.body);
@@ -303,7 +303,7 @@ export class ResponseService<Echo> {
    * `get` serves. `after` must be one of them (another organization's id is treated like one that does not exist).
    */
   async list(who: Principal, page: PageRequest): Promise<Page<{ id: string } & Record<string, unknown>>> {
-    let after: ResponseRecord | undefined;
+    let after: ListedResponse | undefined;
     if (page.after !== undefined) {
       after = await this.store.getResponse(page.after);
       if (!after || after.org_id !== who.orgId)
@@ -325,7 +325,8 @@ export class ResponseService<Echo> {
   }
 
   async inputItems(id: string, who: Principal): Promise<Item[]> {
-    return JSON.parse((await this.record(id, who)).input_items) as Item[];
+    const r = await this.record(id, who);
+    return JSON.parse((await this.store.getResponseInput(r.id)) ?? '[]') as Item[];
   }
 
   async delete(id: string, who: Principal): Promise<void> {
@@ -342,7 +343,7 @@ export class ResponseService<Echo> {
    * Asks the process running a response to stop, and waits until it has stored what it made;
    * false when no owner answered (none is alive, judging by the heartbeat, or it did not answer).
    */
-  private async stopElsewhere(id: string, rec: ResponseRecord): Promise<boolean> {
+  private async stopElsewhere(id: string, rec: ListedResponse): Promise<boolean> {
     if (rec.updated_at < Date.now() - this.opts.staleAfterMs) return false;
     const ended = this.waitEnded(id, CANCEL_WAIT_MS);
     this.bus.publish({ t: 'response.cancel', id });
@@ -404,7 +405,7 @@ export class ResponseService<Echo> {
       if (n === 0 && (r.status === 'queued' || r.status === 'in_progress')) {
         throw new ApiError('invalid_value', `Previous response with id '${id}' is still in progress.`, { param: 'previous_response_id' });
       }
-      chain.unshift([...(JSON.parse(r.input_items) as Item[]), ...this.format.read(r.body).output]);
+      chain.unshift([...(JSON.parse((await this.store.getResponseInput(r.id)) ?? '[]') as Item[]), ...this.format.read(r.body).output]);
       id = r.previous_response_id;
     }
     return chain.flat();
@@ -723,14 +724,7 @@ export class ResponseService<Echo> {
         });
         // Only while the response is still this run's: one deleted or cancelled elsewhere keeps no items.
         if (kept) {
-          await attempt('items', () =>
-            this.store.saveResponseItems(
-              who.orgId,
-              id,
-              [...own, ...fold.output].map((i) => ({ id: i.id, json: JSON.stringify(i) })),
-              nowSeconds(),
-            ),
-          );
+          await attempt('items', () => this.store.saveResponseItems(who.orgId, id, [...own, ...fold.output], nowSeconds()));
         }
         if (conv && (fold.status === 'completed' || fold.status === 'incomplete')) {
           // One contiguous block per response, appended when it ends: concurrent responses on one
