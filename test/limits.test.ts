@@ -80,6 +80,33 @@ describe('limits', () => {
     assert.match(third.json.error.message, /tokens per minute/);
   });
 
+  it('holds a tokens-per-minute limit against concurrent requests, and a request refused by one limit does not count against another', async () => {
+    await awayFromMinuteEdge();
+    // Each request may use its input (a few tokens) and 20 more: 60 tokens a minute admit three at
+    // most at once, where counting only finished requests admitted all twenty.
+    const key = await keyWith(server, 'acme', { tpm: 60 });
+    const statuses = await Promise.all(Array.from({ length: 20 }, () => chat(server, key, MODEL, 20).then((r) => r.status)));
+    const passed = statuses.filter((s) => s === 200).length;
+    assert.ok(passed >= 1 && passed <= 3, `${passed} of 20 admitted: ${statuses.join(' ')}`);
+    assert.ok(
+      statuses.every((s) => s === 200 || s === 429),
+      statuses.join(' '),
+    );
+
+    // Three requests refused by the organization's budget leave the key's rpm of 3 untouched.
+    const org = `org-${randomBytes(4).toString('hex')}`;
+    assert.equal(
+      (await http(server.url, 'POST', '/admin/orgs', { key: server.adminKey, body: { id: org, limits: { budget: 0 } } })).status,
+      201,
+    );
+    const limited = await keyWith(server, org, { rpm: 3 });
+    for (let i = 0; i < 3; i++) assert.equal((await chat(server, limited)).json.error.code, 'budget_exceeded');
+    assert.equal((await http(server.url, 'PATCH', `/admin/orgs/${org}`, { key: server.adminKey, body: { limits: null } })).status, 200);
+    const after = await chat(server, limited);
+    assert.equal(after.status, 200, after.text);
+    assert.equal(after.headers['x-ratelimit-remaining-requests'], '2');
+  });
+
   it('exhausts a spend budget with its own error code', async () => {
     // $1000 per million tokens: 15 tokens cost $0.015.
     const key = await keyWith(server, 'acme', { budget: 0.02, budget_period: 'day' });

@@ -19,11 +19,15 @@ const FORMAT_PARAMS = {
   messages: ['output_config.format', 'output_config.format.schema'],
 } as const;
 
+/** The most tokens a request can use: its estimated input and the largest output it may get. */
+function worstCaseTokens(model: Model, req: GenerationRequest): { input: number; output: number } {
+  const input = estimateInputTokens(req);
+  return { input, output: req.maxOutputTokens ?? Math.max(0, (model.context_length ?? input) - input) };
+}
+
 /** The most a request can cost: its estimated input and the largest output it may get. */
 export function worstCaseCost(model: Model, req: GenerationRequest): number | null {
-  const input = estimateInputTokens(req);
-  const output = req.maxOutputTokens ?? Math.max(0, (model.context_length ?? input) - input);
-  return costOf(model, { input, cached: 0, output });
+  return costOf(model, { ...worstCaseTokens(model, req), cached: 0 });
 }
 
 /** A generation request's endpoint and timing, which every record of it carries. */
@@ -64,7 +68,15 @@ export class GenerationPipeline {
    */
   admit(model: Model, req: GenerationRequest, who: Principal, meta: GenerationMeta): Maybe<Admitted> {
     this.checkNeeds(model, req, meta.endpoint);
-    const admission = this.limiter.admit(who, model.id, () => worstCaseCost(model, req));
+    const admission = this.limiter.admit(
+      who,
+      model.id,
+      () => worstCaseCost(model, req),
+      () => {
+        const { input, output } = worstCaseTokens(model, req);
+        return input + output;
+      },
+    );
     return admission instanceof Promise
       ? admission.then((a) => this.admitted(model, req, who, meta, a))
       : this.admitted(model, req, who, meta, admission);

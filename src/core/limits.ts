@@ -147,6 +147,12 @@ interface Admitting {
   reserve: number;
   /** Budget counters that hold the reservation, with their time to live. */
   reserved: Array<{ key: string; ttlMs: number }>;
+  /** The most tokens the request can use (its estimated input and largest output), reserved against each tpm limit. */
+  tokenReserve: number;
+  /** Token counters that hold that reservation. */
+  tokensReserved: string[];
+  /** Request counters this request was added to (taken back if a later limit refuses it). */
+  counted: string[];
   /** The tightest request and token limits seen, for the x-ratelimit-* headers. */
   requests?: { limit: number; remaining: number };
   tokens?: { limit: number; remaining: number };
@@ -154,9 +160,11 @@ interface Admitting {
 
 /**
  * Per-key and per-organization limits: requests and tokens per minute (fixed one-minute windows),
- * a spend budget per day or month, and an allowed-models list. Requests are counted when admitted;
- * tokens when the request ends (they are not known before). Spend is reserved at admission at the
- * request's worst case and settled to what it really cost when it ends.
+ * a spend budget per day or month, and an allowed-models list. Requests are counted when admitted
+ * (and not at all when a limit refuses them). Tokens and spend are reserved at admission at the
+ * request's worst case and settled to what it really used when it ends, so that concurrent
+ * requests see each other before they finish: 50 requests at once against a 100-token limit are
+ * not all admitted because none has ended yet.
  */
 export class Limiter {
   constructor(
@@ -172,7 +180,7 @@ export class Limiter {
    * it happens: a budget is overshot at most by the worst cases of requests admitted while it still
    * had room, instead of by everything in flight. With local counters the answer is synchronous.
    */
-  admit(who: Limited, model: string, worstCase: () => number | null = () => null): Maybe<Admission> {
+  admit(who: Limited, model: string, worstCase: () => number | null = () => null, worstTokens: () => number = () => 0): Maybe<Admission> {
     if (who.keyLimits === null && who.orgLimits === null) return NO_LIMITS;
     const scopes: Scope[] = [];
     if (who.keyLimits) scopes.push({ scope: 'key', id: who.keyId, limits: who.keyLimits });
@@ -194,9 +202,14 @@ export class Limiter {
       resetS: Math.max(1, Math.ceil(((minute + 1) * MINUTE - now) / 1000)),
       reserve: scopes.some((s) => s.limits.budget !== undefined) ? Math.max(0, worstCase() ?? 0) : 0,
       reserved: [],
+      tokenReserve: scopes.some((s) => s.limits.tpm !== undefined) ? Math.max(0, Math.ceil(worstTokens())) : 0,
+      tokensReserved: [],
+      counted: [],
     };
     const refused = (err: unknown): never => {
       this.giveBack(a, -a.reserve);
+      this.giveBackTokens(a, -a.tokenReserve);
+      for (const key of a.counted) background(this.counters.add(key, -1, 2 * MINUTE));
       throw err;
     };
     let checked: Maybe<void>;
@@ -213,13 +226,21 @@ export class Limiter {
     const s = a.scopes[i];
     if (s === undefined) return;
     const { scope, id, limits } = s;
-    const tpm = () =>
-      limits.tpm === undefined
-        ? undefined
-        : when(this.counters.get(`tpm:${scope}:${id}:${a.minute}`), (used) => this.checkTokens(a, s, used ?? 0));
+    const tokensKey = `tpm:${scope}:${id}:${a.minute}`;
+    const tpm = () => {
+      if (limits.tpm === undefined) return undefined;
+      if (a.tokenReserve <= 0) return when(this.counters.get(tokensKey), (used) => this.checkTokens(a, s, used ?? 0));
+      // The counter's value before this add is what was used and reserved by others.
+      return when(this.counters.add(tokensKey, a.tokenReserve, 2 * MINUTE), (total) => {
+        a.tokensReserved.push(tokensKey);
+        this.checkTokens(a, s, total - a.tokenReserve);
+      });
+    };
     const rest = () => when(tpm(), () => when(this.checkBudget(a, s), () => this.check(a, i + 1)));
     if (limits.rpm === undefined) return rest();
-    return when(this.counters.add(`rpm:${scope}:${id}:${a.minute}`, 1, 2 * MINUTE), (n) => {
+    const requestsKey = `rpm:${scope}:${id}:${a.minute}`;
+    return when(this.counters.add(requestsKey, 1, 2 * MINUTE), (n) => {
+      a.counted.push(requestsKey);
       this.checkRequests(a, s, n);
       return rest();
     });
@@ -285,6 +306,12 @@ export class Limiter {
     for (const r of a.reserved) background(this.counters.add(r.key, amount, r.ttlMs));
   }
 
+  /** Adds `amount` to every token counter that holds this request's reservation. */
+  private giveBackTokens(a: Admitting, amount: number): void {
+    if (amount === 0) return;
+    for (const key of a.tokensReserved) background(this.counters.add(key, amount, 2 * MINUTE));
+  }
+
   /** The admission of a request that passed every limit: its headers, and how it settles. */
   private admitted(a: Admitting): Admission {
     const headers: Record<string, string> = {};
@@ -304,10 +331,12 @@ export class Limiter {
       settle: (tokens, cost) => {
         if (settled) return;
         settled = true;
-        // The reservation becomes what the request really cost (an unpriced request costs nothing here).
+        // The reservations become what the request really used (an unpriced request costs nothing here).
         this.giveBack(a, (cost ?? 0) - a.reserve);
+        this.giveBackTokens(a, tokens - a.tokenReserve);
         for (const { scope, id, limits } of a.scopes) {
-          if (limits.tpm !== undefined && tokens > 0) background(this.counters.add(`tpm:${scope}:${id}:${a.minute}`, tokens, 2 * MINUTE));
+          if (limits.tpm !== undefined && tokens > 0 && a.tokenReserve <= 0)
+            background(this.counters.add(`tpm:${scope}:${id}:${a.minute}`, tokens, 2 * MINUTE));
           if (limits.budget !== undefined && cost && a.reserve === 0) {
             const period = limits.budget_period ?? 'month';
             const start = periodStart(period, new Date(a.now));
