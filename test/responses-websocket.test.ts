@@ -224,6 +224,28 @@ describe('Responses over WebSocket', () => {
     s.ws.close();
   });
 
+  it("applies a key's new limits and its revocation to the next turn of an open connection", async () => {
+    const { key: k, id } = await createKey(server, 'sockets');
+    const s = await Socket.open(server, { authorization: `Bearer ${k}` });
+    checkTurn(await s.turn({ store: false, input: 'Once upon a time' }));
+    // Restricted to another model: the next turn is refused as an HTTP request would be.
+    const patched = await http(server.url, 'PATCH', `/admin/keys/${id}`, {
+      key: server.adminKey,
+      body: { limits: { models: ['local/llama-2-tiny-random'] } },
+    });
+    assert.equal(patched.status, 200, patched.text);
+    const refused = await s.turn({ store: false, input: 'Once upon a time' });
+    assert.equal((refused.at(-1)!['error'] as { code: string }).code, 'model_not_allowed');
+    // Revoked: the next turn is a 401 error event, and the connection closes.
+    assert.equal((await http(server.url, 'DELETE', `/admin/keys/${id}`, { key: server.adminKey })).status, 200);
+    const revoked = await s.turn({ store: false, input: 'Once upon a time', model: 'local/llama-2-tiny-random' });
+    const error = revoked.at(-1)!;
+    valid(errorEvent, error, 'error event');
+    assert.equal(error['status'], 401);
+    const [code] = await s.closed;
+    assert.equal(code, 1008);
+  });
+
   it('authenticates the upgrade like any request', async () => {
     for (const headers of [{}, { authorization: 'Bearer sk-sy-wrong' }]) {
       const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/responses`, { headers });

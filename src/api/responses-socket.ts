@@ -4,6 +4,7 @@ import { Ajv } from 'ajv';
 import type { App, RouteContext } from './context.js';
 import { ApiError } from '../core/errors.js';
 import type { Principal } from '../core/principal.js';
+import { extractToken } from '../protocols/api-key.js';
 import { ConnectionResponses } from '../core/responses/connection-state.js';
 import { ResponsesRequestSchema, decodeResponsesRequest, type ResponsesRequest } from '../protocols/responses/request.js';
 import { socketError, socketFrame } from '../protocols/responses/stream.js';
@@ -48,7 +49,6 @@ class ResponseSocket {
   constructor(
     private readonly ws: WebSocket,
     private readonly req: FastifyRequest,
-    private readonly who: Principal,
     private readonly ctx: RouteContext,
   ) {}
 
@@ -110,7 +110,7 @@ class ResponseSocket {
       this.running = abort;
       const { run } = await this.ctx.responses.create(
         create,
-        this.who,
+        await this.principal(),
         { id: `${this.req.id}.${n}`, started: performance.now() },
         this.local,
       );
@@ -133,6 +133,24 @@ class ResponseSocket {
       this.error(e);
     } finally {
       this.running = undefined;
+    }
+  }
+
+  /**
+   * The key's principal as it is now: each turn is authenticated again with the key the upgrade
+   * carried, as every HTTP request is, so a key revoked or restricted since takes effect on the
+   * next turn (a revoked key's turn is a 401 error event, and the connection then closes).
+   */
+  private async principal(): Promise<Principal> {
+    try {
+      return await this.ctx.auth.authenticate(extractToken(this.req.headers));
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 401) {
+        this.closing = true;
+        this.pending.length = 0;
+        setImmediate(() => this.ws.close(1008, 'API key no longer valid'));
+      }
+      throw err;
     }
   }
 
@@ -251,7 +269,7 @@ export function registerResponseSocket(app: App, ctx: RouteContext, sockets: Res
     schema: { querystring: PageQuery },
     handler: async (req) => listResponses(ctx, req.principal!, req.query),
     wsHandler: (ws: WebSocket, req: FastifyRequest) => {
-      const s = new ResponseSocket(ws, req, req.principal!, ctx);
+      const s = new ResponseSocket(ws, req, ctx);
       sockets.add(s, ws);
       s.start();
     },

@@ -20,7 +20,7 @@ import { ApiError } from '../core/errors.js';
 import { randomHex } from '../core/ids.js';
 import { validationError, type ValidationIssue } from '../protocols/validation.js';
 import { LoadShedder } from './load-shedder.js';
-import { extractToken } from './auth.js';
+import { extractToken } from '../protocols/api-key.js';
 import type { Principal } from '../core/principal.js';
 import { registerModelRoutes } from '../api/models.js';
 import { registerAdminRoutes } from '../api/admin.js';
