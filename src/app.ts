@@ -64,7 +64,13 @@ export interface Service {
   catalogue: Catalogue;
   /** Set when this start generated the bootstrap admin key; shown once, never stored. */
   generatedAdminKey: string | undefined;
+  /** Stops accepting and waits for what runs (requests, responses) to end, then releases everything. */
   close(): Promise<void>;
+  /**
+   * The shutdown timeout passed: what still runs is stopped now (connections closed, responses
+   * failed), billed for what it generated, so that `close` can finish writing the ledger.
+   */
+  stopNow(): void;
 }
 
 /**
@@ -243,6 +249,11 @@ export async function createService(
       store,
       catalogue,
       generatedAdminKey: generated,
+      stopNow() {
+        responses.stopNow();
+        // Each request whose client goes stops as for a client that left: metering records what it made.
+        app.server.closeAllConnections();
+      },
       async close() {
         if (closed) return;
         closed = true;

@@ -106,6 +106,8 @@ export async function serve(argv: string[]): Promise<number> {
     log.flush();
   }
 
+  /** How long stopping what is still running at the shutdown timeout may take (under the primary's 2 s). */
+  const FORCED_STOP_MS = 1_500;
   return new Promise<number>((resolveExit) => {
     let stopping = false;
     const stop = (signal: string) => {
@@ -113,16 +115,25 @@ export async function serve(argv: string[]): Promise<number> {
       stopping = true;
       log.info({ signal, timeout_ms: config.shutdownTimeoutMs }, 'shutting down: no new connections, draining requests');
       log.flush();
+      let forced = false;
       const timer = setTimeout(() => {
-        log.warn('in-flight requests did not finish in time; exiting');
-        resolveExit(1);
+        // Stopped rather than dropped: what they generated is billed before the ledger closes.
+        forced = true;
+        log.warn('in-flight requests did not finish in time; stopping them');
+        service.stopNow();
+        // A worker is killed 2 s after the timeout (cluster.ts): this must end before that.
+        setTimeout(() => {
+          log.warn('could not finish stopping; exiting');
+          resolveExit(1);
+        }, FORCED_STOP_MS).unref();
       }, config.shutdownTimeoutMs);
       timer.unref();
       service.close().then(
         () => {
           clearTimeout(timer);
-          log.info('shut down cleanly');
-          resolveExit(0);
+          if (forced) log.info('stopped what was still running; its usage is recorded');
+          else log.info('shut down cleanly');
+          resolveExit(forced ? 1 : 0);
         },
         (err: unknown) => {
           log.error({ err }, 'error while shutting down');

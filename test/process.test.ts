@@ -5,6 +5,7 @@ import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { connect } from 'node:net';
+import { request } from 'undici';
 import { PACKAGE_ROOT } from '../src/config.js';
 import { http, tempDir, type WireKey, type WireList, type WireModel } from './helpers/server.js';
 import { MAIN, startProcess } from './helpers/process.js';
@@ -135,6 +136,72 @@ describe('the server process', () => {
       }
     });
   }
+
+  it('stops what still runs at the shutdown timeout and bills it: the stream ends, a background response fails', async () => {
+    const dir = tempDir();
+    const admin = 'sk-sy-shutdown-timeout-test-key-0001';
+    const env = { SWITCHYARD_DATA_DIR: dir, SWITCHYARD_ADMIN_KEY: admin, SWITCHYARD_SHUTDOWN_TIMEOUT_MS: '1000' };
+    try {
+      const p = await startProcess(env);
+      const model = 'local/llama-2-tiny-random';
+      // A stream that would run for many seconds, read to its first chunk.
+      const stream = await request(`${p.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${admin}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hello' }], max_tokens: 4000, stream: true }),
+      });
+      const chunks = stream.body[Symbol.asyncIterator]();
+      await chunks.next();
+      const rest = (async () => {
+        try {
+          for (let c = await chunks.next(); !c.done; c = await chunks.next());
+        } catch {
+          // The connection is closed under it: what matters is that it is billed.
+        }
+      })();
+      const bg = await http<{ id: string }>(p.url, 'POST', '/v1/responses', {
+        key: admin,
+        body: { model, input: 'hello', max_output_tokens: 4000, background: true },
+      });
+      await eventually(async () =>
+        assert.equal(
+          (await http<{ status: string }>(p.url, 'GET', `/v1/responses/${bg.json.id}`, { key: admin })).json.status,
+          'in_progress',
+        ),
+      );
+      p.child.kill('SIGTERM');
+      assert.equal(await p.exited, 1, p.stdout());
+      await rest;
+      assert.match(p.stdout(), /stopped what was still running; its usage is recorded/);
+
+      const q = await startProcess(env);
+      try {
+        const usage = await http<{ data: Array<{ requests: number; errors: number; output_tokens: number }> }>(
+          q.url,
+          'GET',
+          '/admin/usage?group_by=model',
+          { key: admin },
+        );
+        const total = usage.json.data.find((d) => (d as unknown as { group: string }).group === model);
+        assert.equal(total?.requests, 2, usage.text);
+        assert.ok((total?.output_tokens ?? 0) > 0, 'what the stopped requests generated is billed');
+        const stored = await http<{ status: string; error: { code: string; message: string } | null }>(
+          q.url,
+          'GET',
+          `/v1/responses/${bg.json.id}`,
+          { key: admin },
+        );
+        assert.equal(stored.json.status, 'failed');
+        assert.equal(stored.json.error?.code, 'server_error');
+        assert.match(stored.json.error?.message ?? '', /shut down/);
+      } finally {
+        q.child.kill('SIGTERM');
+        await q.exited;
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
 
   it('keeps keys and data across a restart and prints no new key', async () => {
     const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir });

@@ -94,6 +94,8 @@ export class ResponseService<Echo> {
   private readonly snapshotWaiters = new Map<number, (resource: Record<string, unknown>) => void>();
   private nonce = 0;
   private unsubscribe: (() => void) | undefined;
+  /** The shutdown timeout passed: runs stopped now are failed, not cancelled. */
+  private shuttingDown = false;
 
   constructor(
     private readonly store: Store,
@@ -252,12 +254,28 @@ export class ResponseService<Echo> {
    * Shutdown: background runs are cancelled (and stored so); foreground ones, which a client is
    * waiting for, are left to finish like any in-flight request.
    */
+  /**
+   * A graceful shutdown: running responses, background ones included, go on to their end (within
+   * the shutdown timeout, after which `stopNow` ends them).
+   */
   async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     this.unsubscribe?.();
-    const runs = [...this.running.values()];
-    for (const r of runs) if (r.background) r.abort.abort();
-    await Promise.allSettled(runs.map((r) => r.done));
+    await Promise.allSettled([...this.running.values()].map((r) => r.done));
+  }
+
+  /**
+   * The shutdown timeout passed: every running response stops now and is stored as `failed` with a
+   * server error (nobody cancelled it), billed for what it generated.
+   */
+  stopNow(): void {
+    this.shuttingDown = true;
+    for (const r of this.running.values()) r.abort.abort();
+  }
+
+  /** The end of a run that was stopped: cancelled (by its client or a cancel call), or failed by a shutdown. */
+  private stopped(fold: ResponseFold): ResponseEvent[] {
+    return this.shuttingDown ? fold.fail('server_error', 'The server shut down before this response finished.') : fold.cancel();
   }
 
   /** A background run cancelled through another instance is stopped here at the next heartbeat. */
@@ -696,11 +714,11 @@ export class ResponseService<Echo> {
         }
         if (run.abort.aborted && !TERMINAL.includes(fold.status)) {
           counted();
-          run.emit(fold.cancel());
+          run.emit(this.stopped(fold));
         }
       } catch (err) {
         counted();
-        if (run.abort.aborted) run.emit(fold.cancel());
+        if (run.abort.aborted) run.emit(this.stopped(fold));
         else {
           const e = err instanceof ApiError ? err : new ApiError('internal_error', 'Generation failed.');
           if (!(err instanceof ApiError)) this.log.error({ err, response_id: id }, 'response generation failed');
