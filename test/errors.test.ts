@@ -122,6 +122,9 @@ describe('error contract', () => {
     assert.equal(traced.headers['x-request-id'], 'trace-1234');
     const hostile = await http(server.url, 'GET', '/v1/models', { key, headers: { 'x-request-id': 'bad id\twith spaces' } });
     assert.match(String(hostile.headers['x-request-id']), /^req_/);
+    // A key sent as the request id (by mistake or to plant it in the log) is not taken.
+    const keyed = await http(server.url, 'GET', '/v1/models', { key, headers: { 'x-request-id': key } });
+    assert.match(String(keyed.headers['x-request-id']), /^req_/);
   });
 
   it('keeps inference keys out of the admin API with 403', async () => {
@@ -151,6 +154,15 @@ describe('error contract', () => {
       assert.equal(res.status, 204);
       assert.equal(res.headers['access-control-allow-origin'], 'https://app.example');
       assert.match(String(res.headers['access-control-allow-headers']), /x-stainless-os/);
+      // Every method the API answers, and the headers the SDKs read.
+      const del = await http(open.url, 'OPTIONS', '/v1/responses/resp_1', {
+        headers: { ...preflight, 'access-control-request-method': 'DELETE' },
+      });
+      assert.match(String(del.headers['access-control-allow-methods']), /DELETE/);
+      assert.match(String(del.headers['access-control-allow-methods']), /PATCH/);
+      const answered = await http(open.url, 'GET', '/healthz', { headers: { origin: 'https://app.example' } });
+      for (const h of ['request-id', 'x-should-retry', 'x-ratelimit-remaining-tokens'])
+        assert.match(String(answered.headers['access-control-expose-headers']), new RegExp(h));
       const other = await http(open.url, 'OPTIONS', '/v1/chat/completions', { headers: { ...preflight, origin: 'https://evil.example' } });
       assert.notEqual(other.headers['access-control-allow-origin'], 'https://evil.example');
     } finally {

@@ -194,7 +194,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     clientErrorHandler: clientError,
     genReqId: (req) => {
       const inbound = req.headers['x-request-id'];
-      return typeof inbound === 'string' && INBOUND_REQUEST_ID.test(inbound) ? inbound : `req_${randomHex()}`;
+      // An id shaped like an API key (sk-…) is not taken: it would be logged and echoed as it is.
+      return typeof inbound === 'string' && INBOUND_REQUEST_ID.test(inbound) && !inbound.startsWith('sk-') ? inbound : `req_${randomHex()}`;
     },
     return503OnClosing: true,
     forceCloseConnections: 'idle',
@@ -305,12 +306,22 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   if (config.corsOrigin !== '') {
     await app.register(cors, {
       origin: config.corsOrigin === '*' ? '*' : config.corsOrigin.split(',').map((o) => o.trim()),
+      // Every method a route answers (the plugin's default leaves out DELETE and PATCH, which
+      // deleting stored objects and the admin API need).
+      methods: ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE'],
+      // What the SDKs read: the request id (Anthropic's name too), whether to retry, the limits.
       exposedHeaders: [
         'x-request-id',
+        'request-id',
         'retry-after',
+        'x-should-retry',
+        'x-switchyard-estimated',
         'x-ratelimit-limit-requests',
         'x-ratelimit-remaining-requests',
         'x-ratelimit-reset-requests',
+        'x-ratelimit-limit-tokens',
+        'x-ratelimit-remaining-tokens',
+        'x-ratelimit-reset-tokens',
       ],
       maxAge: 600,
     });
