@@ -107,6 +107,24 @@ describe('limits', () => {
     assert.equal(after.headers['x-ratelimit-remaining-requests'], '2');
   });
 
+  it('applies allowed models and rpm to the input-token counts too', async () => {
+    await awayFromMinuteEdge();
+    const key = await keyWith(server, 'acme', { rpm: 2, models: [MODEL] });
+    const count = (path: string, model: string) =>
+      http(server.url, 'POST', path, {
+        key,
+        body:
+          path === '/v1/messages/count_tokens'
+            ? { model, messages: [{ role: 'user', content: 'Once upon a time' }] }
+            : { model, input: 'Once upon a time' },
+      });
+    assert.equal((await count('/v1/responses/input_tokens', 'local/llama-2-tiny-random')).status, 403);
+    assert.equal((await count('/v1/messages/count_tokens', 'local/llama-2-tiny-random')).status, 403);
+    assert.equal((await count('/v1/responses/input_tokens', MODEL)).status, 200);
+    assert.equal((await count('/v1/messages/count_tokens', MODEL)).status, 200);
+    assert.equal((await count('/v1/responses/input_tokens', MODEL)).status, 429, 'the third request this minute');
+  });
+
   it('exhausts a spend budget with its own error code', async () => {
     // $1000 per million tokens: 15 tokens cost $0.015.
     const key = await keyWith(server, 'acme', { budget: 0.02, budget_period: 'day' });

@@ -91,7 +91,7 @@ export function registerMessagesRoutes(app: App, ctx: RouteContext): void {
     const who = req.principal!;
     const canonical = decodeCountTokensRequest(req.body, new Cancellation(), signatures(ctx.seal, who));
     const model = ctx.pipeline.resolve(canonical.model, who);
-    const { tokens, estimated } = await ctx.pipeline.countInputTokens(model, canonical);
+    const { tokens, estimated } = await ctx.pipeline.countFor(model, canonical, who);
     if (estimated) reply.header('x-switchyard-estimated', 'true');
     return { input_tokens: tokens };
   });

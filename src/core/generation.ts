@@ -100,6 +100,21 @@ export class GenerationPipeline {
     return this.router.countInputTokens(req, model);
   }
 
+  /**
+   * A client's count of a request's prompt tokens (the input-token endpoints): under the key's and
+   * organization's limits like any request (its models, its requests per minute), since a count
+   * loads a local model and tokenizes; nothing is reserved or billed.
+   */
+  async countFor(model: Model, req: GenerationRequest, who: Principal): Promise<{ tokens: number; estimated: boolean }> {
+    this.checkNeeds(model, req, 'responses');
+    const admission = await this.limiter.admit(who, model.id);
+    try {
+      return await this.router.countInputTokens(req, model);
+    } finally {
+      admission.settle(0, null);
+    }
+  }
+
   /** All of it for a request whose context is complete (chat completions, Messages). */
   start(req: GenerationRequest, who: Principal, meta: GenerationMeta): Maybe<Admitted> {
     return this.admit(this.resolve(req.model, who), req, who, meta);

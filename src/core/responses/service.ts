@@ -598,7 +598,7 @@ export class ResponseService<Echo> {
       signal: new Cancellation(),
       tally: newTally(),
     };
-    return this.pipeline.countInputTokens(model, req);
+    return this.pipeline.countFor(model, req, who);
   }
 
   /**
