@@ -64,6 +64,7 @@ export interface Service {
   catalogue: Catalogue;
   /** Set when this start generated the bootstrap admin key; shown once, never stored. */
   generatedAdminKey: string | undefined;
+  metrics: Metrics;
   /** Stops accepting and waits for what runs (requests, responses) to end, then releases everything. */
   close(): Promise<void>;
   /**
@@ -249,6 +250,7 @@ export async function createService(
       store,
       catalogue,
       generatedAdminKey: generated,
+      metrics,
       stopNow() {
         responses.stopNow();
         // Each request whose client goes stops as for a client that left: metering records what it made.

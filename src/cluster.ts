@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import type { Config } from './config.js';
 import { MemoryCounters, type Counters } from './core/limits.js';
 import { relayBus } from './bus.js';
+import { AggregatorRegistry, type Registry } from 'prom-client';
 
 /**
  * SWITCHYARD_WORKERS=N: N worker processes serve one port (node:cluster hands connections out). The
@@ -93,6 +94,85 @@ async function answer(counters: Counters, worker: Worker, m: CounterCall): Promi
 }
 
 /**
+ * Metrics across the workers: a scrape lands on one worker, which asks the primary, which collects
+ * every worker's metrics and sums them (prom-client's AggregatorRegistry; gauges as each declares).
+ * Each worker alone would answer for itself, and a counter read from one worker and then another
+ * goes backwards.
+ */
+type MetricsMessage =
+  | { sy: 'metrics'; op: 'gather'; id: number }
+  | { sy: 'metrics'; op: 'collect'; id: number }
+  | { sy: 'metrics'; op: 'collected'; id: number; json: unknown[] }
+  | { sy: 'metrics'; op: 'text'; id: number; text: string };
+const isMetrics = (m: unknown): m is MetricsMessage => typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'metrics';
+
+/** How long a scrape waits for the other workers before answering with what it has. */
+const METRICS_WAIT_MS = 3_000;
+
+/** A worker's side: answers the primary's collections, and renders a scrape from the whole cluster. */
+export function clusterMetrics(registry: Registry): () => Promise<string> {
+  let seq = 0;
+  const waiting = new Map<number, (text: string) => void>();
+  process.on('message', (m: unknown) => {
+    if (!isMetrics(m)) return;
+    if (m.op === 'collect') {
+      registry.getMetricsAsJSON().then(
+        (json) => process.send?.({ sy: 'metrics', op: 'collected', id: m.id, json } satisfies MetricsMessage),
+        () => process.send?.({ sy: 'metrics', op: 'collected', id: m.id, json: [] } satisfies MetricsMessage),
+      );
+    } else if (m.op === 'text') {
+      waiting.get(m.id)?.(m.text);
+      waiting.delete(m.id);
+    }
+  });
+  return () => {
+    const id = ++seq;
+    return new Promise<string>((resolve) => {
+      const timer = setTimeout(() => {
+        waiting.delete(id);
+        resolve(registry.metrics());
+      }, METRICS_WAIT_MS + 1_000);
+      waiting.set(id, (text) => {
+        clearTimeout(timer);
+        resolve(text);
+      });
+      process.send?.({ sy: 'metrics', op: 'gather', id } satisfies MetricsMessage);
+    });
+  };
+}
+
+/** The primary's side: a worker's scrape (its `replyId`), from every live worker's metrics (collected under `id`). */
+function gatherMetricsFor(from: Worker, replyId: number, id: number, log: Logger): void {
+  const live = Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined && w.isConnected());
+  const collected: unknown[][] = [];
+  let left = live.length;
+  let sent = false;
+  const send = () => {
+    if (sent) return;
+    sent = true;
+    clearTimeout(timer);
+    for (const w of live) w.off('message', onMessage);
+    AggregatorRegistry.aggregate(collected as Parameters<typeof AggregatorRegistry.aggregate>[0])
+      .metrics()
+      .then(
+        (text) => from.isConnected() && from.send({ sy: 'metrics', op: 'text', id: replyId, text } satisfies MetricsMessage),
+        (err: unknown) => log.warn({ err }, "aggregating the workers' metrics failed"),
+      );
+  };
+  const onMessage = (m: unknown) => {
+    if (!isMetrics(m) || m.op !== 'collected' || m.id !== id) return;
+    collected.push(m.json);
+    if (--left === 0) send();
+  };
+  const timer = setTimeout(send, METRICS_WAIT_MS);
+  for (const w of live) {
+    w.on('message', onMessage);
+    w.send({ sy: 'metrics', op: 'collect', id } satisfies MetricsMessage);
+  }
+  if (left === 0) send();
+}
+
+/**
  * Runs the primary until SIGTERM/SIGINT: forks the workers, serves their counters, restarts any that
  * die (after a pause, so a worker that cannot start does not spin), and on a signal passes it on and
  * waits for every worker to drain. Resolves with the exit code.
@@ -109,8 +189,11 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
   let announced = false;
   const fork = () => cluster.fork();
 
+  let gathers = 0;
   cluster.on('message', (worker, m: unknown) => {
     if (counters && isCall(m)) answer(counters, worker, m).catch((err: unknown) => log.warn({ err }, 'counter call failed'));
+    // Each gather has an id of the primary's own (workers' ids may collide), answered under the worker's.
+    else if (isMetrics(m) && m.op === 'gather') gatherMetricsFor(worker, m.id, ++gathers, log);
   });
   cluster.on('listening', (worker, address) => {
     listening.add(worker.id);

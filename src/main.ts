@@ -2,7 +2,7 @@ import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig } from './config.js';
 import cluster from 'node:cluster';
 import { createLogger, createService, prepareDatabase } from './app.js';
-import { IpcCounters, START_FAILED, runPrimary } from './cluster.js';
+import { IpcCounters, START_FAILED, clusterMetrics, runPrimary } from './cluster.js';
 import { workerBus } from './bus.js';
 
 const USAGE = `Usage: npm start [-- --port N --host H]   (or: node dist/src/main.js, npx switchyard serve)
@@ -91,6 +91,8 @@ export async function serve(argv: string[]): Promise<number> {
   } catch (err) {
     return cannotStart(err, 'start-up failed');
   }
+  // A scrape answers for every worker, not just the one it reached.
+  if (isWorker) service.metrics.text = clusterMetrics(service.metrics.registry);
   showGeneratedKey(service.generatedAdminKey);
   if (!early) {
     let address: string;

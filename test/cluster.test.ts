@@ -75,6 +75,23 @@ describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
         return u;
       });
       assert.equal(usage.json.data[0]?.output_tokens, 12);
+
+      // A scrape answers for both workers, whichever it reaches: the counters are the cluster's sums,
+      // the same on every scrape (read from one worker, then the other, they went backwards).
+      const series = (status: number) =>
+        new RegExp(
+          `^switchyard_requests_total\\{route="/v1/chat/completions",model="[^"]*",status="${status}"\\} (\\d+)$`,
+          'm',
+        );
+      for (let i = 0; i < 4; i++) {
+        const client = new Client(p.url);
+        const res = await client.request({ path: '/metrics', method: 'GET' });
+        const text = await res.body.text();
+        await client.close();
+        assert.equal(series(200).exec(text)?.[1], '4', text.slice(0, 2000));
+        assert.equal(series(429).exec(text)?.[1], '4');
+        assert.match(text, /^switchyard_ledger_writable 1$/m, 'a gauge of each worker, not their sum');
+      }
     } finally {
       p.child.kill('SIGTERM');
     }

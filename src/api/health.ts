@@ -20,7 +20,7 @@ export function registerHealthRoutes(app: App, ctx: RouteContext): void {
       if (!sent) throw new ApiError('invalid_api_key', 'The metrics endpoint needs its token.');
     }
     reply.type(ctx.metrics.registry.contentType);
-    return ctx.metrics.registry.metrics();
+    return ctx.metrics.text();
   });
 
   /** Ready to serve: the database answers, and the usage ledger can write to it (answers wait for their record). */

@@ -128,6 +128,8 @@ export interface SchemaOutcomes {
 
 export class Metrics {
   readonly registry = new Registry();
+  /** The exposition a scrape answers: this registry's, or (in a worker of several) the whole cluster's. */
+  text: () => Promise<string> = () => this.registry.metrics();
 
   /** The `model` label for a catalogue model (see the constructor). */
   modelLabel(model: Pick<Model, 'id' | 'visibility'>): string {
@@ -221,6 +223,8 @@ export class Metrics {
       help: '0 while a deployment is ejected by the circuit breaker, else 1',
       labelNames: ['deployment'],
       registers,
+      // Across workers (a cluster's scrape): 0 if any worker has it ejected.
+      aggregator: 'min',
     });
     this.shed = new Counter({
       name: 'switchyard_shed_total',
@@ -243,6 +247,7 @@ export class Metrics {
       name: 'switchyard_ledger_writable',
       help: '1 while the usage ledger can write to the database, else 0',
       registers,
+      aggregator: 'min',
     });
     this.ledgerWritable.set(1);
     new Gauge({
