@@ -813,7 +813,8 @@ export class KyselyStore implements Store {
       cached_tokens: Number(r.cached_tokens ?? 0),
       output_tokens: Number(r.output_tokens ?? 0),
       reasoning_tokens: Number(r.reasoning_tokens ?? 0),
-      cost: Number(r.cost ?? 0),
+      // Each record's cost is rounded to 1e-10 dollars; their sum in floating point is not (6.000000000000001e-05).
+      cost: Math.round(Number(r.cost ?? 0) * 1e10) / 1e10,
       unpriced_requests: Number(r.unpriced_requests ?? 0),
       estimated_requests: Number(r.estimated_requests ?? 0),
     }));
