@@ -79,10 +79,7 @@ describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
       // A scrape answers for both workers, whichever it reaches: the counters are the cluster's sums,
       // the same on every scrape (read from one worker, then the other, they went backwards).
       const series = (status: number) =>
-        new RegExp(
-          `^switchyard_requests_total\\{route="/v1/chat/completions",model="[^"]*",status="${status}"\\} (\\d+)$`,
-          'm',
-        );
+        new RegExp(`^switchyard_requests_total\\{route="/v1/chat/completions",model="[^"]*",status="${status}"\\} (\\d+)$`, 'm');
       for (let i = 0; i < 4; i++) {
         const client = new Client(p.url);
         const res = await client.request({ path: '/metrics', method: 'GET' });

@@ -300,6 +300,19 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       }),
       (err: unknown) => err instanceof Anthropic.BadRequestError && /Tool type 'mcp_toolset' is not supported/.test(err.message),
     );
+    // A tool_result that answers no tool_use of the message before, as Anthropic's API refuses it.
+    await assert.rejects(
+      client.messages.create({
+        model: STORIES,
+        max_tokens: 5,
+        messages: [
+          { role: 'user', content: 'x' },
+          { role: 'assistant', content: 'No tool here.' },
+          { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_none', content: '42' }] },
+        ],
+      }),
+      (err: unknown) => err instanceof Anthropic.BadRequestError && /unexpected tool_use_id 'toolu_none'/.test(err.message),
+    );
     // A body that is not JSON, on the raw wire.
     const raw = await http<{ type: string; error: { type: string } }>(server.url, 'POST', '/v1/messages', {
       headers: { 'x-api-key': key, 'content-type': 'application/json', 'anthropic-version': '2023-06-01' },

@@ -258,12 +258,24 @@ function decodeConversation(
   const messages: Message[] = [];
   const system = systemText(body.system as string | WireBlock[] | undefined);
   if (system !== undefined) messages.push({ role: 'system', content: system });
+  /** The tool_use ids of the message before (a tool_result answers one of them, as Anthropic's API requires). */
+  let calls = new Set<string>();
   body.messages.forEach((m, i) => {
     // As Anthropic's API: only a final assistant message (a prefill) may be empty.
     if (m.content.length === 0 && !(m.role === 'assistant' && i === body.messages.length - 1)) {
       throw bad('All messages must have non-empty content except for the optional final assistant message.', `messages[${i}].content`);
     }
-    messages.push(...toMessages(m.role, m.content as string | WireBlock[], i, signatures));
+    const converted = toMessages(m.role, m.content as string | WireBlock[], i, signatures);
+    for (const c of converted) {
+      if (c.role === 'tool' && !calls.has(c.toolCallId ?? '')) {
+        throw bad(
+          `messages.${i}: unexpected tool_use_id '${c.toolCallId ?? ''}' in a tool_result block; each tool_result must answer a tool_use of the previous message.`,
+          `messages[${i}].content`,
+        );
+      }
+    }
+    calls = new Set(converted.flatMap((c) => (c.toolCalls ?? []).map((t) => t.id)));
+    messages.push(...converted);
   });
   const req: GenerationRequest = { model: body.model, messages, sampling: {}, stream, signal, tally: newTally() };
   if (body.tools?.length) {
