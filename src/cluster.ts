@@ -141,35 +141,51 @@ export function clusterMetrics(registry: Registry): () => Promise<string> {
   };
 }
 
+/** Each worker's last metrics, for a scrape that one of them does not answer in time. */
+const lastMetrics = new Map<number, unknown[]>();
+
 /** The primary's side: a worker's scrape (its `replyId`), from every live worker's metrics (collected under `id`). */
 function gatherMetricsFor(from: Worker, replyId: number, id: number, log: Logger): void {
   const live = Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined && w.isConnected());
-  const collected: unknown[][] = [];
-  let left = live.length;
+  const collected = new Map<number, unknown[]>();
   let sent = false;
   const send = () => {
     if (sent) return;
     sent = true;
     clearTimeout(timer);
-    for (const w of live) w.off('message', onMessage);
-    AggregatorRegistry.aggregate(collected as Parameters<typeof AggregatorRegistry.aggregate>[0])
-      .metrics()
-      .then(
-        (text) => from.isConnected() && from.send({ sy: 'metrics', op: 'text', id: replyId, text } satisfies MetricsMessage),
-        (err: unknown) => log.warn({ err }, "aggregating the workers' metrics failed"),
-      );
+    for (const [w, listener] of listeners) w.off('message', listener);
+    // A worker that did not answer in time (busy, starting) counts with what it answered last:
+    // leaving it out would make the sums, and so the counters, go down.
+    for (const w of live) {
+      const last = lastMetrics.get(w.id);
+      if (!collected.has(w.id) && last) collected.set(w.id, last);
+    }
+    let text: Promise<string>;
+    try {
+      text = AggregatorRegistry.aggregate([...collected.values()] as Parameters<typeof AggregatorRegistry.aggregate>[0]).metrics();
+    } catch (err) {
+      text = Promise.reject(err as Error);
+    }
+    text.then(
+      (t) => from.isConnected() && from.send({ sy: 'metrics', op: 'text', id: replyId, text: t } satisfies MetricsMessage),
+      (err: unknown) => log.warn({ err }, "aggregating the workers' metrics failed"),
+    );
   };
-  const onMessage = (m: unknown) => {
-    if (!isMetrics(m) || m.op !== 'collected' || m.id !== id) return;
-    collected.push(m.json);
-    if (--left === 0) send();
-  };
+  const listeners: Array<[Worker, (m: unknown) => void]> = [];
   const timer = setTimeout(send, METRICS_WAIT_MS);
   for (const w of live) {
-    w.on('message', onMessage);
-    w.send({ sy: 'metrics', op: 'collect', id } satisfies MetricsMessage);
+    const onWorker = (m: unknown) => {
+      if (!isMetrics(m) || m.op !== 'collected' || m.id !== id) return;
+      collected.set(w.id, m.json);
+      lastMetrics.set(w.id, m.json);
+      if (collected.size === live.length) send();
+    };
+    listeners.push([w, onWorker]);
+    w.on('message', onWorker);
+    // A worker that has just gone counts with what it answered last (or not at all).
+    w.send({ sy: 'metrics', op: 'collect', id } satisfies MetricsMessage, undefined, () => undefined);
   }
-  if (left === 0) send();
+  if (live.length === 0) send();
 }
 
 /**
@@ -203,6 +219,7 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
     log.flush();
   });
   cluster.on('exit', (worker, code, signal) => {
+    lastMetrics.delete(worker.id);
     if (stopping) return;
     if (code === START_FAILED && !announced) {
       // The service never came up (the error is on stderr): another worker would fail the same

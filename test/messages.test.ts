@@ -313,6 +313,28 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       }),
       (err: unknown) => err instanceof Anthropic.BadRequestError && /unexpected tool_use_id 'toolu_none'/.test(err.message),
     );
+    // Consecutive turns of one role are one turn, as Anthropic merges them: results split over two
+    // user turns both answer the assistant's calls.
+    const merged = await http(server.url, 'POST', '/v1/messages', {
+      headers: { 'x-api-key': key, 'anthropic-version': '2023-06-01' },
+      body: {
+        model: STORIES,
+        max_tokens: 3,
+        messages: [
+          { role: 'user', content: 'x' },
+          {
+            role: 'assistant',
+            content: [
+              { type: 'tool_use', id: 'toolu_a', name: 'f', input: {} },
+              { type: 'tool_use', id: 'toolu_b', name: 'f', input: {} },
+            ],
+          },
+          { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_a', content: '1' }] },
+          { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_b', content: '2' }] },
+        ],
+      },
+    });
+    assert.equal(merged.status, 200, merged.text);
     // A body that is not JSON, on the raw wire.
     const raw = await http<{ type: string; error: { type: string } }>(server.url, 'POST', '/v1/messages', {
       headers: { 'x-api-key': key, 'content-type': 'application/json', 'anthropic-version': '2023-06-01' },

@@ -242,14 +242,15 @@ describe('POST /v1/responses with TinyStories', () => {
     const replay = await readSse(server.url, 'GET', `/v1/responses/${id}?stream=true`, { key });
     const replayed = checkStream(replay.events);
     assert.ok(live.done && replay.done, 'both end with data: [DONE]');
-    // Resumed after a sequence number (OpenAI's starting_after): the rest, numbered as before.
+    // Resumed after a sequence number (OpenAI's starting_after) once it has finished: the replay is
+    // not numbered as the live stream was, so what follows is its end, the whole response.
     const resumed = await readSse(server.url, 'GET', `/v1/responses/${id}?stream=true&starting_after=3`, { key });
     const rest = resumed.events.map((e) => JSON.parse(e.data) as Ev);
     assert.deepEqual(
-      rest.map((e) => e.sequence_number),
-      replayed.slice(4).map((e) => e.sequence_number),
+      rest.map((e) => [e.type, e.sequence_number]),
+      [[liveEvents.at(-1)!.type, 4]],
     );
-    assert.deepEqual(rest.at(-1), replayed.at(-1));
+    assert.deepEqual(rest[0]!.response, liveEvents.at(-1)!.response);
     assert.ok(resumed.done);
     const shape = (evs: Ev[]) => evs.filter((e) => e.type !== 'response.output_text.delta').map((e) => e.type);
     assert.deepEqual(shape(replayed), shape(liveEvents));
@@ -316,6 +317,14 @@ describe('POST /v1/responses with TinyStories', () => {
     );
     checkStream(bg.events);
     assert.ok(bg.done);
+    // A running response resumed after a sequence number: the rest of the live stream, numbered as it was.
+    const running = await client.responses.create({ model: RANDOM, input: 'hello', max_output_tokens: 60, background: true });
+    const resumedLive = await readSse(server.url, 'GET', `/v1/responses/${running.id}?stream=true&starting_after=2`, { key });
+    const liveRest = resumedLive.events.map((e) => JSON.parse(e.data) as Ev);
+    assert.equal(liveRest[0]!.sequence_number, 3);
+    liveRest.forEach((e, i) => assert.equal(e.sequence_number, 3 + i));
+    assert.equal(liveRest.at(-1)!.type, 'response.incomplete');
+    assert.ok(resumedLive.done);
     // So the openai SDK's stream helper follows a background response, live and resumed by id.
     const live = await client.responses
       .stream({ model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true })

@@ -14,6 +14,7 @@ import {
 import { compactionObject, inputTokensObject } from '../protocols/responses/resource.js';
 import { IdParams } from '../protocols/responses/conversations.js';
 import { PageQuery, listPage } from '../protocols/pages.js';
+import { COUNT_MAX } from '../protocols/fields.js';
 import { pageOf } from '../core/paging.js';
 import { sseFrames } from '../protocols/responses/stream.js';
 import { drained, openSse, writeFrames } from './sse.js';
@@ -50,8 +51,13 @@ async function streamEvents(
   // What is there goes out in one write (the events of one upstream read, or a replay's all).
   for await (const batch of log.batches(gone)) {
     let { start, events } = batch;
-    // A replay `starting_after` a sequence number leaves out what the client already has.
-    if (start <= startingAfter) {
+    if (startingAfter >= 0 && log.replayed) {
+      // A finished response re-rendered from storage is not numbered as its live stream was: what
+      // follows any point of that stream is its end, the terminal event carrying the whole response.
+      events = events.slice(-1);
+      start = startingAfter + 1;
+    } else if (start <= startingAfter) {
+      // A replay `starting_after` a sequence number leaves out what the client already has.
       events = events.slice(startingAfter + 1 - start);
       start = startingAfter + 1;
       if (events.length === 0) continue;
@@ -133,7 +139,7 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
         querystring: Type.Object({
           stream: Type.Optional(Type.Union([Type.Boolean(), Type.Enum(['true', 'false'])])),
           // OpenAI's: the sequence number after which a resumed stream picks up.
-          starting_after: Type.Optional(Type.Integer({ minimum: 0 })),
+          starting_after: Type.Optional(Type.Integer({ minimum: 0, maximum: COUNT_MAX })),
           include: Type.Optional(Type.Unknown()),
         }),
       },

@@ -102,12 +102,13 @@ export class GenerationPipeline {
 
   /**
    * A client's count of a request's prompt tokens (the input-token endpoints): under the key's and
-   * organization's limits like any request (its models, its requests per minute), since a count
-   * loads a local model and tokenizes; nothing is reserved or billed.
+   * organization's allowed models and requests per minute, since a count loads a local model and
+   * tokenizes; its requests are counted apart from generation's (as Anthropic limits its token
+   * counting apart), and no token or spend limit applies, since nothing is generated or billed.
    */
   async countFor(model: Model, req: GenerationRequest, who: Principal): Promise<{ tokens: number; estimated: boolean }> {
     this.checkNeeds(model, req, 'responses');
-    const admission = await this.limiter.admit(who, model.id);
+    const admission = await this.limiter.admit(who, model.id, undefined, undefined, true);
     try {
       return await this.router.countInputTokens(req, model);
     } finally {

@@ -79,6 +79,9 @@ export class Ledger {
   private timer: NodeJS.Timeout | undefined;
   private flushing: Promise<void> = Promise.resolve();
   private canWrite = true;
+  /** Generations being metered whose record is not queued yet; `close` waits for them. */
+  private metering = 0;
+  private meteringEnded: (() => void) | undefined;
 
   constructor(
     private readonly store: Store,
@@ -97,6 +100,19 @@ export class Ledger {
       if (this.queue.length || this.setAside.length) void this.flush();
     }, this.retryMs);
     this.timer.unref();
+  }
+
+  /**
+   * A generation began (`begin`) or has queued its record (`end`): a shutdown closes the ledger only
+   * once every generation it stopped has recorded what it used (a stream whose connection was closed
+   * under it records at its engine's next step, after the server has stopped listening).
+   */
+  begin(): void {
+    this.metering++;
+  }
+
+  end(): void {
+    if (--this.metering === 0) this.meteringEnded?.();
   }
 
   /** Queues a record; resolves once it is stored (or quarantined). */
@@ -197,6 +213,10 @@ export class Ledger {
   }
 
   async close(): Promise<void> {
+    if (this.metering > 0)
+      await new Promise<void>((resolve) => {
+        this.meteringEnded = resolve;
+      });
     if (this.timer) clearInterval(this.timer);
     await this.flush();
   }

@@ -153,6 +153,8 @@ interface Admitting {
   tokensReserved: string[];
   /** Request counters this request was added to (taken back if a later limit refuses it). */
   counted: string[];
+  /** A count of input tokens (nothing generated): its own requests-per-minute counter, and no token or spend limit. */
+  countOnly: boolean;
   /** The tightest request and token limits seen, for the x-ratelimit-* headers. */
   requests?: { limit: number; remaining: number };
   tokens?: { limit: number; remaining: number };
@@ -180,7 +182,13 @@ export class Limiter {
    * it happens: a budget is overshot at most by the worst cases of requests admitted while it still
    * had room, instead of by everything in flight. With local counters the answer is synchronous.
    */
-  admit(who: Limited, model: string, worstCase: () => number | null = () => null, worstTokens: () => number = () => 0): Maybe<Admission> {
+  admit(
+    who: Limited,
+    model: string,
+    worstCase: () => number | null = () => null,
+    worstTokens: () => number = () => 0,
+    countOnly = false,
+  ): Maybe<Admission> {
     if (who.keyLimits === null && who.orgLimits === null) return NO_LIMITS;
     const scopes: Scope[] = [];
     if (who.keyLimits) scopes.push({ scope: 'key', id: who.keyId, limits: who.keyLimits });
@@ -205,6 +213,7 @@ export class Limiter {
       tokenReserve: scopes.some((s) => s.limits.tpm !== undefined) ? Math.max(0, Math.ceil(worstTokens())) : 0,
       tokensReserved: [],
       counted: [],
+      countOnly,
     };
     const refused = (err: unknown): never => {
       this.giveBack(a, -a.reserve);
@@ -236,9 +245,9 @@ export class Limiter {
         this.checkTokens(a, s, total - a.tokenReserve);
       });
     };
-    const rest = () => when(tpm(), () => when(this.checkBudget(a, s), () => this.check(a, i + 1)));
+    const rest = () => (a.countOnly ? this.check(a, i + 1) : when(tpm(), () => when(this.checkBudget(a, s), () => this.check(a, i + 1))));
     if (limits.rpm === undefined) return rest();
-    const requestsKey = `rpm:${scope}:${id}:${a.minute}`;
+    const requestsKey = `${a.countOnly ? 'rpm-count' : 'rpm'}:${scope}:${id}:${a.minute}`;
     return when(this.counters.add(requestsKey, 1, 2 * MINUTE), (n) => {
       a.counted.push(requestsKey);
       this.checkRequests(a, s, n);

@@ -78,6 +78,7 @@ export class MeteredStream {
     metrics: Metrics,
   ): Promise<MeteredStream> {
     const s = new MeteredStream(c, req.tally, ledger, metrics);
+    ledger.begin();
     try {
       const { first, rest } = await source.open(req, c.model, c.trace);
       s.rest = rest;
@@ -215,5 +216,6 @@ export class MeteredStream {
       status: this.status,
       error_code: this.errorCode,
     });
+    this.ledger.end();
   }
 }

@@ -281,13 +281,22 @@ const migrations: Record<string, Migration> = {
   // and a large input with it (three rewrites of a 6 MB input held a SQLite worker ~2 s).
   '0011_response_inputs': {
     async up(db: Kysely<unknown>) {
+      // Each step may be run again: on SQLite a migration is not one transaction (Kysely runs its
+      // DDL outside one), so a process stopped half-way finds some steps done at its next start.
       await db.schema
         .createTable('response_inputs')
+        .ifNotExists()
         .addColumn('response_id', 'text', (c) => c.primaryKey())
         .addColumn('items', 'text', (c) => c.notNull())
         .execute();
-      await sql`insert into response_inputs (response_id, items) select id, input_items from responses`.execute(db);
-      await db.schema.alterTable('responses').dropColumn('input_items').execute();
+      // (PostgreSQL runs it in one transaction, and its introspection would list other schemas' tables.)
+      const transactional = db.getExecutor().adapter.supportsTransactionalDdl;
+      const responses = transactional ? undefined : (await db.introspection.getTables()).find((t) => t.name === 'responses');
+      if (transactional || responses?.columns.some((c) => c.name === 'input_items')) {
+        await sql`insert into response_inputs (response_id, items)
+          select id, input_items from responses where id not in (select response_id from response_inputs)`.execute(db);
+        await db.schema.alterTable('responses').dropColumn('input_items').execute();
+      }
     },
     async down(db: Kysely<unknown>) {
       await db.schema

@@ -58,9 +58,13 @@ export class EventLog {
     }
   }
 
+  /** Re-rendered from a stored response: not numbered as its live stream was (text comes as one delta per part). */
+  replayed = false;
+
   /** A finished log of events that already happened (a stored response, replayed). */
   static of(events: readonly ResponseEvent[], finished: boolean): EventLog {
     const log = new EventLog();
+    log.replayed = true;
     log.push(events);
     if (finished) log.finish();
     return log;

@@ -251,17 +251,14 @@ export class ResponseService<Echo> {
   }
 
   /**
-   * Shutdown: background runs are cancelled (and stored so); foreground ones, which a client is
-   * waiting for, are left to finish like any in-flight request.
-   */
-  /**
    * A graceful shutdown: running responses, background ones included, go on to their end (within
-   * the shutdown timeout, after which `stopNow` ends them).
+   * the shutdown timeout, after which `stopNow` ends them); meanwhile they keep their heartbeat and
+   * the bus, so other instances can still follow and cancel them and do not take them for abandoned.
    */
   async stop(): Promise<void> {
+    await Promise.allSettled([...this.running.values()].map((r) => r.done));
     if (this.timer) clearInterval(this.timer);
     this.unsubscribe?.();
-    await Promise.allSettled([...this.running.values()].map((r) => r.done));
   }
 
   /**
@@ -476,7 +473,7 @@ export class ResponseService<Echo> {
   }
 
   /**
-   * `truncation: "auto"`: when the whole context does not fit the model's, the oldest turns are left
+   * `truncation: "auto"`: when the whole context leaves no room to answer, the oldest turns are left
    * out of what it reads (the stored input keeps them), cut before a user message so that a function
    * call is never separated from its output; system and developer messages and the instructions
    * stay. The earliest cut that fits (keeping the most turns) is found by halving, each step one count of the prompt (exact on
@@ -499,9 +496,8 @@ export class ResponseService<Echo> {
         })
       ).tokens;
     const out = body.generation.maxOutputTokens;
-    const whole = await count(messages);
-    if (whole < ctx && whole + (out ?? 0) <= ctx) return messages;
     const room = ctx - (out ?? Math.min(1024, Math.floor(ctx / 4)));
+    if ((await count(messages)) <= room) return messages;
     const cuts = items.flatMap((it, i) => (i > 0 && it.type === 'message' && it.role === 'user' ? [i] : []));
     const sealed = this.sealedText(who);
     const from = (cut: number) =>
@@ -617,8 +613,7 @@ export class ResponseService<Echo> {
       throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
     const context = await this.context(body, who, local);
     const { model, conv, history, input, added, own } = context;
-    const messages =
-      body.truncation === 'auto' ? await this.fit(model, body, who, [...history, ...input], context.messages) : context.messages;
+    const { messages } = context;
     // Continuing a response only this connection knows (`store: false`): a stored one cannot point
     // at it, so it keeps the context it continues as its input.
     const prev = body.previousResponseId === null ? undefined : local?.get(body.previousResponseId);
@@ -653,6 +648,16 @@ export class ResponseService<Echo> {
       stream: body.stream,
       started: request.started,
     });
+    // Shortened only once admitted (the key may use the model, and has room), since fitting loads
+    // the model and counts the prompt; the reservation made for the whole context settles to the real use.
+    if (body.truncation === 'auto') {
+      try {
+        req.messages = await this.fit(model, body, who, [...history, ...input], messages);
+      } catch (err) {
+        admission.settle(0, 0);
+        throw err;
+      }
+    }
     /** Stores the response as it is now; false when it is not stored or its row was changed elsewhere (cancelled, deleted). */
     const persist = async (from: readonly ResponseStatus[]): Promise<boolean> => {
       if (!store) return false;

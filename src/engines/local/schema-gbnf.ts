@@ -888,14 +888,18 @@ class Compiler {
     const where = path || '/';
     if (span.min > max) throw new Unsatisfiable(`the pattern at '${where}' matches no string of at most ${max} characters (maxLength)`);
     if (span.max >= min) return body;
+    if (span.openStart || span.openEnd) {
+      this.base('char');
+      const pad = `char${repeat(min - span.max, max === Infinity ? Infinity : max - span.min)}`;
+      return span.openEnd ? `${body} ${pad}` : `${pad} ${body}`;
+    }
+    // Only the grammar's cap on repetitions falls short of minLength, not the pattern: left to the check.
+    if (span.matchMax >= min) return body;
     if (span.anchoredStart && span.anchoredEnd)
       throw new Unsatisfiable(
-        `the pattern at '${where}' matches only strings of at most ${span.max} character${span.max === 1 ? '' : 's'}, below its minLength ${min}`,
+        `the pattern at '${where}' matches only strings of at most ${span.matchMax} character${span.matchMax === 1 ? '' : 's'}, below its minLength ${min}`,
       );
-    if (!span.openStart && !span.openEnd) return body;
-    this.base('char');
-    const pad = `char${repeat(min - span.max, max === Infinity ? Infinity : max - span.min)}`;
-    return span.openEnd ? `${body} ${pad}` : `${pad} ${body}`;
+    return body;
   }
 
   private arrayRule(s: Schema, path: string, base: string): string {

@@ -231,6 +231,8 @@ export interface PatternSpan {
   /** Fewest and most characters of a string the grammar allows (the most may be Infinity). */
   min: number;
   max: number;
+  /** The most characters a whole match of the pattern itself may have (the grammar caps repetitions). */
+  matchMax: number;
   /** Every top-level alternative starts with `^` (ends with `$`): nothing may come before (after) its match. */
   anchoredStart: boolean;
   anchoredEnd: boolean;
@@ -239,14 +241,14 @@ export interface PatternSpan {
   openEnd: boolean;
 }
 
-function span(alts: readonly AST.Alternative[]): [number, number] {
+function span(alts: readonly AST.Alternative[], capped: boolean): [number, number] {
   let lo = Infinity;
   let hi = 0;
   for (const alt of alts) {
     let a = 0;
     let b = 0;
     for (const e of alt.elements) {
-      const [x, y] = elementSpan(e);
+      const [x, y] = elementSpan(e, capped);
       a += x;
       b += y;
     }
@@ -256,7 +258,7 @@ function span(alts: readonly AST.Alternative[]): [number, number] {
   return [lo === Infinity ? 0 : lo, hi];
 }
 
-function elementSpan(e: AST.Element): [number, number] {
+function elementSpan(e: AST.Element, capped: boolean): [number, number] {
   switch (e.type) {
     case 'Character':
     case 'CharacterSet':
@@ -264,12 +266,12 @@ function elementSpan(e: AST.Element): [number, number] {
       return [1, 1];
     case 'Group':
     case 'CapturingGroup':
-      return span(e.alternatives);
+      return span(e.alternatives, capped);
     case 'Quantifier': {
       if (e.max === 0) return [0, 0];
       // As the grammar writes it: at most MAX_REPEAT repetitions.
-      const [x, y] = elementSpan(e.element);
-      const max = e.max === Infinity ? Infinity : Math.min(e.max, MAX_REPEAT);
+      const [x, y] = elementSpan(e.element, capped);
+      const max = e.max === Infinity || !capped ? e.max : Math.min(e.max, MAX_REPEAT);
       return [x * e.min, y === 0 ? 0 : y * max];
     }
     default:
@@ -305,12 +307,14 @@ export function patternSpan(pattern: string): PatternSpan | undefined {
   } catch {
     ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: false });
   }
-  const [min, max] = span(ast.alternatives);
+  const [min, max] = span(ast.alternatives, true);
+  const [, matchMax] = span(ast.alternatives, false);
   const start = anchoring(ast.alternatives, 'start');
   const end = anchoring(ast.alternatives, 'end');
   return {
     min,
     max,
+    matchMax,
     anchoredStart: start === 'all',
     anchoredEnd: end === 'all',
     openStart: start === 'none',

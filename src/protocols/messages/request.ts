@@ -274,7 +274,12 @@ function decodeConversation(
         );
       }
     }
-    calls = new Set(converted.flatMap((c) => (c.toolCalls ?? []).map((t) => t.id)));
+    // Anthropic merges consecutive turns of one role: an assistant turn after an assistant turn adds
+    // its calls, and user turns in a row answer the same ones.
+    if (m.role === 'assistant') {
+      const ids = converted.flatMap((c) => (c.toolCalls ?? []).map((t) => t.id));
+      calls = i > 0 && body.messages[i - 1]!.role === 'assistant' ? new Set([...calls, ...ids]) : new Set(ids);
+    }
     messages.push(...converted);
   });
   const req: GenerationRequest = { model: body.model, messages, sampling: {}, stream, signal, tally: newTally() };
