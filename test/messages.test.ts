@@ -335,6 +335,7 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       },
     });
     assert.equal(merged.status, 200, merged.text);
+    requests++;
     // A body that is not JSON, on the raw wire.
     const raw = await http<{ type: string; error: { type: string } }>(server.url, 'POST', '/v1/messages', {
       headers: { 'x-api-key': key, 'content-type': 'application/json', 'anthropic-version': '2023-06-01' },
