@@ -283,17 +283,18 @@ describe('limiter', () => {
   it('reserves a budget at the worst case so concurrent requests cannot overshoot it, then settles to the real cost', async () => {
     const limiter = new Limiter(new MemoryCounters(), store, metrics);
     const k = who({ budget: 1, budget_period: 'day' }, null, 'key_budget');
-    const first = await limiter.admit(k, 'm', () => 0.6);
+    const worst = () => ({ tokens: 100, cost: 0.6 });
+    const first = await limiter.admit(k, 'm', worst);
     // The first's worst case is held: a second worst case of 0.6 is admitted (0.6 < 1 before it) but a third is not.
-    const second = await limiter.admit(k, 'm', () => 0.6);
+    const second = await limiter.admit(k, 'm', worst);
     await assert.rejects(
-      async () => limiter.admit(k, 'm', () => 0.6),
+      async () => limiter.admit(k, 'm', worst),
       (e: unknown) => e instanceof ApiError && e.code === 'budget_exceeded',
     );
     // Both cost almost nothing in the end: the reservations are given back and room returns.
     first.settle(10, 0.01);
     second.settle(10, 0.01);
-    await limiter.admit(k, 'm', () => 0.6);
+    await limiter.admit(k, 'm', worst);
   });
 });
 

@@ -221,6 +221,12 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
   });
 
   it('answers errors in Anthropic’s envelope and status codes, with a request id', async () => {
+    /** A request the API refuses with a 400 whose message matches. */
+    const refused = (body: Omit<Anthropic.MessageCreateParamsNonStreaming, 'model' | 'max_tokens'>, message: RegExp) =>
+      assert.rejects(
+        client.messages.create({ model: STORIES, max_tokens: 5, ...body }),
+        (err: unknown) => err instanceof Anthropic.BadRequestError && message.test(err.message),
+      );
     await assert.rejects(
       // @ts-expect-error max_tokens is required
       client.messages.create({ model: STORIES, messages: [{ role: 'user', content: 'x' }] }),
@@ -249,69 +255,57 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       (err: unknown) =>
         err instanceof Anthropic.NotFoundError && (err.error as { error: { type: string } }).error.type === 'not_found_error',
     );
-    await assert.rejects(
-      client.messages.create({
-        model: STORIES,
-        max_tokens: 5,
+    await refused(
+      {
         messages: [
           { role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'iVBORw0KGgo=' } }] },
         ],
-      }),
-      (err: unknown) => err instanceof Anthropic.BadRequestError && /vision/.test(err.message),
+      },
+      /vision/,
     );
-    await assert.rejects(
-      client.messages.create({
-        model: STORIES,
-        max_tokens: 5,
+    await refused(
+      {
         messages: [
           { role: 'user', content: 'x' },
           { role: 'assistant', content: [{ type: 'thinking', thinking: 'I made this up.', signature: 'Zm9yZ2Vk' }] },
           { role: 'user', content: 'y' },
         ],
-      }),
-      (err: unknown) => err instanceof Anthropic.BadRequestError && /signature/.test(err.message),
+      },
+      /signature/,
     );
     // A server tool is refused by its type (it has no input_schema, which only client tools need).
-    await assert.rejects(
-      client.messages.create({
-        model: STORIES,
-        max_tokens: 5,
+    await refused(
+      {
         messages: [{ role: 'user', content: 'x' }],
         tools: [{ type: 'web_search_20250305', name: 'web_search', max_uses: 1 }],
-      }),
-      (err: unknown) => err instanceof Anthropic.BadRequestError && /Tool type 'web_search_20250305' is not supported/.test(err.message),
+      },
+      /Tool type 'web_search_20250305' is not supported/,
     );
-    await assert.rejects(
-      client.messages.create({
-        model: STORIES,
-        max_tokens: 5,
+    await refused(
+      {
         messages: [{ role: 'user', content: 'x' }],
         tools: [{ name: 'f' } as Anthropic.Tool],
-      }),
-      (err: unknown) => err instanceof Anthropic.BadRequestError && /tools\[0\]\.input_schema/.test(err.message),
+      },
+      /tools\[0\]\.input_schema/,
     );
-    await assert.rejects(
-      client.messages.create({
-        model: STORIES,
-        max_tokens: 5,
+    await refused(
+      {
         messages: [{ role: 'user', content: 'x' }],
         // A server tool without a name (MCP toolsets name their server instead).
         tools: [{ type: 'mcp_toolset', mcp_server_name: 'docs' } as unknown as Anthropic.Tool],
-      }),
-      (err: unknown) => err instanceof Anthropic.BadRequestError && /Tool type 'mcp_toolset' is not supported/.test(err.message),
+      },
+      /Tool type 'mcp_toolset' is not supported/,
     );
     // A tool_result that answers no tool_use of the message before, as Anthropic's API refuses it.
-    await assert.rejects(
-      client.messages.create({
-        model: STORIES,
-        max_tokens: 5,
+    await refused(
+      {
         messages: [
           { role: 'user', content: 'x' },
           { role: 'assistant', content: 'No tool here.' },
           { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_none', content: '42' }] },
         ],
-      }),
-      (err: unknown) => err instanceof Anthropic.BadRequestError && /unexpected tool_use_id 'toolu_none'/.test(err.message),
+      },
+      /unexpected tool_use_id 'toolu_none'/,
     );
     // Consecutive turns of one role are one turn, as Anthropic merges them: results split over two
     // user turns both answer the assistant's calls.

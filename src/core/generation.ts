@@ -2,7 +2,7 @@ import { ApiError } from './errors.js';
 import type { GenerationRequest } from './canonical.js';
 import type { Principal } from './principal.js';
 import { costOf, type Ledger } from './ledger.js';
-import type { Admission, Limiter, Maybe } from './limits.js';
+import type { Admission, Limiter, Maybe, WorstCase } from './limits.js';
 import { MeteredStream, type GenerationStart, type MeterContext } from './metering.js';
 import type { Metrics } from './metrics.js';
 import type { Capability, Model } from './model-spec.js';
@@ -19,15 +19,11 @@ const FORMAT_PARAMS = {
   messages: ['output_config.format', 'output_config.format.schema'],
 } as const;
 
-/** The most tokens a request can use: its estimated input and the largest output it may get. */
-function worstCaseTokens(model: Model, req: GenerationRequest): { input: number; output: number } {
+/** The most a request can use and cost: its estimated input and the largest output it may get. */
+function worstCase(model: Model, req: GenerationRequest): WorstCase {
   const input = estimateInputTokens(req);
-  return { input, output: req.maxOutputTokens ?? Math.max(0, (model.context_length ?? input) - input) };
-}
-
-/** The most a request can cost: its estimated input and the largest output it may get. */
-export function worstCaseCost(model: Model, req: GenerationRequest): number | null {
-  return costOf(model, { ...worstCaseTokens(model, req), cached: 0 });
+  const output = req.maxOutputTokens ?? Math.max(0, (model.context_length ?? input) - input);
+  return { tokens: input + output, cost: costOf(model, { input, cached: 0, output }) };
 }
 
 /** A generation request's endpoint and timing, which every record of it carries. */
@@ -68,15 +64,7 @@ export class GenerationPipeline {
    */
   admit(model: Model, req: GenerationRequest, who: Principal, meta: GenerationMeta): Maybe<Admitted> {
     this.checkNeeds(model, req, meta.endpoint);
-    const admission = this.limiter.admit(
-      who,
-      model.id,
-      () => worstCaseCost(model, req),
-      () => {
-        const { input, output } = worstCaseTokens(model, req);
-        return input + output;
-      },
-    );
+    const admission = this.limiter.admit(who, model.id, () => worstCase(model, req));
     return admission instanceof Promise
       ? admission.then((a) => this.admitted(model, req, who, meta, a))
       : this.admitted(model, req, who, meta, admission);
@@ -108,7 +96,7 @@ export class GenerationPipeline {
    */
   async countFor(model: Model, req: GenerationRequest, who: Principal): Promise<{ tokens: number; estimated: boolean }> {
     this.checkNeeds(model, req, 'responses');
-    const admission = await this.limiter.admit(who, model.id, undefined, undefined, true);
+    const admission = await this.limiter.admit(who, model.id, undefined, 'count');
     try {
       return await this.router.countInputTokens(req, model);
     } finally {

@@ -105,6 +105,12 @@ export interface Limited {
   orgLimits: Limits | null;
 }
 
+/** The most a request can use: tokens (its estimated input and largest output), and their cost (null when unpriced). */
+export interface WorstCase {
+  tokens: number;
+  cost: number | null;
+}
+
 export interface Admission {
   /** x-ratelimit-* headers for the reply (the tighter of the key's and the organization's). */
   headers: Record<string, string>;
@@ -176,19 +182,15 @@ export class Limiter {
   ) {}
 
   /**
-   * `worstCase` gives the most the request can cost (its input and its largest possible output at
-   * the model's prices; null when unpriced); it is asked only when a budget applies. That amount is
-   * added to the spend counters at admission, so concurrent requests see each other's spend before
-   * it happens: a budget is overshot at most by the worst cases of requests admitted while it still
-   * had room, instead of by everything in flight. With local counters the answer is synchronous.
+   * `worstCase` gives the most the request can use: its estimated input and largest possible output
+   * in tokens, and what they cost at the model's prices (null when unpriced); it is asked once, only
+   * when a tpm limit or a budget applies. Those amounts are added to the token and spend counters at
+   * admission, so concurrent requests see each other before they finish: a limit is overshot at most
+   * by the worst cases of requests admitted while it still had room, instead of by everything in
+   * flight. A `count` (of input tokens, nothing generated) has its own requests-per-minute counter
+   * and no token or spend limit. With local counters the answer is synchronous.
    */
-  admit(
-    who: Limited,
-    model: string,
-    worstCase: () => number | null = () => null,
-    worstTokens: () => number = () => 0,
-    countOnly = false,
-  ): Maybe<Admission> {
+  admit(who: Limited, model: string, worstCase?: () => WorstCase, kind: 'generation' | 'count' = 'generation'): Maybe<Admission> {
     if (who.keyLimits === null && who.orgLimits === null) return NO_LIMITS;
     const scopes: Scope[] = [];
     if (who.keyLimits) scopes.push({ scope: 'key', id: who.keyId, limits: who.keyLimits });
@@ -208,13 +210,22 @@ export class Limiter {
       now,
       minute,
       resetS: Math.max(1, Math.ceil(((minute + 1) * MINUTE - now) / 1000)),
-      reserve: scopes.some((s) => s.limits.budget !== undefined) ? Math.max(0, worstCase() ?? 0) : 0,
+      reserve: 0,
       reserved: [],
-      tokenReserve: scopes.some((s) => s.limits.tpm !== undefined) ? Math.max(0, Math.ceil(worstTokens())) : 0,
+      tokenReserve: 0,
       tokensReserved: [],
       counted: [],
-      countOnly,
+      countOnly: kind === 'count',
     };
+    if (worstCase && !a.countOnly) {
+      const budget = scopes.some((s) => s.limits.budget !== undefined);
+      const tpm = scopes.some((s) => s.limits.tpm !== undefined);
+      if (budget || tpm) {
+        const worst = worstCase();
+        if (budget) a.reserve = Math.max(0, worst.cost ?? 0);
+        if (tpm) a.tokenReserve = Math.max(0, Math.ceil(worst.tokens));
+      }
+    }
     const refused = (err: unknown): never => {
       this.giveBack(a, -a.reserve);
       this.giveBackTokens(a, -a.tokenReserve);

@@ -340,8 +340,12 @@ export class ResponseService<Echo> {
   }
 
   async inputItems(id: string, who: Principal): Promise<Item[]> {
-    const r = await this.record(id, who);
-    return JSON.parse((await this.store.getResponseInput(r.id)) ?? '[]') as Item[];
+    return this.inputOf((await this.record(id, who)).id);
+  }
+
+  /** A stored response's own input items (kept apart from its row). */
+  private async inputOf(id: string): Promise<Item[]> {
+    return JSON.parse((await this.store.getResponseInput(id)) ?? '[]') as Item[];
   }
 
   async delete(id: string, who: Principal): Promise<void> {
@@ -420,7 +424,7 @@ export class ResponseService<Echo> {
       if (n === 0 && (r.status === 'queued' || r.status === 'in_progress')) {
         throw new ApiError('invalid_value', `Previous response with id '${id}' is still in progress.`, { param: 'previous_response_id' });
       }
-      chain.unshift([...(JSON.parse((await this.store.getResponseInput(r.id)) ?? '[]') as Item[]), ...this.format.read(r.body).output]);
+      chain.unshift([...(await this.inputOf(r.id)), ...this.format.read(r.body).output]);
       id = r.previous_response_id;
     }
     return chain.flat();
@@ -476,10 +480,11 @@ export class ResponseService<Echo> {
    * `truncation: "auto"`: when the whole context leaves no room to answer, the oldest turns are left
    * out of what it reads (the stored input keeps them), cut before a user message so that a function
    * call is never separated from its output; system and developer messages and the instructions
-   * stay. The earliest cut that fits (keeping the most turns) is found by halving, each step one count of the prompt (exact on
-   * the local engine, estimated for an upstream), leaving room for `max_output_tokens` or, without
-   * it, a quarter of the context (at most 1,024 tokens) to answer in. When not even the last turn
-   * fits, the context is left whole and the engine's context_length_exceeded stands.
+   * stay. The earliest cut that fits (keeping the most turns) is found by halving, each step one
+   * count of the prompt (exact on the local engine, estimated for an upstream), leaving room for
+   * `max_output_tokens` or, without it, a quarter of the context (at most 1,024 tokens) to answer
+   * in. When not even the last turn fits, the context is left whole and the engine's
+   * context_length_exceeded stands.
    */
   private async fit(model: Model, body: ResponsesCreate<Echo>, who: Principal, items: Item[], messages: Message[]): Promise<Message[]> {
     const ctx = model.context_length;
@@ -611,9 +616,7 @@ export class ResponseService<Echo> {
     const { store, background } = body;
     if (background && !store)
       throw new ApiError('invalid_request', 'Background responses must be stored (store: true).', { param: 'background' });
-    const context = await this.context(body, who, local);
-    const { model, conv, history, input, added, own } = context;
-    const { messages } = context;
+    const { model, conv, history, input, added, own, messages } = await this.context(body, who, local);
     // Continuing a response only this connection knows (`store: false`): a stored one cannot point
     // at it, so it keeps the context it continues as its input.
     const prev = body.previousResponseId === null ? undefined : local?.get(body.previousResponseId);

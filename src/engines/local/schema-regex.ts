@@ -113,6 +113,7 @@ function charSet(r: Ranges): string {
 
 function setOf(node: AST.CharacterSet): Ranges {
   switch (node.kind) {
+    // regexpp's AnyCharacterSet: the `.` of a pattern, every character but a line terminator.
     case 'any':
       return complement(LINE_TERMINATORS);
     case 'digit':
@@ -236,7 +237,7 @@ export interface PatternSpan {
   /** Every top-level alternative starts with `^` (ends with `$`): nothing may come before (after) its match. */
   anchoredStart: boolean;
   anchoredEnd: boolean;
-  /** No top-level alternative starts with `^` (ends with `$`): any text may come before (after) its match. */
+  /** No top-level alternative starts with `^` (ends with `$`): other text may come before (after) its match. */
   openStart: boolean;
   openEnd: boolean;
 }
