@@ -72,6 +72,11 @@ export interface Service {
    * failed), billed for what it generated, so that `close` can finish writing the ledger.
    */
   stopNow(): void;
+  /**
+   * Stopping did not finish either (a generation that does not end when told to): what is still
+   * metered records what it used so far, and the ledger is written, before the process exits.
+   */
+  recordOpen(): Promise<void>;
 }
 
 /**
@@ -252,10 +257,13 @@ export async function createService(
       generatedAdminKey: generated,
       metrics,
       stopNow() {
+        // Recorded as stopped by the server (503), not as cancelled by their clients.
+        ledger.stoppingOpen();
         responses.stopNow();
         // Each request whose client goes stops as for a client that left: metering records what it made.
         app.server.closeAllConnections();
       },
+      recordOpen: () => ledger.recordOpen(),
       async close() {
         if (closed) return;
         closed = true;

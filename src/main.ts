@@ -108,8 +108,13 @@ export async function serve(argv: string[]): Promise<number> {
     log.flush();
   }
 
-  /** How long stopping what is still running at the shutdown timeout may take (under the primary's 2 s). */
-  const FORCED_STOP_MS = 1_500;
+  /**
+   * How long stopping what is still running at the shutdown timeout may take, and then how long
+   * recording what did not stop may take: together under the 2 s after which the primary kills a
+   * worker (cluster.ts).
+   */
+  const FORCED_STOP_MS = 1_200;
+  const LAST_RECORD_MS = 500;
   return new Promise<number>((resolveExit) => {
     let stopping = false;
     const stop = (signal: string) => {
@@ -125,9 +130,22 @@ export async function serve(argv: string[]): Promise<number> {
         service.stopNow();
         // A worker is killed 2 s after the timeout (cluster.ts): this must end before that.
         setTimeout(() => {
-          log.warn('could not finish stopping; exiting');
-          resolveExit(1);
-        }, FORCED_STOP_MS).unref();
+          log.warn('could not finish stopping; recording the usage of what still runs and exiting');
+          const deadline = setTimeout(() => {
+            log.error('could not record the usage of what still ran');
+            resolveExit(1);
+          }, LAST_RECORD_MS);
+          void service.recordOpen().then(
+            () => {
+              clearTimeout(deadline);
+              resolveExit(1);
+            },
+            (err: unknown) => {
+              log.error({ err }, 'could not record the usage of what still ran');
+              resolveExit(1);
+            },
+          );
+        }, FORCED_STOP_MS);
       }, config.shutdownTimeoutMs);
       timer.unref();
       service.close().then(

@@ -117,6 +117,35 @@ conformance('local (node-llama-cpp)', async () => {
   return { engine, target: { engine: 'local', file: stories, contextLength: 512, reasoning: false } };
 });
 
+describe('local engine: a request stopped while its model loads', () => {
+  it('ends at once as cancelled, and the model goes on loading for the next request', async () => {
+    // A fresh engine: nothing loaded yet, so the first request waits for the load.
+    const engine = new LocalEngine({
+      threads: 1,
+      parallel: 1,
+      queueSize: 4,
+      memoryBudgetBytes: 512 * 1024 * 1024,
+      gpu: false,
+      templates: new Map(),
+      schemaCacheSize: 16,
+      schemaCompileTimeoutMs: 5000,
+      log,
+    });
+    engines.push(engine);
+    const target: DeploymentTarget = { engine: 'local', file: stories, contextLength: 512, reasoning: false };
+    const abort = new AbortController();
+    const first = engine
+      .generate(request({ signal: abort.signal }), target)
+      [Symbol.asyncIterator]()
+      .next();
+    // Stopped before the load can have finished (it has not even been handed to llama.cpp yet):
+    // a shutdown or a client leaving must not wait the load out.
+    abort.abort();
+    await assert.rejects(first, (err: unknown) => err instanceof ApiError && err.code === 'cancelled');
+    assert.match(textOf(await collect(engine, request(), target)), /^, there was a little girl/);
+  });
+});
+
 conformance('upstream (OpenAI-compatible, here a Switchyard serving the same model)', async () => {
   upstreamServer = await startServer();
   const { key } = await createKey(upstreamServer, 'upstream-user');

@@ -7,6 +7,10 @@ import OpenAI from 'openai';
 import pg from 'pg';
 import { KyselyStore } from '../src/store/kysely-store.js';
 import { Ledger } from '../src/core/ledger.js';
+import { MeteredStream, type EventSource } from '../src/core/metering.js';
+import { Metrics } from '../src/core/metrics.js';
+import { resolveModelSpec } from '../src/core/model-spec.js';
+import { newTally, type GenerationRequest } from '../src/core/canonical.js';
 import type { UsageRecord } from '../src/store/store.js';
 import { http, pgSchema, tempDir, type TestServer, type WireList } from './helpers/server.js';
 import { usageRecord } from './helpers/usage.js';
@@ -153,6 +157,70 @@ describe('usage ledger: bad values never wedge it', () => {
     assert.match(q[0]!.record, /"request_id":"req_usage_bad/);
     assert.equal(quarantined, 2);
     assert.equal(ledger.writable, true);
+  });
+
+  it('records what a generation that does not stop has used so far when the process must exit', async () => {
+    const dir = tempDir();
+    const store = new KyselyStore({ sqlitePath: join(dir, 'ledger.db') });
+    await store.migrate();
+    open.add(() => store.close());
+    const ledger = new Ledger(store, log, 50);
+    ledger.start();
+    const metrics = new Metrics(() => ({
+      models: [],
+      schemaViolations: 0,
+      schemaOutcomes: { resampled: 0, failed: 0, returnedInvalid: 0 },
+    }));
+    const model = resolveModelSpec({ id: 'test/stuck', context_length: 100, pricing: [] }, 'config', Date.now());
+    if (typeof model === 'string') throw new Error(model);
+    const req: GenerationRequest = {
+      model: model.id,
+      messages: [{ role: 'user', content: 'hi' }],
+      sampling: {},
+      stream: true,
+      signal: new AbortController().signal,
+      tally: newTally(),
+    };
+    // An engine that gave one event and then neither yields nor ends, whatever it is told.
+    const stuck: EventSource = {
+      open: (r) => {
+        r.tally.input = 2;
+        r.tally.output = 7;
+        return Promise.resolve({
+          first: { type: 'text.delta', text: 'Once' },
+          rest: { next: () => new Promise<never>(() => undefined), return: () => new Promise<never>(() => undefined) },
+        });
+      },
+    };
+    const who = { keyId: 'key_stuck', orgId: 'org_stuck', role: 'inference' as const, keyLimits: null, orgLimits: null };
+    const s = await MeteredStream.open(
+      stuck,
+      req,
+      { model, who, endpoint: 'chat.completions', requestId: 'req_stuck', stream: true, started: performance.now(), trace: {} },
+      ledger,
+      metrics,
+    );
+    assert.equal((await s.next())?.type, 'text.delta');
+    // Whoever reads it waits for an event that never comes (so nobody closes it).
+    void s.next();
+    // close() waits for every metered generation: this one never ends by itself.
+    let closed = false;
+    void ledger.close().then(() => {
+      closed = true;
+    });
+    await ledger.recordOpen();
+    const [total] = await store.usageTotals('model', {});
+    assert.equal(total?.requests, 1);
+    assert.equal(total?.errors, 1);
+    assert.equal(total?.output_tokens, 7);
+    // The server's failure, not a client that cancelled.
+    const db = new SqliteDatabase(join(dir, 'ledger.db'), { readonly: true });
+    assert.deepEqual(db.prepare('select status, error_code from usage_records').all(), [
+      { status: 503, error_code: 'service_unavailable' },
+    ]);
+    db.close();
+    await ledger.close();
+    assert.ok(closed, 'the ledger closed once nothing was left open');
   });
 
   it('quarantines a record PostgreSQL refuses (an integer out of range) and writes the rest', async () => {

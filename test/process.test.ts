@@ -2,6 +2,7 @@ import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
 import { rmSync } from 'node:fs';
+import Database from 'better-sqlite3';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { connect } from 'node:net';
@@ -184,7 +185,18 @@ describe('the server process', () => {
         );
         const total = usage.json.data.find((d) => (d as unknown as { group: string }).group === model);
         assert.equal(total?.requests, 2, usage.text);
+        assert.equal(total?.errors, 2, usage.text);
         assert.ok((total?.output_tokens ?? 0) > 0, 'what the stopped requests generated is billed');
+        // Stopped by the server, which the records say (not cancelled by their clients).
+        const db = new Database(join(dir, 'switchyard.db'), { readonly: true });
+        try {
+          assert.deepEqual(db.prepare('select endpoint, status, error_code from usage_records order by endpoint').all(), [
+            { endpoint: 'chat.completions', status: 503, error_code: 'service_unavailable' },
+            { endpoint: 'responses', status: 503, error_code: 'service_unavailable' },
+          ]);
+        } finally {
+          db.close();
+        }
         const stored = await http<{ status: string; error: { code: string; message: string } | null }>(
           q.url,
           'GET',

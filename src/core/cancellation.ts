@@ -39,3 +39,25 @@ export function onAbort(signal: CancelSignal, listener: () => void): () => void 
   signal.addEventListener('abort', listener, { once: true });
   return () => signal.removeEventListener('abort', listener);
 }
+
+/**
+ * `work`, or a rejection with `onAborted()` as soon as `signal` aborts, whichever comes first. For
+ * waits a request cannot stop but need not sit out (a model loading for everyone): the work goes on
+ * for whoever else wants it, the cancelled request ends (and is billed) now.
+ */
+export function unlessAborted<T>(work: Promise<T>, signal: CancelSignal, onAborted: () => Error): Promise<T> {
+  if (signal.aborted) return Promise.reject(onAborted());
+  return new Promise<T>((resolve, reject) => {
+    const forget = onAbort(signal, () => reject(onAborted()));
+    work.then(
+      (v) => {
+        forget();
+        resolve(v);
+      },
+      (err: unknown) => {
+        forget();
+        reject(err);
+      },
+    );
+  });
+}

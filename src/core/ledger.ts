@@ -50,6 +50,14 @@ function quarantined(r: UsageRecord, error: string): QuarantinedUsage {
   return { id: String(r.id), at: Date.now(), record, error: error.slice(0, 2000) };
 }
 
+/** A generation being metered, as the ledger sees it. */
+export interface OpenMeter {
+  /** The server is stopping it (a shutdown timeout): whatever ends it, its record says so. */
+  stoppedByServer(): void;
+  /** Ends its metering now and queues its record (a forced exit). */
+  recordNow(): void;
+}
+
 export interface LedgerHooks {
   /** A record the database refused was set aside. */
   onQuarantine?: () => void;
@@ -80,7 +88,7 @@ export class Ledger {
   private flushing: Promise<void> = Promise.resolve();
   private canWrite = true;
   /** Generations being metered whose record is not queued yet; `close` waits for them. */
-  private metering = 0;
+  private readonly metering = new Set<OpenMeter>();
   private meteringEnded: (() => void) | undefined;
 
   constructor(
@@ -107,12 +115,27 @@ export class Ledger {
    * once every generation it stopped has recorded what it used (a stream whose connection was closed
    * under it records at its engine's next step, after the server has stopped listening).
    */
-  begin(): void {
-    this.metering++;
+  begin(meter: OpenMeter): void {
+    this.metering.add(meter);
   }
 
-  end(): void {
-    if (--this.metering === 0) this.meteringEnded?.();
+  end(meter: OpenMeter): void {
+    if (this.metering.delete(meter) && this.metering.size === 0) this.meteringEnded?.();
+  }
+
+  /** A shutdown timeout: every generation still open is about to be stopped by the server, not by its client. */
+  stoppingOpen(): void {
+    for (const meter of this.metering) meter.stoppedByServer();
+  }
+
+  /**
+   * The last resort of a stop that could not finish (a generation that did not end when told to):
+   * every generation still open records what it used so far, and the queue is written, before the
+   * process exits.
+   */
+  recordOpen(): Promise<void> {
+    for (const meter of [...this.metering]) meter.recordNow();
+    return this.flush();
   }
 
   /** Queues a record; resolves once it is stored (or quarantined). */
@@ -213,7 +236,7 @@ export class Ledger {
   }
 
   async close(): Promise<void> {
-    if (this.metering > 0)
+    if (this.metering.size > 0)
       await new Promise<void>((resolve) => {
         this.meteringEnded = resolve;
       });

@@ -1,7 +1,7 @@
 import { ApiError } from './errors.js';
 import type { Principal } from './principal.js';
 import { tallyUsage, type GenerationEvent, type GenerationRequest, type Usage, type UsageTally } from './canonical.js';
-import { costOf, newUsageId, type Ledger } from './ledger.js';
+import { costOf, newUsageId, type Ledger, type OpenMeter } from './ledger.js';
 import type { Metrics } from './metrics.js';
 import type { Model } from './model-spec.js';
 import type { UsageRecord } from '../store/store.js';
@@ -51,7 +51,7 @@ export interface EventSource {
  * cost; one ledger record is written when the generation ends, whether it succeeded, failed or was
  * cancelled (closed before its end). The API layer reads it with `next()` until it returns undefined.
  */
-export class MeteredStream {
+export class MeteredStream implements OpenMeter {
   private ttft: number | null = null;
   private status = 499;
   private errorCode: string | null = 'cancelled';
@@ -61,6 +61,8 @@ export class MeteredStream {
   private first: GenerationEvent | undefined;
   private rest: AsyncIterator<GenerationEvent> | undefined;
   private written: Promise<void> | undefined;
+  /** Stopped by a shutdown rather than by its client: an unfinished generation is recorded as the server's failure. */
+  private serverStopped = false;
 
   private constructor(
     private readonly c: MeterContext,
@@ -78,7 +80,7 @@ export class MeteredStream {
     metrics: Metrics,
   ): Promise<MeteredStream> {
     const s = new MeteredStream(c, req.tally, ledger, metrics);
-    ledger.begin();
+    ledger.begin(s);
     try {
       const { first, rest } = await source.open(req, c.model, c.trace);
       s.rest = rest;
@@ -145,6 +147,16 @@ export class MeteredStream {
     }
   }
 
+  stoppedByServer(): void {
+    this.serverStopped = true;
+  }
+
+  /** A forced exit: what this generation used so far is recorded now. */
+  recordNow(): void {
+    this.serverStopped = true;
+    this.end();
+  }
+
   /** Resolves once the ledger record of this (ended) generation is stored: answer only after it. */
   persisted(): Promise<void> {
     return this.written ?? Promise.resolve();
@@ -179,6 +191,10 @@ export class MeteredStream {
   private end(): void {
     if (this.ended) return;
     this.ended = true;
+    if (this.serverStopped && this.status !== 200) {
+      this.status = 503;
+      this.errorCode = 'service_unavailable';
+    }
     const { c, metrics, tally } = this;
     // No usage event (cancelled, failed mid-way): bill what the engine counted so far.
     const usage: Usage = this.usage ?? tallyUsage(tally);
@@ -216,6 +232,6 @@ export class MeteredStream {
       status: this.status,
       error_code: this.errorCode,
     });
-    this.ledger.end();
+    this.ledger.end(this);
   }
 }

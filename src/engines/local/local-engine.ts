@@ -14,7 +14,7 @@ import type { Logger } from 'pino';
 import { ApiError, CancelledError } from '../../core/errors.js';
 import type { FunctionTool, GenerationEvent, GenerationRequest } from '../../core/canonical.js';
 import { Channel } from '../../core/channel.js';
-import { onAbort, type CancelSignal } from '../../core/cancellation.js';
+import { onAbort, unlessAborted, type CancelSignal } from '../../core/cancellation.js';
 import { MAX_CHARS_PER_TOKEN } from '../../core/estimate.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
 import { inspectGgufIsolated } from './gguf.js';
@@ -302,7 +302,13 @@ export class LocalEngine implements Engine {
 
   private async loadFor(req: GenerationRequest, target: DeploymentTarget & { engine: 'local' }): Promise<LoadedModel> {
     try {
-      return await this.load(target.file);
+      // A request stopped meanwhile (its client left, a shutdown) does not wait for the load, which
+      // can take seconds on a busy machine; the model goes on loading for the next one.
+      return await unlessAborted(
+        this.load(target.file),
+        req.signal,
+        () => new CancelledError('The request was cancelled while its model loaded.'),
+      );
     } catch (err) {
       if (err instanceof ApiError) throw err;
       this.opts.log.error({ err, file: target.file }, 'model failed to load');
