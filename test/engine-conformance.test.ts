@@ -101,10 +101,11 @@ after(async () => {
   await upstreamServer?.close();
 });
 
-conformance('local (node-llama-cpp)', async () => {
+/** A new local engine (closed after the tests) with nothing loaded yet. */
+function localEngine(parallel: number): LocalEngine {
   const engine = new LocalEngine({
     threads: 1,
-    parallel: 2,
+    parallel,
     queueSize: 4,
     memoryBudgetBytes: 512 * 1024 * 1024,
     gpu: false,
@@ -114,25 +115,17 @@ conformance('local (node-llama-cpp)', async () => {
     log,
   });
   engines.push(engine);
-  return { engine, target: { engine: 'local', file: stories, contextLength: 512, reasoning: false } };
-});
+  return engine;
+}
+const storiesTarget: DeploymentTarget = { engine: 'local', file: stories, contextLength: 512, reasoning: false };
+
+conformance('local (node-llama-cpp)', () => Promise.resolve({ engine: localEngine(2), target: storiesTarget }));
 
 describe('local engine: a request stopped while its model loads', () => {
   it('ends at once as cancelled, and the model goes on loading for the next request', async () => {
     // A fresh engine: nothing loaded yet, so the first request waits for the load.
-    const engine = new LocalEngine({
-      threads: 1,
-      parallel: 1,
-      queueSize: 4,
-      memoryBudgetBytes: 512 * 1024 * 1024,
-      gpu: false,
-      templates: new Map(),
-      schemaCacheSize: 16,
-      schemaCompileTimeoutMs: 5000,
-      log,
-    });
-    engines.push(engine);
-    const target: DeploymentTarget = { engine: 'local', file: stories, contextLength: 512, reasoning: false };
+    const engine = localEngine(1);
+    const target = storiesTarget;
     const abort = new AbortController();
     const first = engine
       .generate(request({ signal: abort.signal }), target)
