@@ -17,10 +17,12 @@ const USAGE = `Usage: switchyard <command>
   keys create --org ORG --name NAME [--admin] [LIMITS]
                                                  create an API key (the organization too, if new)
   keys list [--org ORG]                          list keys (never their secrets)
-  keys limits KEY_ID [LIMITS | --clear]          set a key's limits
+  keys limits KEY_ID [LIMITS] [--unset NAMES | --clear]
+                                                 change a key's limits (the others stay)
   keys revoke KEY_ID                             revoke a key
   orgs create ORG [--name "Display name"]        create an organization
-  orgs limits ORG [LIMITS | --clear]             set an organization's limits
+  orgs limits ORG [LIMITS] [--unset NAMES | --clear]
+                                                 change an organization's limits (the others stay)
   orgs list                                      list organizations
   models list [--all]                            catalogue entries in the database (--all: deleted too)
   models status MODEL_ID STATUS                  move a model to pending|active|inactive|deleted
@@ -33,6 +35,7 @@ const USAGE = `Usage: switchyard <command>
                                                  token and cost totals
 
 LIMITS: --rpm N  --tpm N  --budget USD  --budget-period day|month  --models id,id,…
+  (--unset rpm,budget,… removes those limits; --clear removes every limit)
 MODEL FIELDS: --name TEXT  --description TEXT  --type TYPE  --context-length N  --input-price USD/M
   --output-price USD/M  --visibility public|private  --owner ORG  --output-size WxH,WxH
 
@@ -50,6 +53,8 @@ const LIMIT_OPTIONS = {
   models: { type: 'string' },
   clear: { type: 'boolean' },
 } as const;
+
+const LIMIT_NAMES = ['rpm', 'tpm', 'budget', 'budget_period', 'models'] as const;
 
 /** Limits from command-line flags, checked with the same schema as the admin API. */
 function limitsFrom(v: Partial<Record<keyof typeof LIMIT_OPTIONS, string | boolean | undefined>>): Limits | null | undefined {
@@ -102,16 +107,36 @@ function table(rows: string[][]): string {
 }
 
 /** `keys limits` and `orgs limits`: the same flags, a different record. */
+/**
+ * Changes the limits named on the command line and keeps the others (`--rpm 5` on a key with a
+ * budget keeps the budget); `--unset` removes named ones, `--clear` all. The admin API's PATCH
+ * replaces the whole `limits` object instead, as an API client sends what it wants the limits to be.
+ */
 async function setLimits(
   args: string[],
   what: 'key' | 'organization',
+  current: (id: string) => Promise<Limits | null | undefined>,
   set: (id: string, limits: Limits | null) => Promise<unknown>,
 ): Promise<number> {
-  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: LIMIT_OPTIONS });
+  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { ...LIMIT_OPTIONS, unset: { type: 'string' } } });
   const id = positionals[0];
-  const limits = limitsFrom(values);
-  if (!id || limits === undefined)
-    throw new UsageError(`${what === 'key' ? 'keys' : 'orgs'} limits needs a ${what} id and limits (or --clear)`);
+  const changed = limitsFrom(values);
+  const unset = (values.unset ?? '')
+    .split(',')
+    .map((n) => n.trim().replace('-', '_'))
+    .filter(Boolean);
+  const unknown = unset.find((n) => !(LIMIT_NAMES as readonly string[]).includes(n));
+  if (unknown !== undefined) throw new UsageError(`--unset: '${unknown}' is not a limit (${LIMIT_NAMES.join(', ')})`);
+  if (!id || (changed === undefined && unset.length === 0))
+    throw new UsageError(`${what === 'key' ? 'keys' : 'orgs'} limits needs a ${what} id and limits (or --unset, --clear)`);
+  let limits: Limits | null = null;
+  if (changed !== null) {
+    const merged: Record<string, unknown> = { ...(await current(id)), ...changed };
+    for (const n of unset) delete merged[n];
+    const first = Value.Errors(LimitsSpec, merged)[0];
+    if (first) throw new UsageError(`invalid limits: ${first.instancePath.slice(1) || 'limits'} ${first.message}`);
+    limits = Object.keys(merged).length > 0 ? (merged as Limits) : null;
+  }
   await set(id, limits);
   console.log(`Limits of ${id}: ${showLimits(limits)}`);
   return 0;
@@ -151,7 +176,12 @@ async function keysCommand(admin: AdminService, sub: string | undefined, args: s
       return 0;
     }
     case 'limits':
-      return setLimits(args, 'key', (id, l) => admin.setKeyLimits(id, l));
+      return setLimits(
+        args,
+        'key',
+        async (id) => (await admin.getKey(id)).limits,
+        (id, l) => admin.setKeyLimits(id, l),
+      );
     case 'revoke': {
       const { positionals } = parseArgs({ args, allowPositionals: true });
       const id = positionals[0];
@@ -183,7 +213,12 @@ async function orgsCommand(admin: AdminService, sub: string | undefined, args: s
       return 0;
     }
     case 'limits':
-      return setLimits(args, 'organization', (id, l) => admin.setOrgLimits(id, l));
+      return setLimits(
+        args,
+        'organization',
+        async (id) => (await admin.getOrg(id)).limits,
+        (id, l) => admin.setOrgLimits(id, l),
+      );
     default:
       throw new UsageError(`unknown orgs command '${sub ?? ''}'`);
   }

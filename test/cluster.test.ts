@@ -1,10 +1,10 @@
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { rmSync } from 'node:fs';
+import { rmSync, statSync } from 'node:fs';
 import { Client } from 'undici';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { http, tempDir, type WireKey } from './helpers/server.js';
+import { http, SHARED_MODELS, tempDir, type WireKey } from './helpers/server.js';
 import { MAIN, startProcess } from './helpers/process.js';
 import { spawn } from 'node:child_process';
 import { createServer } from 'node:net';
@@ -39,6 +39,19 @@ describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
       assert.match(p.stdout(), /"workers":2,"msg":"switchyard listening"/);
       // Each worker's own line may reach stdout just after the primary's (two processes writing).
       await eventually(() => assert.equal(p.stdout().match(/"worker":\d,"address".*"msg":"switchyard listening"/g)?.length, 2, p.stdout()));
+      // A local model is the same entry whichever worker answers: its file's time, not each worker's start.
+      const createdTimes = new Set<number>();
+      for (let i = 0; i < 6; i++) {
+        const client = new Client(p.url);
+        const res = await client.request({
+          path: '/v1/models/local/stories260k',
+          method: 'GET',
+          headers: { authorization: `Bearer ${ADMIN}` },
+        });
+        createdTimes.add(((await res.body.json()) as { created: number }).created);
+        await client.close();
+      }
+      assert.deepEqual([...createdTimes], [Math.floor(statSync(join(SHARED_MODELS, 'stories260K.gguf')).mtimeMs / 1000)]);
       // rpm counts in fixed one-minute windows: eight requests that straddle a minute's end could
       // rightly be allowed five, so such a run is repeated with a fresh key.
       const { created, statuses } = await withinOneMinute(async () => {

@@ -257,8 +257,13 @@ describe('the server process', () => {
         const usage = await run(process.execPath, [CLI, 'usage', '--by', 'key', '--key', id], { env });
         assert.match(usage.stdout, new RegExp(`${id}\\s+1\\s+0\\s+\\d+\\s+\\d+\\s+4\\s`), usage.stdout);
       });
-      const limited = await run(process.execPath, [CLI, 'keys', 'limits', id, '--rpm', '1'], { env });
-      assert.match(limited.stdout, /rpm=1/);
+      // Changing one limit keeps the others (the allowed models here); --unset removes one.
+      const limited = await run(process.execPath, [CLI, 'keys', 'limits', id, '--rpm', '1', '--tpm', '5000'], { env });
+      assert.match(limited.stdout, /rpm=1 tpm=5000 models=local\/stories260k/);
+      const unset = await run(process.execPath, [CLI, 'keys', 'limits', id, '--unset', 'tpm'], { env });
+      assert.match(unset.stdout, /rpm=1 models=local\/stories260k$/m);
+      const viaKey = await http<WireKey & { limits: Record<string, unknown> }>(p.url, 'GET', `/admin/keys/${id}`, { key: adminKey });
+      assert.deepEqual(viaKey.json.limits, { rpm: 1, models: ['local/stories260k'] }, viaKey.text);
       assert.doesNotMatch(listed.stdout, /sk-sy-/, 'secrets are never listed');
 
       const viaApi = await http<WireList<WireKey>>(p.url, 'GET', '/admin/keys?org=acme', { key: adminKey });

@@ -113,6 +113,10 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
     async (req) => ({ object: 'list', data: (await admin.listKeys(req.query.org)).map(renderKey) }),
   );
 
+  app.get('/admin/keys/:id', { onRequest: requireAdmin, schema: { params: IdParams } }, async (req) =>
+    renderKey(await admin.getKey(req.params.id)),
+  );
+
   app.patch(
     '/admin/keys/:id',
     { onRequest: requireAdmin, schema: { params: IdParams, body: Type.Object({ limits: NullableLimits }) } },

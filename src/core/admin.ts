@@ -71,6 +71,10 @@ export class AdminService {
     return this.store.listKeys(org);
   }
 
+  getKey(id: string): Promise<ApiKeyRecord> {
+    return this.key(id);
+  }
+
   private async key(id: string): Promise<ApiKeyRecord> {
     const k = await this.store.getKey(id);
     if (!k) throw new ApiError('not_found', `No API key '${id}'.`);

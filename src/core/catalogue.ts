@@ -1,4 +1,4 @@
-import { readdir } from 'node:fs/promises';
+import { readdir, stat } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../config.js';
@@ -114,11 +114,13 @@ export class Catalogue {
       return [];
     }
     const out: LocalModel[] = [];
-    const t = nowSeconds();
     for (const f of files) {
       const path = join(dir, f);
       try {
         const info = await inspectGgufIsolated(path);
+        // The file's modification time: the same in every worker and after a restart (the time of
+        // the scan made a model's `created` differ between workers).
+        const t = Math.floor((await stat(path)).mtimeMs / 1000);
         const named = this.config.localModels[f] ?? {};
         const spec: ModelSpec = {
           id: named.id ?? `${this.config.localAuthor}/${localSlug(f)}`,
