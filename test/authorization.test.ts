@@ -230,3 +230,36 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
     assert.ok(!revoked.text.includes(keys.revoked), 'the key is not echoed');
   });
 });
+
+describe("one organization's prompt cache never serves another's", () => {
+  let s: TestServer;
+  before(async () => {
+    s = await startServer();
+  });
+  after(() => s.close());
+
+  it("reports another organization's prompt as not cached, and the organization's own as cached", async () => {
+    const a = await createKey(s, 'cache-a');
+    const b = await createKey(s, 'cache-b');
+    // A prompt nobody has sent: what one organization asked must not be found in the cache by another
+    // (cached_tokens, and the time to the first token, would tell it what the other sent).
+    const prompt = `Acme merger memo ${Date.now()}: we will acquire Globex for 42 dollars per share on Friday`;
+    const cached = async (key: string) => {
+      const r = await http<{ usage: { prompt_tokens: number; prompt_tokens_details: { cached_tokens: number } } }>(
+        s.url,
+        'POST',
+        '/v1/chat/completions',
+        { key, body: { model: LOCAL, messages: [{ role: 'user', content: prompt }], max_tokens: 2, temperature: 0 } },
+      );
+      assert.equal(r.status, 200, r.text);
+      return r.json.usage;
+    };
+    const first = await cached(a.key);
+    assert.equal(first.prompt_tokens_details.cached_tokens, 0);
+    const again = await cached(a.key);
+    assert.ok(again.prompt_tokens_details.cached_tokens >= again.prompt_tokens - 1, JSON.stringify(again));
+    assert.equal((await cached(b.key)).prompt_tokens_details.cached_tokens, 0);
+    // And back: b's turn on the sequence did not hand a's cache to b, nor b's to a.
+    assert.equal((await cached(b.key)).prompt_tokens_details.cached_tokens > 0, true);
+  });
+});

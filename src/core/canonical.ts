@@ -104,6 +104,12 @@ export interface GenerationRequest {
   wire?: 'chat';
   /** Aborted when the client goes away (or the run is cancelled): the engine stops and frees what it held. */
   signal: CancelSignal;
+  /**
+   * Who may reuse what this request leaves in an engine's prompt cache: its organization (set at
+   * admission). A cached prefix shows in `cached_tokens` and in the time to the first token, so one
+   * organization's must never serve another's request.
+   */
+  cacheScope?: string;
   /** Kept current by the engine serving the request (reset by the router for each attempt). */
   tally: UsageTally;
 }

@@ -64,6 +64,7 @@ export class GenerationPipeline {
    */
   admit(model: Model, req: GenerationRequest, who: Principal, meta: GenerationMeta): Maybe<Admitted> {
     this.checkNeeds(model, req, meta.endpoint);
+    req.cacheScope = who.orgId;
     const admission = this.limiter.admit(who, model.id, () => worstCase(model, req));
     return admission instanceof Promise
       ? admission.then((a) => this.admitted(model, req, who, meta, a))

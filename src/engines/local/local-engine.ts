@@ -44,6 +44,8 @@ export interface LocalEngineOptions {
 interface Slot {
   sequence: LlamaContextSequence;
   busy: boolean;
+  /** The cache scope (organization) of the request that left its tokens in the sequence. */
+  scope: string | undefined;
 }
 
 interface Waiter {
@@ -67,7 +69,7 @@ class LoadedModel {
     readonly renderer: PromptRenderer,
     readonly bytes: number,
   ) {
-    this.slots = Array.from({ length: context.totalSequences }, () => ({ sequence: context.getSequence(), busy: false }));
+    this.slots = Array.from({ length: context.totalSequences }, () => ({ sequence: context.getSequence(), busy: false, scope: undefined }));
   }
 
   closingBias(): Promise<ClosingBias | undefined> {
@@ -75,13 +77,16 @@ class LoadedModel {
     return this.closing;
   }
 
-  /** A free sequence, preferring the one whose cached tokens share the longest prefix with the prompt. */
-  take(prompt: readonly Token[]): Slot | undefined {
+  /**
+   * A free sequence, preferring the one whose cached tokens share the longest prefix with the
+   * prompt among those the same scope left (another organization's cache is never reused).
+   */
+  take(prompt: readonly Token[], scope: string | undefined): Slot | undefined {
     let best: Slot | undefined;
     let bestShared = -1;
     for (const s of this.slots) {
       if (s.busy) continue;
-      const shared = s.sequence.compareContextTokens(prompt as Token[]).firstDifferentIndex;
+      const shared = s.scope === scope ? s.sequence.compareContextTokens(prompt as Token[]).firstDifferentIndex : 0;
       if (shared > bestShared) {
         best = s;
         bestShared = shared;
@@ -266,8 +271,9 @@ export class LocalEngine implements Engine {
     }
   }
 
-  private acquire(m: LoadedModel, prompt: Token[], signal: CancelSignal): Promise<Slot> {
-    const slot = m.take(prompt);
+  private acquire(m: LoadedModel, prompt: Token[], req: GenerationRequest): Promise<Slot> {
+    const { signal } = req;
+    const slot = m.take(prompt, req.cacheScope);
     if (slot) return Promise.resolve(slot);
     if (m.waiters.length >= this.opts.queueSize) {
       return Promise.reject(new ApiError('overloaded', 'The model is busy and its queue is full; retry shortly.', { retryAfterMs: 1000 }));
@@ -348,7 +354,7 @@ export class LocalEngine implements Engine {
     m.lastUsed = Date.now();
     let slot: Slot;
     try {
-      slot = await this.acquire(m, prompt, req.signal);
+      slot = await this.acquire(m, prompt, req);
     } catch (err) {
       m.active--;
       throw err;
@@ -356,7 +362,10 @@ export class LocalEngine implements Engine {
     // The producer runs ahead by at most the channel's capacity, so token k+1 is computed while
     // token k is being written to the client.
     const out = new Channel<GenerationEvent>();
-    const producer = this.run(m, slot.sequence, prompt, maxOut, req, out, plan).finally(() => {
+    // What another organization left in the sequence is cleared before this request evaluates.
+    const foreign = slot.scope !== req.cacheScope;
+    slot.scope = req.cacheScope;
+    const producer = this.run(m, slot.sequence, prompt, maxOut, req, out, plan, foreign).finally(() => {
       m.active--;
       m.lastUsed = Date.now();
       m.release(slot);
@@ -492,6 +501,7 @@ export class LocalEngine implements Engine {
     req: GenerationRequest,
     out: Channel<GenerationEvent>,
     plan: OutputPlan,
+    foreign: boolean,
   ): Promise<void> {
     const tally = req.tally;
     tally.input = prompt.length;
@@ -505,6 +515,7 @@ export class LocalEngine implements Engine {
       usage: { input: prompt.length, cached: tally.cached, output, reasoning: reasoningTokens },
     });
     try {
+      if (foreign && seq.nextTokenIndex > 0) await seq.clearHistory();
       for (let attempt = 0; ; attempt++) {
         const last = attempt + 1 >= plan.attempts;
         const sink = plan.make(push, last);
