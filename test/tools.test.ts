@@ -7,6 +7,7 @@ import type { AddressInfo } from 'node:net';
 import { request } from 'undici';
 import OpenAI from 'openai';
 import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
+import { GATEWAY_MODEL, startGateway } from './helpers/fixtures.js';
 
 const STORIES = 'local/stories260k';
 const ajv = new Ajv({ strict: false });
@@ -583,5 +584,132 @@ describe('Responses function calls, local and through chat-only and Responses-sp
     assert.equal(viaResponses.status, 'incomplete');
     assert.equal(viaResponses.output_text, viaChat.choices[0]!.message.content);
     assert.deepEqual(proxied, ['POST /v1/responses', 'POST /v1/responses']);
+  });
+});
+
+describe('calls an upstream makes to tools the request does not allow are suppressed', () => {
+  // An upstream that ignores tool_choice and calls tool `a` whatever it is told (as some servers
+  // do): a failure mode no real engine here produces on demand, hence a fixture.
+  const callA = (i: number) => ({ index: i, id: `call_${i}`, type: 'function', function: { name: 'a', arguments: '{"x":1}' } });
+  let upstream: Server;
+  let gw: TestServer;
+  before(async () => {
+    upstream = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c: Buffer) => (body += c.toString()));
+      req.on('end', () => {
+        const stream = (JSON.parse(body) as { stream?: boolean }).stream === true;
+        if (!stream) {
+          res.writeHead(200, { 'content-type': 'application/json' }).end(
+            JSON.stringify({
+              id: 'x',
+              object: 'chat.completion',
+              created: 1,
+              model: 'm',
+              choices: [
+                { index: 0, message: { role: 'assistant', content: null, tool_calls: [callA(0), callA(1)] }, finish_reason: 'tool_calls' },
+              ],
+              usage: { prompt_tokens: 5, completion_tokens: 9, total_tokens: 14 },
+            }),
+          );
+          return;
+        }
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        const frame = (delta: object, finish: string | null = null) =>
+          `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+        res.end(
+          frame({ role: 'assistant', tool_calls: [callA(0)] }) +
+            frame({ tool_calls: [callA(1)] }) +
+            frame({}, 'tool_calls') +
+            'data: [DONE]\n\n',
+        );
+      });
+    });
+    await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
+    const url = `http://127.0.0.1:${(upstream.address() as AddressInfo).port}/v1`;
+    gw = await startGateway(
+      [{ baseUrl: url }],
+      { SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' },
+      { capabilities: ['streaming', 'function_calling'] },
+    );
+  });
+  after(async () => {
+    await gw.close();
+    upstream.close();
+  });
+
+  const tools = (...names: string[]) =>
+    names.map((name) => ({ type: 'function' as const, function: { name, parameters: { type: 'object' } } }));
+
+  it('on chat completions: none under tool_choice "none" or a named other tool, streamed or not; the allowed ones pass', async () => {
+    const client = new OpenAI({ baseURL: gw.baseURL, apiKey: gw.adminKey, maxRetries: 0 });
+    for (const tool_choice of ['none', { type: 'function', function: { name: 'b' } }] as const) {
+      const r = await client.chat.completions.create({
+        model: GATEWAY_MODEL,
+        messages: [{ role: 'user', content: 'hi' }],
+        tools: tools('a', 'b'),
+        tool_choice,
+      });
+      assert.equal(r.choices[0]?.message.tool_calls, undefined, JSON.stringify(r));
+      assert.equal(r.choices[0]?.finish_reason, 'stop');
+      const stream = await client.chat.completions.create({
+        model: GATEWAY_MODEL,
+        messages: [{ role: 'user', content: 'hi' }],
+        tools: tools('a', 'b'),
+        tool_choice,
+        stream: true,
+      });
+      const finishes: string[] = [];
+      for await (const chunk of stream) {
+        assert.equal(chunk.choices[0]?.delta.tool_calls, undefined, JSON.stringify(chunk));
+        if (chunk.choices[0]?.finish_reason) finishes.push(chunk.choices[0].finish_reason);
+      }
+      assert.deepEqual(finishes, ['stop']);
+    }
+    // Without tools the upstream's calls go nowhere either; with `a` offered they are the answer.
+    const none = await client.chat.completions.create({
+      model: GATEWAY_MODEL,
+      messages: [{ role: 'user', content: 'hi' }],
+      tool_choice: 'none',
+      tools: tools('b'),
+    });
+    assert.equal(none.choices[0]?.message.tool_calls, undefined);
+    const allowed = await client.chat.completions.create({
+      model: GATEWAY_MODEL,
+      messages: [{ role: 'user', content: 'hi' }],
+      tools: tools('a', 'b'),
+    });
+    assert.deepEqual(
+      allowed.choices[0]?.message.tool_calls?.map((c) => c.type === 'function' && c.function.name),
+      ['a', 'a'],
+    );
+    assert.equal(allowed.choices[0]?.finish_reason, 'tool_calls');
+  });
+
+  it('on Responses: allowed_tools, tool_choice "none" and no tools at all leave no call to `a` in the output', async () => {
+    const client = new OpenAI({ baseURL: gw.baseURL, apiKey: gw.adminKey, maxRetries: 0 });
+    const fn = (name: string) => ({ type: 'function' as const, name, parameters: { type: 'object' }, strict: false });
+    const cases = [
+      {
+        tools: [fn('a'), fn('b')],
+        tool_choice: { type: 'allowed_tools' as const, mode: 'auto' as const, tools: [{ type: 'function', name: 'b' }] },
+      },
+      { tools: [fn('a')], tool_choice: 'none' as const },
+      {},
+    ];
+    for (const c of cases) {
+      const r = await client.responses.create({ model: GATEWAY_MODEL, input: 'hi', ...c });
+      assert.equal(r.status, 'completed', JSON.stringify(r));
+      assert.deepEqual(
+        r.output.filter((i) => i.type === 'function_call'),
+        [],
+        JSON.stringify(c),
+      );
+    }
+    const allowed = await client.responses.create({ model: GATEWAY_MODEL, input: 'hi', tools: [fn('a')] });
+    assert.deepEqual(
+      allowed.output.filter((i) => i.type === 'function_call').map((i) => i.type === 'function_call' && i.name),
+      ['a', 'a'],
+    );
   });
 });

@@ -142,6 +142,20 @@ export interface UsageTally {
   exact: boolean;
 }
 
+const NO_TOOLS: ReadonlySet<string> = new Set();
+
+/**
+ * The names of the tools a request lets the model call: none under `tool_choice: "none"` or without
+ * tools, the named one under a named choice, else the tools offered (already narrowed to the
+ * allowed ones by `allowed_tools`). A call to any other is suppressed, whatever an upstream sends.
+ */
+export function callableTools(req: Pick<GenerationRequest, 'tools' | 'toolChoice'>): ReadonlySet<string> {
+  const choice = req.toolChoice;
+  if (choice === 'none' || !req.tools?.length) return NO_TOOLS;
+  if (typeof choice === 'object') return new Set([choice.name]);
+  return new Set(req.tools.map((t) => t.name));
+}
+
 export const newTally = (): UsageTally => ({ input: 0, cached: 0, output: 0, reasoning: 0, exact: true });
 
 /** What a generation that ended before its usage event used: the tally, flagged when it is an estimate. */

@@ -3,7 +3,7 @@ import { Pool, buildConnector, errors as undiciErrors } from 'undici';
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
 import type { Logger } from 'pino';
 import { ApiError, CancelledError, ERRORS, isErrorCode } from '../../core/errors.js';
-import type { GenerationEvent, GenerationRequest, Usage, UsageTally } from '../../core/canonical.js';
+import { callableTools, type GenerationEvent, type GenerationRequest, type Usage, type UsageTally } from '../../core/canonical.js';
 import { obj, str, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
 import { ChatReader, answerProblem, encodeChatRequest } from '../../protocols/chat/client.js';
 import { ChatRelay } from '../../protocols/chat/relay.js';
@@ -268,7 +268,10 @@ export class UpstreamEngine implements Engine {
     // A stream from a deployment with a key stays on the canonical lane: only there is the key
     // found when the model writes it across several deltas (the fast lane scrubs frame by frame).
     const scrub = this.scrubber(target.apiKey);
-    const fast = req.wire === 'chat' && target.api === 'chat' && !(req.stream && scrub.active);
+    // A request that restricts the calls (tool_choice none or a named tool) stays on the canonical
+    // lane too: only there is a call the upstream makes anyway suppressed.
+    const restricted = req.toolChoice === 'none' || typeof req.toolChoice === 'object';
+    const fast = req.wire === 'chat' && target.api === 'chat' && !(req.stream && scrub.active) && !restricted;
     return fast ? this.relay(req, target, scrub, attempt) : this.canonical(req, target, scrub, attempt);
   }
 
@@ -378,6 +381,11 @@ export class UpstreamEngine implements Engine {
     const argScrubs = scrub.active ? new Map<number, StreamScrubber>() : undefined;
     // Until an event has gone out, a failure may still move to another deployment.
     let early = true;
+    // Calls to tools the request does not let the model call are suppressed (Open Responses: "MUST be
+    // rejected or suppressed"), with their arguments; a finish for tool calls none of which passed is a stop.
+    const callable = callableTools(req);
+    const suppressed = new Set<number>();
+    let callsPassed = 0;
     /**
      * Applies the output limit, stop strings and scrubbing to a batch of events, in place (an event
      * whose text is unchanged is passed on as it is), and keeps the usage tally current.
@@ -406,10 +414,19 @@ export class UpstreamEngine implements Engine {
             continue;
           }
           case 'tool_call.start':
-            if (!stopped && !guard.capped) events[n++] = ev;
+            if (!callable.has(ev.name)) {
+              if (suppressed.size === 0)
+                this.log.warn({ deployment: target.id, tool: ev.name }, 'upstream called a tool the request does not allow; suppressed');
+              suppressed.add(ev.index);
+              continue;
+            }
+            if (!stopped && !guard.capped) {
+              events[n++] = ev;
+              callsPassed++;
+            }
             continue;
           case 'tool_call.delta': {
-            if (stopped) continue;
+            if (stopped || suppressed.has(ev.index)) continue;
             let text = guard.admit(ev.arguments, false);
             if (argScrubs) {
               let sc = argScrubs.get(ev.index);
@@ -505,7 +522,11 @@ export class UpstreamEngine implements Engine {
     const matched = guard.capped ? undefined : stopped ? stops?.matched : messages?.stopSequence;
     yield {
       type: 'finish',
-      reason: guard.capped ? 'length' : stopped ? 'stop' : reader.finish,
+      reason: guard.capped
+        ? 'length'
+        : stopped || (reader.finish === 'tool_calls' && callsPassed === 0 && suppressed.size > 0)
+          ? 'stop'
+          : reader.finish,
       ...(matched !== undefined && { stopSequence: matched }),
     };
   }
