@@ -288,6 +288,22 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       },
       /tools\[0\]\.input_schema/,
     );
+    // A tool's input is an object, as Anthropic's API requires (a string schema gave `input: {}`).
+    await refused(
+      {
+        messages: [{ role: 'user', content: 'x' }],
+        tools: [{ name: 'f', input_schema: { type: 'string' } as unknown as Anthropic.Tool.InputSchema }],
+      },
+      /input_schema\.type/,
+    );
+    // MCP servers (Anthropic's connector): refused rather than answered without their tools.
+    await refused(
+      {
+        messages: [{ role: 'user', content: 'x' }],
+        ...({ mcp_servers: [{ type: 'url', url: 'https://example.com/mcp', name: 'docs' }] } as object),
+      },
+      /mcp_servers is not supported/,
+    );
     await refused(
       {
         messages: [{ role: 'user', content: 'x' }],

@@ -159,6 +159,25 @@ describe("Open Responses: what the server emits matches the specification's sche
       body: { model: MODEL, messages: [{ role: 'user', content: 'x' }], logprobs: false, top_logprobs: 3 },
     });
     assert.equal(chatTop.json.error.param, 'top_logprobs');
+    // Parameters that would change the answer and that nothing here applies: each a 400 naming it.
+    const refused: Array<[string, Record<string, unknown>, string]> = [
+      ['/v1/responses', { model: MODEL, input: 'x', include: ['message.output_text.logprobs'] }, 'include'],
+      ['/v1/responses', { model: MODEL, input: 'x', prompt: { id: 'pmpt_1' } }, 'prompt'],
+      ['/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }], logit_bias: { '300': 100 } }, 'logit_bias'],
+      ['/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }], logit_bias: { abc: 100 } }, 'logit_bias'],
+    ];
+    for (const [path, body, param] of refused) {
+      const r = await http(server.url, 'POST', path, { key, body });
+      assert.equal(r.status, 400, `${param}: ${r.text}`);
+      assert.equal(r.json.error.param, param);
+      assert.equal(r.json.error.code, 'unsupported_parameter');
+    }
+    // Empty or null, they ask for nothing and are accepted.
+    const empty = await http(server.url, 'POST', '/v1/chat/completions', {
+      key,
+      body: { model: MODEL, messages: [{ role: 'user', content: 'x' }], logit_bias: {}, max_tokens: 1 },
+    });
+    assert.equal(empty.status, 200, empty.text);
   });
 
   it('refuses a malformed `text` and lists every format type in the error', async () => {

@@ -147,6 +147,11 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
     const param = body.logprobs === true ? 'logprobs' : 'top_logprobs';
     throw new ApiError('unsupported_parameter', `${param} is not supported: no model here returns log probabilities.`, { param });
   }
+  // Not applied by any engine here: a 400 rather than an answer that silently ignores the bias.
+  const bias = (body as Record<string, unknown>)['logit_bias'];
+  if (bias != null && (typeof bias !== 'object' || Object.keys(bias).length > 0)) {
+    throw new ApiError('unsupported_parameter', 'logit_bias is not supported here; send null or leave it out.', { param: 'logit_bias' });
+  }
   if (body.n != null && body.n > 1) {
     throw new ApiError('unsupported_parameter', 'Only n=1 is supported; send several requests for several choices.', { param: 'n' });
   }

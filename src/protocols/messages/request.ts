@@ -301,6 +301,9 @@ function decodeConversation(
         throw new ApiError('missing_required_parameter', `Missing required parameter: 'tools[${i}].input_schema'.`, {
           param: `tools[${i}].input_schema`,
         });
+      // As Anthropic's API: a tool's input is an object (a call's `input` is one).
+      if ((t.input_schema as Record<string, unknown>)['type'] !== 'object')
+        throw bad(`tools.${i}.input_schema.type: Input should be 'object'`, `tools[${i}].input_schema.type`);
       return withCache<FunctionTool>(
         {
           name: t.name,
@@ -340,6 +343,11 @@ function decodeConversation(
 }
 
 export function decodeMessagesRequest(body: MessagesRequest, signal: CancelSignal, signatures: ThinkingSignatures): GenerationRequest {
+  // MCP servers are Anthropic's connector (a beta): here a 400 rather than an answer without their tools.
+  if ((body as Record<string, unknown>)['mcp_servers'] != null)
+    throw new ApiError('unsupported_parameter', 'mcp_servers is not supported here; only client tools (name, input_schema).', {
+      param: 'mcp_servers',
+    });
   const req = decodeConversation(body, signal, signatures, body.stream === true);
   req.maxOutputTokens = body.max_tokens;
   if (body.thinking?.type === 'enabled' && body.thinking.budget_tokens !== undefined && body.thinking.budget_tokens >= body.max_tokens)

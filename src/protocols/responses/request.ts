@@ -98,7 +98,7 @@ export const ResponsesRequestSchema = Type.Object({
   conversation: nullable(Type.Union([Type.String({ minLength: 1 }), Type.Object({ id: Type.String({ minLength: 1 }) })])),
   background: NullableBoolean,
   // OpenAI's values (Open Responses names two of them): those for tools that are not here include
-  // nothing, and no logprobs are returned; anything else is a 400 listing them.
+  // nothing; logprobs are refused (decodeResponsesRequest); anything else is a 400 listing them.
   include: nullable(Type.Array(Type.Enum(INCLUDABLE))),
   metadata: nullable(Metadata),
   truncation: nullable(Type.Enum(['auto', 'disabled'])),
@@ -121,6 +121,25 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
       'top_logprobs is not supported: no model here returns log probabilities. Send 0 or leave it out.',
       {
         param: 'top_logprobs',
+      },
+    );
+  }
+  if (body.include?.includes('message.output_text.logprobs')) {
+    throw new ApiError(
+      'unsupported_parameter',
+      "include 'message.output_text.logprobs' is not supported: no model here returns log probabilities.",
+      {
+        param: 'include',
+      },
+    );
+  }
+  // Stored prompt templates (OpenAI's dashboard prompts) are not kept here.
+  if ((body as Record<string, unknown>)['prompt'] != null) {
+    throw new ApiError(
+      'unsupported_parameter',
+      'prompt (a stored prompt template) is not supported here; send the instructions and input.',
+      {
+        param: 'prompt',
       },
     );
   }
