@@ -80,6 +80,11 @@ describe('hardening', () => {
     assert.equal(noHost.status, 400);
     assert.match((JSON.parse(noHost.body) as { error: { message: string } }).error.message, /Host header/);
     assert.ok(noHost.headers.get('x-request-id'));
+    // An Expect other than 100-continue: Node answered a bare 417 with an empty body.
+    const expect = await sendRaw(port, Buffer.from('GET /healthz HTTP/1.1\r\nhost: x\r\nexpect: 200-ok\r\n\r\n'));
+    assert.equal(expect.status, 417);
+    assert.equal((JSON.parse(expect.body) as { error: { code: string; param: string } }).error.code, 'expectation_failed');
+    assert.ok(expect.headers.get('x-request-id'));
     const old = await sendRaw(port, Buffer.from('GET /healthz HTTP/1.0\r\n\r\n'));
     assert.equal(old.status, 200, 'HTTP/1.0 has no Host requirement');
     const cases: Array<[string, string, string]> = [

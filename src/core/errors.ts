@@ -28,6 +28,7 @@ export const ERRORS = {
   request_timeout: { status: 408, type: 'invalid_request_error' },
   conflict: { status: 409, type: 'invalid_request_error' },
   request_too_large: { status: 413, type: 'invalid_request_error' },
+  expectation_failed: { status: 417, type: 'invalid_request_error' },
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   model_not_allowed: { status: 403, type: 'permission_error' },
   rate_limited: { status: 429, type: 'rate_limit_error' },

@@ -1,4 +1,4 @@
-import { STATUS_CODES } from 'node:http';
+import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Fastify, {
@@ -206,6 +206,17 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
       void sendError(reply, e);
     },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
+  // An `Expect` other than 100-continue: Node answers a bare 417 itself unless this is handled.
+  app.server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
+    const body = JSON.stringify(
+      new ApiError('expectation_failed', `The Expect header '${String(req.headers.expect).slice(0, 100)}' is not supported.`, {
+        param: 'expect',
+      }).toBody(),
+    );
+    res
+      .writeHead(417, { 'content-type': 'application/json; charset=utf-8', 'x-request-id': `req_${randomHex()}`, connection: 'close' })
+      .end(body);
+  });
 
   // Bodies are validated as sent (a string is never a number); query strings and path params are text
   // by nature, so they are coerced. Each schema is compiled once, when its route is registered.

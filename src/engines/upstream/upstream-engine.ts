@@ -57,7 +57,7 @@ export function retryAfterMs(value: string | undefined): number {
 }
 
 /** Maps an upstream error reply into our registry; 5xx may fail over to another deployment. */
-function upstreamError(status: number, text: string, where: string, retryAfter: string | undefined, scrub: Scrubber): ApiError {
+function upstreamError(status: number, text: string, retryAfter: string | undefined, scrub: Scrubber): ApiError {
   let message = text;
   let code: unknown;
   try {
@@ -82,7 +82,16 @@ function upstreamError(status: number, text: string, where: string, retryAfter: 
   if (status === 400 || status === 422) {
     return isErrorCode(code) && ERRORS[code].status === 400 ? new ApiError(code, message) : new ApiError('invalid_request', message);
   }
-  return new ApiError('upstream_error', `Upstream ${where} answered ${status}: ${message}`, { failover: status >= 500 });
+  // The deployment's own key was refused: the upstream's words ("You didn't provide an API key")
+  // would read as if the client's key were at fault. Another deployment may have a working key.
+  if (status === 401 || status === 403)
+    return new ApiError(
+      'upstream_error',
+      `The upstream refused this gateway's credentials for the model (${status}); an operator must fix the deployment's key.`,
+      { failover: true },
+    );
+  // Not naming the deployment: its id is internal topology (the router's log names it).
+  return new ApiError('upstream_error', `The upstream answered ${status}: ${message}`, { failover: status >= 500 });
 }
 
 export interface UpstreamOptions {
@@ -346,7 +355,13 @@ export class UpstreamEngine implements Engine {
         res.release();
       }
       const retryAfter = res.headers['retry-after'];
-      throw upstreamError(res.statusCode, text, target.id, typeof retryAfter === 'string' ? retryAfter : undefined, scrub);
+      // The client is told only that the credentials were refused; the operator reads the upstream's reason.
+      if (res.statusCode === 401 || res.statusCode === 403)
+        this.log.warn(
+          { deployment: target.id, status: res.statusCode, upstream_error: scrub.text(text.slice(0, 500)) },
+          'upstream refused the deployment key',
+        );
+      throw upstreamError(res.statusCode, text, typeof retryAfter === 'string' ? retryAfter : undefined, scrub);
     }
 
     // The upstream took the request: from here it is billed, by estimate until the upstream reports usage.
