@@ -124,6 +124,21 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
     const delta = JSON.parse(events.at(-2)!.data) as { delta: { stop_reason: string }; usage: { output_tokens: number } };
     assert.equal(delta.delta.stop_reason, 'max_tokens');
     assert.equal(delta.usage.output_tokens, 8);
+    // The same prompt again is mostly cached: message_start counts it as message_delta does
+    // (cached tokens in cache_read_input_tokens, not in input_tokens).
+    type InputUsage = { input_tokens: number; cache_read_input_tokens: number };
+    const again = await readSse(server.url, 'POST', '/v1/messages', {
+      key,
+      body: { model: STORIES, max_tokens: 8, stream: true, messages: [{ role: 'user', content: 'Once upon a time' }] },
+    });
+    requests++;
+    const startUsage = (JSON.parse(again.events[0]!.data) as { message: { usage: InputUsage } }).message.usage;
+    const finalUsage = (JSON.parse(again.events.at(-2)!.data) as { usage: InputUsage }).usage;
+    assert.ok(finalUsage.cache_read_input_tokens > 0, JSON.stringify(finalUsage));
+    assert.deepEqual(
+      { input: startUsage.input_tokens, cached: startUsage.cache_read_input_tokens },
+      { input: finalUsage.input_tokens, cached: finalUsage.cache_read_input_tokens },
+    );
   });
 
   const weather: Anthropic.Tool = {

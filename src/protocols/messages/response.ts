@@ -158,8 +158,11 @@ export class MessageStreamRenderer {
     private readonly sign: Sign,
   ) {}
 
-  /** message_start (with the input tokens known so far) and a ping, as Anthropic opens a stream. */
-  start(inputTokens: number): string {
+  /**
+   * message_start (with the input tokens known so far, the cached ones apart as in message_delta)
+   * and a ping, as Anthropic opens a stream.
+   */
+  start(inputTokens: number, cachedTokens = 0): string {
     const message = {
       id: this.id,
       type: 'message',
@@ -170,7 +173,7 @@ export class MessageStreamRenderer {
       stop_sequence: null,
       stop_details: null,
       container: null,
-      usage: renderUsage({ input: inputTokens, cached: 0, output: 0, reasoning: 0 }),
+      usage: renderUsage({ input: inputTokens, cached: Math.min(cachedTokens, inputTokens), output: 0, reasoning: 0 }),
     };
     return frame('message_start', JSON.stringify({ type: 'message_start', message })) + frame('ping', '{"type":"ping"}');
   }
