@@ -14,7 +14,7 @@ import { newTally, type GenerationRequest } from '../src/core/canonical.js';
 import type { UsageRecord } from '../src/store/store.js';
 import { http, pgSchema, tempDir, type TestServer, type WireList } from './helpers/server.js';
 import { usageRecord } from './helpers/usage.js';
-import { GATEWAY_MODEL as MODEL, chunkFrame, closers, fixture, startGateway } from './helpers/fixtures.js';
+import { GATEWAY_MODEL as MODEL, chatFixture, chunkFrame, closers, completionJson, startGateway } from './helpers/fixtures.js';
 
 const log = pino({ level: 'silent' });
 
@@ -41,34 +41,20 @@ const BAD_USAGE: Array<[string, Record<string, unknown>]> = [
 ];
 
 /** An upstream answering every request with `usage`, streamed or not. */
-async function upstreamWithUsage(usage: () => Record<string, unknown>) {
-  return fixture((req, res) => {
-    let body = '';
-    req.on('data', (c: Buffer) => {
-      body += c.toString();
-    });
-    req.on('end', () => {
-      const stream = (JSON.parse(body) as { stream?: boolean }).stream === true;
-      if (!stream) {
-        res.writeHead(200, { 'content-type': 'application/json' }).end(
-          JSON.stringify({
-            id: 'x',
-            object: 'chat.completion',
-            created: 1,
-            model: 'm',
-            choices: [{ index: 0, message: { role: 'assistant', content: 'Once upon' }, finish_reason: 'stop' }],
-            usage: usage(),
-          }),
-        );
-        return;
-      }
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
-      res.write(chunkFrame({ content: ' upon' }, 'stop'));
-      res.end(
-        `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage: usage() })}\n\ndata: [DONE]\n\n`,
-      );
-    });
+function upstreamWithUsage(usage: () => Record<string, unknown>) {
+  return chatFixture((stream, res) => {
+    if (!stream) {
+      res
+        .writeHead(200, { 'content-type': 'application/json' })
+        .end(completionJson({ role: 'assistant', content: 'Once upon' }, 'stop', usage()));
+      return;
+    }
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+    res.write(chunkFrame({ content: ' upon' }, 'stop'));
+    res.end(
+      `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage: usage() })}\n\ndata: [DONE]\n\n`,
+    );
   });
 }
 

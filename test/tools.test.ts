@@ -7,7 +7,7 @@ import type { AddressInfo } from 'node:net';
 import { request } from 'undici';
 import OpenAI from 'openai';
 import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
-import { GATEWAY_MODEL, startGateway } from './helpers/fixtures.js';
+import { GATEWAY_MODEL, chatFixture, chunkFrame, completionJson, startGateway } from './helpers/fixtures.js';
 
 const STORIES = 'local/stories260k';
 const ajv = new Ajv({ strict: false });
@@ -591,42 +591,26 @@ describe('calls an upstream makes to tools the request does not allow are suppre
   // An upstream that ignores tool_choice and calls tool `a` whatever it is told (as some servers
   // do): a failure mode no real engine here produces on demand, hence a fixture.
   const callA = (i: number) => ({ index: i, id: `call_${i}`, type: 'function', function: { name: 'a', arguments: '{"x":1}' } });
-  let upstream: Server;
+  let upstream: { url: string; close(): Promise<void> };
   let gw: TestServer;
   before(async () => {
-    upstream = createServer((req, res) => {
-      let body = '';
-      req.on('data', (c: Buffer) => (body += c.toString()));
-      req.on('end', () => {
-        const stream = (JSON.parse(body) as { stream?: boolean }).stream === true;
-        if (!stream) {
-          res.writeHead(200, { 'content-type': 'application/json' }).end(
-            JSON.stringify({
-              id: 'x',
-              object: 'chat.completion',
-              created: 1,
-              model: 'm',
-              choices: [
-                { index: 0, message: { role: 'assistant', content: null, tool_calls: [callA(0), callA(1)] }, finish_reason: 'tool_calls' },
-              ],
-              usage: { prompt_tokens: 5, completion_tokens: 9, total_tokens: 14 },
-            }),
-          );
-          return;
-        }
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        const frame = (delta: object, finish: string | null = null) =>
-          `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
-        res.end(
-          frame({ role: 'assistant', tool_calls: [callA(0)] }) +
-            frame({ tool_calls: [callA(1)] }) +
-            frame({}, 'tool_calls') +
-            'data: [DONE]\n\n',
-        );
-      });
+    upstream = await chatFixture((stream, res) => {
+      if (!stream) {
+        const message = { role: 'assistant', content: null, tool_calls: [callA(0), callA(1)] };
+        res
+          .writeHead(200, { 'content-type': 'application/json' })
+          .end(completionJson(message, 'tool_calls', { prompt_tokens: 5, completion_tokens: 9, total_tokens: 14 }));
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(
+        chunkFrame({ role: 'assistant', tool_calls: [callA(0)] }) +
+          chunkFrame({ tool_calls: [callA(1)] }) +
+          chunkFrame({}, 'tool_calls') +
+          'data: [DONE]\n\n',
+      );
     });
-    await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
-    const url = `http://127.0.0.1:${(upstream.address() as AddressInfo).port}/v1`;
+    const url = upstream.url;
     gw = await startGateway(
       [{ baseUrl: url }],
       { SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' },
@@ -635,7 +619,7 @@ describe('calls an upstream makes to tools the request does not allow are suppre
   });
   after(async () => {
     await gw.close();
-    upstream.close();
+    await upstream.close();
   });
 
   const tools = (...names: string[]) =>

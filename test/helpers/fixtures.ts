@@ -66,6 +66,31 @@ export async function fixture(
   };
 }
 
+/**
+ * A fixture chat-completions upstream: `answer` writes the reply to each request, told whether the
+ * request asked for a stream.
+ */
+export function chatFixture(answer: (stream: boolean, res: ServerResponse) => void): ReturnType<typeof fixture> {
+  return fixture((req, res) => {
+    let body = '';
+    req.on('data', (c: Buffer) => {
+      body += c.toString();
+    });
+    req.on('end', () => answer((JSON.parse(body) as { stream?: boolean }).stream === true, res));
+  });
+}
+
+/** A whole non-stream chat completion with this message, finish reason and usage, as JSON text. */
+export const completionJson = (message: object, finish: string, usage: unknown): string =>
+  JSON.stringify({
+    id: 'x',
+    object: 'chat.completion',
+    created: 1,
+    model: 'm',
+    choices: [{ index: 0, message, finish_reason: finish }],
+    usage,
+  });
+
 /** A URL nothing listens on. */
 export async function deadUrl(): Promise<string> {
   const f = await fixture(() => undefined);
