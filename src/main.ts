@@ -1,4 +1,5 @@
 import { parseArgs } from 'node:util';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { ConfigError, loadConfig } from './config.js';
 import cluster from 'node:cluster';
 import { createLogger, createService, prepareDatabase } from './app.js';
@@ -131,20 +132,17 @@ export async function serve(argv: string[]): Promise<number> {
         // A worker is killed 2 s after the timeout (cluster.ts): this must end before that.
         setTimeout(() => {
           log.warn('could not finish stopping; recording the usage of what still runs and exiting');
-          const deadline = setTimeout(() => {
-            log.error('could not record the usage of what still ran');
-            resolveExit(1);
-          }, LAST_RECORD_MS);
-          void service.recordOpen().then(
-            () => {
-              clearTimeout(deadline);
-              resolveExit(1);
-            },
+          const recorded = service.recordOpen().then(
+            () => true,
             (err: unknown) => {
-              log.error({ err }, 'could not record the usage of what still ran');
-              resolveExit(1);
+              log.error({ err }, 'recording the usage of what still ran failed');
+              return false;
             },
           );
+          void Promise.race([recorded, sleep(LAST_RECORD_MS, false)]).then((ok) => {
+            if (!ok) log.error('could not record the usage of what still ran');
+            resolveExit(1);
+          });
         }, FORCED_STOP_MS);
       }, config.shutdownTimeoutMs);
       timer.unref();
