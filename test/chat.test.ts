@@ -4,6 +4,7 @@ import { request } from 'undici';
 import OpenAI from 'openai';
 import { createKey, http, startServer, startWithClient, type TestServer } from './helpers/server.js';
 import { eventually } from './helpers/wait.js';
+import { GrammarTextDecoder } from '../src/engines/local/grammar-text.js';
 
 const STORIES = 'local/stories260k';
 const RANDOM = 'local/llama-2-tiny-random';
@@ -260,6 +261,8 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       [{ ...base, tool_choice: 'required' }, 'tool_choice'],
       [{ ...base, tools: [], tool_choice: 'required' }, 'tool_choice'],
       [{ ...base, tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice'],
+      [{ ...base, response_format: { type: 'xml' } }, 'response_format.type'],
+      [{ ...base, response_format: { type: 'json_schema' } }, 'response_format.json_schema'],
       // Metadata keys of at most 64 characters (values 512, 16 pairs).
       [{ ...base, store: true, metadata: { ['k'.repeat(65)]: 'v' } }, 'metadata'],
       [
@@ -299,6 +302,7 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       assert.equal(res.status, 400, `${JSON.stringify(body).slice(0, 120)} → ${res.text}`);
       assert.equal(res.json.error.param, param, res.text);
       if (param === 'metadata') assert.match(res.json.error.message, /keys are at most 64 characters/);
+      if (param === 'response_format.type') assert.match(res.json.error.message, /'text', 'json_object', 'json_schema'/);
     }
     // Unknown fields are ignored; text parts are accepted.
     const ok = await http(server.url, 'POST', '/v1/chat/completions', {
@@ -337,6 +341,87 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       assert.ok([...text].length >= 6 && [...text].length <= 12, `length of ${JSON.stringify(text)}`);
       assert.match(text, test);
     }
+  });
+
+  it('writes non-ASCII enum values whole, streamed and not, without resampling (byte tokens read as the grammar reads them)', async () => {
+    // stories260K writes these characters as byte tokens, and llama.cpp's grammar also admits
+    // overlong byte sequences for them (F0 86 97 A5 for 日): seeds 1, 3 and 6 did so before.
+    const values = ['日本語テキスト', '𝕏𝕐ℤ'];
+    const resampled = async (): Promise<number> =>
+      (
+        (await http(server.url, 'GET', '/admin/local/loaded', { key: server.adminKey })).json as unknown as {
+          schema_checks: { resampled: number };
+        }
+      ).schema_checks.resampled;
+    const before = await resampled();
+    const response_format = {
+      type: 'json_schema' as const,
+      json_schema: {
+        name: 'o',
+        strict: true,
+        schema: { type: 'object', properties: { v: { type: 'string', enum: values } }, required: ['v'], additionalProperties: false },
+      },
+    };
+    for (let seed = 0; seed < 8; seed++) {
+      const messages = [{ role: 'user' as const, content: 'x' }];
+      let streamed = '';
+      for await (const chunk of await client.chat.completions.create({
+        model: STORIES,
+        seed,
+        max_tokens: 100,
+        messages,
+        response_format,
+        stream: true,
+      }))
+        streamed += chunk.choices[0]?.delta.content ?? '';
+      const whole = await client.chat.completions.create({ model: STORIES, seed, max_tokens: 100, messages, response_format });
+      for (const text of [streamed, whole.choices[0]!.message.content!]) {
+        assert.ok(!text.includes('\uFFFD'), `seed ${seed}: ${text}`);
+        assert.ok(values.includes((JSON.parse(text) as { v: string }).v), `seed ${seed}: ${text}`);
+      }
+    }
+    assert.equal(await resampled(), before, 'no output needed a second sample');
+  });
+});
+
+describe('structured output that cannot be met', () => {
+  let server: TestServer;
+  let key: string;
+  before(async () => {
+    ({ server, key } = await startWithClient());
+  });
+  after(() => server.close());
+
+  it('tells clients not to retry a schema the server already retried (no value satisfies it: three distinct booleans)', async () => {
+    const schema = { type: 'array', items: { type: 'boolean' }, minItems: 3, uniqueItems: true };
+    const res = await http(server.url, 'POST', '/v1/chat/completions', {
+      key,
+      body: {
+        model: STORIES,
+        max_tokens: 30,
+        messages: [{ role: 'user', content: 'x' }],
+        response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
+      },
+    });
+    assert.equal(res.status, 500, res.text);
+    assert.equal(res.json.error.code, 'structured_output_failed');
+    assert.equal(res.headers['x-should-retry'], 'false', 'the openai SDKs would otherwise run it three times');
+  });
+});
+
+describe('grammar text decoding (llama.cpp decode_utf8)', () => {
+  it('reads overlong and split sequences as the grammar does, and what it would refuse as U+FFFD', () => {
+    const text = (...tokens: number[][]) => {
+      const d = new GrammarTextDecoder();
+      return tokens.map((t) => d.push(Uint8Array.from(t))).join('') + d.end();
+    };
+    assert.equal(text([0xe6], [0x97], [0xa5]), '日');
+    assert.equal(text([0xf0], [0x86], [0x97], [0xa5]), '日', 'the overlong form the grammar accepts');
+    assert.equal(text([0xf0, 0x9d], [0x95, 0x8f]), '𝕏');
+    assert.equal(text([0xc3, 0xa9, 0xe6]), 'é\uFFFD', 'a sequence still open at the end');
+    assert.equal(text([0xe6], [0x41]), '\uFFFDA', 'a byte that does not continue the sequence');
+    assert.equal(text([0x80]), '\uFFFD', 'a continuation byte cannot lead');
+    assert.equal(text([0xed, 0xa0, 0x80]), '\uFFFD', 'a surrogate');
   });
 });
 

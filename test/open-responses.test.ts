@@ -190,12 +190,19 @@ describe("Open Responses: what the server emits matches the specification's sche
     assert.equal(badType.status, 400);
     assert.match(badType.json.error.message, /json_schema/);
     assert.match(badType.json.error.message, /json_object/);
-    const noSchema = await http(server.url, 'POST', '/v1/responses', {
-      key,
-      body: { model: MODEL, input: 'x', text: { format: { type: 'json_schema', name: 'x' } } },
-    });
-    assert.equal(noSchema.status, 400);
-    assert.equal(noSchema.json.error.param, 'text.format.schema');
+  });
+
+  it('takes a json_schema format without a name or a schema, as the specification allows (any JSON document)', async () => {
+    for (const format of [{ type: 'json_schema' }, { type: 'json_schema', schema: { type: 'object' } }]) {
+      const res = await http(server.url, 'POST', '/v1/responses', {
+        key,
+        body: { model: MODEL, input: 'x', max_output_tokens: 40, text: { format } },
+      });
+      assert.equal(res.status, 200, res.text);
+      const body = res.json as unknown as { status: string; output_text?: string; output: Array<{ content?: Array<{ text: string }> }> };
+      valid(responseResource, body, 'response');
+      if (body.status === 'completed') JSON.parse(body.output.at(-1)!.content![0]!.text);
+    }
   });
 });
 
@@ -340,6 +347,22 @@ describe('POST /v1/responses/input_tokens', () => {
       body: { model: 'nobody/none', input: 'x' },
     });
     assert.equal(unknown.status, 404);
+  });
+
+  it('flags the count of a prompt too long to tokenize as estimated, and never counts more text as fewer tokens', async () => {
+    const count = async (n: number) => {
+      const r = await http(server.url, 'POST', '/v1/responses/input_tokens', {
+        key: server.adminKey,
+        body: { model: MODEL, input: 'Once upon a time '.repeat(n) },
+      });
+      assert.equal(r.status, 200, r.text);
+      return { tokens: (r.json as unknown as { input_tokens: number }).input_tokens, estimated: r.headers['x-switchyard-estimated'] };
+    };
+    const fits = await count(800);
+    assert.equal(fits.estimated, undefined, 'counted by the tokenizer');
+    const past = await count(2000);
+    assert.equal(past.estimated, 'true', 'past what the context can hold: not tokenized');
+    assert.ok(past.tokens > fits.tokens, `${past.tokens} tokens for 2000 repeats, ${fits.tokens} for 800`);
   });
 });
 

@@ -264,6 +264,28 @@ describe('Responses over WebSocket', () => {
     assert.equal(plain.status, 200);
     assert.equal(plain.json.object, 'list');
   });
+
+  it('refuses an upgrade to any other route over HTTP, in the envelope, and closes the connection', async () => {
+    for (const path of ['/v1/models', '/v1/chat/completions', '/v1/responses/resp_x', '/v1/nothing-here']) {
+      const ws = new WebSocket(`${server.url.replace('http', 'ws')}${path}`, { headers: { authorization: `Bearer ${key}` } });
+      ws.on('error', () => undefined);
+      const [req, res] = (await once(ws, 'unexpected-response')) as [
+        { destroy(): void },
+        NodeJS.ReadableStream & { statusCode: number; headers: Record<string, string>; socket: { once(e: 'close', f: () => void): void } },
+      ];
+      const closed = new Promise<void>((resolve) => res.socket.once('close', resolve));
+      let body = '';
+      for await (const chunk of res) body += String(chunk);
+      assert.equal(res.statusCode, 400, path);
+      assert.ok(res.headers['x-request-id']);
+      assert.equal(res.headers['connection'], 'close');
+      const error = (JSON.parse(body) as { error: { code: string; message: string } }).error;
+      assert.equal(error.code, 'invalid_request');
+      assert.match(error.message, /only GET \/v1\/responses takes a WebSocket/);
+      await closed;
+      req.destroy();
+    }
+  });
 });
 
 describe('Responses over WebSocket: the connection time limit', () => {

@@ -407,6 +407,8 @@ describe('POST /v1/responses with TinyStories', () => {
     const refused = await http(server.url, 'POST', '/v1/responses', { key, body: { model: STORIES, input, max_output_tokens: 16 } });
     assert.equal(refused.status, 400, refused.text);
     assert.equal(refused.json.error.code, 'context_length_exceeded');
+    assert.equal(refused.json.error.param, 'input', 'named as a Responses request names its prompt');
+    assert.doesNotMatch(refused.json.error.message, /messages/);
     const r = await client.responses.create({
       model: STORIES,
       input: input as OpenAI.Responses.ResponseInput,
@@ -490,10 +492,11 @@ describe('POST /v1/responses with TinyStories', () => {
   it('refuses conversation items whose parts are not objects with a 400 naming them, never a 500', async () => {
     const conv = await client.conversations.create({});
     const cases: Array<[Record<string, unknown>, string]> = [
-      [{ type: 'message', role: 'user', content: [null, 'text'] }, 'input[0].content[0]'],
-      [{ type: 'message', role: 'user', content: [{ type: 'input_text', text: 'ok' }, 7] }, 'input[0].content[1]'],
-      [{ type: 'reasoning', summary: [null] }, 'input[0].summary[0]'],
-      [{ type: 'reasoning', summary: [], content: [[]] }, 'input[0].content[0]'],
+      // Named where a conversation request holds them: `items`.
+      [{ type: 'message', role: 'user', content: [null, 'text'] }, 'items[0].content[0]'],
+      [{ type: 'message', role: 'user', content: [{ type: 'input_text', text: 'ok' }, 7] }, 'items[0].content[1]'],
+      [{ type: 'reasoning', summary: [null] }, 'items[0].summary[0]'],
+      [{ type: 'reasoning', summary: [], content: [[]] }, 'items[0].content[0]'],
     ];
     for (const [item, param] of cases) {
       for (const path of ['/v1/conversations', `/v1/conversations/${conv.id}/items`, '/v1/conversations/conv_unknown/items']) {

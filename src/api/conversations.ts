@@ -10,7 +10,7 @@ export function registerConversationRoutes(app: App, ctx: RouteContext): void {
   const { conversations } = ctx;
 
   app.post('/v1/conversations', { onRequest: ctx.requireKey, schema: { body: CreateConversation } }, async (req) =>
-    conversations.create(req.principal!, decodeInput(req.body?.items ?? []), req.body?.metadata ?? {}),
+    conversations.create(req.principal!, decodeInput(req.body?.items ?? [], 'items'), req.body?.metadata ?? {}),
   );
 
   // The organization's conversations, in creation order (`asc`, the default) or the reverse.
@@ -38,7 +38,7 @@ export function registerConversationRoutes(app: App, ctx: RouteContext): void {
   app.post(
     '/v1/conversations/:id/items',
     { onRequest: ctx.requireKey, schema: { params: IdParams, body: Type.Object({ items: Items }) } },
-    async (req) => listPage(await conversations.addItems(req.params.id, req.principal!, decodeInput(req.body.items)), false),
+    async (req) => listPage(await conversations.addItems(req.params.id, req.principal!, decodeInput(req.body.items, 'items')), false),
   );
 
   app.get(

@@ -95,6 +95,17 @@ export class ApiError extends Error {
     this.headers = opts.headers ?? {};
   }
 
+  /** The same error naming another parameter: a protocol's own name for what a lower layer named by the chat convention. */
+  naming(param: string, message = this.message): ApiError {
+    return new ApiError(this.code, message, {
+      param,
+      failover: this.failover,
+      ...(this.retryAfterMs !== undefined && { retryAfterMs: this.retryAfterMs }),
+      final: this.final,
+      headers: { ...this.headers },
+    });
+  }
+
   toBody(): ErrorBody {
     return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
   }

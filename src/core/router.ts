@@ -234,7 +234,7 @@ export class Router {
     const first = this.deployments(model)[0];
     if (!first)
       throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, { param: 'model', final: true });
-    if (first.engine.countInputTokens) return { tokens: await first.engine.countInputTokens(req, first.target), estimated: false };
+    if (first.engine.countInputTokens) return first.engine.countInputTokens(req, first.target);
     return { tokens: estimateInputTokens(req), estimated: true };
   }
 

@@ -13,8 +13,11 @@ import type { GenerationEvent, GenerationRequest } from '../core/canonical.js';
 export interface Engine {
   readonly kind: string;
   generate(req: GenerationRequest, target: DeploymentTarget, attempt?: Attempt): AsyncIterable<GenerationEvent>;
-  /** The prompt tokens a request would use, counted without generating; engines that cannot count leave it out. */
-  countInputTokens?(req: GenerationRequest, target: DeploymentTarget): Promise<number>;
+  /**
+   * The prompt tokens a request would use, counted without generating (`estimated` where the engine
+   * could not count them all); engines that cannot count leave it out.
+   */
+  countInputTokens?(req: GenerationRequest, target: DeploymentTarget): Promise<{ tokens: number; estimated: boolean }>;
   /** Active health check of a deployment (engines without remote targets need none). */
   probe?(target: DeploymentTarget): Promise<boolean>;
   close(): Promise<void>;

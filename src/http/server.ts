@@ -246,6 +246,20 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     if (req.headers.host === undefined && req.raw.httpVersion === '1.1') {
       return done(new ApiError('invalid_request', 'An HTTP/1.1 request must carry a Host header.'));
     }
+    // An upgrade reaches every route through the WebSocket plugin, which would switch protocols and
+    // close at once with no reason where the route has no socket handler: refused over HTTP
+    // instead. Node's parser has left the connection, so it is closed once the answer is out.
+    if (
+      (req.raw as IncomingMessage & { upgrade?: boolean }).upgrade === true &&
+      !(req.method === 'GET' && req.routeOptions.url === '/v1/responses')
+    ) {
+      reply.header('connection', 'close');
+      const socket = req.raw.socket;
+      reply.raw.once('finish', () => socket.end());
+      return done(
+        new ApiError('invalid_request', 'This route does not accept a protocol upgrade; only GET /v1/responses takes a WebSocket.'),
+      );
+    }
     // Probes and metrics are answered even under load: they are how operators see it.
     if (!req.url.startsWith('/v1/') && !req.url.startsWith('/admin/')) return done();
     const reason = shedder.refuse();

@@ -37,9 +37,18 @@ export function validationError(issues: readonly ValidationIssue[], where: strin
   const param = paramName(issue.instancePath) || where;
   let detail: string;
   switch (issue.keyword) {
-    case 'enum':
-      detail = `must be one of ${(issue.params['allowedValues'] as unknown[]).map((v) => `'${String(v)}'`).join(', ')}`;
+    case 'enum': {
+      // Every branch of a union at the same place says what it takes (`text` and `json_object` in one
+      // branch, `json_schema` as another's const): the value may be any of them.
+      const allowed = new Set<unknown>();
+      for (const i of union ? issues : [issue]) {
+        if (i.instancePath !== issue.instancePath) continue;
+        if (i.keyword === 'enum') for (const v of i.params['allowedValues'] as unknown[]) allowed.add(v);
+        else if (i.keyword === 'const') allowed.add(i.params['allowedValue']);
+      }
+      detail = `must be one of ${[...allowed].map((v) => `'${String(v)}'`).join(', ')}`;
       break;
+    }
     case 'type':
       return new ApiError('invalid_value', `Invalid type for '${param}': expected ${String(issue.params['type'])}.`, { param });
     case 'anyOf':

@@ -45,6 +45,20 @@ type ContextRequest = Pick<ResponsesCreate<unknown>, 'model' | 'input' | 'instru
 
 /** The most a compaction summary may take; the instruction below asks for far less. */
 const COMPACTION_MAX_TOKENS = 1024;
+
+/**
+ * Starts a generation for the Responses API. Engines name the prompt by the chat convention
+ * (`messages`, as a context overflow does); a Responses request's prompt is its `input`.
+ */
+async function openAsResponses(open: () => Promise<MeteredStream>): Promise<MeteredStream> {
+  try {
+    return await open();
+  } catch (err) {
+    throw err instanceof ApiError && err.param === 'messages'
+      ? err.naming('input', err.message.replace('the messages alone are', 'the input alone is').replaceAll('the messages', 'the input'))
+      : err;
+  }
+}
 const COMPACTION_PROMPT =
   'Summarize the conversation above so that it can be continued from this summary alone. Keep every fact, ' +
   'decision, constraint, tool result and open task that later turns may need; leave out pleasantries. ' +
@@ -556,7 +570,7 @@ export class ResponseService<Echo> {
       stream: false,
       started: request.started,
     });
-    const events = await open();
+    const events = await openAsResponses(open);
     let summary = '';
     let usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
     try {
@@ -670,7 +684,7 @@ export class ResponseService<Echo> {
     let events: MeteredStream | undefined;
     if (!background) {
       // Errors before the first token (context overflow, overload…) are the request's HTTP error.
-      events = await open();
+      events = await openAsResponses(open);
     }
     if (store) {
       try {
@@ -714,7 +728,7 @@ export class ResponseService<Echo> {
         run.emit(fold.start());
         await persist(['queued', 'in_progress']);
         startedResolve();
-        events ??= await open();
+        events ??= await openAsResponses(open);
         for (let ev = await events.next(); ev; ev = await events.next()) {
           if (ev.type === 'usage') billed = true;
           run.emit(fold.apply(ev));

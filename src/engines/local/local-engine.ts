@@ -15,12 +15,13 @@ import { ApiError, CancelledError } from '../../core/errors.js';
 import type { FunctionTool, GenerationEvent, GenerationRequest } from '../../core/canonical.js';
 import { Channel } from '../../core/channel.js';
 import { onAbort, unlessAborted, type CancelSignal } from '../../core/cancellation.js';
-import { MAX_CHARS_PER_TOKEN } from '../../core/estimate.js';
+import { estimateInputTokens, MAX_CHARS_PER_TOKEN } from '../../core/estimate.js';
 import type { DeploymentTarget, Engine } from '../engine.js';
 import { inspectGgufIsolated } from './gguf.js';
 import { PromptRenderer } from './prompt.js';
 import { AutoSink, CallSink, ChoiceSink, JsonSink, TextSink, type Push, type SchemaCheck, type Sink } from './output.js';
 import { SchemaGrammars, type CompiledSchema } from './schema-grammar.js';
+import { ByteTokens } from './grammar-text.js';
 import { ClosingBias } from './closing-bias.js';
 
 export interface LocalEngineOptions {
@@ -61,6 +62,8 @@ class LoadedModel {
   active = 0;
   /** Made at the first structured output (reading the vocabulary takes a while on large models). */
   private closing: Promise<ClosingBias | undefined> | undefined;
+  /** Made at the first structured output too (grammar-text.ts). */
+  private byteTokenMap: Promise<ByteTokens | undefined> | undefined;
 
   constructor(
     readonly file: string,
@@ -75,6 +78,11 @@ class LoadedModel {
   closingBias(): Promise<ClosingBias | undefined> {
     this.closing ??= ClosingBias.for(this.model).catch(() => undefined);
     return this.closing;
+  }
+
+  byteTokens(): Promise<ByteTokens | undefined> {
+    this.byteTokenMap ??= ByteTokens.for(this.model).catch(() => undefined);
+    return this.byteTokenMap;
   }
 
   /**
@@ -295,15 +303,18 @@ export class LocalEngine implements Engine {
     });
   }
 
-  async countInputTokens(req: GenerationRequest, target: DeploymentTarget): Promise<number> {
+  async countInputTokens(req: GenerationRequest, target: DeploymentTarget): Promise<{ tokens: number; estimated: boolean }> {
     if (target.engine !== 'local') throw new Error('local engine given a non-local target');
     const m = await this.loadFor(req, target);
     const tools = req.toolChoice === 'none' ? [] : (req.tools ?? []);
     const limit = Math.min(target.contextLength, m.context.contextSize);
-    // As in generate: text that cannot fit is not tokenized (it would hold the event loop).
+    // As in generate: text that cannot fit is not tokenized (it would hold the event loop). It is
+    // past the context whatever its count, so it gets the estimate the upstreams get, flagged (at
+    // least the lower bound that proves it cannot fit).
     const chars = promptChars(req.messages, tools);
-    if (chars > limit * MAX_CHARS_PER_TOKEN) return Math.ceil(chars / MAX_CHARS_PER_TOKEN);
-    return m.renderer.render(req.messages, tools).length;
+    if (chars > limit * MAX_CHARS_PER_TOKEN)
+      return { tokens: Math.max(estimateInputTokens(req), Math.ceil(chars / MAX_CHARS_PER_TOKEN)), estimated: true };
+    return { tokens: m.renderer.render(req.messages, tools).length, estimated: false };
   }
 
   private async loadFor(req: GenerationRequest, target: DeploymentTarget & { engine: 'local' }): Promise<LoadedModel> {
@@ -544,6 +555,9 @@ export class LocalEngine implements Engine {
             new ApiError(
               'structured_output_failed',
               `The model did not produce output that satisfies the schema in ${plan.attempts} attempts; retry, or simplify the schema.`,
+              // The attempts were this server's own: a client library's automatic retries would
+              // multiply them (a schema no value satisfies that the checks at admission did not catch).
+              { final: true },
             ),
           );
           return;
@@ -590,6 +604,9 @@ export class LocalEngine implements Engine {
     const temperature = s.temperature ?? 1;
     // A document under a grammar is nudged to close before max_tokens cuts it (closing-bias.ts).
     const closing = plan.grammar && !plan.lazy ? (await m.closingBias())?.track(maxOut) : undefined;
+    // Under a grammar, byte tokens are read as the grammar reads them (grammar-text.ts).
+    const byteTokens = plan.grammar && !plan.lazy ? await m.byteTokens() : undefined;
+    const grammarText = byteTokens?.decoder();
     try {
       // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
       const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
@@ -620,10 +637,18 @@ export class LocalEngine implements Engine {
         if (req.signal.aborted || cancelled()) return undefined;
         if (model.isEogToken(token)) break;
         generated.push(token);
-        pending.push(token);
-        const text = model.detokenize(pending, false, lastTokens(prompt, generated, pending.length));
-        // A character split across tokens decodes as U+FFFD until its last byte arrives.
-        const whole = !(text.endsWith('\uFFFD') && pending.length < 4);
+        let text: string;
+        let whole: boolean;
+        if (grammarText) {
+          const bytes = byteTokens!.of(token);
+          text = bytes ? grammarText.push(bytes) : grammarText.end() + model.detokenize([token], false, lastTokens(prompt, generated, 1));
+          whole = text !== '';
+        } else {
+          pending.push(token);
+          text = model.detokenize(pending, false, lastTokens(prompt, generated, pending.length));
+          // A character split across tokens decodes as U+FFFD until its last byte arrives.
+          whole = !(text.endsWith('\uFFFD') && pending.length < 4);
+        }
         closing?.feed(whole ? text : '', generated.length);
         if (whole) {
           pending = [];
@@ -639,6 +664,8 @@ export class LocalEngine implements Engine {
         }
       }
       if (pending.length > 0) await sink.text(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length)));
+      const open = grammarText?.end();
+      if (open) await sink.text(open);
       return { finish, output: generated.length };
     } finally {
       await tokens?.return();

@@ -86,7 +86,9 @@ export const ChatRequest = Type.Object({
       Type.Object({ type: Type.Enum(['text', 'json_object']) }),
       Type.Object({
         type: Type.Literal('json_schema'),
-        json_schema: Type.Object({ name: Type.String(), schema: Type.Optional(Type.Object({})), strict: NullableBoolean }),
+        // Required (decodeChatRequest says so), but optional here: ajv checks a branch's required
+        // properties before its type, and a wrong type should be told the three it may be.
+        json_schema: Type.Optional(Type.Object({ name: Type.String(), schema: Type.Optional(Type.Object({})), strict: NullableBoolean })),
       }),
     ]),
   ),
@@ -206,17 +208,19 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
     );
   }
   const rf = body.response_format;
-  if (rf != null) {
-    req.responseFormat =
-      rf.type === 'json_schema'
-        ? {
-            type: 'json_schema',
-            name: rf.json_schema.name,
-            schema: (rf.json_schema.schema ?? {}) as Record<string, unknown>,
-            ...(rf.json_schema.strict != null && { strict: rf.json_schema.strict }),
-          }
-        : ({ type: rf.type } as ResponseFormat);
-  }
+  if (rf?.type === 'json_schema') {
+    const js = rf.json_schema;
+    if (!js)
+      throw new ApiError('missing_required_parameter', "Missing required parameter: 'response_format.json_schema'.", {
+        param: 'response_format.json_schema',
+      });
+    req.responseFormat = {
+      type: 'json_schema',
+      name: js.name,
+      schema: (js.schema ?? {}) as Record<string, unknown>,
+      ...(js.strict != null && { strict: js.strict }),
+    };
+  } else if (rf != null) req.responseFormat = { type: rf.type } as ResponseFormat;
   if (body.reasoning_effort != null) req.reasoningEffort = body.reasoning_effort;
   return req;
 }

@@ -83,11 +83,12 @@ function itemStatus(raw: Raw, where: string): string {
   return status;
 }
 
-export function decodeInput(input: string | readonly Raw[]): InputItem[] {
+/** Input items, decoded; `field` is where the request holds them (`input`, or a conversation's `items`), for errors naming them. */
+export function decodeInput(input: string | readonly Raw[], field = 'input'): InputItem[] {
   if (typeof input === 'string')
     return [{ id: newId('msg'), type: 'message', role: 'user', status: 'completed', content: [{ type: 'input_text', text: input }] }];
   return input.map((raw, i): InputItem => {
-    const where = `input[${i}]`;
+    const where = `${field}[${i}]`;
     // Open Responses lets a reference leave out its type: an object with an id and no message fields.
     const type =
       raw['type'] ?? (raw['id'] !== undefined && raw['role'] === undefined && raw['content'] === undefined ? 'item_reference' : 'message');

@@ -182,16 +182,12 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
   }
   const fmt = body.text?.format;
   if (fmt && fmt.type === 'json_schema') {
-    if (fmt.name === undefined)
-      throw new ApiError('missing_required_parameter', "Missing required parameter: 'text.format.name'.", { param: 'text.format.name' });
-    if (fmt.schema === undefined)
-      throw new ApiError('missing_required_parameter', "Missing required parameter: 'text.format.schema'.", {
-        param: 'text.format.schema',
-      });
+    // Open Responses requires neither `name` nor `schema` (OpenAI's API requires both): a format
+    // without a schema is any JSON document, as an empty schema is (docs/decisions.md).
     generation.responseFormat = {
       type: 'json_schema',
-      name: fmt.name,
-      schema: fmt.schema,
+      name: fmt.name ?? '',
+      schema: fmt.schema ?? {},
       ...(fmt.strict != null && { strict: fmt.strict }),
       param: 'text.format',
     };
