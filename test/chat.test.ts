@@ -261,6 +261,7 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       [{ ...base, tool_choice: 'required' }, 'tool_choice'],
       [{ ...base, tools: [], tool_choice: 'required' }, 'tool_choice'],
       [{ ...base, tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice'],
+      [{ ...base, tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) }, 'tools'],
       [{ ...base, response_format: { type: 'xml' } }, 'response_format.type'],
       [{ ...base, response_format: { type: 'json_schema' } }, 'response_format.json_schema'],
       // Metadata keys of at most 64 characters (values 512, 16 pairs).

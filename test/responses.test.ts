@@ -371,6 +371,7 @@ describe('POST /v1/responses with TinyStories', () => {
       // A built-in tool is refused by its type, not for the name it does not have.
       [{ ...base, tools: [{ type: 'web_search' }] }, 'tools[0].type'],
       [{ ...base, tools: [{ type: 'function' }] }, 'tools[0].name'],
+      [{ ...base, tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', name: `f${i}` })) }, 'tools'],
       // A schema that accepts no value, named by where the Responses API puts it.
       [{ ...base, text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', not: {} } } } }, 'text.format'],
       [{ model: STORIES }, 'input'],

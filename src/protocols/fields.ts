@@ -19,6 +19,9 @@ export const Instructions = nullable(Type.String({ maxLength: 32000 }));
 export const Penalty = nullable(Type.Number({ minimum: -2, maximum: 2 }));
 /** llama.cpp seeds are unsigned 32-bit, and 2^32−1 means "random" there: anything outside is refused, not wrapped. */
 export const Seed = nullable(Type.Integer({ minimum: 0, maximum: 4_294_967_294 }));
+/** Tools in one request, at most (OpenAI's documented bound, on every protocol). */
+export const MAX_TOOLS = 128;
+
 export const Stop = nullable(Type.Union([Type.String(), Type.Array(Type.String(), { maxItems: 4 })]));
 export const NullableBoolean = nullable(Type.Boolean());
 export const TopLogprobs = nullable(Type.Integer({ minimum: 0, maximum: 20 }));

@@ -11,6 +11,7 @@ import {
   type ToolChoice,
 } from '../../core/canonical.js';
 import {
+  MAX_TOOLS,
   MaxOutputTokens,
   Metadata,
   ModelField,
@@ -59,7 +60,9 @@ export const ChatRequest = Type.Object({
   frequency_penalty: Penalty,
   stream: NullableBoolean,
   stream_options: nullable(Type.Object({ include_usage: Type.Optional(Type.Boolean()) })),
-  tools: nullable(Type.Array(Type.Object({ type: Type.Literal('function'), function: FunctionDef }))),
+  // OpenAI's bound: each tool's schema is compiled to a grammar for the local engine, so a thousand
+  // trivial tools were seconds of CPU.
+  tools: nullable(Type.Array(Type.Object({ type: Type.Literal('function'), function: FunctionDef }), { maxItems: MAX_TOOLS })),
   tool_choice: nullable(
     Type.Union([
       Type.Enum(['none', 'auto', 'required']),

@@ -11,7 +11,7 @@ import {
   type ToolCall,
   type ToolChoice,
 } from '../../core/canonical.js';
-import { COUNT_MAX, ModelField, nullable } from '../fields.js';
+import { COUNT_MAX, MAX_TOOLS, ModelField, nullable } from '../fields.js';
 import { obj, str } from '../reader.js';
 
 /**
@@ -57,7 +57,7 @@ const conversation = {
   system: Type.Optional(Type.Union([Type.String(), Type.Array(Block)])),
   // The current API also takes system turns in the list (SystemMessageParam).
   messages: Type.Array(Type.Object({ role: Type.Enum(['user', 'assistant', 'system']), content: Content }), { minItems: 1 }),
-  tools: Type.Optional(Type.Array(Tool)),
+  tools: Type.Optional(Type.Array(Tool, { maxItems: MAX_TOOLS })),
   tool_choice: Type.Optional(ToolChoiceWire),
   thinking: Type.Optional(Thinking),
   output_config: Type.Optional(OutputConfig),

@@ -6,6 +6,7 @@ import type { ResponsesCreate } from '../../core/responses/format.js';
 import {
   COUNT_MAX,
   Instructions,
+  MAX_TOOLS,
   MaxOutputTokens,
   Metadata,
   ModelField,
@@ -47,7 +48,7 @@ export const ResponsesRequestSchema = Type.Object({
   max_output_tokens: MaxOutputTokens,
   temperature: Temperature,
   top_p: TopP,
-  tools: nullable(Type.Array(FunctionTool)),
+  tools: nullable(Type.Array(FunctionTool, { maxItems: MAX_TOOLS })),
   tool_choice: nullable(
     Type.Union([
       Type.Enum(['auto', 'none', 'required']),
