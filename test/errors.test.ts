@@ -53,13 +53,19 @@ describe('error contract', () => {
     assert.match(res.json.error.message, /Content-Encoding 'gzip'/);
   });
 
-  it('parses JSON sent without a JSON content type (curl -d)', async () => {
-    const res = await http(server.url, 'POST', '/admin/orgs', {
-      key: server.adminKey,
-      body: '{"id":"form-sender"}',
-      headers: { 'content-type': 'application/x-www-form-urlencoded' },
-    });
-    assert.equal(res.status, 201, res.text);
+  it('parses JSON sent without a JSON content type (curl -d, text/plain)', async () => {
+    for (const [id, type] of [
+      ['form-sender', 'application/x-www-form-urlencoded'],
+      ['text-sender', 'text/plain'],
+      ['text-utf8-sender', 'text/plain; charset=utf-8'],
+    ] as const) {
+      const res = await http(server.url, 'POST', '/admin/orgs', {
+        key: server.adminKey,
+        body: `{"id":"${id}"}`,
+        headers: { 'content-type': type },
+      });
+      assert.equal(res.status, 201, `${type}: ${res.text}`);
+    }
   });
 
   it('answers wrong types and missing fields with 400 naming the parameter', async () => {

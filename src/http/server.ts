@@ -301,7 +301,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     }
     done(null, parsed);
   };
-  app.removeContentTypeParser('application/json');
+  // Fastify's own text/plain parser would hand routes a string ("expected object"): every body is JSON here.
+  app.removeAllContentTypeParsers();
   app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
   app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
 
