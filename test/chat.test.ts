@@ -172,6 +172,19 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       second.usage!.prompt_tokens_details!.cached_tokens! >= first.usage!.prompt_tokens - 1,
       `the earlier turns came from the KV cache (${second.usage!.prompt_tokens_details!.cached_tokens} cached)`,
     );
+    // An assistant turn given as content parts, a refusal among them (OpenAI's shape), reads as the same text.
+    const parts = await client.chat.completions.create({
+      model: STORIES,
+      max_tokens: 20,
+      temperature: 0,
+      messages: [
+        ...messages,
+        { role: 'assistant', content: [{ type: 'refusal', refusal: reply }] },
+        { role: 'user', content: 'One day, Max saw a cat.' },
+      ],
+    });
+    assert.equal(parts.usage!.prompt_tokens, second.usage!.prompt_tokens);
+    assert.equal(parts.choices[0]!.message.content, second.choices[0]!.message.content);
   });
 
   it('gives identical text twice at temperature 0', async () => {
@@ -261,6 +274,8 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       [{ ...base, tool_choice: 'required' }, 'tool_choice'],
       [{ ...base, tools: [], tool_choice: 'required' }, 'tool_choice'],
       [{ ...base, tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice'],
+      // A refusal part is an assistant's: a user's is refused by its type.
+      [{ ...base, messages: [{ role: 'user', content: [{ type: 'refusal', refusal: 'no' }] }] }, 'messages[0].content[0].type'],
       [{ ...base, tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) }, 'tools'],
       [{ ...base, response_format: { type: 'xml' } }, 'response_format.type'],
       [{ ...base, response_format: { type: 'json_schema' } }, 'response_format.json_schema'],

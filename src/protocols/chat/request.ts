@@ -102,8 +102,15 @@ export const ChatRequest = Type.Object({
 });
 export type ChatRequest = Static<typeof ChatRequest>;
 
-function toParts(parts: ReadonlyArray<{ type: string } & Record<string, unknown>>, where: string): ContentPart[] {
+function toParts(parts: ReadonlyArray<{ type: string } & Record<string, unknown>>, where: string, role: string): ContentPart[] {
   return parts.map((p, j) => {
+    // An assistant turn may carry the refusal the model gave (OpenAI's assistant content parts): the
+    // model reads it back as what it said.
+    if (p.type === 'refusal' && role === 'assistant') {
+      if (typeof p['refusal'] !== 'string')
+        throw new ApiError('invalid_value', `${where}[${j}].refusal must be a string.`, { param: `${where}[${j}].refusal` });
+      return { type: 'text', text: p['refusal'] };
+    }
     if (p.type === 'text') {
       if (typeof p['text'] !== 'string')
         throw new ApiError(
@@ -130,7 +137,7 @@ export function toMessages(body: ChatRequest): Message[] {
         ? null
         : typeof m.content === 'string'
           ? m.content
-          : toParts(m.content as ReadonlyArray<{ type: string } & Record<string, unknown>>, `messages[${i}].content`);
+          : toParts(m.content as ReadonlyArray<{ type: string } & Record<string, unknown>>, `messages[${i}].content`, m.role);
     if (content === null && m.role !== 'assistant') {
       throw new ApiError('invalid_value', `messages[${i}].content is required for role '${m.role}'.`, { param: `messages[${i}].content` });
     }
