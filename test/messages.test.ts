@@ -270,6 +270,14 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       (err: unknown) =>
         err instanceof Anthropic.NotFoundError && (err.error as { error: { type: string } }).error.type === 'not_found_error',
     );
+    // A Messages path this server does not serve (message batches) is a 404 in the same envelope.
+    await assert.rejects(
+      client.messages.batches.retrieve('msgbatch_1'),
+      (err: unknown) =>
+        err instanceof Anthropic.NotFoundError &&
+        (err.error as { type: string; error: { type: string } }).type === 'error' &&
+        (err.error as { error: { type: string } }).error.type === 'not_found_error',
+    );
     await refused(
       {
         messages: [
@@ -529,5 +537,81 @@ describe('Messages API thinking blocks through an upstream (@anthropic-ai/sdk)',
     const text = final.content[1];
     assert.ok(text?.type === 'text' && text.text === 'Once upon a time.');
     assert.equal(final.usage.output_tokens, 9);
+  });
+});
+
+describe('Messages stop_sequences on a chat-completions upstream', () => {
+  // An upstream that ignores stop strings (as a fixture must, to show who applies them).
+  const c = closers();
+  let gw: TestServer;
+  const sent: Array<{ stop?: string[] }> = [];
+  before(async () => {
+    const upstream = c.keep(
+      await fixture((req, res) => {
+        let body = '';
+        req.on('data', (d: Buffer) => (body += d.toString()));
+        req.on('end', () => {
+          const asked = JSON.parse(body) as { stop?: string[]; stream?: boolean };
+          sent.push(asked);
+          if (asked.stream !== true) {
+            const message = { role: 'assistant', content: 'Once upon a time, a fox.' };
+            res.writeHead(200, { 'content-type': 'application/json' }).end(
+              JSON.stringify({
+                id: 'x',
+                object: 'chat.completion',
+                created: 1,
+                model: 'm',
+                choices: [{ index: 0, message, finish_reason: 'stop' }],
+              }),
+            );
+            return;
+          }
+          const frame = (delta: object, finish: string | null = null) =>
+            `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+          res
+            .writeHead(200, { 'content-type': 'text/event-stream' })
+            .end(
+              frame({ role: 'assistant', content: 'Once upon a ' }) +
+                frame({ content: 'time, a fox.' }) +
+                frame({}, 'stop') +
+                'data: [DONE]\n\n',
+            );
+        });
+      }),
+    );
+    gw = c.keep(
+      await startServer({
+        modelsDir: tempDir(),
+        env: { SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' },
+        configFile: {
+          name: 'gw.json',
+          text: JSON.stringify({
+            defaultCatalogue: false,
+            models: [{ id: 'mistralai/stops', context_length: 4096, capabilities: ['streaming'] }],
+            deployments: [{ model: 'mistralai/stops', baseUrl: upstream.url }],
+          }),
+        },
+      }),
+    );
+  });
+  after(() => c.closeAll());
+
+  it('sends the upstream four (OpenAI takes no more) and applies all of them itself', async () => {
+    const client = new Anthropic({ apiKey: gw.adminKey, baseURL: gw.url, maxRetries: 0 });
+    const stop_sequences = ['a1', 'a2', 'a3', 'a4', 'a5', ', a fox'];
+    for (const stream of [false, true]) {
+      const params = {
+        model: 'mistralai/stops',
+        max_tokens: 50,
+        stop_sequences,
+        messages: [{ role: 'user' as const, content: 'Tell me.' }],
+      };
+      const message = stream ? await client.messages.stream(params).finalMessage() : await client.messages.create(params);
+      assert.deepEqual(sent.at(-1)!.stop, stop_sequences.slice(0, 4));
+      assert.equal(message.content.length, 1, JSON.stringify(message.content));
+      assert.equal(message.content[0]?.type === 'text' && message.content[0].text, 'Once upon a time');
+      assert.equal(message.stop_reason, 'stop_sequence');
+      assert.equal(message.stop_sequence, ', a fox');
+    }
   });
 });

@@ -7,7 +7,8 @@ import type { AddressInfo } from 'node:net';
 import { request } from 'undici';
 import OpenAI from 'openai';
 import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
-import { GATEWAY_MODEL, chatFixture, chunkFrame, completionJson, startGateway } from './helpers/fixtures.js';
+import { GATEWAY_MODEL, chatFixture, chunkFrame, completionJson, fixture, startGateway } from './helpers/fixtures.js';
+import Anthropic from '@anthropic-ai/sdk';
 
 const STORIES = 'local/stories260k';
 const ajv = new Ajv({ strict: false });
@@ -695,5 +696,118 @@ describe('calls an upstream makes to tools the request does not allow are suppre
       allowed.output.filter((i) => i.type === 'function_call').map((i) => i.type === 'function_call' && i.name),
       ['a', 'a'],
     );
+  });
+});
+
+describe('parallel calls from an upstream whose deltas interleave, or name no index', () => {
+  // Legal chat-completions streams that no engine here produces on demand, hence a fixture: the
+  // deltas of two calls interleaved by `index`, and the same calls with no `index` at all (each
+  // call's first delta brings its id).
+  const call = (index: number | undefined, fields: object) => ({ ...(index !== undefined && { index }), ...fields });
+  const frames = (indexed: boolean) => {
+    const i = (n: number) => (indexed ? n : undefined);
+    const a = (args: string, start = false) =>
+      call(
+        i(0),
+        start ? { id: 'call_a', type: 'function', function: { name: 'get_weather', arguments: args } } : { function: { arguments: args } },
+      );
+    const b = (args: string, start = false) =>
+      call(
+        i(1),
+        start ? { id: 'call_b', type: 'function', function: { name: 'get_time', arguments: args } } : { function: { arguments: args } },
+      );
+    const order = indexed
+      ? [a('', true), a('{"ci'), b('{"tz":', true), a('ty":"Par'), a('is"}'), b('"UTC"}')]
+      : [a('', true), a('{"ci'), a('ty":"Par'), a('is"}'), b('{"tz":', true), b('"UTC"}')];
+    return (
+      chunkFrame({ role: 'assistant', content: null }) +
+      order.map((c) => chunkFrame({ tool_calls: [c] })).join('') +
+      chunkFrame({}, 'tool_calls') +
+      `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage: { prompt_tokens: 9, completion_tokens: 12, total_tokens: 21 } })}\n\n` +
+      'data: [DONE]\n\n'
+    );
+  };
+  let upstream: { url: string; close(): Promise<void> };
+  let gw: TestServer;
+  before(async () => {
+    upstream = await fixture((req, res) => {
+      let body = '';
+      req.on('data', (c: Buffer) => (body += c.toString()));
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' }).end(frames(!body.includes('unindexed')));
+      });
+    });
+    gw = await startGateway(
+      [{ baseUrl: upstream.url }],
+      { SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' },
+      { capabilities: ['streaming', 'function_calling'] },
+    );
+  });
+  after(async () => {
+    await gw.close();
+    await upstream.close();
+  });
+  const expected = [
+    ['get_weather', { city: 'Paris' }],
+    ['get_time', { tz: 'UTC' }],
+  ];
+
+  it('on Messages and Responses, streamed: each call gets its own arguments, whole', async () => {
+    const anthropic = new Anthropic({ apiKey: gw.adminKey, baseURL: gw.url, maxRetries: 0 });
+    const openai = new OpenAI({ baseURL: gw.baseURL, apiKey: gw.adminKey, maxRetries: 0 });
+    for (const mode of ['interleaved', 'unindexed']) {
+      const message = await anthropic.messages
+        .stream({
+          model: GATEWAY_MODEL,
+          max_tokens: 100,
+          messages: [{ role: 'user', content: mode }],
+          tools: [
+            { name: 'get_weather', input_schema: { type: 'object' } },
+            { name: 'get_time', input_schema: { type: 'object' } },
+          ],
+        })
+        .finalMessage();
+      assert.deepEqual(
+        message.content.map((b) => (b.type === 'tool_use' ? [b.name, b.input] : b.type)),
+        expected,
+        `${mode}: ${JSON.stringify(message.content)}`,
+      );
+      assert.equal(message.stop_reason, 'tool_use');
+      const response = await openai.responses
+        .stream({
+          model: GATEWAY_MODEL,
+          input: mode,
+          tools: ['get_weather', 'get_time'].map((name) => ({
+            type: 'function' as const,
+            name,
+            parameters: { type: 'object' },
+            strict: false,
+          })),
+        })
+        .finalResponse();
+      assert.deepEqual(
+        response.output
+          .filter((i) => i.type === 'function_call')
+          .map((i) => i.type === 'function_call' && [i.name, JSON.parse(i.arguments)]),
+        expected,
+        `${mode}: ${JSON.stringify(response.output)}`,
+      );
+      // Chat completions pass the upstream's frames on; the SDK puts them together by index.
+      const chat = await openai.chat.completions
+        .stream({
+          model: GATEWAY_MODEL,
+          messages: [{ role: 'user', content: mode }],
+          tools: ['get_weather', 'get_time'].map((name) => ({
+            type: 'function' as const,
+            function: { name, parameters: { type: 'object' } },
+          })),
+        })
+        .finalChatCompletion();
+      if (mode === 'interleaved')
+        assert.deepEqual(
+          chat.choices[0]!.message.tool_calls!.map((c) => c.type === 'function' && [c.function.name, JSON.parse(c.function.arguments)]),
+          expected,
+        );
+    }
   });
 });

@@ -354,9 +354,13 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   }
 
   app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => sendError(reply, routeError(err, req)));
-  app.setNotFoundHandler((req, reply) =>
-    sendError(reply, new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)),
-  );
+  app.setNotFoundHandler((req, reply) => {
+    const e = new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`);
+    // Under the Messages paths (`/v1/messages/batches`, which is not served) Anthropic's SDKs read Anthropic's envelope.
+    if (!req.url.startsWith('/v1/messages/')) return sendError(reply, e);
+    reply.header('request-id', req.id);
+    return sendError(reply, e, anthropicError(e, req.id));
+  });
 
   // Remember which methods each path has, so the others answer 405 rather than 404.
   const methodsByPath = new Map<string, Set<string>>();

@@ -5,7 +5,7 @@ import type { Logger } from 'pino';
 import { ApiError, CancelledError, ERRORS, isErrorCode } from '../../core/errors.js';
 import { callableTools, type GenerationEvent, type GenerationRequest, type Usage, type UsageTally } from '../../core/canonical.js';
 import { obj, str, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
-import { ChatReader, answerProblem, encodeChatRequest } from '../../protocols/chat/client.js';
+import { ChatReader, MAX_UPSTREAM_STOPS, answerProblem, encodeChatRequest } from '../../protocols/chat/client.js';
 import { ChatRelay } from '../../protocols/chat/relay.js';
 import { SseInput } from '../../protocols/sse-input.js';
 import { ResponsesReader, encodeResponsesRequest } from '../../protocols/responses/client.js';
@@ -18,6 +18,7 @@ import { Cancellation, onAbort, type CancelSignal } from '../../core/cancellatio
 import { AddressPolicy } from './address-policy.js';
 import { TooLarge, UpstreamCall } from './upstream-call.js';
 import { withoutReconnectAfterAbort } from './connector.js';
+import { CallOrder } from './call-order.js';
 
 type UpstreamTarget = Extract<DeploymentTarget, { engine: 'upstream' }>;
 
@@ -385,9 +386,11 @@ export class UpstreamEngine implements Engine {
     const chat = messages || api === 'responses' ? undefined : new ChatReader(clean);
     const reader: StreamReader = messages ?? chat ?? new ResponsesReader(clean);
     const out: GenerationEvent[] = [];
-    // The Responses API has no `stop`: it is applied here. The upstream is read to its end anyway,
-    // so the usage it reports (and bills) stays exact.
-    const stops = api === 'responses' && req.sampling.stop?.length ? new StopMatcher(req.sampling.stop) : undefined;
+    // The Responses API has no `stop`, and a chat-completions upstream takes four: they are applied
+    // here. The upstream is read to its end anyway, so the usage it reports (and bills) stays exact.
+    const stop = req.sampling.stop ?? [];
+    const stops =
+      (api === 'responses' && stop.length > 0) || (chat && stop.length > MAX_UPSTREAM_STOPS) ? new StopMatcher(stop) : undefined;
     let stopped = false;
     const guard = new OutputGuard(attempt?.outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER);
     // One scrubber per text channel (a key split across deltas is still found); none without a key.
@@ -401,6 +404,8 @@ export class UpstreamEngine implements Engine {
     const callable = callableTools(req);
     const suppressed = new Set<number>();
     let callsPassed = 0;
+    // Interleaved parallel calls are put one after another (call-order.ts).
+    const calls = new CallOrder();
     /**
      * Applies the output limit, stop strings and scrubbing to a batch of events, in place (an event
      * whose text is unchanged is passed on as it is), and keeps the usage tally current.
@@ -465,7 +470,7 @@ export class UpstreamEngine implements Engine {
       if (!stream) {
         const answer: unknown = await this.readAnswer(res, reader === chat);
         reader.read(answer, out);
-        yield* see(out);
+        yield* calls.order(see(out));
       } else {
         let done = false;
         let failure: unknown;
@@ -503,7 +508,7 @@ export class UpstreamEngine implements Engine {
             });
           }
           if (out.length) {
-            yield* see(out);
+            yield* calls.order(see(out));
             out.length = 0;
           }
           if (failure) throw failure;
@@ -529,10 +534,13 @@ export class UpstreamEngine implements Engine {
     if (tailText) yield { type: 'text.delta', text: tailText };
     const tailReasoning = reasoningScrub?.flush();
     if (tailReasoning) yield { type: 'reasoning.delta', text: tailReasoning };
+    const tails: GenerationEvent[] = [];
     for (const [index, sc] of argScrubs ?? []) {
       const tail = sc.flush();
-      if (tail) yield { type: 'tool_call.delta', index, arguments: tail };
+      if (tail) tails.push({ type: 'tool_call.delta', index, arguments: tail });
     }
+    yield* calls.order(tails);
+    yield* calls.flush();
     yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
     const matched = guard.capped ? undefined : stopped ? stops?.matched : messages?.stopSequence;
     yield {

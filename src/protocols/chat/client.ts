@@ -30,6 +30,9 @@ function wireMessages(messages: readonly Message[]): Record<string, unknown>[] {
   });
 }
 
+/** Stop strings a chat-completions upstream is sent at most (OpenAI's bound). */
+export const MAX_UPSTREAM_STOPS = 4;
+
 export function encodeChatRequest(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
   const s = req.sampling;
   const body: Record<string, unknown> = { model: upstreamModel, messages: wireMessages(req.messages), stream: req.stream };
@@ -39,7 +42,8 @@ export function encodeChatRequest(req: GenerationRequest, upstreamModel: string)
   if (s.seed !== undefined) body['seed'] = s.seed;
   if (s.presencePenalty !== undefined) body['presence_penalty'] = s.presencePenalty;
   if (s.frequencyPenalty !== undefined) body['frequency_penalty'] = s.frequencyPenalty;
-  if (s.stop?.length) body['stop'] = s.stop;
+  // OpenAI takes at most four; the engine matches the rest itself (a Messages request may send 16).
+  if (s.stop?.length) body['stop'] = s.stop.length > MAX_UPSTREAM_STOPS ? s.stop.slice(0, MAX_UPSTREAM_STOPS) : s.stop;
   if (req.maxOutputTokens !== undefined) body['max_tokens'] = req.maxOutputTokens;
   if (req.tools?.length) {
     body['tools'] = req.tools.map((t) => ({ type: 'function', function: t }));
@@ -128,6 +132,8 @@ export class ChatReader implements StreamReader {
   finished = false;
   usage: ReportedUsage | undefined;
   private readonly started = new Set<number>();
+  /** The last call a delta without an `index` belonged to, and its id. */
+  private unindexed: { index: number; id: string | undefined } | undefined;
 
   constructor(private readonly clean: Clean) {}
 
@@ -137,7 +143,8 @@ export class ChatReader implements StreamReader {
     const { usage, choice } = readChunk(chunk, this.clean);
     if (usage) this.usage = usage;
     if (!choice) return false;
-    const d = obj(choice['delta']) ?? obj(choice['message']);
+    const delta = obj(choice['delta']);
+    const d = delta ?? obj(choice['message']);
     if (d) {
       const reasoning = str(d['reasoning_content']) ?? str(d['reasoning']);
       if (reasoning) out.push({ type: 'reasoning.delta', text: reasoning });
@@ -147,7 +154,7 @@ export class ChatReader implements StreamReader {
       calls.forEach((raw, i) => {
         const c = obj(raw);
         if (!c) return;
-        const index = c['index'] === undefined ? i : c['index'];
+        const index = c['index'] === undefined ? (delta ? this.unindexedCall(str(c['id'])) : i) : c['index'];
         if (typeof index !== 'number' || !Number.isInteger(index) || index < 0 || index >= MAX_TOOL_CALLS) {
           throw new ApiError('upstream_error', 'The upstream sent a malformed tool call.');
         }
@@ -171,5 +178,18 @@ export class ChatReader implements StreamReader {
       this.finished = true;
     }
     return false;
+  }
+
+  /**
+   * The call a streamed tool-call delta without an `index` belongs to (some OpenAI-compatible
+   * servers leave it out): a new id starts the next call; no id, or the same one, continues the last.
+   */
+  private unindexedCall(id: string | undefined): number {
+    const last = this.unindexed;
+    if (last && (id === undefined || id === last.id)) return last.index;
+    let index = 0;
+    while (this.started.has(index)) index++;
+    this.unindexed = { index, id };
+    return index;
   }
 }
