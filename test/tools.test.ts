@@ -704,7 +704,7 @@ describe('parallel calls from an upstream whose deltas interleave, or name no in
   // deltas of two calls interleaved by `index`, and the same calls with no `index` at all (each
   // call's first delta brings its id).
   const call = (index: number | undefined, fields: object) => ({ ...(index !== undefined && { index }), ...fields });
-  const frames = (indexed: boolean) => {
+  const frames = (indexed: boolean, finish: string) => {
     const i = (n: number) => (indexed ? n : undefined);
     const a = (args: string, start = false) =>
       call(
@@ -722,7 +722,7 @@ describe('parallel calls from an upstream whose deltas interleave, or name no in
     return (
       chunkFrame({ role: 'assistant', content: null }) +
       order.map((c) => chunkFrame({ tool_calls: [c] })).join('') +
-      chunkFrame({}, 'tool_calls') +
+      chunkFrame({}, finish) +
       `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage: { prompt_tokens: 9, completion_tokens: 12, total_tokens: 21 } })}\n\n` +
       'data: [DONE]\n\n'
     );
@@ -734,7 +734,9 @@ describe('parallel calls from an upstream whose deltas interleave, or name no in
       let body = '';
       req.on('data', (c: Buffer) => (body += c.toString()));
       req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' }).end(frames(!body.includes('unindexed')));
+        res
+          .writeHead(200, { 'content-type': 'text/event-stream' })
+          .end(frames(!body.includes('unindexed'), body.includes('finish-stop') ? 'stop' : 'tool_calls'));
       });
     });
     gw = await startGateway(
@@ -755,7 +757,8 @@ describe('parallel calls from an upstream whose deltas interleave, or name no in
   it('on Messages and Responses, streamed: each call gets its own arguments, whole', async () => {
     const anthropic = new Anthropic({ apiKey: gw.adminKey, baseURL: gw.url, maxRetries: 0 });
     const openai = new OpenAI({ baseURL: gw.baseURL, apiKey: gw.adminKey, maxRetries: 0 });
-    for (const mode of ['interleaved', 'unindexed']) {
+    // `finish-stop`: a server that finishes a turn of tool calls with `stop` (it is still one for tool_use).
+    for (const mode of ['interleaved', 'unindexed', 'interleaved finish-stop']) {
       const message = await anthropic.messages
         .stream({
           model: GATEWAY_MODEL,
@@ -803,7 +806,7 @@ describe('parallel calls from an upstream whose deltas interleave, or name no in
           })),
         })
         .finalChatCompletion();
-      if (mode === 'interleaved')
+      if (mode !== 'unindexed')
         assert.deepEqual(
           chat.choices[0]!.message.tool_calls!.map((c) => c.type === 'function' && [c.function.name, JSON.parse(c.function.arguments)]),
           expected,

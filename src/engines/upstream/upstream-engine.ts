@@ -549,7 +549,11 @@ export class UpstreamEngine implements Engine {
         ? 'length'
         : stopped || (reader.finish === 'tool_calls' && callsPassed === 0 && suppressed.size > 0)
           ? 'stop'
-          : reader.finish,
+          : // Some servers finish a turn that called tools with `stop`: it is a turn for tool calls
+            // all the same (Messages clients loop on `tool_use`).
+            reader.finish === 'stop' && callsPassed > 0
+            ? 'tool_calls'
+            : reader.finish,
       ...(matched !== undefined && { stopSequence: matched }),
     };
   }
