@@ -84,6 +84,9 @@ export interface Service {
  * the generated reasoning secret, and (SQLite: no other instance can be running) failing responses a
  * previous run left unfinished.
  */
+/** How long a forced stop lets generations answer their clients with an error before it closes their connections (within main.ts's FORCED_STOP_MS). */
+const STOP_GRACE_MS = 300;
+
 export async function prepareDatabase(config: Config, log: Logger): Promise<{ generatedAdminKey: string | undefined }> {
   const store = openStore(config);
   try {
@@ -260,8 +263,10 @@ export async function createService(
         // Recorded as stopped by the server (503), not as cancelled by their clients.
         ledger.stoppingOpen();
         responses.stopNow();
-        // Each request whose client goes stops as for a client that left: metering records what it made.
-        app.server.closeAllConnections();
+        // A generation that takes its next step meanwhile ends with an error its client is told
+        // (metering.ts); the connections still open after that moment are closed, and each request
+        // whose client goes stops as for a client that left: metering records what it made.
+        setTimeout(() => app.server.closeAllConnections(), STOP_GRACE_MS).unref();
       },
       recordOpen: () => ledger.recordOpen(),
       async close() {

@@ -153,12 +153,11 @@ describe('the server process', () => {
       });
       const chunks = stream.body[Symbol.asyncIterator]();
       await chunks.next();
+      // The stream is told why it ends (an error event in its protocol), and its transfer is complete.
       const rest = (async () => {
-        try {
-          for (let c = await chunks.next(); !c.done; c = await chunks.next());
-        } catch {
-          // The connection is closed under it: what matters is that it is billed.
-        }
+        let tail = '';
+        for (let c = await chunks.next(); !c.done; c = await chunks.next()) tail = (tail + String(c.value)).slice(-2000);
+        return tail;
       })();
       const bg = await http<{ id: string }>(p.url, 'POST', '/v1/responses', {
         key: admin,
@@ -172,7 +171,11 @@ describe('the server process', () => {
       );
       p.child.kill('SIGTERM');
       assert.equal(await p.exited, 1, p.stdout());
-      await rest;
+      const tail = await rest;
+      assert.match(
+        tail,
+        /data: \{"error":\{"message":"The server is shutting down[^"]*","type":"server_error","param":null,"code":"service_unavailable"\}\}\n\n$/,
+      );
       assert.match(p.stdout(), /stopped what was still running; its usage is recorded/);
 
       const q = await startProcess(env);

@@ -120,8 +120,23 @@ export class MeteredStream implements OpenMeter {
       this.end();
       return undefined;
     }
+    // Stopped by a shutdown: the route answers this error in its protocol (an error event on a
+    // stream), where closing the connection under it would leave the client a cut-off transfer.
+    // An answer already finishing (its usage or finish) is let through.
+    if (this.serverStopped && r.value.type !== 'usage' && r.value.type !== 'finish') throw this.stopForServer();
     return this.see(r.value);
   };
+
+  private stopForServer(): ApiError {
+    const err = new ApiError('service_unavailable', 'The server is shutting down; this generation was stopped before it finished.');
+    this.fail(err, true);
+    try {
+      void this.rest?.return?.(undefined)?.then(NOTHING, NOTHING);
+    } catch {
+      // The engine's generator is running or gone: it stops at its next step either way.
+    }
+    return err;
+  }
 
   private readonly stepFailed = (err: unknown): never => {
     throw this.failedMidStream(err);
