@@ -75,6 +75,14 @@ describe('error contract', () => {
     const missing = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: { org: 'acme' } });
     assertEnvelope(missing, 400, 'missing_required_parameter');
     assert.equal(missing.json.error.param, 'name');
+    // A wrong type inside a nullable object is named where it is, not as the whole object.
+    const fractional = await http(server.url, 'POST', '/admin/keys', {
+      key: server.adminKey,
+      body: { org: 'acme', name: 'x', limits: { rpm: 1.5 } },
+    });
+    assertEnvelope(fractional, 400, 'invalid_value');
+    assert.equal(fractional.json.error.param, 'limits.rpm');
+    assert.match(fractional.json.error.message, /expected integer/);
     const notObject = await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: '[1,2]' });
     assertEnvelope(notObject, 400, 'invalid_value');
     const nested = await http(server.url, 'POST', '/admin/models', {

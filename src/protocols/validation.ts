@@ -26,8 +26,12 @@ export function validationError(issues: readonly ValidationIssue[], where: strin
   // For unions ajv reports each branch, then the union; the branch that got past the type check
   // (a range, an enum) says what is really wrong.
   const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
+  // Failing that, a wrong type inside the union's value (`limits.rpm: 1.5` in a nullable `limits`):
+  // the value had the branch's shape, and the field is what is wrong.
   const specific =
-    union && issues.find((i) => i.instancePath.startsWith(union.instancePath) && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword));
+    union &&
+    (issues.find((i) => i.instancePath.startsWith(union.instancePath) && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword)) ??
+      issues.find((i) => i.keyword === 'type' && i.instancePath.startsWith(`${union.instancePath}/`)));
   const issue = specific ?? union ?? issues[0];
   if (!issue) return new ApiError('invalid_request', `Invalid ${where}.`);
   if (issue.keyword === 'required') {
