@@ -538,6 +538,26 @@ describe('Messages API thinking blocks through an upstream (@anthropic-ai/sdk)',
     assert.ok(text?.type === 'text' && text.text === 'Once upon a time.');
     assert.equal(final.usage.output_tokens, 9);
   });
+
+  it('shows no thinking where none was asked for (the upstream reasons anyway): billed, not shown', async () => {
+    for (const thinking of [undefined, { type: 'disabled' as const }]) {
+      const params = {
+        model: MODEL,
+        max_tokens: 2048,
+        messages: [{ role: 'user' as const, content: 'Tell me a story.' }],
+        ...(thinking && { thinking }),
+      };
+      for (const message of [await client.messages.create(params), await client.messages.stream(params).finalMessage()]) {
+        assert.deepEqual(
+          message.content.map((b) => b.type),
+          ['text'],
+          JSON.stringify(message.content),
+        );
+        assert.equal(message.content[0]?.type === 'text' && message.content[0].text, 'Once upon a time.');
+        assert.equal(message.usage.output_tokens, 9, 'the reasoning is billed');
+      }
+    }
+  });
 });
 
 describe('Messages stop_sequences on a chat-completions upstream', () => {
