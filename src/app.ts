@@ -68,8 +68,9 @@ export interface Service {
   /** Stops accepting and waits for what runs (requests, responses) to end, then releases everything. */
   close(): Promise<void>;
   /**
-   * The shutdown timeout passed: what still runs is stopped now (connections closed, responses
-   * failed), billed for what it generated, so that `close` can finish writing the ledger.
+   * The shutdown timeout passed: what still runs is stopped now (streams told with an error event,
+   * responses failed, connections closed STOP_GRACE_MS later), billed for what it generated, so
+   * that `close` can finish writing the ledger.
    */
   stopNow(): void;
   /**
@@ -79,14 +80,14 @@ export interface Service {
   recordOpen(): Promise<void>;
 }
 
+/** How long a forced stop lets streams answer their clients with an error before it closes their connections (within main.ts's FORCED_STOP_MS). */
+const STOP_GRACE_MS = 300;
+
 /**
  * What a cluster's primary does once before its workers start: migrations, the bootstrap admin key,
  * the generated reasoning secret, and (SQLite: no other instance can be running) failing responses a
  * previous run left unfinished.
  */
-/** How long a forced stop lets generations answer their clients with an error before it closes their connections (within main.ts's FORCED_STOP_MS). */
-const STOP_GRACE_MS = 300;
-
 export async function prepareDatabase(config: Config, log: Logger): Promise<{ generatedAdminKey: string | undefined }> {
   const store = openStore(config);
   try {

@@ -201,6 +201,8 @@ describe("Open Responses: what the server emits matches the specification's sche
       assert.equal(res.status, 200, res.text);
       const body = res.json as unknown as { status: string; output_text?: string; output: Array<{ content?: Array<{ text: string }> }> };
       valid(responseResource, body, 'response');
+      const echoed = (body as unknown as { text: { format: { type: string; name: string } } }).text.format;
+      assert.deepEqual([echoed.type, echoed.name], ['json_schema', ''], 'the name echoes as ""');
       if (body.status === 'completed') JSON.parse(body.output.at(-1)!.content![0]!.text);
     }
   });

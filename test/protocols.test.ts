@@ -178,6 +178,44 @@ describe('protocols/chat', () => {
     assert.deepEqual(merged(back), merged(EVENTS));
   });
 
+  it('assigns streamed tool-call deltas without an index to their calls (by id, name, position, else the last)', () => {
+    const chunk = (...calls: object[]) => ({ choices: [{ index: 0, delta: { tool_calls: calls }, finish_reason: null }] });
+    const fn = (name: string | undefined, args: string) => ({ function: { ...(name !== undefined && { name }), arguments: args } });
+    const calls = (payloads: unknown[]) => {
+      const byIndex = new Map<number, { name: string; args: string }>();
+      for (const ev of readAll(new ChatReader(identity), payloads)) {
+        if (ev.type === 'tool_call.start') byIndex.set(ev.index, { name: ev.name, args: '' });
+        if (ev.type === 'tool_call.delta') byIndex.get(ev.index)!.args += ev.arguments;
+      }
+      return [...byIndex.values()].map((c) => [c.name, c.args]);
+    };
+    const two = [
+      ['a', '{"x":1}'],
+      ['b', '{"y":2}'],
+    ];
+    // A new id starts a call; continuations without one go to the last.
+    assert.deepEqual(
+      calls([chunk({ id: 'c1', ...fn('a', '{"x":') }), chunk(fn(undefined, '1}')), chunk({ id: 'c2', ...fn('b', '{"y":2}') })]),
+      two,
+    );
+    // Two whole calls in one delta, without ids.
+    assert.deepEqual(calls([chunk(fn('a', '{"x":1}'), fn('b', '{"y":2}'))]), two);
+    // Empty ids: the name starts a call.
+    assert.deepEqual(calls([chunk({ id: '', ...fn('a', '{"x":1}') }), chunk({ id: '', ...fn('b', '{"y":2}') })]), two);
+    // Interleaved, each delta repeating its call's id.
+    assert.deepEqual(
+      calls([
+        chunk({ id: 'c1', ...fn('a', '{"x"') }),
+        chunk({ id: 'c2', ...fn('b', '{"y"') }),
+        chunk({ id: 'c1', ...fn(undefined, ':1}') }),
+        chunk({ id: 'c2', ...fn(undefined, ':2}') }),
+      ]),
+      two,
+    );
+    // An index on the first delta only.
+    assert.deepEqual(calls([chunk({ index: 0, id: 'c1', ...fn('a', '{"x":') }), chunk(fn(undefined, '1}'))]), [['a', '{"x":1}']]);
+  });
+
   it("turns an error payload mid-stream into an upstream error, with the reader's cleaning applied", () => {
     const reader = new ChatReader((s) => s.replaceAll('sk-secret', '[key]'));
     assert.throws(

@@ -1,6 +1,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
+import { connect } from 'node:net';
 import OpenAI from 'openai';
 import { ResponsesWS } from 'openai/resources/responses/ws';
 import { WebSocket } from 'ws';
@@ -265,25 +266,57 @@ describe('Responses over WebSocket', () => {
     assert.equal(plain.json.object, 'list');
   });
 
-  it('refuses an upgrade to any other route over HTTP, in the envelope, and closes the connection', async () => {
+  it('refuses an upgrade to any other route over HTTP, in the envelope, and closes the connection', { timeout: 30_000 }, async () => {
     for (const path of ['/v1/models', '/v1/chat/completions', '/v1/responses/resp_x', '/v1/nothing-here']) {
+      // The ws client: an HTTP answer, not a socket that opens and closes.
       const ws = new WebSocket(`${server.url.replace('http', 'ws')}${path}`, { headers: { authorization: `Bearer ${key}` } });
       ws.on('error', () => undefined);
-      const [req, res] = (await once(ws, 'unexpected-response')) as [
-        { destroy(): void },
-        NodeJS.ReadableStream & { statusCode: number; headers: Record<string, string>; socket: { once(e: 'close', f: () => void): void } },
-      ];
-      const closed = new Promise<void>((resolve) => res.socket.once('close', resolve));
-      let body = '';
-      for await (const chunk of res) body += String(chunk);
-      assert.equal(res.statusCode, 400, path);
-      assert.ok(res.headers['x-request-id']);
-      assert.equal(res.headers['connection'], 'close');
-      const error = (JSON.parse(body) as { error: { code: string; message: string } }).error;
+      const answer = await new Promise<{ statusCode: number; headers: Record<string, string>; body: Promise<string> } | 'upgraded'>(
+        (resolve) => {
+          ws.once('upgrade', () => resolve('upgraded'));
+          ws.once('unexpected-response', (_req, res: NodeJS.ReadableStream & { statusCode: number; headers: Record<string, string> }) => {
+            const body = (async () => {
+              let text = '';
+              for await (const chunk of res) text += String(chunk);
+              return text;
+            })();
+            resolve({ statusCode: res.statusCode, headers: res.headers, body });
+          });
+        },
+      );
+      assert.notEqual(answer, 'upgraded', path);
+      if (answer === 'upgraded') continue;
+      assert.equal(answer.statusCode, 400, path);
+      assert.ok(answer.headers['x-request-id']);
+      assert.equal(answer.headers['connection'], 'close');
+      const error = (JSON.parse(await answer.body) as { error: { code: string; message: string } }).error;
       assert.equal(error.code, 'invalid_request');
       assert.match(error.message, /only GET \/v1\/responses takes a WebSocket/);
+      ws.terminate();
+    }
+    // A client that keeps its side open: the server ends the connection itself (FIN), and then
+    // destroys it (an answered upgrade's socket is out of reach of the server's own timeouts).
+    const { port } = new URL(server.url);
+    const socket = connect({ host: '127.0.0.1', port: Number(port), allowHalfOpen: true });
+    let received = '';
+    socket.on('data', (d: Buffer) => (received += d.toString()));
+    const ended = once(socket, 'end');
+    // Not events.once: the reset that ends it comes as an 'error' first, which would reject it.
+    const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+    socket.write(
+      `GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n` +
+        `Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer ${key}\r\n\r\n`,
+    );
+    await ended;
+    assert.match(received, /^HTTP\/1\.1 400 /);
+    // The server's side is gone too once a write of this one is refused (a reset): it does not wait
+    // on a client that never closes.
+    socket.on('error', () => undefined);
+    const poke = setInterval(() => socket.write('x'), 100);
+    try {
       await closed;
-      req.destroy();
+    } finally {
+      clearInterval(poke);
     }
   });
 });

@@ -35,6 +35,8 @@ function dayOf(ms: number): string {
 }
 
 const ENDED: Promise<void> = Promise.resolve();
+/** The events of an answer that is finishing: let through a shutdown (see `step`). */
+const FINISHING: ReadonlySet<GenerationEvent['type']> = new Set(['usage', 'finish', 'wire.object']);
 const NOTHING = (): void => undefined;
 
 /** Where a metered generation's events come from: the router's open stream. */
@@ -120,10 +122,12 @@ export class MeteredStream implements OpenMeter {
       this.end();
       return undefined;
     }
-    // Stopped by a shutdown: the route answers this error in its protocol (an error event on a
-    // stream), where closing the connection under it would leave the client a cut-off transfer.
-    // An answer already finishing (its usage or finish) is let through.
-    if (this.serverStopped && r.value.type !== 'usage' && r.value.type !== 'finish') throw this.stopForServer();
+    // A stream stopped by a shutdown: the route answers this error in its protocol (an error
+    // event), where closing the connection under it would leave the client a cut-off transfer. An
+    // answer already finishing (its usage, its finish, the fast lane's closing object) goes on. A
+    // non-stream request is not stopped here: an upstream's answer that arrives meanwhile is whole
+    // and is given; one still being made ends when its connection is closed.
+    if (this.serverStopped && this.c.stream && !FINISHING.has(r.value.type)) throw this.stopForServer();
     return this.see(r.value);
   };
 

@@ -150,6 +150,13 @@ function sendError(reply: FastifyReply, e: ApiError, as?: { status: number; body
  * closing with unread bytes makes the kernel reset the connection and the client lose the answer.
  */
 const answeredSockets = new WeakSet<Duplex>();
+
+/** Ends a socket whose answer is out, and destroys it if its client has not closed its side within 2 s. */
+function closeAnswered(socket: Duplex): void {
+  socket.end();
+  setTimeout(() => socket.destroy(), 2000).unref();
+}
+
 function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
   if (err.code === 'ECONNRESET' || socket.destroyed || answeredSockets.has(socket)) return;
   answeredSockets.add(socket);
@@ -241,21 +248,24 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.addHook('onRequest', (req, reply, done) => {
     req.startedAt = performance.now();
     reply.header('x-request-id', req.id);
+    const upgrade = (req.raw as IncomingMessage & { upgrade?: boolean }).upgrade === true;
+    if (upgrade) {
+      // An upgrade request answered over HTTP (refused below, or by a later hook) is on a socket
+      // Node's parser has left: no timeout or closeAllConnections reaches it, and server.close()
+      // would wait for it. It is closed once the answer is out, as clientError closes its sockets.
+      // (An accepted WebSocket never finishes this response: the plugin takes the socket over.)
+      reply.header('connection', 'close');
+      const socket = req.raw.socket;
+      reply.raw.once('finish', () => closeAnswered(socket));
+    }
     // HTTP/1.1 requires Host (RFC 9112 §3.2): refused here, in the envelope, rather than by Node's
     // parser with an empty body (requireHostHeader is off below for that reason).
     if (req.headers.host === undefined && req.raw.httpVersion === '1.1') {
       return done(new ApiError('invalid_request', 'An HTTP/1.1 request must carry a Host header.'));
     }
     // An upgrade reaches every route through the WebSocket plugin, which would switch protocols and
-    // close at once with no reason where the route has no socket handler: refused over HTTP
-    // instead. Node's parser has left the connection, so it is closed once the answer is out.
-    if (
-      (req.raw as IncomingMessage & { upgrade?: boolean }).upgrade === true &&
-      !(req.method === 'GET' && req.routeOptions.url === '/v1/responses')
-    ) {
-      reply.header('connection', 'close');
-      const socket = req.raw.socket;
-      reply.raw.once('finish', () => socket.end());
+    // close at once with no reason where the route has no socket handler: refused over HTTP instead.
+    if (upgrade && !(req.method === 'GET' && req.routeOptions.url === '/v1/responses')) {
       return done(
         new ApiError('invalid_request', 'This route does not accept a protocol upgrade; only GET /v1/responses takes a WebSocket.'),
       );

@@ -22,16 +22,41 @@ function paramName(pointer: string, extra?: string): string {
   return parts.reduce((acc, p) => (/^\d+$/.test(p) ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
 }
 
+/** How far into the value an issue is (a missing property counts as its own place). */
+const depthOf = (i: ValidationIssue): number => i.instancePath.split('/').length + (i.keyword === 'required' ? 1 : 0);
+
+/**
+ * What is really wrong with a value no branch of a union took. The branch whose shape got
+ * furthest into the value says it: the deepest issue (`response_format.json_schema.name` of the
+ * json_schema branch, not the text branch's enum on `type`), a range or an enum before a type; a
+ * wrong type inside the value (`limits.rpm: 1.5` in a nullable `limits`); else any range or enum.
+ */
+function unionIssue(issues: readonly ValidationIssue[], union: ValidationIssue): ValidationIssue | undefined {
+  const under = issues.filter((i) => i.instancePath.startsWith(union.instancePath) && i.keyword !== 'anyOf' && i.keyword !== 'oneOf');
+  if (under.length === 0) return undefined;
+  const deepest = Math.max(...under.map(depthOf));
+  const top = under.filter((i) => depthOf(i) === deepest);
+  return (
+    top.find((i) => i.keyword !== 'type' && i.keyword !== 'const') ??
+    (deepest > depthOf(union) ? top.find((i) => i.keyword === 'type') : undefined) ??
+    under.find((i) => i.keyword !== 'type' && i.keyword !== 'const')
+  );
+}
+
 export function validationError(issues: readonly ValidationIssue[], where: string): ApiError {
   // For unions ajv reports each branch, then the union; the branch that got past the type check
   // (a range, an enum) says what is really wrong.
   const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
-  // Failing that, a wrong type inside the union's value (`limits.rpm: 1.5` in a nullable `limits`):
-  // the value had the branch's shape, and the field is what is wrong.
-  const specific =
-    union &&
-    (issues.find((i) => i.instancePath.startsWith(union.instancePath) && !['type', 'anyOf', 'oneOf', 'const'].includes(i.keyword)) ??
-      issues.find((i) => i.keyword === 'type' && i.instancePath.startsWith(`${union.instancePath}/`)));
+  const specific = union && unionIssue(issues, union);
+  if (union && !specific) {
+    // Every branch refused the value's type (`limits: "x"` for an object or null): say which they take.
+    const under = issues.filter((i) => i.instancePath === union.instancePath && i.keyword !== 'anyOf' && i.keyword !== 'oneOf');
+    if (under.length > 0 && under.every((i) => i.keyword === 'type')) {
+      const param = paramName(union.instancePath) || where;
+      const types = [...new Set(under.map((i) => String(i.params['type'])))].join(' or ');
+      return new ApiError('invalid_value', `Invalid type for '${param}': expected ${types}.`, { param });
+    }
+  }
   const issue = specific ?? union ?? issues[0];
   if (!issue) return new ApiError('invalid_request', `Invalid ${where}.`);
   if (issue.keyword === 'required') {

@@ -45,20 +45,6 @@ type ContextRequest = Pick<ResponsesCreate<unknown>, 'model' | 'input' | 'instru
 
 /** The most a compaction summary may take; the instruction below asks for far less. */
 const COMPACTION_MAX_TOKENS = 1024;
-
-/**
- * Starts a generation for the Responses API. Engines name the prompt by the chat convention
- * (`messages`, as a context overflow does); a Responses request's prompt is its `input`.
- */
-async function openAsResponses(open: () => Promise<MeteredStream>): Promise<MeteredStream> {
-  try {
-    return await open();
-  } catch (err) {
-    throw err instanceof ApiError && err.param === 'messages'
-      ? err.naming('input', err.message.replace('the messages alone are', 'the input alone is').replaceAll('the messages', 'the input'))
-      : err;
-  }
-}
 const COMPACTION_PROMPT =
   'Summarize the conversation above so that it can be continued from this summary alone. Keep every fact, ' +
   'decision, constraint, tool result and open task that later turns may need; leave out pleasantries. ' +
@@ -98,6 +84,20 @@ export async function failAbandonedResponses<E>(
  *   queued → in_progress → completed | incomplete | failed | cancelled
  *   queued → cancelled | failed
  */
+/**
+ * Starts a generation for the Responses API. Engines name the prompt by the chat convention
+ * (`messages`, as a context overflow does); a Responses request's prompt is its `input`.
+ */
+async function openAsResponses(open: () => Promise<MeteredStream>): Promise<MeteredStream> {
+  try {
+    return await open();
+  } catch (err) {
+    throw err instanceof ApiError && err.param === 'messages'
+      ? err.naming('input', err.message.replace('the messages alone are', 'the input alone is').replaceAll('the messages', 'the input'))
+      : err;
+  }
+}
+
 export class ResponseService<Echo> {
   private readonly running = new Map<string, Run>();
   private timer: NodeJS.Timeout | undefined;

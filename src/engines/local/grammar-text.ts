@@ -19,6 +19,10 @@ import type { LlamaModel, Token } from 'node-llama-cpp';
  * detokenized as before (they also carry the tokenizer's leading-space rules).
  */
 
+/** llama.cpp's token types (`tokenizer.ggml.token_type`) of tokens that stand for text or a byte. */
+const NORMAL = 1;
+const BYTE = 6;
+
 /** Vocabulary entries read per turn of the event loop. */
 const SCAN_CHUNK = 4096;
 
@@ -71,10 +75,14 @@ export class ByteTokens {
 
   /** Read from the vocabulary (in chunks, so the event loop keeps turning); undefined where its scheme is not known. */
   static async for(model: LlamaModel): Promise<ByteTokens | undefined> {
-    const tokenizer = (model.fileInfo.metadata as { tokenizer?: { ggml?: { tokens?: unknown; model?: unknown } } } | undefined)?.tokenizer
-      ?.ggml;
+    const tokenizer = (
+      model.fileInfo.metadata as { tokenizer?: { ggml?: { tokens?: unknown; model?: unknown; token_type?: unknown } } } | undefined
+    )?.tokenizer?.ggml;
     const vocab = tokenizer?.tokens;
     const scheme = tokenizer?.model;
+    // Control and user-defined tokens are written as their text, not as byte-level characters:
+    // only normal and byte tokens are read as bytes (llama.cpp's token types 1 and 6).
+    const types = Array.isArray(tokenizer?.token_type) ? (tokenizer.token_type as unknown[]) : undefined;
     if (!Array.isArray(vocab) || (scheme !== 'llama' && scheme !== 'gpt2')) return undefined;
     const alphabet = scheme === 'gpt2' ? byteLevelAlphabet() : undefined;
     const bytes = new Map<Token, Uint8Array>();
@@ -82,7 +90,7 @@ export class ByteTokens {
       const end = Math.min(vocab.length, start + SCAN_CHUNK);
       for (let t = start; t < end; t++) {
         const entry: unknown = vocab[t];
-        if (typeof entry !== 'string') continue;
+        if (typeof entry !== 'string' || (types && types[t] !== NORMAL && types[t] !== BYTE)) continue;
         const b = entryBytes(entry, scheme, alphabet);
         if (b && !isCompleteUtf8(b)) bytes.set(t as Token, b);
       }

@@ -605,8 +605,10 @@ export class LocalEngine implements Engine {
     // A document under a grammar is nudged to close before max_tokens cuts it (closing-bias.ts).
     const closing = plan.grammar && !plan.lazy ? (await m.closingBias())?.track(maxOut) : undefined;
     // Under a grammar, byte tokens are read as the grammar reads them (grammar-text.ts).
-    const byteTokens = plan.grammar && !plan.lazy ? await m.byteTokens() : undefined;
+    // A lazy grammar (tool_choice auto) applies from the token after its trigger.
+    const byteTokens = plan.grammar ? await m.byteTokens() : undefined;
     const grammarText = byteTokens?.decoder();
+    const underGrammar = plan.lazy ? () => (sink as AutoSink).triggered : () => true;
     try {
       // Keep the shared prefix in the KV cache; at least one prompt token is evaluated to get logits.
       const shared = Math.min(seq.compareContextTokens(prompt).firstDifferentIndex, prompt.length - 1);
@@ -639,9 +641,15 @@ export class LocalEngine implements Engine {
         generated.push(token);
         let text: string;
         let whole: boolean;
-        if (grammarText) {
+        if (grammarText && underGrammar()) {
+          // Tokens held from before a lazy grammar applied go out first, as they decode.
+          const before =
+            pending.length > 0 ? model.detokenize(pending, false, lastTokens(prompt, generated.slice(0, -1), pending.length)) : '';
+          pending = [];
           const bytes = byteTokens!.of(token);
-          text = bytes ? grammarText.push(bytes) : grammarText.end() + model.detokenize([token], false, lastTokens(prompt, generated, 1));
+          text =
+            before +
+            (bytes ? grammarText.push(bytes) : grammarText.end() + model.detokenize([token], false, lastTokens(prompt, generated, 1)));
           whole = text !== '';
         } else {
           pending.push(token);

@@ -57,7 +57,11 @@ export function encodeChatRequest(req: GenerationRequest, upstreamModel: string)
     const f = req.responseFormat;
     body['response_format'] =
       f.type === 'json_schema'
-        ? { type: 'json_schema', json_schema: { name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) } }
+        ? // A name is required upstream; a Responses client may leave it out (echoed to it as "").
+          {
+            type: 'json_schema',
+            json_schema: { name: f.name || 'response', schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) },
+          }
         : { type: 'json_object' };
   }
   if (req.reasoningEffort !== undefined) body['reasoning_effort'] = req.reasoningEffort;
@@ -132,8 +136,9 @@ export class ChatReader implements StreamReader {
   finished = false;
   usage: ReportedUsage | undefined;
   private readonly started = new Set<number>();
-  /** The last call a delta without an `index` belonged to, and its id. */
-  private unindexed: { index: number; id: string | undefined } | undefined;
+  /** Each call's id, for deltas that name their call by id alone; and the call started last. */
+  private readonly byId = new Map<string, number>();
+  private last: number | undefined;
 
   constructor(private readonly clean: Clean) {}
 
@@ -154,13 +159,16 @@ export class ChatReader implements StreamReader {
       calls.forEach((raw, i) => {
         const c = obj(raw);
         if (!c) return;
-        const index = c['index'] === undefined ? (delta ? this.unindexedCall(str(c['id'])) : i) : c['index'];
+        const index = c['index'] === undefined ? (delta ? this.unindexedCall(c, i) : i) : c['index'];
         if (typeof index !== 'number' || !Number.isInteger(index) || index < 0 || index >= MAX_TOOL_CALLS) {
           throw new ApiError('upstream_error', 'The upstream sent a malformed tool call.');
         }
         const fn = obj(c['function']);
+        const id = str(c['id']);
+        if (id) this.byId.set(id, index);
         if (!this.started.has(index)) {
           this.started.add(index);
+          this.last = index;
           out.push({
             type: 'tool_call.start',
             index,
@@ -182,14 +190,19 @@ export class ChatReader implements StreamReader {
 
   /**
    * The call a streamed tool-call delta without an `index` belongs to (some OpenAI-compatible
-   * servers leave it out): a new id starts the next call; no id, or the same one, continues the last.
+   * servers leave it out): the call with its id where it names one already seen; a new call where
+   * it brings a new id or a function name, or is not the first entry of its delta (entries of one
+   * delta are different calls); else the call started last.
    */
-  private unindexedCall(id: string | undefined): number {
-    const last = this.unindexed;
-    if (last && (id === undefined || id === last.id)) return last.index;
+  private unindexedCall(c: Record<string, unknown>, position: number): number {
+    const id = str(c['id']);
+    if (id) {
+      const known = this.byId.get(id);
+      if (known !== undefined) return known;
+    }
+    if (!id && !str(obj(c['function'])?.['name']) && position === 0 && this.last !== undefined) return this.last;
     let index = 0;
     while (this.started.has(index)) index++;
-    this.unindexed = { index, id };
     return index;
   }
 }

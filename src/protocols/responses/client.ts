@@ -50,7 +50,8 @@ export function encodeResponsesRequest(req: GenerationRequest, upstreamModel: st
     body['text'] = {
       format:
         f.type === 'json_schema'
-          ? { type: 'json_schema', name: f.name, schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) }
+          ? // A name is required upstream; the client may have left it out (echoed to it as "").
+            { type: 'json_schema', name: f.name || 'response', schema: f.schema, ...(f.strict !== undefined && { strict: f.strict }) }
           : { type: 'json_object' },
     };
   }
