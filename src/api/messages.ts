@@ -2,7 +2,6 @@ import { createHash } from 'node:crypto';
 import type { App, RouteContext } from './context.js';
 import type { Principal } from '../core/principal.js';
 import { Cancellation } from '../core/cancellation.js';
-import type { GenerationEvent } from '../core/canonical.js';
 import type { ReasoningSeal } from '../core/reasoning-seal.js';
 import {
   CountTokensRequest,
@@ -11,7 +10,7 @@ import {
   decodeMessagesRequest,
   type ThinkingSignatures,
 } from '../protocols/messages/request.js';
-import { MessageFold, MessageStreamRenderer, type Sign } from '../protocols/messages/response.js';
+import { MessageFold, MessageStreamRenderer, showsThinking, type Sign } from '../protocols/messages/response.js';
 import { drained, openSse, writeFrames } from './sse.js';
 import { abortOnClientGone, openGeneration, streamFailure } from './generation.js';
 
@@ -44,29 +43,18 @@ function signatures(seal: ReasoningSeal, who: Principal): ThinkingSignatures & {
  * the caller may use, through the same pipeline (limits, metering, ledger) as the other endpoints.
  * Registered in a scope whose error handler answers in Anthropic's envelope (http/server.ts).
  */
-const NONE_HIDDEN = (): boolean => false;
-const REASONING_HIDDEN = (ev: GenerationEvent): boolean => ev.type === 'reasoning.delta' || ev.type === 'reasoning.signature';
-
-/** Which events a request's `thinking` keeps out of its answer. */
-function hiddenThinking(thinking: { type: string } | undefined): (ev: GenerationEvent) => boolean {
-  return thinking === undefined || thinking.type === 'disabled' ? REASONING_HIDDEN : NONE_HIDDEN;
-}
-
 export function registerMessagesRoutes(app: App, ctx: RouteContext): void {
   app.post('/v1/messages', { onRequest: ctx.requireKey, schema: { body: MessagesRequest } }, async (req, reply) => {
     const body = req.body;
     const thinking = signatures(ctx.seal, req.principal!);
     const canonical = decodeMessagesRequest(body, abortOnClientGone(reply), thinking);
     const { model, events } = await openGeneration(ctx, req, reply, canonical, 'messages');
-    // As Anthropic's API: thinking blocks only where thinking was asked for. A model that reasons
-    // anyway (an upstream reasoning model) has its reasoning billed but not shown; clients read
-    // `content[0].text` and would find a thinking block there.
-    const hidden = hiddenThinking(body.thinking);
+    const shown = showsThinking(body.thinking);
 
     if (body.stream !== true) {
       try {
-        const fold = new MessageFold(thinking.sign);
-        for (let ev = await events.next(); ev; ev = await events.next()) if (!hidden(ev)) fold.apply(ev);
+        const fold = new MessageFold(thinking.sign, shown);
+        for (let ev = await events.next(); ev; ev = await events.next()) fold.apply(ev);
         const message = fold.result(model.id);
         await events.persisted();
         return message;
@@ -77,13 +65,12 @@ export function registerMessagesRoutes(app: App, ctx: RouteContext): void {
 
     openSse(reply);
     const raw = reply.raw;
-    const stream = new MessageStreamRenderer(model.id, thinking.sign);
+    const stream = new MessageStreamRenderer(model.id, thinking.sign, shown);
     try {
       // message_start carries the input tokens, which the engine knows once it has read the prompt.
       let ev = await events.next();
       writeFrames(raw, stream.start(canonical.tally.input, canonical.tally.cached));
       for (; ev; ev = await events.next()) {
-        if (hidden(ev)) continue;
         if (!writeFrames(raw, stream.event(ev))) await drained(raw);
         if (raw.destroyed) return reply;
       }

@@ -131,6 +131,12 @@ function routeError(err: FastifyError, req: FastifyRequest): ApiError {
   return toApiError(err, req.log);
 }
 
+/** An error on a Messages path: Anthropic's envelope, and the request id where Anthropic's SDKs read it. */
+function sendAnthropicError(reply: FastifyReply, id: string, e: ApiError): FastifyReply {
+  reply.header('request-id', id);
+  return sendError(reply, e, anthropicError(e, id));
+}
+
 /** The HTTP form of an error: its status, the envelope, and the headers its options ask for. */
 function sendError(reply: FastifyReply, e: ApiError, as?: { status: number; body: Record<string, unknown> }): FastifyReply {
   const status = as?.status ?? e.status;
@@ -151,10 +157,10 @@ function sendError(reply: FastifyReply, e: ApiError, as?: { status: number; body
  */
 const answeredSockets = new WeakSet<Duplex>();
 
-/** Ends a socket whose answer is out, and destroys it if its client has not closed its side within 2 s. */
-function closeAnswered(socket: Duplex): void {
-  socket.end();
+/** Ends a socket with its last bytes (if any), and destroys it if its client has not closed its side within 2 s. */
+function closeAnswered(socket: Duplex, last?: string): void {
   setTimeout(() => socket.destroy(), 2000).unref();
+  socket.end(last);
 }
 
 function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
@@ -175,8 +181,8 @@ function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
   socket.removeAllListeners('data');
   socket.on('data', () => undefined);
   socket.once('end', () => socket.destroy());
-  setTimeout(() => socket.destroy(), 2000).unref();
-  socket.end(
+  closeAnswered(
+    socket,
     `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\n` +
       `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: req_${randomHex()}\r\nconnection: close\r\n\r\n${body}`,
   );
@@ -367,9 +373,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.setNotFoundHandler((req, reply) => {
     const e = new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`);
     // Under the Messages paths (`/v1/messages/batches`, which is not served) Anthropic's SDKs read Anthropic's envelope.
-    if (!req.url.startsWith('/v1/messages/')) return sendError(reply, e);
-    reply.header('request-id', req.id);
-    return sendError(reply, e, anthropicError(e, req.id));
+    return req.url.startsWith('/v1/messages/') ? sendAnthropicError(reply, req.id, e) : sendError(reply, e);
   });
 
   // Remember which methods each path has, so the others answer 405 rather than 404.
@@ -410,10 +414,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   // Anthropic's Messages API answers errors in Anthropic's envelope, so its routes get their own scope.
   void app.register(async (scope) => {
     scope.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => {
-      const e = routeError(err, req);
-      // Also here: an error in a root hook (load shedding) comes before the scope's own hook.
-      reply.header('request-id', req.id);
-      return sendError(reply, e, anthropicError(e, req.id));
+      // The request id also here: an error in a root hook (load shedding) comes before the scope's own hook.
+      return sendAnthropicError(reply, req.id, routeError(err, req));
     });
     // Anthropic's SDKs read the request id from `request-id`.
     scope.addHook('onRequest', (req, reply, done) => {
@@ -456,9 +458,7 @@ function methodNotAllowedRoutes(app: FastifyInstance, methodsByPath: ReadonlyMap
           ? new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)
           : new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } });
         // The Messages paths answer in Anthropic's envelope, like their other errors.
-        if (!url.startsWith('/v1/messages')) return sendError(reply, e);
-        reply.header('request-id', req.id);
-        return sendError(reply, e, anthropicError(e, req.id));
+        return url.startsWith('/v1/messages') ? sendAnthropicError(reply, req.id, e) : sendError(reply, e);
       },
     });
   }

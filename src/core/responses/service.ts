@@ -75,16 +75,6 @@ export async function failAbandonedResponses<E>(
 }
 
 /**
- * The Responses lifecycle, on canonical items and events: building the context (previous response
- * chain, conversation, input), running generation inline or in the background, storing the result,
- * cancel, replay, and cleaning up after instances that died mid-response. What the response looks
- * like on the wire is the format's (the Responses protocol module's).
- *
- * Transitions (anything else is refused):
- *   queued → in_progress → completed | incomplete | failed | cancelled
- *   queued → cancelled | failed
- */
-/**
  * Starts a generation for the Responses API. Engines name the prompt by the chat convention
  * (`messages`, as a context overflow does); a Responses request's prompt is its `input`.
  */
@@ -98,6 +88,16 @@ async function openAsResponses(open: () => Promise<MeteredStream>): Promise<Mete
   }
 }
 
+/**
+ * The Responses lifecycle, on canonical items and events: building the context (previous response
+ * chain, conversation, input), running generation inline or in the background, storing the result,
+ * cancel, replay, and cleaning up after instances that died mid-response. What the response looks
+ * like on the wire is the format's (the Responses protocol module's).
+ *
+ * Transitions (anything else is refused):
+ *   queued → in_progress → completed | incomplete | failed | cancelled
+ *   queued → cancelled | failed
+ */
 export class ResponseService<Echo> {
   private readonly running = new Map<string, Run>();
   private timer: NodeJS.Timeout | undefined;

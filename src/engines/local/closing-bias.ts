@@ -1,4 +1,5 @@
 import { TokenBias, type LlamaModel, type Token } from 'node-llama-cpp';
+import { scanVocabulary, vocabularyOf } from './vocabulary.js';
 
 /**
  * Budget-aware closing for grammar-constrained JSON. A document cut off at max_tokens is of no use
@@ -28,8 +29,6 @@ const CONTAINER_FULL = 0.08;
 const MAX_LOGIT = 32;
 /** Bonus steps: one TokenBias per step and token class is made once and reused. */
 const STEPS = 16;
-/** Vocabulary entries read per turn of the event loop while looking for closing tokens. */
-const SCAN_CHUNK = 4096;
 
 export class ClosingBias {
   private readonly none: TokenBias;
@@ -50,21 +49,16 @@ export class ClosingBias {
 
   /** The closing tokens of the model's vocabulary (read in chunks, so the event loop keeps turning); undefined if it cannot be read. */
   static async for(model: LlamaModel): Promise<ClosingBias | undefined> {
-    const vocab = (model.fileInfo.metadata as { tokenizer?: { ggml?: { tokens?: unknown } } } | undefined)?.tokenizer?.ggml?.tokens;
-    if (!Array.isArray(vocab)) return undefined;
+    const vocab = vocabularyOf(model);
+    if (!vocab) return undefined;
     const quotes: Token[] = [];
     const brackets: Token[] = [];
-    for (let start = 0; start < vocab.length; start += SCAN_CHUNK) {
-      const end = Math.min(vocab.length, start + SCAN_CHUNK);
-      for (let t = start; t < end; t++) {
-        const token = t as Token;
-        if (model.isSpecialToken(token)) continue;
-        const text = model.detokenize([token]);
-        if (text.includes('"')) quotes.push(token);
-        if (/[\]}]/.test(text)) brackets.push(token);
-      }
-      await new Promise<void>((resolve) => setImmediate(resolve));
-    }
+    await scanVocabulary(vocab, (token) => {
+      if (model.isSpecialToken(token)) return;
+      const text = model.detokenize([token]);
+      if (text.includes('"')) quotes.push(token);
+      if (/[\]}]/.test(text)) brackets.push(token);
+    });
     return quotes.length > 0 || brackets.length > 0 ? new ClosingBias(model, quotes, brackets) : undefined;
   }
 

@@ -1,4 +1,5 @@
 import type { LlamaModel, Token } from 'node-llama-cpp';
+import { scanVocabulary, vocabularyOf } from './vocabulary.js';
 
 /**
  * Text under a grammar, decoded the way llama.cpp's grammar reads it.
@@ -22,9 +23,6 @@ import type { LlamaModel, Token } from 'node-llama-cpp';
 /** llama.cpp's token types (`tokenizer.ggml.token_type`) of tokens that stand for text or a byte. */
 const NORMAL = 1;
 const BYTE = 6;
-
-/** Vocabulary entries read per turn of the event loop. */
-const SCAN_CHUNK = 4096;
 
 /** llama.cpp's sequence length by the lead byte's high nibble (0: a continuation byte, which cannot lead). */
 const LENGTH_BY_HIGH_NIBBLE = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4] as const;
@@ -75,27 +73,19 @@ export class ByteTokens {
 
   /** Read from the vocabulary (in chunks, so the event loop keeps turning); undefined where its scheme is not known. */
   static async for(model: LlamaModel): Promise<ByteTokens | undefined> {
-    const tokenizer = (
-      model.fileInfo.metadata as { tokenizer?: { ggml?: { tokens?: unknown; model?: unknown; token_type?: unknown } } } | undefined
-    )?.tokenizer?.ggml;
-    const vocab = tokenizer?.tokens;
-    const scheme = tokenizer?.model;
-    // Control and user-defined tokens are written as their text, not as byte-level characters:
-    // only normal and byte tokens are read as bytes (llama.cpp's token types 1 and 6).
-    const types = Array.isArray(tokenizer?.token_type) ? (tokenizer.token_type as unknown[]) : undefined;
-    if (!Array.isArray(vocab) || (scheme !== 'llama' && scheme !== 'gpt2')) return undefined;
+    const vocab = vocabularyOf(model);
+    const scheme = vocab?.scheme;
+    if (!vocab || (scheme !== 'llama' && scheme !== 'gpt2')) return undefined;
     const alphabet = scheme === 'gpt2' ? byteLevelAlphabet() : undefined;
+    const { types } = vocab;
     const bytes = new Map<Token, Uint8Array>();
-    for (let start = 0; start < vocab.length; start += SCAN_CHUNK) {
-      const end = Math.min(vocab.length, start + SCAN_CHUNK);
-      for (let t = start; t < end; t++) {
-        const entry: unknown = vocab[t];
-        if (typeof entry !== 'string' || (types && types[t] !== NORMAL && types[t] !== BYTE)) continue;
-        const b = entryBytes(entry, scheme, alphabet);
-        if (b && !isCompleteUtf8(b)) bytes.set(t as Token, b);
-      }
-      await new Promise<void>((resolve) => setImmediate(resolve));
-    }
+    await scanVocabulary(vocab, (token, entry) => {
+      // Control and user-defined tokens are written as their text, not as byte-level characters:
+      // only normal and byte tokens are read as bytes (llama.cpp's token types 1 and 6).
+      if (typeof entry !== 'string' || (types && types[token] !== NORMAL && types[token] !== BYTE)) return;
+      const b = entryBytes(entry, scheme, alphabet);
+      if (b && !isCompleteUtf8(b)) bytes.set(token, b);
+    });
     return new ByteTokens(bytes);
   }
 

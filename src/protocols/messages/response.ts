@@ -57,6 +57,13 @@ export function toolInput(args: string): Record<string, unknown> {
   }
 }
 
+/**
+ * Whether an answer gives thinking blocks: as Anthropic's API, only where the request asked for
+ * thinking. A model that reasons anyway (an upstream reasoning model) has its reasoning billed but
+ * not shown; clients read `content[0].text` and would find a thinking block there.
+ */
+export const showsThinking = (thinking: { type: string } | undefined): boolean => thinking !== undefined && thinking.type !== 'disabled';
+
 /** Our signature for thinking, carrying the upstream's own where it signed it. */
 export type Sign = (thinking: string, upstream: string | undefined) => string;
 
@@ -74,7 +81,11 @@ export class MessageFold {
   private stopSequence: string | null = null;
   finished = false;
 
-  constructor(private readonly sign: Sign) {}
+  constructor(
+    private readonly sign: Sign,
+    /** Thinking blocks are given (the request asked for thinking: see `showsThinking`). */
+    private readonly showThinking = true,
+  ) {}
 
   apply(ev: GenerationEvent): void {
     const last = this.blocks.at(-1);
@@ -84,6 +95,7 @@ export class MessageFold {
         else this.blocks.push({ type: 'text', text: ev.text });
         break;
       case 'reasoning.delta':
+        if (!this.showThinking) break;
         if (last?.type === 'thinking') last.thinking += ev.text;
         else this.blocks.push({ type: 'thinking', thinking: ev.text, upstream: undefined });
         break;
@@ -156,6 +168,8 @@ export class MessageStreamRenderer {
   constructor(
     private readonly model: string,
     private readonly sign: Sign,
+    /** Thinking blocks are given (the request asked for thinking: see `showsThinking`). */
+    private readonly showThinking = true,
   ) {}
 
   /**
@@ -215,6 +229,7 @@ export class MessageStreamRenderer {
         return head + this.delta(`{"type":"text_delta","text":${JSON.stringify(ev.text)}}`);
       }
       case 'reasoning.delta': {
+        if (!this.showThinking) return '';
         const head = this.open?.kind === 'thinking' ? '' : this.begin('thinking', { type: 'thinking', thinking: '', signature: '' });
         this.thinking += ev.text;
         return head + this.delta(`{"type":"thinking_delta","thinking":${JSON.stringify(ev.text)}}`);
