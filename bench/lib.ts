@@ -28,8 +28,9 @@ async function stopChild(child: ChildProcess): Promise<void> {
 }
 
 /** Starts one of the bench's own processes, which prints `ready <port>` once it listens. */
-export async function spawnReady(script: string, args: string[]): Promise<Proc> {
-  const child = spawn(process.execPath, [join(DIST, 'bench', script), ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
+export async function spawnReady(script: string, args: string[], wrap: readonly string[] = []): Promise<Proc> {
+  const [cmd, ...rest] = [...wrap, process.execPath, join(DIST, 'bench', script), ...args];
+  const child = spawn(cmd!, rest, { stdio: ['ignore', 'pipe', 'inherit'] });
   const port = await new Promise<number>((resolve, reject) => {
     const lines = createInterface({ input: child.stdout! });
     lines.on('line', (line) => {
@@ -58,10 +59,13 @@ export async function startMain(
   prepare?: (dataDir: string) => Record<string, string>,
   dist = DIST,
   nodeArgs: readonly string[] = [],
+  /** A command the server runs under (`valgrind …`: bench/instructions.ts). */
+  wrap: readonly string[] = [],
 ): Promise<Proc & { dataDir: string }> {
   const dataDir = mkdtempSync(join(tmpdir(), 'switchyard-bench-'));
   const port = await freePort();
-  const child = spawn(process.execPath, [...nodeArgs, join(dist, 'src', 'main.js'), '--port', String(port)], {
+  const [cmd, ...args] = [...wrap, process.execPath, ...nodeArgs, join(dist, 'src', 'main.js'), '--port', String(port)];
+  const child = spawn(cmd!, args, {
     env: { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN_KEY, ...env, ...prepare?.(dataDir) },
     stdio: ['ignore', 'ignore', 'inherit'],
   });
@@ -73,7 +77,8 @@ export async function startMain(
       () => false,
     );
     if (ok) break;
-    if (i > 600) throw new Error('switchyard did not become ready');
+    // Under valgrind (bench/instructions.ts) starting takes a minute or more.
+    if (i > (wrap.length > 0 ? 3000 : 600)) throw new Error('switchyard did not become ready');
     await sleep(100);
   }
   return {
@@ -111,9 +116,11 @@ export function startSwitchyard(o: {
   dist?: string;
   /** Node options for the server process (`--cpu-prof` for the flame summary). */
   nodeArgs?: readonly string[];
+  wrap?: readonly string[];
+  env?: Record<string, string>;
 }): Promise<Proc & { dataDir: string }> {
   return startMain(
-    { SWITCHYARD_WORKERS: String(o.workers), SWITCHYARD_LOG_LEVEL: 'info' },
+    { SWITCHYARD_WORKERS: String(o.workers), SWITCHYARD_LOG_LEVEL: 'info', ...o.env },
     (dataDir) => {
       const config = join(dataDir, 'bench.json');
       writeFileSync(
@@ -137,6 +144,7 @@ export function startSwitchyard(o: {
     },
     o.dist,
     o.nodeArgs,
+    o.wrap,
   );
 }
 
