@@ -1,25 +1,30 @@
 /**
- * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N]`: machine instructions per
+ * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N] [--non-stream-only]`: instructions per
  * request, counted by valgrind's callgrind, for the reference pass-through and Switchyard (and an
  * earlier build with `--old`, built as for bench:compare). Time on this VM drifts by ±25% between
- * runs of a few seconds, so a change of a few percent cannot be seen in req/s or CPU time; an
- * instruction count is the same from run to run (within 1% here) whatever else the machine does.
+ * runs of a few seconds, so a change of a few percent cannot be seen in req/s or CPU time; the
+ * main thread's instruction count is the same from run to run (within 1.5% here) whatever else the
+ * machine does.
  *
  * Each subject runs under callgrind with instrumentation off, answers `--warmup` requests one at a
  * time (until V8 has compiled its hot code: fewer than about 5,000 leave the optimizing compiler in
  * the count), then counts `--requests` more with instrumentation on (`callgrind_control -i on`),
  * non-stream, then the same for streams. What is counted: every instruction of the subject's
- * process in user space, all threads (V8's compiler and GC threads, SQLite's checkpoint thread,
- * the log writer). What is not: the kernel (socket writes and reads, which every gateway pays
- * alike), cache misses and waiting. The subjects run one after another, as a precaution: a thread
- * that waits for a core may spin, and spinning would be counted.
+ * process in user space, on its main thread and on all its threads (V8's compiler and GC threads,
+ * SQLite's checkpoint thread, the log writer). What is not: the kernel (socket writes and reads,
+ * which every gateway pays alike), cache misses and waiting. The main thread's count is the one to
+ * compare builds by: the optimizing compiler, on a background thread, still recompiles now and then
+ * after the warm-up (a function deoptimized by an object of a shape it had not seen), and how much
+ * of that falls in the counted window varies (8-51k instructions per request between runs here).
+ * The subjects run one after another, as a precaution: a thread that waits for a core may spin,
+ * and spinning would be counted.
  * A stream's count moves by 5-15% between runs: how many reads its 22 upstream writes arrive in
- * depends on timing. Non-stream counts repeat within 1%. `--keep` keeps the callgrind files for
+ * depends on timing. `--keep` keeps the callgrind files (one per thread, `-01` the main one) for
  * `callgrind_annotate` (native functions by name; V8's compiled JavaScript shows only as addresses).
  * Needs valgrind (Debian's `valgrind`); asserts nothing.
  */
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
@@ -34,15 +39,21 @@ const { values } = parseArgs({
     warmup: { type: 'string', default: '6000' },
     requests: { type: 'string', default: '1000' },
     keep: { type: 'boolean', default: false },
+    'non-stream-only': { type: 'boolean', default: false },
   },
 });
 const WARMUP = Number(values.warmup);
 const REQUESTS = Number(values.requests);
 
+interface Count {
+  main: number;
+  all: number;
+}
+
 interface Counted {
   subject: string;
-  non_stream: number;
-  stream: number;
+  non_stream: Count;
+  stream: Count;
 }
 
 /**
@@ -64,20 +75,33 @@ async function drive(client: Client, headers: Record<string, string>, stream: bo
   }
 }
 
-/** The instructions counted since the last dump: callgrind writes `<out>.<n>` at each dump. */
-async function dump(pid: number, out: string, n: number): Promise<number> {
+/**
+ * The instructions counted since the last dump, on the main thread and on all threads: with
+ * `--separate-threads=yes` callgrind writes `<out>.<n>-<thread>` at each dump, thread 01 the main one.
+ */
+async function dump(pid: number, dir: string, n: number): Promise<Count> {
   await run('callgrind_control', ['-d', String(pid)]);
-  const file = `${out}.${n}`;
-  for (let i = 0; i < 600; i++) {
+  const total = (file: string): number | undefined => {
     try {
-      const m = /^(?:summary|totals): (\d+)/m.exec(readFileSync(file, 'utf8'));
-      if (m) return Number(m[1]);
+      const m = /^(?:summary|totals): (\d+)/m.exec(readFileSync(join(dir, file), 'utf8'));
+      return m ? Number(m[1]) : undefined;
     } catch {
-      // not written yet
+      return undefined; // not written yet
+    }
+  };
+  for (let i = 0; i < 600; i++) {
+    const main = total(`callgrind.out.${n}-01`);
+    if (main !== undefined) {
+      // The other threads' files are written right after the main thread's.
+      await new Promise((r) => setTimeout(r, 500));
+      const all = readdirSync(dir)
+        .filter((f) => f.startsWith(`callgrind.out.${n}-`))
+        .reduce((sum, f) => sum + (total(f) ?? 0), 0);
+      return { main, all };
     }
     await new Promise((r) => setTimeout(r, 100));
   }
-  throw new Error(`callgrind wrote no ${file}`);
+  throw new Error(`callgrind wrote no dump ${n} in ${dir}`);
 }
 
 async function count(
@@ -87,28 +111,35 @@ async function count(
 ): Promise<Counted> {
   const dir = mkdtempSync(join(tmpdir(), 'switchyard-instructions-'));
   const out = join(dir, 'callgrind.out');
-  const proc = await start(['valgrind', '--tool=callgrind', '--instr-atstart=no', `--callgrind-out-file=${out}`, '-q']);
+  const proc = await start([
+    'valgrind',
+    '--tool=callgrind',
+    '--instr-atstart=no',
+    '--separate-threads=yes',
+    `--callgrind-out-file=${out}`,
+    '-q',
+  ]);
   const client = new Client(proc.url, { pipelining: 1, keepAliveTimeout: 600_000, headersTimeout: 600_000, bodyTimeout: 600_000 });
   try {
     // valgrind runs the program in its own process: the pid is the subject's.
     const pid = proc.child.pid!;
     const h = await headers(proc);
-    const result: Counted = { subject, non_stream: 0, stream: 0 };
+    const result: Counted = { subject, non_stream: { main: 0, all: 0 }, stream: { main: 0, all: 0 } };
     let dumps = 0;
-    for (const stream of [false, true]) {
+    for (const stream of values['non-stream-only'] ? [false] : [false, true]) {
       await drive(client, h, stream, WARMUP);
       await run('callgrind_control', ['-i', 'on', String(pid)]);
       await run('callgrind_control', ['-z', String(pid)]);
       await drive(client, h, stream, REQUESTS);
-      const total = await dump(pid, out, ++dumps);
+      const counted = await dump(pid, dir, ++dumps);
       await run('callgrind_control', ['-i', 'off', String(pid)]);
-      result[stream ? 'stream' : 'non_stream'] = Math.round(total / REQUESTS);
+      result[stream ? 'stream' : 'non_stream'] = { main: Math.round(counted.main / REQUESTS), all: Math.round(counted.all / REQUESTS) };
     }
     return result;
   } finally {
     await client.close();
     await proc.stop();
-    if (values.keep) console.log(`${subject}: callgrind files in ${dir} (non-stream .1, stream .2; callgrind_annotate reads them)`);
+    if (values.keep) console.log(`${subject}: callgrind files in ${dir} (non-stream .1-NN, stream .2-NN by thread, 01 the main one)`);
     else rmSync(dir, { recursive: true, force: true });
   }
 }
@@ -134,12 +165,18 @@ try {
   const results: Counted[] = [];
   for (const job of jobs) results.push(await job());
   const ref = results[0]!;
+  const n = (x: number) => x.toLocaleString('en-US');
+  const vs = (r: number, x: number) => `${(r / x).toFixed(2)}×`;
   console.log(`\nInstructions per request (callgrind, user space, ${REQUESTS} requests after ${WARMUP} warm-up ones, one connection)\n`);
-  console.log('| subject | non-stream | vs reference | stream (20 chunks) | vs reference |');
-  console.log('|---|---|---|---|---|');
+  const streams = !values['non-stream-only'];
+  console.log(
+    `| subject | non-stream, main thread | vs reference | all threads |${streams ? ' stream (20 chunks), main thread | vs reference | all threads |' : ''}`,
+  );
+  console.log(`|---|---|---|---|${streams ? '---|---|---|' : ''}`);
   for (const r of results)
     console.log(
-      `| ${r.subject} | ${r.non_stream.toLocaleString('en-US')} | ${(ref.non_stream / r.non_stream).toFixed(2)}× | ${r.stream.toLocaleString('en-US')} | ${(ref.stream / r.stream).toFixed(2)}× |`,
+      `| ${r.subject} | ${n(r.non_stream.main)} | ${vs(ref.non_stream.main, r.non_stream.main)} | ${n(r.non_stream.all)} |` +
+        (streams ? ` ${n(r.stream.main)} | ${vs(ref.stream.main, r.stream.main)} | ${n(r.stream.all)} |` : ''),
     );
 } finally {
   await fake.stop();

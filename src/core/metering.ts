@@ -187,7 +187,13 @@ export class MeteredStream implements OpenMeter {
       this.metrics.observeTtft(this.c.endpoint, this.metrics.modelLabel(this.c.model), this.ttft / 1000);
     }
     if (ev.type === 'usage') {
-      this.usage = { ...ev.usage, cost: costOf(this.c.model, ev.usage) };
+      // Copied field by field: a spread here gave every usage a hidden class of its own (bench/README.md,
+      // "Hidden classes made per request").
+      const u = ev.usage;
+      const usage: Usage = { input: u.input, cached: u.cached, output: u.output, reasoning: u.reasoning, cost: costOf(this.c.model, u) };
+      if (u.cacheWrite !== undefined) usage.cacheWrite = u.cacheWrite;
+      if (u.estimated !== undefined) usage.estimated = u.estimated;
+      this.usage = usage;
       return { type: 'usage', usage: this.usage };
     }
     if (ev.type === 'finish') {

@@ -3,7 +3,7 @@ import { ApiError } from '../errors.js';
 import { Cancellation } from '../cancellation.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ListedResponse, Store } from '../../store/store.js';
-import { newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
+import { generationRequest, newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
 import {
   checkNewItemIds,
   itemsToMessages,
@@ -505,14 +505,16 @@ export class ResponseService<Echo> {
     if (ctx === undefined || ctx === null) return messages;
     const count = async (m: Message[]) =>
       (
-        await this.pipeline.countInputTokens(model, {
-          ...body.generation,
-          model: model.id,
-          messages: m,
-          stream: false,
-          signal: new Cancellation(),
-          tally: newTally(),
-        })
+        await this.pipeline.countInputTokens(
+          model,
+          generationRequest(body.generation, {
+            model: model.id,
+            messages: m,
+            stream: false,
+            signal: new Cancellation(),
+            tally: newTally(),
+          }),
+        )
       ).tokens;
     const out = body.generation.maxOutputTokens;
     const room = ctx - (out ?? Math.min(1024, Math.floor(ctx / 4)));
@@ -605,14 +607,13 @@ export class ResponseService<Echo> {
    */
   async countInputTokens(body: ResponsesCreate<Echo>, who: Principal): Promise<{ tokens: number; estimated: boolean }> {
     const { model, messages } = await this.context(body, who);
-    const req: GenerationRequest = {
-      ...body.generation,
+    const req = generationRequest(body.generation, {
       model: model.id,
       messages,
       stream: false,
       signal: new Cancellation(),
       tally: newTally(),
-    };
+    });
     return this.pipeline.countFor(model, req, who);
   }
 
@@ -650,14 +651,7 @@ export class ResponseService<Echo> {
     });
     const id = String(fold.resource['id']);
     const run = new Run(fold, who.orgId, background, (ev) => this.format.isTerminal(ev));
-    const req: GenerationRequest = {
-      ...body.generation,
-      model: model.id,
-      messages,
-      stream: true,
-      signal: run.abort,
-      tally: newTally(),
-    };
+    const req = generationRequest(body.generation, { model: model.id, messages, stream: true, signal: run.abort, tally: newTally() });
 
     const { admission, open } = await this.pipeline.admit(model, req, who, {
       endpoint: 'responses',
