@@ -77,31 +77,19 @@ async function drive(client: Client, headers: Record<string, string>, stream: bo
 
 /**
  * The instructions counted since the last dump, on the main thread and on all threads: with
- * `--separate-threads=yes` callgrind writes `<out>.<n>-<thread>` at each dump, thread 01 the main one.
+ * `--separate-threads=yes` callgrind writes `<out>.<n>-<thread>` at each dump, thread 01 the main
+ * one. `callgrind_control` runs the dump as a monitor command through vgdb, which answers once the
+ * files are written.
  */
 async function dump(pid: number, dir: string, n: number): Promise<Count> {
   await run('callgrind_control', ['-d', String(pid)]);
-  const total = (file: string): number | undefined => {
-    try {
-      const m = /^(?:summary|totals): (\d+)/m.exec(readFileSync(join(dir, file), 'utf8'));
-      return m ? Number(m[1]) : undefined;
-    } catch {
-      return undefined; // not written yet
-    }
+  const total = (file: string): number => {
+    const m = /^(?:summary|totals): (\d+)/m.exec(readFileSync(join(dir, file), 'utf8'));
+    if (!m) throw new Error(`${file} has no total`);
+    return Number(m[1]);
   };
-  for (let i = 0; i < 600; i++) {
-    const main = total(`callgrind.out.${n}-01`);
-    if (main !== undefined) {
-      // The other threads' files are written right after the main thread's.
-      await new Promise((r) => setTimeout(r, 500));
-      const all = readdirSync(dir)
-        .filter((f) => f.startsWith(`callgrind.out.${n}-`))
-        .reduce((sum, f) => sum + (total(f) ?? 0), 0);
-      return { main, all };
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`callgrind wrote no dump ${n} in ${dir}`);
+  const files = readdirSync(dir).filter((f) => f.startsWith(`callgrind.out.${n}-`));
+  return { main: total(`callgrind.out.${n}-01`), all: files.reduce((sum, f) => sum + total(f), 0) };
 }
 
 async function count(
