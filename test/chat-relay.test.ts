@@ -226,6 +226,7 @@ const state = (r: ChatRelay) => ({
 
 describe('chat relay', () => {
   it('frames and counts every stream exactly as reading each chunk on its own does, whatever its line ends', () => {
+    let usageKept = 0;
     fc.assert(
       fc.property(streamArb, cutsArb, eolArb, ({ catalogue, payloads }, cuts, eol) => {
         const r = relay(catalogue);
@@ -257,9 +258,19 @@ describe('chat relay', () => {
             frames.length === expected.length ||
             /^data: \{.*"finish_reason":"stop"\}\]\}\n\n$/s.test(frames.slice(expected.length)),
         );
+        // The usage chunk, where its text is kept, parses to the chunk the canonical way would send.
+        const t = r.usageText;
+        if (t) {
+          const usage = { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3, cost: 0.5 };
+          const text = t.before + JSON.stringify(usage) + t.after;
+          assert.ok(!text.includes('\n'), text);
+          assert.deepEqual(JSON.parse(text), { ...r.usageFrame(), usage });
+          usageKept++;
+        }
       }),
       { numRuns: 1000, seed: 20261125 },
     );
+    assert.ok(usageKept > 0, `usage chunks kept as text: ${usageKept}`);
   });
 
   it('reads an event of two data lines as one when the CRLF between them is split across two reads', (t) => {
@@ -334,5 +345,144 @@ describe('chat relay', () => {
     assert.equal(r.capped, true);
     assert.equal(r.deltas, 5);
     assert.ok(frames.every((f) => f.model === 'meta-llama/tiny-stories'));
+  });
+
+  it('gives a non-stream answer as its own text, with only the model and usage changed, wherever that is exact', () => {
+    const USAGE = { prompt_tokens: 4, completion_tokens: 3, total_tokens: 7, cost: 1e-5 };
+    const answerArb = fc.record({
+      head: headArb,
+      content: contentArb,
+      usage: fc.constantFrom(undefined, null, { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 }, { n: [1, { m: '}' }] }),
+      nested: rare(fc.constantFrom({ model: 'x' }, { usage: { a: 1 } }, ['model', 'usage', '{"usage":1}'])),
+      // Where usage and the nested field go: JSON.stringify keeps insertion order.
+      usageFirst: fc.boolean(),
+      nestedFirst: fc.boolean(),
+      spelling: fc.constantFrom('plain', 'indented', 'tabs', 'spaced', 'escaped-model', 'escaped-usage', 'duplicate-usage', 'numbers'),
+      catalogue: fc.constantFrom('meta-llama/tiny-stories', 'm"x', 'a\u2028b', 'model', 'usage'),
+    });
+    let kept = 0;
+    fc.assert(
+      fc.property(answerArb, (a) => {
+        const body: Chunk = {};
+        if (a.usageFirst && a.usage !== undefined) body['usage'] = a.usage;
+        if (a.nestedFirst && a.nested !== undefined) body['meta'] = a.nested;
+        Object.assign(
+          body,
+          defined({ id: a.head.id, object: 'chat.completion', created: a.head.created, model: a.head.model, extra: a.head.extra }),
+        );
+        body['choices'] = [{ index: 0, message: { role: 'assistant', content: a.content }, logprobs: null, finish_reason: 'stop' }];
+        if (!a.usageFirst && a.usage !== undefined) body['usage'] = a.usage;
+        if (!a.nestedFirst && a.nested !== undefined) body['meta'] = a.nested;
+        let text = JSON.stringify(body, null, a.spelling === 'indented' ? 2 : a.spelling === 'tabs' ? '\t' : undefined);
+        if (a.spelling === 'spaced') text = text.replace(/":/g, '" : ').replace(/,"/g, ' ,  "');
+        if (a.spelling === 'escaped-model') text = text.replace('"model"', '"mod\\u0065l"');
+        if (a.spelling === 'escaped-usage') text = text.replace('"usage"', '"\\u0075sage"');
+        if (a.spelling === 'duplicate-usage') text = `${text.slice(0, -1)},"usage":{"prompt_tokens":9}}`;
+        if (a.spelling === 'numbers') text = text.replace('"created":7', '"created":7.0e0').replace('"index":0', '"index":-0');
+        const parsed = JSON.parse(text) as Chunk;
+        const r = relay(a.catalogue);
+        assert.equal(r.answer(JSON.parse(text), text), true);
+        const t = r.answerText;
+        const plain = a.spelling === 'plain' || a.spelling === 'indented' || a.spelling === 'tabs' || a.spelling === 'spaced';
+        const escapes = text.includes('\\u');
+        // Where it can be exact (the usual upstream: the two keys written once), it is kept.
+        const once = (key: string) => text.split(key).length === 2;
+        if (plain && !escapes && a.head.model !== undefined && once('"model"') && (a.usage === undefined || once('"usage"')))
+          assert.ok(t, text);
+        if (!t) return;
+        kept++;
+        const out = t.before + JSON.stringify(USAGE) + t.after;
+        // What the client parses: the upstream's answer, the catalogue's model and the metered usage.
+        assert.deepEqual(JSON.parse(out), { ...parsed, model: a.catalogue, usage: USAGE }, out);
+      }),
+      { numRuns: 3000 },
+    );
+    assert.ok(kept > 500, `kept ${kept}`);
+  });
+
+  it('takes out calls to tools the request does not allow, their arguments uncounted, as the canonical lane suppresses them', () => {
+    const head = { id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm' };
+    const chunk = (delta: object, finish: string | null = null) =>
+      `data: ${JSON.stringify({ ...head, choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+    const call = (index: number, name: string) => ({
+      tool_calls: [{ index, id: `call_${index}`, type: 'function', function: { name, arguments: '' } }],
+    });
+    const args = (index: number, text: string) => ({ tool_calls: [{ index, function: { arguments: text } }] });
+    const stream = [
+      chunk({ role: 'assistant', content: null }),
+      chunk(call(0, 'delete_everything')),
+      chunk(args(0, '{"all":')),
+      chunk(args(0, 'true}')),
+      chunk(call(1, 'get_weather')),
+      chunk(args(1, '{"city":"Paris"}')),
+      chunk({}, 'tool_calls'),
+      'data: [DONE]\n\n',
+    ].join('');
+    const read = (callable: ReadonlySet<string> | undefined) => {
+      const r = new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, callable);
+      const frames = r
+        .push(stream)
+        .split('\n\n')
+        .filter(Boolean)
+        .map(
+          (f) =>
+            JSON.parse(f.slice(6)) as {
+              model: string;
+              choices: Array<{
+                delta: { tool_calls?: Array<{ index: number; function: { name?: string; arguments: string } }> };
+                finish_reason: string | null;
+              }>;
+            },
+        );
+      const calls = frames.flatMap((f) => f.choices[0]!.delta.tool_calls ?? []);
+      return { r, frames, calls, finish: frames.at(-1)!.choices[0]!.finish_reason };
+    };
+
+    // Every call passes where the request allows any (the relay is given no set).
+    const all = read(undefined);
+    assert.deepEqual(new Set(all.calls.map((c) => c.index)), new Set([0, 1]));
+    assert.equal(all.r.chars, '{"all":true}{"city":"Paris"}'.length);
+
+    // Only get_weather offered: the other call's start and arguments are gone, and not counted.
+    const some = read(new Set(['get_weather']));
+    assert.deepEqual(
+      some.calls.map((c) => [c.index, c.function.name, c.function.arguments]),
+      [
+        [1, 'get_weather', ''],
+        [1, undefined, '{"city":"Paris"}'],
+      ],
+    );
+    assert.equal(some.finish, 'tool_calls');
+    assert.equal(some.r.chars, '{"city":"Paris"}'.length);
+    assert.equal(some.frames.length, 4, 'the chunks that carried only the suppressed call are not sent');
+    assert.ok(some.frames.every((f) => f.model === 'cat/model'));
+
+    // No tools offered: no call at all, and the turn ends as a stop.
+    const none = read(new Set());
+    assert.deepEqual(none.calls, []);
+    assert.equal(none.finish, 'stop');
+    assert.equal(none.r.finish, 'stop');
+    assert.equal(none.r.chars, 0);
+
+    // A whole answer that calls a tool not allowed goes to the canonical lane, which suppresses it.
+    const answer = {
+      ...head,
+      object: 'chat.completion',
+      choices: [
+        {
+          index: 0,
+          message: {
+            role: 'assistant',
+            content: null,
+            tool_calls: [{ id: 'a', type: 'function', function: { name: 'delete_everything', arguments: '{}' } }],
+          },
+          finish_reason: 'tool_calls',
+        },
+      ],
+    };
+    const text = JSON.stringify(answer);
+    const relayOf = (callable: ReadonlySet<string>) => new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, callable);
+    assert.equal(relayOf(new Set(['get_weather'])).answer(JSON.parse(text), text), false);
+    assert.equal(relayOf(new Set(['delete_everything'])).answer(JSON.parse(text), text), true);
   });
 });

@@ -152,6 +152,22 @@ describe('the chat fast lane against upstreams that misbehave', () => {
         res.writeHead(200, { 'content-type': 'application/json' }).end(kind.slice('malformed '.length));
         return;
       }
+      // Calls a tool the request may not have offered, then one it may have.
+      const unofferedCalls = [
+        { id: 'call_a', type: 'function', function: { name: 'delete_everything', arguments: '{"all":true}' } },
+        { id: 'call_b', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } },
+      ];
+      if (body.stream !== true && kind === 'calls-unoffered') {
+        res.writeHead(200, { 'content-type': 'application/json' }).end(
+          JSON.stringify({
+            ...head,
+            object: 'chat.completion',
+            choices: [{ index: 0, message: { role: 'assistant', content: null, tool_calls: unofferedCalls }, finish_reason: 'tool_calls' }],
+            usage: { prompt_tokens: 4, completion_tokens: 9, total_tokens: 13 },
+          }),
+        );
+        return;
+      }
       if (body.stream !== true) {
         const text = kind === 'ignores-max' ? 'word '.repeat(2000) : 'a fine answer';
         res.writeHead(200, { 'content-type': 'application/json' }).end(
@@ -229,6 +245,21 @@ describe('the chat fast lane against upstreams that misbehave', () => {
             `${Array.from({ length: 2000 }, (_, i) => `data: ${JSON.stringify(delta(i % 10 === 0 ? '.' : ''))}\r\r`).join('')}data: [DONE]\r\r`,
           );
           return;
+        case 'calls-unoffered':
+          res.write(frame({ ...head, choices: [{ index: 0, delta: { role: 'assistant', content: null }, finish_reason: null }] }));
+          unofferedCalls.forEach((c, index) => {
+            const start = { index, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } };
+            res.write(frame({ ...head, choices: [{ index: 0, delta: { tool_calls: [start] }, finish_reason: null }] }));
+            for (const piece of [c.function.arguments.slice(0, 5), c.function.arguments.slice(5)])
+              res.write(
+                frame({
+                  ...head,
+                  choices: [{ index: 0, delta: { tool_calls: [{ index, function: { arguments: piece } }] }, finish_reason: null }],
+                }),
+              );
+          });
+          res.end(`${frame({ ...head, choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }] })}data: [DONE]\n\n`);
+          return;
         case 'error-frame':
           res.write(frame(delta('Once')));
           res.end(`data: ${JSON.stringify({ error: { message: 'the engine fell over' } })}\n\n`);
@@ -261,7 +292,7 @@ describe('the chat fast lane against upstreams that misbehave', () => {
         [{ baseUrl: up.url, upstreamModel: 'vendor-model' }],
         // A small line bound: the CR-only stream below must pass it event by event, not read by read.
         { SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1', SWITCHYARD_UPSTREAM_MAX_LINE_BYTES: '4096' },
-        { pricing: PRICING },
+        { pricing: PRICING, capabilities: ['streaming', 'function_calling'] },
       ),
     );
     key = (await createKey(gateway, 'acme')).key;
@@ -488,18 +519,64 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     }
   });
 
+  it('suppresses calls to tools the request did not offer, stream and non-stream, as the canonical lane does', async () => {
+    const client = new OpenAI({ baseURL: `${gateway.url}/v1`, apiKey: key, maxRetries: 0 });
+    const weather = {
+      type: 'function' as const,
+      function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } },
+    };
+    const messages = [{ role: 'user' as const, content: 'calls-unoffered' }];
+    for (const tools of [[weather], undefined]) {
+      const offered = tools !== undefined;
+      const expected = offered ? [['get_weather', '{"city":"Paris"}']] : [];
+      const finish = offered ? 'tool_calls' : 'stop';
+      const whole = await client.chat.completions.create({ model: GATEWAY_MODEL, messages, ...(tools && { tools }) });
+      const choice = whole.choices[0]!;
+      assert.deepEqual(
+        (choice.message.tool_calls ?? []).map((c) => (c.type === 'function' ? [c.function.name, c.function.arguments] : [])),
+        expected,
+      );
+      assert.equal(choice.finish_reason, finish);
+      const stream = await client.chat.completions.create({ model: GATEWAY_MODEL, messages, stream: true, ...(tools && { tools }) });
+      const calls = new Map<number, [string, string]>();
+      let streamFinish: string | null = null;
+      for await (const chunk of stream) {
+        const c = chunk.choices[0];
+        for (const t of c?.delta.tool_calls ?? []) {
+          const [name, args] = calls.get(t.index) ?? ['', ''];
+          calls.set(t.index, [name + (t.function?.name ?? ''), args + (t.function?.arguments ?? '')]);
+        }
+        streamFinish = c?.finish_reason ?? streamFinish;
+      }
+      assert.deepEqual([...calls.values()], expected);
+      assert.equal(streamFinish, finish);
+    }
+  });
+
   it('answers a non-stream request with the upstream completion under the catalogue model and metered usage', async () => {
     const res = await request(`${gateway.url}/v1/chat/completions`, {
       method: 'POST',
       headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
       body: JSON.stringify(ask('plain')),
     });
-    const body = (await res.body.json()) as Record<string, unknown>;
+    const raw = await res.body.text();
+    const body = JSON.parse(raw) as Record<string, unknown>;
     assert.equal(res.statusCode, 200);
+    assert.equal(res.headers['content-type'], 'application/json; charset=utf-8');
     assert.equal(body['model'], GATEWAY_MODEL);
     assert.equal(body['id'], 'chatcmpl-up');
     const usage = body['usage'] as { prompt_tokens: number; completion_tokens: number; cost: number };
     assert.deepEqual([usage.prompt_tokens, usage.completion_tokens, usage.cost], [4, 3, (4 + 6) / 1e6]);
+    // The upstream's own text, but for the name and the usage (key order and all).
+    const upstreamText = JSON.stringify({
+      id: 'chatcmpl-up',
+      object: 'chat.completion',
+      created: 7,
+      model: GATEWAY_MODEL,
+      choices: [{ index: 0, message: { role: 'assistant', content: 'a fine answer' }, finish_reason: 'stop' }],
+      usage,
+    });
+    assert.equal(raw, upstreamText);
   });
 });
 

@@ -1,9 +1,10 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import fc from 'fast-check';
 import type { GenerationEvent } from '../src/core/canonical.js';
 import { decodeChatRequest, type ChatRequest } from '../src/protocols/chat/request.js';
 import { encodeChatRequest, ChatReader } from '../src/protocols/chat/client.js';
-import { ChunkRenderer, CompletionFold } from '../src/protocols/chat/response.js';
+import { ChunkRenderer, CompletionFold, renderUsage, usageJson } from '../src/protocols/chat/response.js';
 import { encodeResponsesRequest, ResponsesReader } from '../src/protocols/responses/client.js';
 import { responsesFormat } from '../src/protocols/responses/resource.js';
 import type { ResponsesRequest } from '../src/protocols/responses/request.js';
@@ -221,6 +222,29 @@ describe('protocols/chat', () => {
     assert.throws(
       () => reader.read({ error: { message: 'bad key sk-secret' } }, []),
       (e: unknown) => /\[key\]/.test((e as Error).message) && !/sk-secret/.test((e as Error).message),
+    );
+  });
+});
+
+describe('protocols/chat usage', () => {
+  it('writes the usage object exactly as JSON.stringify writes it', () => {
+    const count = fc.oneof(fc.nat(), fc.constantFrom(0, 2 ** 53 - 1, 1e21));
+    fc.assert(
+      fc.property(
+        fc.record(
+          {
+            input: count,
+            cached: count,
+            output: count,
+            reasoning: count,
+            cost: fc.oneof(fc.constant(null), fc.double({ min: 0, max: 1e6, noNaN: true }), fc.constantFrom(1e-7, 0.1 + 0.2, 123456789.5)),
+            estimated: fc.boolean(),
+          },
+          { requiredKeys: ['input', 'cached', 'output', 'reasoning'] },
+        ),
+        (u) => assert.equal(usageJson(u), JSON.stringify(renderUsage(u))),
+      ),
+      { numRuns: 2000 },
     );
   });
 });

@@ -7,6 +7,8 @@ import { storeMessages } from '../protocols/chat/stored.js';
 import { drained, writeFrames, writeSse, openSse } from './sse.js';
 import { abortOnClientGone, openGeneration, streamFailure } from './generation.js';
 
+const JSON_TYPE = 'application/json; charset=utf-8';
+
 /**
  * `store: true`: resolves once the usage record and the finished completion are both in the
  * database, so a completion the client was given is one it can read back. The completion is written
@@ -47,6 +49,13 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
       try {
         const fold = new CompletionFold();
         for (let ev = await events.next(); ev; ev = await events.next()) fold.apply(ev);
+        // The fast lane's answer as the upstream wrote it (model name and usage put in): not parsed
+        // and serialized again. Never a stored one, which is folded from canonical events.
+        const json = fold.json();
+        if (json !== undefined) {
+          await events.persisted();
+          return reply.type(JSON_TYPE).send(json);
+        }
         const completion = fold.result(model.id);
         // The answer goes out only once its usage record is stored.
         await (body.store === true && fold.finished ? persistStored(ctx, req, body, events, completion) : events.persisted());

@@ -221,5 +221,8 @@ export type GenerationEvent =
   /**
    * The fast lane's object in the client's protocol: a whole non-stream answer, or in a stream the
    * chunk its usage goes out in (the protocol module sets the usage, with its cost, once metered).
+   * `text`, where the protocol module could give it exactly: the answer as the client gets it is
+   * `text.before`, the metered usage serialized, then `text.after` (the upstream's own JSON text,
+   * not serialized again).
    */
-  | { type: 'wire.object'; object: Record<string, unknown> };
+  | { type: 'wire.object'; object: Record<string, unknown>; text?: { before: string; after: string } | undefined };

@@ -71,11 +71,6 @@ class SeriesHistogram extends Histogram {
     this.bounds = [...o.buckets].sort((a, b) => a - b);
   }
 
-  /** The series of a label set, by the key its caller builds from the label values. */
-  find(key: string): HistogramSeries | undefined {
-    return this.series.get(key);
-  }
-
   /** A new series for a label set not seen before. */
   add(key: string, labels: Readonly<Record<string, string>>): HistogramSeries {
     const s = new HistogramSeries(labels, this.bounds);
@@ -108,6 +103,8 @@ class SeriesHistogram extends Histogram {
     return this.get();
   }
 }
+
+type TokenKind = 'input' | 'cached' | 'output' | 'reasoning';
 
 export interface LocalModelGauge {
   model: string;
@@ -189,7 +186,7 @@ export class Metrics {
         labelNames: ['model', 'kind'],
         registers,
       },
-      () => this.tokenSeries.values(),
+      () => this.tokenCounts(),
     );
     seriesCounter(
       { name: 'switchyard_cost_usd_total', help: 'Cost in US dollars of priced requests', labelNames: ['model'], registers },
@@ -292,19 +289,28 @@ export class Metrics {
     });
   }
 
-  /** The series of each label set, found by one Map lookup on a key built from the label values. */
-  private readonly requestSeries = new Map<string, { count: CounterSeries; duration: HistogramSeries }>();
-  private readonly tokenSeries = new Map<string, CounterSeries>();
+  /**
+   * The series of each label set, one Map level per label. Each lookup hashes a value its caller
+   * already holds (the route's and the model's own strings, whose hash V8 keeps, and a status
+   * number): a key built from the labels was a new string on every request, hashed each time, and
+   * those hashes were a few percent of a request's instructions (bench/README.md).
+   */
+  private readonly requestSeries = new Map<string, Map<string, Map<number, { count: CounterSeries; duration: HistogramSeries }>>>();
+  private readonly ttftSeries = new Map<string, Map<string, HistogramSeries>>();
+  private readonly tokenSeries = new Map<string, Record<TokenKind, CounterSeries>>();
   private readonly costSeries = new Map<string, CounterSeries>();
 
   /** One answered HTTP request: its count and duration. */
   countRequest(route: string, model: string, status: number, seconds: number): void {
-    const key = `${route}\0${model}\0${status}`;
-    let series = this.requestSeries.get(key);
+    let byModel = this.requestSeries.get(route);
+    if (byModel === undefined) this.requestSeries.set(route, (byModel = new Map()));
+    let byStatus = byModel.get(model);
+    if (byStatus === undefined) byModel.set(model, (byStatus = new Map()));
+    let series = byStatus.get(status);
     if (series === undefined) {
       const labels = { route, model, status: String(status) };
-      series = { count: new CounterSeries(labels), duration: this.duration.add(key, labels) };
-      this.requestSeries.set(key, series);
+      series = { count: new CounterSeries(labels), duration: this.duration.add(`${route}\0${model}\0${status}`, labels) };
+      byStatus.set(status, series);
     }
     series.count.inc();
     series.duration.observe(seconds);
@@ -312,24 +318,37 @@ export class Metrics {
 
   /** The request counters, read at scrape. */
   private *requestCounts(): Iterable<CounterSeries> {
-    for (const s of this.requestSeries.values()) yield s.count;
+    for (const byModel of this.requestSeries.values())
+      for (const byStatus of byModel.values()) for (const s of byStatus.values()) yield s.count;
   }
 
   /** A generation's time to its first event. */
   observeTtft(route: string, model: string, seconds: number): void {
-    const key = `${route}\0${model}`;
-    (this.ttft.find(key) ?? this.ttft.add(key, { route, model })).observe(seconds);
+    let byModel = this.ttftSeries.get(route);
+    if (byModel === undefined) this.ttftSeries.set(route, (byModel = new Map()));
+    let series = byModel.get(model);
+    if (series === undefined) byModel.set(model, (series = this.ttft.add(`${route}\0${model}`, { route, model })));
+    series.observe(seconds);
   }
 
   /** Tokens a generation used, by kind. */
-  countTokens(model: string, kind: 'input' | 'cached' | 'output' | 'reasoning', n: number): void {
-    const key = `${model}\0${kind}`;
-    let series = this.tokenSeries.get(key);
+  countTokens(model: string, kind: TokenKind, n: number): void {
+    let series = this.tokenSeries.get(model);
     if (series === undefined) {
-      series = new CounterSeries({ model, kind });
-      this.tokenSeries.set(key, series);
+      series = {
+        input: new CounterSeries({ model, kind: 'input' }),
+        cached: new CounterSeries({ model, kind: 'cached' }),
+        output: new CounterSeries({ model, kind: 'output' }),
+        reasoning: new CounterSeries({ model, kind: 'reasoning' }),
+      };
+      this.tokenSeries.set(model, series);
     }
-    series.inc(n);
+    series[kind].inc(n);
+  }
+
+  /** The token counters, read at scrape. */
+  private *tokenCounts(): Iterable<CounterSeries> {
+    for (const s of this.tokenSeries.values()) yield* [s.input, s.cached, s.output, s.reasoning];
   }
 
   /** The cost of a priced request, in US dollars. */

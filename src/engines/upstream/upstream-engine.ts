@@ -114,16 +114,36 @@ export interface UpstreamOptions {
   connectionsPerOrigin?: number | null;
 }
 
-/** Every string in a parsed answer, scrubbed in place. */
-function scrubStrings(value: unknown, clean: (text: string) => string): unknown {
-  if (typeof value === 'string') return clean(value);
-  if (Array.isArray(value)) {
-    for (let i = 0; i < value.length; i++) value[i] = scrubStrings(value[i], clean);
-  } else if (typeof value === 'object' && value !== null) {
-    const o = value as Record<string, unknown>;
-    for (const k in o) o[k] = scrubStrings(o[k], clean);
-  }
-  return value;
+/** Every string in a parsed answer, scrubbed in place; whether any changed. */
+function scrubStrings(value: unknown, clean: (text: string) => string): boolean {
+  let changed = false;
+  const scrub = (v: unknown): unknown => {
+    if (typeof v === 'string') {
+      const out = clean(v);
+      if (out !== v) changed = true;
+      return out;
+    }
+    if (Array.isArray(v)) {
+      for (let i = 0; i < v.length; i++) v[i] = scrub(v[i]);
+    } else if (typeof v === 'object' && v !== null) {
+      const o = v as Record<string, unknown>;
+      for (const k in o) o[k] = scrub(o[k]);
+    }
+    return v;
+  };
+  scrub(value);
+  return changed;
+}
+
+/** A chat-completions upstream's non-stream answer, parsed (a SyntaxError where it is not JSON), or its problem thrown. */
+function chatAnswer(text: string): unknown {
+  const answer: unknown = JSON.parse(text);
+  const problem = answerProblem(answer);
+  if (problem)
+    throw new ApiError('upstream_error', `The upstream sent a reply that is not a chat completion: ${problem}.`, {
+      failover: true,
+    });
+  return answer;
 }
 
 const NOTHING_TO_FORGET = (): void => undefined;
@@ -203,6 +223,7 @@ class OutputGuard {
 export class UpstreamEngine implements Engine {
   readonly kind = 'upstream';
   private readonly pools = new Map<string, Pool>();
+  private readonly guardedPools = new Map<string, Pool>();
   private readonly scrubbers = new Map<string, Scrubber>();
 
   constructor(
@@ -211,16 +232,21 @@ export class UpstreamEngine implements Engine {
     private readonly hooks: { onInvalidUsage?: (deployment: string) => void } = {},
   ) {}
 
-  private readonly endpoints = new Map<string, { origin: string; path: string }>();
+  /**
+   * By deployment URL, then route. Looked up by the strings themselves (the deployment's and a
+   * literal, whose hashes V8 keeps): a key built from both was a new string to hash per request.
+   */
+  private readonly endpoints = new Map<string, Map<string, { origin: string; path: string }>>();
 
   /** Origin and path of an upstream endpoint, parsed once per deployment URL. */
   private endpoint(baseUrl: string, route: string): { origin: string; path: string } {
-    const key = `${baseUrl} ${route}`;
-    let e = this.endpoints.get(key);
+    let routes = this.endpoints.get(baseUrl);
+    if (!routes) this.endpoints.set(baseUrl, (routes = new Map()));
+    let e = routes.get(route);
     if (!e) {
       const url = new URL(`${baseUrl.replace(/\/+$/, '')}/${route}`);
       e = { origin: url.origin, path: url.pathname + url.search };
-      this.endpoints.set(key, e);
+      routes.set(route, e);
     }
     return e;
   }
@@ -237,13 +263,14 @@ export class UpstreamEngine implements Engine {
 
   /** Guarded targets get pools of their own whose every connection passes the address policy. */
   private pool(origin: string, guarded: boolean): Pool {
-    const key = guarded ? `${origin} guarded` : origin;
-    let p = this.pools.get(key);
+    // Guarded pools apart, so the lookup is by the origin's own string (see `endpoints`).
+    const pools = guarded ? this.guardedPools : this.pools;
+    let p = pools.get(origin);
     if (!p) {
       const timeout = this.o.connectTimeoutMs;
       const connect = withoutReconnectAfterAbort(guarded ? this.o.policy.connector(timeout) : buildConnector({ timeout }));
       p = new Pool(origin, { connections: this.o.connectionsPerOrigin ?? null, keepAliveTimeout: 30_000, connect });
-      this.pools.set(key, p);
+      pools.set(origin, p);
     }
     return p;
   }
@@ -279,7 +306,8 @@ export class UpstreamEngine implements Engine {
     // found when the model writes it across several deltas (the fast lane scrubs frame by frame).
     const scrub = this.scrubber(target.apiKey);
     // A request that restricts the calls (tool_choice none or a named tool) stays on the canonical
-    // lane too: only there is a call the upstream makes anyway suppressed.
+    // lane, where calls are seen one by one; the relay takes out calls to tools never offered
+    // (auto, required, or no tools at all) from the upstream's own chunks.
     const restricted = req.toolChoice === 'none' || typeof req.toolChoice === 'object';
     const fast = req.wire === 'chat' && target.api === 'chat' && !(req.stream && scrub.active) && !restricted;
     return fast ? this.relay(req, target, scrub, attempt) : this.canonical(req, target, scrub, attempt);
@@ -575,6 +603,7 @@ export class UpstreamEngine implements Engine {
     const clean = (text: string): string => scrub.text(text);
     const cap = attempt?.outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER;
     let early = true;
+    const callable = callableTools(req);
     const relay = new ChatRelay(
       req.model,
       clean,
@@ -585,6 +614,7 @@ export class UpstreamEngine implements Engine {
         new ApiError('upstream_error', `The upstream sent a stream event larger than ${this.o.maxLineBytes} bytes.`, {
           failover: early,
         }),
+      callable,
     );
     const count = () => {
       tally.output = Math.min(cap, Math.max(relay.deltas, tokensForChars(relay.chars)));
@@ -592,29 +622,49 @@ export class UpstreamEngine implements Engine {
     };
     try {
       if (!req.stream) {
-        const answer: unknown = await this.readAnswer(res, true);
-        // Scrubbed string by string: scrubbing the JSON text could change what it parses to.
-        if (scrub.active) scrubStrings(answer, clean);
-        if (!relay.answer(answer)) {
-          // Past the output limit: only the canonical lane can cut an answer.
+        const text = await this.readText(res);
+        const answer = chatAnswer(text);
+        // Scrubbed string by string: scrubbing the JSON text could change what it parses to. The
+        // text goes on as it came only where nothing was scrubbed out of it.
+        const exact = !(scrub.active && scrubStrings(answer, clean));
+        if (!relay.answer(answer, exact ? text : undefined)) {
+          // Past the output limit, or calling a tool the request does not allow: only the canonical
+          // lane cuts an answer and suppresses a call (with its arguments, uncounted).
           const out: GenerationEvent[] = [];
           const reader = new ChatReader(clean);
           reader.read(answer, out);
           const guard = new OutputGuard(cap);
+          const suppressed = new Set<number>();
+          let passed = 0;
           for (const ev of out) {
             if (ev.type === 'text.delta' || ev.type === 'reasoning.delta') {
               const kept = guard.admit(ev.text, ev.type === 'reasoning.delta');
               if (kept) yield { type: ev.type, text: kept };
+            } else if (ev.type === 'tool_call.start') {
+              if (!callable.has(ev.name)) {
+                if (suppressed.size === 0)
+                  this.log.warn({ deployment: target.id, tool: ev.name }, 'upstream called a tool the request does not allow; suppressed');
+                suppressed.add(ev.index);
+              } else if (!guard.capped) {
+                passed++;
+                yield ev;
+              }
+            } else if (ev.type === 'tool_call.delta') {
+              // As in the canonical lane, a call's arguments are output: counted, and cut at the limit.
+              if (suppressed.has(ev.index)) continue;
+              const kept = guard.admit(ev.arguments, false);
+              if (kept) yield kept === ev.arguments ? ev : { type: 'tool_call.delta', index: ev.index, arguments: kept };
             } else if (!guard.capped) yield ev;
           }
           tally.output = guard.outputTokens;
           tally.reasoning = Math.min(tally.output, tokensForChars(guard.reasoningChars));
           yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
-          yield { type: 'finish', reason: guard.capped ? 'length' : reader.finish };
+          const finish = reader.finish === 'tool_calls' && passed === 0 && suppressed.size > 0 ? 'stop' : reader.finish;
+          yield { type: 'finish', reason: guard.capped ? 'length' : finish };
           return;
         }
         count();
-        yield { type: 'wire.object', object: answer as Record<string, unknown> };
+        yield { type: 'wire.object', object: answer as Record<string, unknown>, text: relay.answerText };
       } else {
         const decoder = new StringDecoder('utf8');
         // Frames that carry no output yet (the role chunk) wait for the first that does: until
@@ -644,7 +694,7 @@ export class UpstreamEngine implements Engine {
           yield { type: 'wire.frames', frames: held };
         }
         count();
-        yield { type: 'wire.object', object: relay.usageFrame() };
+        yield { type: 'wire.object', object: relay.usageFrame(), text: relay.usageText };
       }
     } catch (err) {
       const failure = this.readFailure(err, req, target.id, early, headersTimeout);
@@ -676,6 +726,12 @@ export class UpstreamEngine implements Engine {
 
   /** A non-stream answer, parsed, read within the size bound (a declared length past it is refused before reading). */
   private async readAnswer(res: UpstreamCall, chat: boolean): Promise<unknown> {
+    const text = await this.readText(res);
+    return chat ? chatAnswer(text) : JSON.parse(text);
+  }
+
+  /** A non-stream answer's text, read within the size bound. */
+  private async readText(res: UpstreamCall): Promise<string> {
     const tooLarge = () =>
       new ApiError('upstream_error', `The upstream sent an answer larger than ${this.o.maxBodyBytes} bytes.`, {
         failover: true,
@@ -687,13 +743,7 @@ export class UpstreamEngine implements Engine {
     } catch (err) {
       throw err instanceof TooLarge ? tooLarge() : err;
     }
-    const answer: unknown = JSON.parse(body.toString('utf8'));
-    const problem = chat ? answerProblem(answer) : undefined;
-    if (problem)
-      throw new ApiError('upstream_error', `The upstream sent a reply that is not a chat completion: ${problem}.`, {
-        failover: true,
-      });
-    return answer;
+    return body.toString('utf8');
   }
 
   /**
@@ -726,7 +776,8 @@ export class UpstreamEngine implements Engine {
   }
 
   async close(): Promise<void> {
-    await Promise.all([...this.pools.values()].map((p) => p.close()));
+    await Promise.all([...this.pools.values(), ...this.guardedPools.values()].map((p) => p.close()));
     this.pools.clear();
+    this.guardedPools.clear();
   }
 }

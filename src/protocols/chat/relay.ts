@@ -59,11 +59,121 @@ function contentOnly(chunk: Record<string, unknown>, choice: Record<string, unkn
   return true;
 }
 
+/**
+ * A whole non-stream answer as the client gets it, from the upstream's own JSON text: the metered
+ * usage, serialized, goes between `before` and `after` (see `aroundUsage`).
+ */
+export interface AnswerText {
+  before: string;
+  after: string;
+}
+
+/** The end of the JSON string that starts at `at` (its opening quote) in valid JSON text. */
+function stringEnd(text: string, at: number): number {
+  let i = at + 1;
+  for (;;) {
+    const c = text.charCodeAt(i);
+    if (c === 92) i += 2;
+    else if (c === 34) return i + 1;
+    else i++;
+  }
+}
+
+/** The end of the JSON value that starts at `at` in valid JSON text (JSON.parse read it). */
+function valueEnd(text: string, at: number): number {
+  const c = text.charCodeAt(at);
+  if (c === 34) return stringEnd(text, at);
+  if (c === 123 || c === 91) {
+    let depth = 0;
+    for (let i = at; i < text.length;) {
+      const d = text.charCodeAt(i);
+      if (d === 34) {
+        i = stringEnd(text, i);
+        continue;
+      }
+      if (d === 123 || d === 91) depth++;
+      else if ((d === 125 || d === 93) && --depth === 0) return i + 1;
+      i++;
+    }
+    return text.length;
+  }
+  // A number, true, false or null: up to the next delimiter.
+  let i = at;
+  for (; i < text.length; i++) {
+    const d = text.charCodeAt(i);
+    if (d === 44 || d === 125 || d === 93 || d === 32 || d === 9 || d === 10 || d === 13) break;
+  }
+  return i;
+}
+
+/**
+ * Where the value of `key` (a JSON string, quotes included) starts, when the key occurs in `text`
+ * exactly once and a colon follows it; else -1. In text without `\u` escapes a key has one
+ * spelling, so for a key the parsed object has at its top level, that one occurrence is it.
+ */
+function valueOf(text: string, key: string): number {
+  const at = text.indexOf(key);
+  if (at < 0 || text.includes(key, at + key.length)) return -1;
+  let i = at + key.length;
+  while (text.charCodeAt(i) === 32 || text.charCodeAt(i) === 9 || text.charCodeAt(i) === 10 || text.charCodeAt(i) === 13) i++;
+  if (text.charCodeAt(i) !== 58) return -1;
+  i++;
+  while (text.charCodeAt(i) === 32 || text.charCodeAt(i) === 9 || text.charCodeAt(i) === 10 || text.charCodeAt(i) === 13) i++;
+  return i;
+}
+
+/**
+ * A non-stream answer's own text (which JSON.parse read as `answer`) with the catalogue's model
+ * name for the upstream's, split where its usage goes (the upstream's usage value is left out;
+ * where it sent none, a `usage` member is added at the end): the client's answer without
+ * serializing the parsed one again, which cost more than the parse. Only where that is exact, as
+ * for a stream's chunks (`renamed`): no `\u` escape anywhere, and `"model"` and `"usage"` each
+ * written once, where the answer has them at its top level. Else undefined, and the parsed answer
+ * is serialized. Numbers keep the upstream's spelling, as in a stream.
+ */
+function aroundUsage(text: string, answer: Record<string, unknown>, modelJson: string): AnswerText | undefined {
+  if (answer['model'] === undefined || text.includes('\\u')) return undefined;
+  const modelAt = valueOf(text, '"model"');
+  if (modelAt < 0) return undefined;
+  const modelEnd = valueEnd(text, modelAt);
+  let usageAt: number;
+  let usageEnd: number;
+  let key = '';
+  if (answer['usage'] !== undefined) {
+    usageAt = valueOf(text, '"usage"');
+    if (usageAt < 0) return undefined;
+    usageEnd = valueEnd(text, usageAt);
+  } else {
+    // The object's closing brace is the text's last one (only white space may follow it); the
+    // object has members (a model at least), so the new one follows a comma.
+    usageAt = usageEnd = text.lastIndexOf('}');
+    key = ',"usage":';
+  }
+  return modelAt < usageAt
+    ? { before: text.slice(0, modelAt) + modelJson + text.slice(modelEnd, usageAt) + key, after: text.slice(usageEnd) }
+    : { before: text.slice(0, usageAt) + key, after: text.slice(usageEnd, modelAt) + modelJson + text.slice(modelEnd) };
+}
+
+/** The last catalogue id written as JSON, kept: most requests in a row name the same model. */
+let lastModel = '';
+let lastModelJson = '""';
+function modelJsonOf(model: string): string {
+  if (model !== lastModel) {
+    lastModel = model;
+    lastModelJson = JSON.stringify(model);
+  }
+  return lastModelJson;
+}
+
 export class ChatRelay {
   usage: ReportedUsage | undefined;
   finish: FinishReason = 'stop';
   /** `[DONE]` came. */
   done = false;
+  /** A non-stream answer's text, where it can be given as it came (see `answer`). */
+  answerText: AnswerText | undefined;
+  /** The upstream's usage chunk's text, where it can be given as it came (see `usageFrame`). */
+  usageText: AnswerText | undefined;
   /** The output limit was reached: the frames stop there and a `length` finish was written. */
   capped = false;
   /** The stream failed (an upstream error or a malformed event): thrown by the engine once the frames before it are out. */
@@ -73,6 +183,13 @@ export class ChatRelay {
   reasoningChars = 0;
   /** A chunk carried a finish reason (else one is written before the end). */
   private finished = false;
+  /** Tool calls seen, by index: whether each is passed on. */
+  private calls: Map<number, boolean> | undefined;
+  /** Whether the last call named was passed on (for an entry that gives neither index nor name). */
+  private lastCallPassed = true;
+  /** Calls passed on, and calls taken out (a finish for tool calls none of which passed is a stop). */
+  callsPassed = 0;
+  callsSuppressed = 0;
   /** Text of events not yet complete. */
   private pending = '';
   private readonly input = new SseInput();
@@ -101,9 +218,14 @@ export class ChatRelay {
     private readonly maxEventChars: number,
     /** The error for an event past it. */
     private readonly tooLarge: () => ApiError,
+    /**
+     * The tools the request lets the model call (core/canonical.ts, callableTools): a call to any
+     * other is taken out of the chunks, as the canonical lane suppresses it. Undefined: any.
+     */
+    private readonly callable: ReadonlySet<string> | undefined = undefined,
   ) {
     this.maxChars = cap * maxCharsPerToken;
-    this.modelJson = JSON.stringify(model);
+    this.modelJson = modelJsonOf(model);
   }
 
   /** The frames for the events completed by this text ('' while none is complete). */
@@ -192,11 +314,19 @@ export class ChatRelay {
     } catch {
       chunk = undefined;
     }
+    // Calls to tools the request does not allow are taken out; the chunk is then written anew.
+    let changed = false;
     try {
       if (!chunk) throw new ApiError('upstream_error', 'The upstream sent a malformed stream event.');
       if (this.id === undefined && chunk['id'] !== undefined) {
         this.id = chunk['id'];
         this.created = chunk['created'];
+      }
+      if (this.callable !== undefined) {
+        const left = this.suppress(chunk);
+        // A chunk that carried nothing but calls taken out is not sent at all.
+        if (left === 'nothing') return '';
+        changed = left === 'changed';
       }
       this.read(chunk, 'delta');
     } catch (err) {
@@ -206,16 +336,22 @@ export class ChatRelay {
     }
     if (this.capped) return `data: ${this.finishFrame('length')}\n\n`;
     if (obj(chunk['usage'])) {
+      const choices = chunk['choices'];
+      // A usage chunk of its own (no choices) goes out as the upstream wrote it, with the metered
+      // usage, where its text can be kept exactly (one line, as a frame must be: see aroundUsage).
+      this.usageText =
+        !changed && Array.isArray(choices) && choices.length === 0 && !payload.includes('\n')
+          ? aroundUsage(payload, chunk, this.modelJson)
+          : undefined;
       chunk['model'] = this.model;
       // The usage goes out once metered (route); a chunk that also carries choices goes on without it.
       this.usageChunk = { ...chunk, choices: [] };
-      const choices = chunk['choices'];
       if (!Array.isArray(choices) || choices.length === 0) return '';
       chunk['usage'] = null;
       return `data: ${JSON.stringify(chunk)}\n\n`;
     }
-    const renamed = this.renamed(payload, chunk['model']);
-    const text = this.templates < MAX_TEMPLATES ? this.templateText(payload, chunk) : undefined;
+    const renamed = changed ? undefined : this.renamed(payload, chunk['model']);
+    const text = !changed && this.templates < MAX_TEMPLATES ? this.templateText(payload, chunk) : undefined;
     let frame = renamed;
     if (frame === undefined) {
       chunk['model'] = this.model;
@@ -295,7 +431,8 @@ export class ChatRelay {
 
   /**
    * The chunk the usage goes out in: the upstream's own usage chunk when it sent one (its id and
-   * extra fields kept), else one made from the stream's id and time.
+   * extra fields kept), else one made from the stream's id and time. Its text, where kept, is
+   * `usageText`.
    */
   usageFrame(): Record<string, unknown> {
     const chunk = this.usageChunk ?? {
@@ -308,16 +445,83 @@ export class ChatRelay {
     return chunk;
   }
 
+  /** Whether a whole answer calls a tool the request does not allow. */
+  private callsDisallowed(answer: Record<string, unknown>): boolean {
+    const choices = answer['choices'];
+    const calls = obj(obj(Array.isArray(choices) ? choices[0] : undefined)?.['message'])?.['tool_calls'];
+    if (!Array.isArray(calls)) return false;
+    return calls.some((c) => {
+      const name = str(obj(obj(c)?.['function'])?.['name']);
+      return name === undefined || !this.callable!.has(name);
+    });
+  }
+
   /**
    * A whole non-stream answer: read like the stream's chunks. Returns false when the answer goes
-   * past the output limit, which only the canonical lane can cut.
+   * past the output limit or calls a tool the request does not allow, which only the canonical
+   * lane can cut or suppress. `text`, the JSON text it was
+   * parsed from, is given where the parsed answer is still exactly that (nothing scrubbed out of
+   * it): the client's answer is then made from the text (`answerText`).
    */
-  answer(body: unknown): boolean {
+  answer(body: unknown, text: string | undefined): boolean {
     const answer = obj(body);
     if (!answer) throw new ApiError('upstream_error', 'The upstream sent a reply that is not a JSON object.');
+    // A call to a tool the request does not allow: the canonical lane suppresses it.
+    if (this.callable !== undefined && this.callsDisallowed(answer)) return false;
     this.read(answer, 'message');
+    if (text !== undefined && !this.capped) this.answerText = aroundUsage(text, answer, this.modelJson);
     answer['model'] = this.model;
     return !this.capped;
+  }
+
+  /**
+   * Takes out of a stream chunk's first choice the tool calls the request does not allow (their
+   * start, which names the tool, and every later delta of the same index), and makes a finish for
+   * tool calls none of which passed a stop, as the canonical lane does. 'nothing' when the chunk
+   * is left with nothing to send (no other delta field, finish, usage or choice).
+   */
+  private suppress(chunk: Record<string, unknown>): 'same' | 'changed' | 'nothing' {
+    const choices = chunk['choices'];
+    const choice = Array.isArray(choices) ? obj(choices[0]) : undefined;
+    const delta = obj(choice?.['delta']);
+    const calls = delta?.['tool_calls'];
+    let changed = false;
+    if (delta && Array.isArray(calls) && calls.length > 0) {
+      const kept: unknown[] = [];
+      for (const call of calls) {
+        const c = obj(call);
+        const index = typeof c?.['index'] === 'number' ? c['index'] : undefined;
+        const name = str(obj(c?.['function'])?.['name']);
+        const known = index === undefined ? undefined : this.calls?.get(index);
+        let passed: boolean;
+        if (known !== undefined) passed = known;
+        else if (name !== undefined) {
+          passed = this.callable!.has(name);
+          if (passed) this.callsPassed++;
+          else this.callsSuppressed++;
+          if (index !== undefined) (this.calls ??= new Map()).set(index, passed);
+          this.lastCallPassed = passed;
+        } else passed = this.lastCallPassed;
+        if (passed) kept.push(call);
+      }
+      if (kept.length < calls.length) {
+        changed = true;
+        // JSON.stringify leaves out a field set to undefined.
+        delta['tool_calls'] = kept.length > 0 ? kept : undefined;
+      }
+    }
+    if (choice && choice['finish_reason'] === 'tool_calls' && this.callsPassed === 0 && this.callsSuppressed > 0) {
+      choice['finish_reason'] = 'stop';
+      changed = true;
+    }
+    if (!changed) return 'same';
+    const empty =
+      delta !== undefined &&
+      Object.values(delta).every((v) => v == null || v === '') &&
+      (choice!['finish_reason'] ?? null) === null &&
+      !obj(chunk['usage']) &&
+      (chunk['error'] ?? null) === null;
+    return empty ? 'nothing' : 'changed';
   }
 
   /** Counts one content-bearing delta; false (and capped) when it goes past the limit. */

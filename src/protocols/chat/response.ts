@@ -24,6 +24,21 @@ export function renderUsage(u: Usage): Record<string, unknown> {
   return out;
 }
 
+/** A count as JSON writes it (a count is never anything but finite; null if it were). */
+const num = (n: number): string => (Number.isFinite(n) ? `${n}` : 'null');
+
+/**
+ * renderUsage's object as the JSON text JSON.stringify writes for it, written out: Node 20's
+ * JSON.stringify looks each property up the slow way, and the usage object alone cost more
+ * instructions than every other step of splicing an answer (bench/README.md).
+ */
+export function usageJson(u: Usage): string {
+  let out = `{"prompt_tokens":${num(u.input)},"completion_tokens":${num(u.output)},"total_tokens":${num(u.input + u.output)},"prompt_tokens_details":{"cached_tokens":${num(u.cached)}},"completion_tokens_details":{"reasoning_tokens":${num(u.reasoning)}}`;
+  if (u.cost !== undefined) out += `,"cost":${u.cost === null ? 'null' : num(u.cost)}`;
+  if (u.estimated) out += ',"estimated":true';
+  return `${out}}`;
+}
+
 /** A chat.completion object, with the fields stored ones are filed under. */
 export type ChatCompletionObject = Record<string, unknown> & { id: string; model: string; created: number };
 
@@ -38,6 +53,8 @@ export class CompletionFold {
   finished = false;
   /** The fast lane's answer: the upstream's own completion, given the metered usage in result(). */
   private relayed: Record<string, unknown> | undefined;
+  /** The fast lane's answer as its own JSON text around the usage, where the engine could keep it. */
+  private relayedText: { before: string; after: string } | undefined;
 
   apply(ev: GenerationEvent): void {
     switch (ev.type) {
@@ -64,8 +81,19 @@ export class CompletionFold {
         break;
       case 'wire.object':
         this.relayed = ev.object;
+        this.relayedText = ev.text;
         break;
     }
+  }
+
+  /**
+   * The fast lane's answer as JSON text with the metered usage, where the upstream's own text was
+   * kept (its model name already the catalogue's): nothing to serialize again. Else undefined, and
+   * result() gives the object.
+   */
+  json(): string | undefined {
+    const t = this.relayedText;
+    return t === undefined ? undefined : t.before + usageJson(this.usage) + t.after;
   }
 
   /** The chat.completion object; a stream's fold takes the id and time its chunks carried. */
@@ -103,6 +131,8 @@ export class ChunkRenderer {
   private relayed = false;
   /** The fast lane's chunk for the usage (the upstream's own), else one is made here. */
   private usageChunk: Record<string, unknown> | undefined;
+  /** That chunk as its own JSON text around the usage, where the engine could keep it. */
+  private usageText: { before: string; after: string } | undefined;
   /** The id and creation time every chunk carries (a stored stream is kept under them). */
   readonly id = newCompletionId();
   readonly created = nowSeconds();
@@ -136,6 +166,7 @@ export class ChunkRenderer {
     }
     if (ev.type === 'wire.object') {
       this.usageChunk = ev.object;
+      this.usageText = ev.text;
       return '';
     }
     // The fast lane's frames carry the finish chunk themselves.
@@ -183,8 +214,16 @@ export class ChunkRenderer {
     let out = '';
     if (!this.started) out = `data: ${this.first()}\n\n`;
     if (this.includeUsage && this.usage) {
-      const usage = renderUsage(this.usage);
-      out += `data: ${this.usageChunk ? JSON.stringify({ ...this.usageChunk, usage }) : `${this.head}],"usage":${JSON.stringify(usage)}}`}\n\n`;
+      const t = this.usageText;
+      // The fast lane's usage chunk as the upstream wrote it where the engine kept its text, else
+      // serialized; the canonical lane's from its own frame.
+      const chunk =
+        t !== undefined
+          ? t.before + usageJson(this.usage) + t.after
+          : this.usageChunk
+            ? JSON.stringify({ ...this.usageChunk, usage: renderUsage(this.usage) })
+            : `${this.head}],"usage":${usageJson(this.usage)}}`;
+      out += `data: ${chunk}\n\n`;
     }
     return `${out}data: [DONE]\n\n`;
   }
