@@ -464,6 +464,44 @@ describe('chat relay', () => {
     assert.equal(none.r.finish, 'stop');
     assert.equal(none.r.chars, 0);
 
+    // Calls found as the canonical lane's reader finds them: a call without a name is not allowed,
+    // a delta without an index belongs to the call with its id, and extra choices and a legacy
+    // function_call of a tool not offered are taken out.
+    const r = new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, new Set(['get_weather']));
+    const unindexed = (delta: object) => chunk({ tool_calls: [delta] });
+    const out = r
+      .push(
+        [
+          chunk({ tool_calls: [{ index: 5, id: 'anon', function: { arguments: '{"x":1}' } }] }),
+          unindexed({ id: 'c1', type: 'function', function: { name: 'delete_everything', arguments: '' } }),
+          unindexed({ id: 'c2', type: 'function', function: { name: 'get_weather', arguments: '' } }),
+          unindexed({ id: 'c1', function: { arguments: '{"all":true}' } }),
+          unindexed({ id: 'c2', function: { arguments: '{"city":"Oslo"}' } }),
+          `data: ${JSON.stringify({
+            ...head,
+            choices: [
+              { index: 0, delta: { content: 'a' } },
+              { index: 1, delta: { content: 'unbilled' } },
+            ],
+          })}\n\n`,
+          chunk({ function_call: { name: 'delete_everything', arguments: '{}' } }),
+          'data: [DONE]\n\n',
+        ].join(''),
+      )
+      .split('\n\n')
+      .filter(Boolean)
+      .map((f) => JSON.parse(f.slice(6)) as { choices: Array<{ delta: Record<string, unknown> }> });
+    assert.deepEqual(
+      out.map((f) => f.choices.map((c) => c.delta)),
+      [
+        [{ tool_calls: [{ id: 'c2', type: 'function', function: { name: 'get_weather', arguments: '' } }] }],
+        [{ tool_calls: [{ id: 'c2', function: { arguments: '{"city":"Oslo"}' } }] }],
+        [{ content: 'a' }],
+        [{}],
+      ],
+    );
+    assert.equal(r.chars, '{"city":"Oslo"}a'.length);
+
     // A whole answer that calls a tool not allowed goes to the canonical lane, which suppresses it.
     const answer = {
       ...head,
@@ -484,5 +522,34 @@ describe('chat relay', () => {
     const relayOf = (callable: ReadonlySet<string>) => new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, callable);
     assert.equal(relayOf(new Set(['get_weather'])).answer(JSON.parse(text), text), false);
     assert.equal(relayOf(new Set(['delete_everything'])).answer(JSON.parse(text), text), true);
+    // So does one with a second choice, a call without a name, or a legacy call not allowed.
+    const variant = (f: (a: typeof answer) => object) => {
+      const t = JSON.stringify(f(structuredClone(answer)));
+      return relayOf(new Set(['delete_everything'])).answer(JSON.parse(t), t);
+    };
+    assert.equal(
+      variant((a) => ({ ...a, choices: [a.choices[0], { ...a.choices[0], index: 1 }] })),
+      false,
+    );
+    assert.equal(
+      variant((a) => {
+        a.choices[0]!.message.tool_calls[0]!.function = { arguments: '{}' } as never;
+        return a;
+      }),
+      false,
+    );
+    assert.equal(
+      variant((a) => ({
+        ...a,
+        choices: [
+          {
+            index: 0,
+            message: { role: 'assistant', content: null, function_call: { name: 'rm', arguments: '{}' } },
+            finish_reason: 'function_call',
+          },
+        ],
+      })),
+      false,
+    );
   });
 });

@@ -157,12 +157,19 @@ describe('the chat fast lane against upstreams that misbehave', () => {
         { id: 'call_a', type: 'function', function: { name: 'delete_everything', arguments: '{"all":true}' } },
         { id: 'call_b', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } },
       ];
-      if (body.stream !== true && kind === 'calls-unoffered') {
+      if (body.stream !== true && kind.startsWith('calls-unoffered')) {
         res.writeHead(200, { 'content-type': 'application/json' }).end(
           JSON.stringify({
             ...head,
             object: 'chat.completion',
-            choices: [{ index: 0, message: { role: 'assistant', content: null, tool_calls: unofferedCalls }, finish_reason: 'tool_calls' }],
+            // Some servers finish a turn that called tools with `stop`.
+            choices: [
+              {
+                index: 0,
+                message: { role: 'assistant', content: null, tool_calls: unofferedCalls },
+                finish_reason: kind === 'calls-unoffered-stop' ? 'stop' : 'tool_calls',
+              },
+            ],
             usage: { prompt_tokens: 4, completion_tokens: 9, total_tokens: 13 },
           }),
         );
@@ -550,6 +557,14 @@ describe('the chat fast lane against upstreams that misbehave', () => {
       }
       assert.deepEqual([...calls.values()], expected);
       assert.equal(streamFinish, finish);
+      // A non-stream turn that called tools but finished with `stop`: still a turn for tool calls
+      // where a call passed, as in the canonical lane.
+      const stopped = await client.chat.completions.create({
+        model: GATEWAY_MODEL,
+        messages: [{ role: 'user', content: 'calls-unoffered-stop' }],
+        ...(tools && { tools }),
+      });
+      assert.equal(stopped.choices[0]!.finish_reason, finish);
     }
   });
 

@@ -133,6 +133,15 @@ describe('secrets never reach logs or error bodies', () => {
             res.end('data: [DONE]\n\n');
             break;
           }
+          case 'dupkey':
+            // A repeated key: JSON.parse keeps the last value, so the key in the first one is in the
+            // text only (the fast lane must not pass the upstream's text on for a keyed deployment).
+            res
+              .writeHead(200, { 'content-type': 'application/json' })
+              .end(
+                `{"model":"dupkey","choices":[{"index":0,"message":{"role":"assistant","content":"${sent}","content":"fine"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`,
+              );
+            break;
           default:
             if (stream) {
               sse();
@@ -151,7 +160,7 @@ describe('secrets never reach logs or error bodies', () => {
     closers.push(() => upstream.close());
     const dir = tempDir();
     closers.push(async () => rmSync(dir, { recursive: true, force: true }));
-    const kinds = ['err200', 'errframe', 'escaped401', 'percent', 'echo', 'plain'];
+    const kinds = ['err200', 'errframe', 'escaped401', 'percent', 'echo', 'plain', 'dupkey'];
     const config = join(dir, 'config.json');
     writeFileSync(
       config,
@@ -202,6 +211,10 @@ describe('secrets never reach logs or error bodies', () => {
     assert.match(bodies[4]!, /your key is /);
     assert.match(bodies[4]!, /\[redacted\]/);
     assert.match(bodies[4]!, / bye/);
+    const dup = await ask('dupkey');
+    assert.equal(dup.status, 200, dup.text);
+    assert.equal((JSON.parse(dup.text) as { choices: Array<{ message: { content: string } }> }).choices[0]!.message.content, 'fine');
+    bodies.push(dup.text);
     // Stored with a background response, and read back.
     const bg = await http<{ id: string }>(p.url, 'POST', '/v1/responses', {
       key: admin,

@@ -114,25 +114,16 @@ export interface UpstreamOptions {
   connectionsPerOrigin?: number | null;
 }
 
-/** Every string in a parsed answer, scrubbed in place; whether any changed. */
-function scrubStrings(value: unknown, clean: (text: string) => string): boolean {
-  let changed = false;
-  const scrub = (v: unknown): unknown => {
-    if (typeof v === 'string') {
-      const out = clean(v);
-      if (out !== v) changed = true;
-      return out;
-    }
-    if (Array.isArray(v)) {
-      for (let i = 0; i < v.length; i++) v[i] = scrub(v[i]);
-    } else if (typeof v === 'object' && v !== null) {
-      const o = v as Record<string, unknown>;
-      for (const k in o) o[k] = scrub(o[k]);
-    }
-    return v;
-  };
-  scrub(value);
-  return changed;
+/** Every string in a parsed answer, scrubbed in place. */
+function scrubStrings(value: unknown, clean: (text: string) => string): unknown {
+  if (typeof value === 'string') return clean(value);
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) value[i] = scrubStrings(value[i], clean);
+  } else if (typeof value === 'object' && value !== null) {
+    const o = value as Record<string, unknown>;
+    for (const k in o) o[k] = scrubStrings(o[k], clean);
+  }
+  return value;
 }
 
 /** A chat-completions upstream's non-stream answer, parsed (a SyntaxError where it is not JSON), or its problem thrown. */
@@ -625,9 +616,10 @@ export class UpstreamEngine implements Engine {
         const text = await this.readText(res);
         const answer = chatAnswer(text);
         // Scrubbed string by string: scrubbing the JSON text could change what it parses to. The
-        // text goes on as it came only where nothing was scrubbed out of it.
-        const exact = !(scrub.active && scrubStrings(answer, clean));
-        if (!relay.answer(answer, exact ? text : undefined)) {
+        // text of a deployment with a key never goes on as it came, even with nothing scrubbed out of
+        // the parsed answer: a repeated key's earlier value is in the text but not in the parse.
+        if (scrub.active) scrubStrings(answer, clean);
+        if (!relay.answer(answer, scrub.active ? undefined : text)) {
           // Past the output limit, or calling a tool the request does not allow: only the canonical
           // lane cuts an answer and suppresses a call (with its arguments, uncounted).
           const out: GenerationEvent[] = [];
@@ -659,7 +651,14 @@ export class UpstreamEngine implements Engine {
           tally.output = guard.outputTokens;
           tally.reasoning = Math.min(tally.output, tokensForChars(guard.reasoningChars));
           yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
-          const finish = reader.finish === 'tool_calls' && passed === 0 && suppressed.size > 0 ? 'stop' : reader.finish;
+          // As in the canonical lane: a turn whose calls were all suppressed is a stop, and one that
+          // called tools is a turn for tool calls whatever the upstream's finish said.
+          const finish =
+            reader.finish === 'tool_calls' && passed === 0 && suppressed.size > 0
+              ? 'stop'
+              : reader.finish === 'stop' && passed > 0
+                ? 'tool_calls'
+                : reader.finish;
           yield { type: 'finish', reason: guard.capped ? 'length' : finish };
           return;
         }

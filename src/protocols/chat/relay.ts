@@ -183,10 +183,15 @@ export class ChatRelay {
   reasoningChars = 0;
   /** A chunk carried a finish reason (else one is written before the end). */
   private finished = false;
-  /** Tool calls seen, by index: whether each is passed on. */
+  /**
+   * Tool calls seen, by index (assigned as the canonical lane's reader assigns them: see
+   * `callIndex`): whether each is passed on; their ids; and the call started last.
+   */
   private calls: Map<number, boolean> | undefined;
-  /** Whether the last call named was passed on (for an entry that gives neither index nor name). */
-  private lastCallPassed = true;
+  private callIds: Map<string, number> | undefined;
+  private lastCall: number | undefined;
+  /** Whether the legacy `function_call` of this stream is passed on (undefined: none started). */
+  private functionCall: boolean | undefined;
   /** Calls passed on, and calls taken out (a finish for tool calls none of which passed is a stop). */
   callsPassed = 0;
   callsSuppressed = 0;
@@ -445,15 +450,19 @@ export class ChatRelay {
     return chunk;
   }
 
-  /** Whether a whole answer calls a tool the request does not allow. */
+  /**
+   * Whether a whole answer calls a tool the request does not allow (a call without a name is not
+   * allowed), or has choices after the first, which the canonical lane leaves out.
+   */
   private callsDisallowed(answer: Record<string, unknown>): boolean {
     const choices = answer['choices'];
-    const calls = obj(obj(Array.isArray(choices) ? choices[0] : undefined)?.['message'])?.['tool_calls'];
-    if (!Array.isArray(calls)) return false;
-    return calls.some((c) => {
-      const name = str(obj(obj(c)?.['function'])?.['name']);
-      return name === undefined || !this.callable!.has(name);
-    });
+    if (Array.isArray(choices) && choices.length > 1) return true;
+    const message = obj(obj(Array.isArray(choices) ? choices[0] : undefined)?.['message']);
+    const allowed = (fn: unknown) => this.callable!.has(str(obj(fn)?.['name']) ?? '');
+    const legacy = message?.['function_call'];
+    if (legacy !== undefined && legacy !== null && !allowed(legacy)) return true;
+    const calls = message?.['tool_calls'];
+    return Array.isArray(calls) && calls.some((c) => !allowed(obj(c)?.['function']));
   }
 
   /**
@@ -475,39 +484,46 @@ export class ChatRelay {
   }
 
   /**
-   * Takes out of a stream chunk's first choice the tool calls the request does not allow (their
-   * start, which names the tool, and every later delta of the same index), and makes a finish for
-   * tool calls none of which passed a stop, as the canonical lane does. 'nothing' when the chunk
-   * is left with nothing to send (no other delta field, finish, usage or choice).
+   * Takes out of a stream chunk the tool calls the request does not allow (their start, which
+   * names the tool, and every later delta of the same call) and makes a finish for tool calls none
+   * of which passed a stop, as the canonical lane does. A call without a name is not allowed (the
+   * canonical lane starts it with an empty name). A request has one choice (n > 1 is refused), so
+   * choices after the first, which neither lane reads, are taken out too. 'nothing' when the chunk
+   * is left with nothing to send (no other delta field, finish, usage or error).
    */
   private suppress(chunk: Record<string, unknown>): 'same' | 'changed' | 'nothing' {
     const choices = chunk['choices'];
+    let changed = false;
+    if (Array.isArray(choices) && choices.length > 1) {
+      chunk['choices'] = [choices[0]];
+      changed = true;
+    }
     const choice = Array.isArray(choices) ? obj(choices[0]) : undefined;
     const delta = obj(choice?.['delta']);
     const calls = delta?.['tool_calls'];
-    let changed = false;
     if (delta && Array.isArray(calls) && calls.length > 0) {
       const kept: unknown[] = [];
-      for (const call of calls) {
-        const c = obj(call);
-        const index = typeof c?.['index'] === 'number' ? c['index'] : undefined;
-        const name = str(obj(c?.['function'])?.['name']);
-        const known = index === undefined ? undefined : this.calls?.get(index);
-        let passed: boolean;
-        if (known !== undefined) passed = known;
-        else if (name !== undefined) {
-          passed = this.callable!.has(name);
-          if (passed) this.callsPassed++;
-          else this.callsSuppressed++;
-          if (index !== undefined) (this.calls ??= new Map()).set(index, passed);
-          this.lastCallPassed = passed;
-        } else passed = this.lastCallPassed;
-        if (passed) kept.push(call);
-      }
+      calls.forEach((call, position) => {
+        if (this.callPassed(obj(call), position)) kept.push(call);
+      });
       if (kept.length < calls.length) {
         changed = true;
         // JSON.stringify leaves out a field set to undefined.
         delta['tool_calls'] = kept.length > 0 ? kept : undefined;
+      }
+    }
+    // The legacy single call: judged by its name where it starts, its later pieces with it.
+    const legacy = obj(delta?.['function_call']);
+    if (delta && legacy) {
+      const name = str(legacy['name']);
+      if (name !== undefined || this.functionCall === undefined) {
+        this.functionCall = this.callable!.has(name ?? '');
+        if (this.functionCall) this.callsPassed++;
+        else this.callsSuppressed++;
+      }
+      if (!this.functionCall) {
+        delta['function_call'] = undefined;
+        changed = true;
       }
     }
     if (choice && choice['finish_reason'] === 'tool_calls' && this.callsPassed === 0 && this.callsSuppressed > 0) {
@@ -522,6 +538,38 @@ export class ChatRelay {
       !obj(chunk['usage']) &&
       (chunk['error'] ?? null) === null;
     return empty ? 'nothing' : 'changed';
+  }
+
+  /**
+   * Whether a streamed tool-call entry is passed on. Its call is found as the canonical lane's
+   * reader finds it (protocols/chat/client.ts, `unindexedCall`): by its index; without one, by an id
+   * already seen, else the call started last for a first entry with neither id nor name, else a
+   * new call. A call is judged once, where it starts, by its name.
+   */
+  private callPassed(c: Record<string, unknown> | undefined, position: number): boolean {
+    if (!c) return false;
+    const id = str(c['id']);
+    const name = str(obj(c['function'])?.['name']);
+    let index: number;
+    if (typeof c['index'] === 'number') index = c['index'];
+    else {
+      const known = id === undefined ? undefined : this.callIds?.get(id);
+      if (known !== undefined) index = known;
+      else if (id === undefined && name === undefined && position === 0 && this.lastCall !== undefined) index = this.lastCall;
+      else {
+        index = 0;
+        while (this.calls?.has(index)) index++;
+      }
+    }
+    if (id !== undefined) (this.callIds ??= new Map()).set(id, index);
+    const known = this.calls?.get(index);
+    if (known !== undefined) return known;
+    const passed = this.callable!.has(name ?? '');
+    (this.calls ??= new Map()).set(index, passed);
+    this.lastCall = index;
+    if (passed) this.callsPassed++;
+    else this.callsSuppressed++;
+    return passed;
   }
 
   /** Counts one content-bearing delta; false (and capped) when it goes past the limit. */
