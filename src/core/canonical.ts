@@ -225,4 +225,10 @@ export type GenerationEvent =
    * `text.before`, the metered usage serialized, then `text.after` (the upstream's own JSON text,
    * not serialized again).
    */
-  | { type: 'wire.object'; object: Record<string, unknown>; text?: { before: string; after: string } | undefined };
+  | { type: 'wire.object'; object: Record<string, unknown>; text?: WireText | undefined };
+
+/** A fast-lane object's own JSON text around its usage: the client gets `before`, the usage, then `after`. */
+export interface WireText {
+  before: string;
+  after: string;
+}

@@ -3,7 +3,14 @@ import { Pool, buildConnector, errors as undiciErrors } from 'undici';
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
 import type { Logger } from 'pino';
 import { ApiError, CancelledError, ERRORS, isErrorCode } from '../../core/errors.js';
-import { callableTools, type GenerationEvent, type GenerationRequest, type Usage, type UsageTally } from '../../core/canonical.js';
+import {
+  callableTools,
+  type FinishReason,
+  type GenerationEvent,
+  type GenerationRequest,
+  type Usage,
+  type UsageTally,
+} from '../../core/canonical.js';
 import { obj, str, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
 import { ChatReader, MAX_UPSTREAM_STOPS, answerProblem, encodeChatRequest } from '../../protocols/chat/client.js';
 import { ChatRelay } from '../../protocols/chat/relay.js';
@@ -135,6 +142,16 @@ function chatAnswer(text: string): unknown {
       failover: true,
     });
   return answer;
+}
+
+/**
+ * A turn's finish given the calls passed on and suppressed: a turn for tool calls none of which
+ * passed is a stop; and some servers finish a turn that called tools with `stop`, which is a turn
+ * for tool calls all the same (Messages clients loop on `tool_use`).
+ */
+function callsFinish(finish: FinishReason, passed: number, suppressed: number): FinishReason {
+  if (finish === 'tool_calls' && passed === 0 && suppressed > 0) return 'stop';
+  return finish === 'stop' && passed > 0 ? 'tool_calls' : finish;
 }
 
 const NOTHING_TO_FORGET = (): void => undefined;
@@ -564,15 +581,7 @@ export class UpstreamEngine implements Engine {
     const matched = guard.capped ? undefined : stopped ? stops?.matched : messages?.stopSequence;
     yield {
       type: 'finish',
-      reason: guard.capped
-        ? 'length'
-        : stopped || (reader.finish === 'tool_calls' && callsPassed === 0 && suppressed.size > 0)
-          ? 'stop'
-          : // Some servers finish a turn that called tools with `stop`: it is a turn for tool calls
-            // all the same (Messages clients loop on `tool_use`).
-            reader.finish === 'stop' && callsPassed > 0
-            ? 'tool_calls'
-            : reader.finish,
+      reason: guard.capped ? 'length' : stopped ? 'stop' : callsFinish(reader.finish, callsPassed, suppressed.size),
       ...(matched !== undefined && { stopSequence: matched }),
     };
   }
@@ -651,15 +660,7 @@ export class UpstreamEngine implements Engine {
           tally.output = guard.outputTokens;
           tally.reasoning = Math.min(tally.output, tokensForChars(guard.reasoningChars));
           yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
-          // As in the canonical lane: a turn whose calls were all suppressed is a stop, and one that
-          // called tools is a turn for tool calls whatever the upstream's finish said.
-          const finish =
-            reader.finish === 'tool_calls' && passed === 0 && suppressed.size > 0
-              ? 'stop'
-              : reader.finish === 'stop' && passed > 0
-                ? 'tool_calls'
-                : reader.finish;
-          yield { type: 'finish', reason: guard.capped ? 'length' : finish };
+          yield { type: 'finish', reason: guard.capped ? 'length' : callsFinish(reader.finish, passed, suppressed.size) };
           return;
         }
         count();

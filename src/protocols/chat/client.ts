@@ -135,10 +135,7 @@ export class ChatReader implements StreamReader {
   /** A finish reason came: a stream that ends without [DONE] after it is complete all the same. */
   finished = false;
   usage: ReportedUsage | undefined;
-  private readonly started = new Set<number>();
-  /** Each call's id, for deltas that name their call by id alone; and the call started last. */
-  private readonly byId = new Map<string, number>();
-  private last: number | undefined;
+  private readonly calls = new CallIndexes();
 
   constructor(private readonly clean: Clean) {}
 
@@ -159,16 +156,12 @@ export class ChatReader implements StreamReader {
       calls.forEach((raw, i) => {
         const c = obj(raw);
         if (!c) return;
-        const index = c['index'] === undefined ? (delta ? this.unindexedCall(c, i) : i) : c['index'];
+        const index = c['index'] === undefined && !delta ? i : this.calls.of(c, i);
         if (typeof index !== 'number' || !Number.isInteger(index) || index < 0 || index >= MAX_TOOL_CALLS) {
           throw new ApiError('upstream_error', 'The upstream sent a malformed tool call.');
         }
         const fn = obj(c['function']);
-        const id = str(c['id']);
-        if (id) this.byId.set(id, index);
-        if (!this.started.has(index)) {
-          this.started.add(index);
-          this.last = index;
+        if (this.calls.start(index, str(c['id']))) {
           out.push({
             type: 'tool_call.start',
             index,
@@ -187,14 +180,25 @@ export class ChatReader implements StreamReader {
     }
     return false;
   }
+}
 
-  /**
-   * The call a streamed tool-call delta without an `index` belongs to (some OpenAI-compatible
-   * servers leave it out): the call with its id where it names one already seen; a new call where
-   * it brings a new id or a function name, or is not the first entry of its delta (entries of one
-   * delta are different calls); else the call started last.
-   */
-  private unindexedCall(c: Record<string, unknown>, position: number): number {
+/**
+ * Which call each tool-call entry of a stream belongs to, for both lanes (the canonical lane's
+ * reader above, and the fast lane's relay, which must take out exactly the calls the canonical lane
+ * suppresses). An entry names its call by `index`; some OpenAI-compatible servers leave it out, and
+ * then it is the call with its id where it names one already seen, a new call where it brings a new
+ * id or a function name or is not the first entry of its delta (entries of one delta are different
+ * calls), else the call started last.
+ */
+export class CallIndexes {
+  private readonly started = new Set<number>();
+  /** Each call's id, for deltas that name their call by id alone; and the call started last. */
+  private readonly byId = new Map<string, number>();
+  private last: number | undefined;
+
+  /** The call of the `position`-th entry of a delta: its `index` as written where it has one. */
+  of(c: Record<string, unknown>, position: number): unknown {
+    if (c['index'] !== undefined) return c['index'];
     const id = str(c['id']);
     if (id) {
       const known = this.byId.get(id);
@@ -204,5 +208,14 @@ export class ChatReader implements StreamReader {
     let index = 0;
     while (this.started.has(index)) index++;
     return index;
+  }
+
+  /** Records an entry of call `index` (and its id); true where it starts the call. */
+  start(index: number, id: string | undefined): boolean {
+    if (id) this.byId.set(id, index);
+    if (this.started.has(index)) return false;
+    this.started.add(index);
+    this.last = index;
+    return true;
   }
 }

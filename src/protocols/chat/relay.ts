@@ -1,7 +1,7 @@
 import { ApiError } from '../../core/errors.js';
-import type { FinishReason } from '../../core/canonical.js';
+import type { FinishReason, WireText } from '../../core/canonical.js';
 import { obj, str, type Clean, type ReportedUsage } from '../reader.js';
-import { FINISH, readChunk } from './client.js';
+import { CallIndexes, FINISH, readChunk } from './client.js';
 import { SseInput } from '../sse-input.js';
 
 /**
@@ -59,15 +59,6 @@ function contentOnly(chunk: Record<string, unknown>, choice: Record<string, unkn
   return true;
 }
 
-/**
- * A whole non-stream answer as the client gets it, from the upstream's own JSON text: the metered
- * usage, serialized, goes between `before` and `after` (see `aroundUsage`).
- */
-export interface AnswerText {
-  before: string;
-  after: string;
-}
-
 /** The end of the JSON string that starts at `at` (its opening quote) in valid JSON text. */
 function stringEnd(text: string, at: number): number {
   let i = at + 1;
@@ -114,11 +105,13 @@ function valueEnd(text: string, at: number): number {
 function valueOf(text: string, key: string): number {
   const at = text.indexOf(key);
   if (at < 0 || text.includes(key, at + key.length)) return -1;
-  let i = at + key.length;
-  while (text.charCodeAt(i) === 32 || text.charCodeAt(i) === 9 || text.charCodeAt(i) === 10 || text.charCodeAt(i) === 13) i++;
-  if (text.charCodeAt(i) !== 58) return -1;
-  i++;
-  while (text.charCodeAt(i) === 32 || text.charCodeAt(i) === 9 || text.charCodeAt(i) === 10 || text.charCodeAt(i) === 13) i++;
+  const colon = skipSpace(text, at + key.length);
+  return text.charCodeAt(colon) === 58 ? skipSpace(text, colon + 1) : -1;
+}
+
+/** The first position from `i` on that is not JSON white space. */
+function skipSpace(text: string, i: number): number {
+  for (let c = text.charCodeAt(i); c === 32 || c === 9 || c === 10 || c === 13; c = text.charCodeAt(++i));
   return i;
 }
 
@@ -131,7 +124,7 @@ function valueOf(text: string, key: string): number {
  * written once, where the answer has them at its top level. Else undefined, and the parsed answer
  * is serialized. Numbers keep the upstream's spelling, as in a stream.
  */
-function aroundUsage(text: string, answer: Record<string, unknown>, modelJson: string): AnswerText | undefined {
+function aroundUsage(text: string, answer: Record<string, unknown>, modelJson: string): WireText | undefined {
   if (answer['model'] === undefined || text.includes('\\u')) return undefined;
   const modelAt = valueOf(text, '"model"');
   if (modelAt < 0) return undefined;
@@ -171,9 +164,9 @@ export class ChatRelay {
   /** `[DONE]` came. */
   done = false;
   /** A non-stream answer's text, where it can be given as it came (see `answer`). */
-  answerText: AnswerText | undefined;
+  answerText: WireText | undefined;
   /** The upstream's usage chunk's text, where it can be given as it came (see `usageFrame`). */
-  usageText: AnswerText | undefined;
+  usageText: WireText | undefined;
   /** The output limit was reached: the frames stop there and a `length` finish was written. */
   capped = false;
   /** The stream failed (an upstream error or a malformed event): thrown by the engine once the frames before it are out. */
@@ -183,13 +176,10 @@ export class ChatRelay {
   reasoningChars = 0;
   /** A chunk carried a finish reason (else one is written before the end). */
   private finished = false;
-  /**
-   * Tool calls seen, by index (assigned as the canonical lane's reader assigns them: see
-   * `callIndex`): whether each is passed on; their ids; and the call started last.
-   */
-  private calls: Map<number, boolean> | undefined;
-  private callIds: Map<string, number> | undefined;
-  private lastCall: number | undefined;
+  /** Which call each tool-call entry belongs to, found as the canonical lane finds it. */
+  private readonly callIndexes = new CallIndexes();
+  /** Whether each tool call (by index) is passed on. */
+  private readonly passed = new Map<number, boolean>();
   /** Whether the legacy `function_call` of this stream is passed on (undefined: none started). */
   private functionCall: boolean | undefined;
   /** Calls passed on, and calls taken out (a finish for tool calls none of which passed is a stop). */
@@ -225,7 +215,8 @@ export class ChatRelay {
     private readonly tooLarge: () => ApiError,
     /**
      * The tools the request lets the model call (core/canonical.ts, callableTools): a call to any
-     * other is taken out of the chunks, as the canonical lane suppresses it. Undefined: any.
+     * other is taken out of the chunks, as the canonical lane suppresses it. Undefined: every tool
+     * may be called (no check).
      */
     private readonly callable: ReadonlySet<string> | undefined = undefined,
   ) {
@@ -418,14 +409,9 @@ export class ChatRelay {
    */
   private renamed(payload: string, model: unknown): string | undefined {
     if (typeof model !== 'string') return undefined;
-    const at = payload.indexOf('"model"');
-    if (at < 0 || payload.includes('"model"', at + 7)) return undefined;
     if (payload.includes('\\u') || payload.includes('\n')) return undefined;
-    let value = at + 7;
-    while (payload.charCodeAt(value) === 32 || payload.charCodeAt(value) === 9) value++;
-    if (payload.charCodeAt(value) !== 58) return undefined;
-    value++;
-    while (payload.charCodeAt(value) === 32 || payload.charCodeAt(value) === 9) value++;
+    const value = valueOf(payload, '"model"');
+    if (value < 0) return undefined;
     if (model !== this.upstreamModel) {
       this.upstreamModel = model;
       this.upstreamModelJson = JSON.stringify(model);
@@ -541,32 +527,18 @@ export class ChatRelay {
   }
 
   /**
-   * Whether a streamed tool-call entry is passed on. Its call is found as the canonical lane's
-   * reader finds it (protocols/chat/client.ts, `unindexedCall`): by its index; without one, by an id
-   * already seen, else the call started last for a first entry with neither id nor name, else a
-   * new call. A call is judged once, where it starts, by its name.
+   * Whether a streamed tool-call entry is passed on: its call (protocols/chat/client.ts,
+   * `CallIndexes`) is judged once, where it starts, by its name. An entry whose index is not a
+   * number (which fails the canonical lane's stream) is judged by its own name.
    */
   private callPassed(c: Record<string, unknown> | undefined, position: number): boolean {
     if (!c) return false;
-    const id = str(c['id']);
     const name = str(obj(c['function'])?.['name']);
-    let index: number;
-    if (typeof c['index'] === 'number') index = c['index'];
-    else {
-      const known = id === undefined ? undefined : this.callIds?.get(id);
-      if (known !== undefined) index = known;
-      else if (id === undefined && name === undefined && position === 0 && this.lastCall !== undefined) index = this.lastCall;
-      else {
-        index = 0;
-        while (this.calls?.has(index)) index++;
-      }
-    }
-    if (id !== undefined) (this.callIds ??= new Map()).set(id, index);
-    const known = this.calls?.get(index);
-    if (known !== undefined) return known;
+    const index = this.callIndexes.of(c, position);
+    if (typeof index !== 'number') return this.callable!.has(name ?? '');
+    if (!this.callIndexes.start(index, str(c['id']))) return this.passed.get(index) ?? false;
     const passed = this.callable!.has(name ?? '');
-    (this.calls ??= new Map()).set(index, passed);
-    this.lastCall = index;
+    this.passed.set(index, passed);
     if (passed) this.callsPassed++;
     else this.callsSuppressed++;
     return passed;

@@ -1,6 +1,6 @@
 import { newId, nowSeconds } from '../../core/ids.js';
 import type { ApiError } from '../../core/errors.js';
-import type { FinishReason, GenerationEvent, Usage } from '../../core/canonical.js';
+import type { FinishReason, GenerationEvent, Usage, WireText } from '../../core/canonical.js';
 
 /**
  * The server side of chat completions: canonical events as one `chat.completion` object, or as the
@@ -54,7 +54,7 @@ export class CompletionFold {
   /** The fast lane's answer: the upstream's own completion, given the metered usage in result(). */
   private relayed: Record<string, unknown> | undefined;
   /** The fast lane's answer as its own JSON text around the usage, where the engine could keep it. */
-  private relayedText: { before: string; after: string } | undefined;
+  private relayedText: WireText | undefined;
 
   apply(ev: GenerationEvent): void {
     switch (ev.type) {
@@ -132,7 +132,7 @@ export class ChunkRenderer {
   /** The fast lane's chunk for the usage (the upstream's own), else one is made here. */
   private usageChunk: Record<string, unknown> | undefined;
   /** That chunk as its own JSON text around the usage, where the engine could keep it. */
-  private usageText: { before: string; after: string } | undefined;
+  private usageText: WireText | undefined;
   /** The id and creation time every chunk carries (a stored stream is kept under them). */
   readonly id = newCompletionId();
   readonly created = nowSeconds();
