@@ -1,7 +1,8 @@
 /**
- * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N] [--non-stream-only]`: instructions per
- * request, counted by valgrind's callgrind, for the reference pass-through and Switchyard (and an
- * earlier build with `--old`, built as for bench:compare). Time on this VM drifts by ±25% between
+ * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N] [--non-stream-only] [--fastify]`:
+ * instructions per request, counted by valgrind's callgrind, for the reference pass-through and
+ * Switchyard (the same pass-through on Fastify too with `--fastify`, and an earlier build with
+ * `--old`, built as for bench:compare). Time on this VM drifts by ±25% between
  * runs of a few seconds, so a change of a few percent cannot be seen in req/s or CPU time; the
  * main thread's instruction count is the same from run to run (within 1.5% here) whatever else the
  * machine does.
@@ -40,6 +41,7 @@ const { values } = parseArgs({
     requests: { type: 'string', default: '1000' },
     keep: { type: 'boolean', default: false },
     'non-stream-only': { type: 'boolean', default: false },
+    fastify: { type: 'boolean', default: false },
   },
 });
 const WARMUP = Number(values.warmup);
@@ -146,8 +148,17 @@ try {
         (wrap) => spawnReady('reference-proxy.js', ['0', fake.url], wrap),
         async () => ({}),
       ),
-    () => count('switchyard', switchyard(DIST), key),
   ];
+  // The same pass-through on Fastify (bench/fastify-proxy.ts): what the framework alone executes.
+  if (values.fastify)
+    jobs.push(() =>
+      count(
+        'the pass-through on Fastify',
+        (wrap) => spawnReady('fastify-proxy.js', ['0', fake.url], wrap),
+        async () => ({}),
+      ),
+    );
+  jobs.push(() => count('switchyard', switchyard(DIST), key));
   const old = values.old;
   if (old !== undefined) jobs.push(() => count(`switchyard (${old})`, switchyard(join(resolve(old), 'dist')), key));
   const results: Counted[] = [];

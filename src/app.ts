@@ -43,19 +43,7 @@ export function createLogger(config: Config): Logger {
   const out = pino.destination({ dest: 1, sync: false });
   if (config.logBufferBytes === 0) return pino({ level: config.logLevel, base: { service: 'switchyard' } }, out);
   const blocks = new LogBlocks(out, config.logBufferBytes, LOG_WAIT_MS);
-  return pino(
-    {
-      level: config.logLevel,
-      base: { service: 'switchyard' },
-      hooks: {
-        logMethod(args, method, level) {
-          method.apply(this, args);
-          if (level >= 40) blocks.flush();
-        },
-      },
-    },
-    blocks,
-  );
+  return pino({ level: config.logLevel, base: { service: 'switchyard' } }, blocks);
 }
 
 export interface Service {

@@ -14,7 +14,7 @@ import { fileDeployment } from '../src/core/deployments.js';
 import { ApiError } from '../src/core/errors.js';
 import { Cancellation, onAbort } from '../src/core/cancellation.js';
 import { Ledger } from '../src/core/ledger.js';
-import { Limiter, MemoryCounters, type Limited } from '../src/core/limits.js';
+import { Limiter, MemoryCounters, type Admission, type Limited } from '../src/core/limits.js';
 import { Metrics } from '../src/core/metrics.js';
 import type { Model } from '../src/core/model-spec.js';
 import { Router, type RoutingPolicy } from '../src/core/router.js';
@@ -257,6 +257,32 @@ describe('limiter', () => {
         (e.retryAfterMs ?? 0) >= 1000 &&
         e.headers?.['x-ratelimit-remaining-requests'] === '0',
     );
+  });
+
+  it('starts every minute window afresh, for requests and tokens, and counts a late settle in its own window', async (t) => {
+    t.mock.timers.enable({ apis: ['Date'], now: 1_700_000_040_000 });
+    const counters = new MemoryCounters();
+    const limiter = new Limiter(counters, store, metrics);
+    const k = who({ rpm: 2, tpm: 100 }, null, 'key_windows');
+    const admit = () => limiter.admit(k, 'm') as Admission;
+    const first = admit();
+    assert.equal(first.headers['x-ratelimit-remaining-requests'], '1');
+    admit().settle(90, null);
+    assert.throws(admit, (e: unknown) => e instanceof ApiError && e.code === 'rate_limit_exceeded');
+    // The next window: two requests again, and none of the last window's tokens.
+    t.mock.timers.tick(60_000);
+    const next = admit();
+    assert.equal(next.headers['x-ratelimit-remaining-requests'], '1');
+    assert.equal(next.headers['x-ratelimit-remaining-tokens'], '100');
+    // A request admitted in the window before settles now: its tokens count there, not here.
+    first.settle(50, null);
+    assert.equal(admit().headers['x-ratelimit-remaining-tokens'], '100');
+    const minute = Math.floor(Date.now() / 60_000);
+    assert.equal(await counters.get(`tpm:key:key_windows:${minute - 1}`), 140);
+    assert.equal(await counters.get(`rpm:key:key_windows:${minute}`), 2);
+    // And the window after that, while this one's names were built and kept.
+    t.mock.timers.tick(60_000);
+    assert.equal(admit().headers['x-ratelimit-remaining-requests'], '1');
   });
 
   it("counts tokens when a request settles, and refuses once the minute's tokens are used", async () => {

@@ -334,6 +334,62 @@ describe('store: migration 0010 (creation order)', () => {
   });
 });
 
+describe('store: SQLite usage insert', () => {
+  it('stores every field of a record in its own column, alone and in a batch, and ignores an id it has', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'usage.db');
+    const store = new KyselyStore({ sqlitePath: file });
+    try {
+      await store.migrate();
+      // Every field distinct from every other, so that two columns swapped cannot go unseen.
+      const record = (i: number, flags: boolean): UsageRecord => ({
+        id: `usage_cols_${i}`,
+        at: 1_700_000_000_000 + i,
+        day: `2023-11-1${i}`,
+        request_id: `req_cols_${i}`,
+        key_id: `key_cols_${i}`,
+        org_id: `org_cols_${i}`,
+        model: `m/cols-${i}`,
+        deployment: `dep_cols_${i}`,
+        endpoint: (['chat.completions', 'responses', 'messages'] as const)[i - 1]!,
+        stream: flags,
+        input_tokens: 100 + i,
+        cached_tokens: 200 + i,
+        output_tokens: 300 + i,
+        reasoning_tokens: 400 + i,
+        cost: 0.5 + i,
+        price_missing: !flags,
+        estimated: flags,
+        latency_ms: 500 + i,
+        ttft_ms: 600 + i,
+        status: 201 + i,
+        error_code: `error_${i}`,
+      });
+      const records = [record(1, true), record(2, false), record(3, true)];
+      await store.insertUsage([records[0]!]);
+      await store.insertUsage([records[1]!, records[2]!]);
+      await store.insertUsage([{ ...records[0]!, input_tokens: 9 }]);
+      await store.insertUsage([
+        { ...records[1]!, input_tokens: 9 },
+        { ...records[2]!, input_tokens: 9 },
+      ]);
+      const db = new Database(file, { readonly: true });
+      try {
+        const rows = db.prepare('select * from usage_records order by id').all();
+        assert.deepEqual(
+          rows,
+          records.map((r) => ({ ...r, stream: r.stream ? 1 : 0, price_missing: r.price_missing ? 1 : 0, estimated: r.estimated ? 1 : 0 })),
+        );
+      } finally {
+        db.close();
+      }
+    } finally {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('store: SQLite WAL checkpoints', () => {
   it('are made off the event loop, and still happen: the database file takes the records while the store is open, and a grown WAL is cut back', async () => {
     const dir = tempDir();

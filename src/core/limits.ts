@@ -142,6 +142,13 @@ interface Scope {
   limits: Limits;
 }
 
+/** A scope's counter names in one minute window. */
+interface MinuteNames {
+  rpm: string;
+  rpmCount: string;
+  tpm: string;
+}
+
 /** One request's admission while its limits are checked. */
 interface Admitting {
   scopes: Scope[];
@@ -175,11 +182,36 @@ interface Admitting {
  * not all admitted because none has ended yet.
  */
 export class Limiter {
+  /** Counter names by scope and id, for the current minute window only (cleared when it ends). */
+  private readonly names = { key: new Map<string, MinuteNames>(), org: new Map<string, MinuteNames>() };
+  private namesMinute = 0;
+
   constructor(
     private readonly counters: Counters,
     private readonly store: Store,
     private readonly metrics: Metrics,
   ) {}
+
+  /**
+   * The counter names of a scope's minute window, built once a minute rather than per request: a
+   * name built anew is a new string, whose hash each lookup in the local counters' Map computed
+   * again (about 2k instructions a lookup). A request settling after its window ended gets its
+   * names built, not cached.
+   */
+  private namesOf(scope: 'key' | 'org', id: string, minute: number): MinuteNames {
+    if (minute > this.namesMinute) {
+      this.names.key.clear();
+      this.names.org.clear();
+      this.namesMinute = minute;
+    }
+    const byId = this.names[scope];
+    let n = minute === this.namesMinute ? byId.get(id) : undefined;
+    if (n === undefined) {
+      n = { rpm: `rpm:${scope}:${id}:${minute}`, rpmCount: `rpm-count:${scope}:${id}:${minute}`, tpm: `tpm:${scope}:${id}:${minute}` };
+      if (minute === this.namesMinute) byId.set(id, n);
+    }
+    return n;
+  }
 
   /**
    * `worstCase` gives the most the request can use: its estimated input and largest possible output
@@ -246,7 +278,8 @@ export class Limiter {
     const s = a.scopes[i];
     if (s === undefined) return;
     const { scope, id, limits } = s;
-    const tokensKey = `tpm:${scope}:${id}:${a.minute}`;
+    const names = this.namesOf(scope, id, a.minute);
+    const tokensKey = names.tpm;
     const tpm = () => {
       if (limits.tpm === undefined) return undefined;
       if (a.tokenReserve <= 0) return when(this.counters.get(tokensKey), (used) => this.checkTokens(a, s, used ?? 0));
@@ -258,7 +291,7 @@ export class Limiter {
     };
     const rest = () => (a.countOnly ? this.check(a, i + 1) : when(tpm(), () => when(this.checkBudget(a, s), () => this.check(a, i + 1))));
     if (limits.rpm === undefined) return rest();
-    const requestsKey = `${a.countOnly ? 'rpm-count' : 'rpm'}:${scope}:${id}:${a.minute}`;
+    const requestsKey = a.countOnly ? names.rpmCount : names.rpm;
     return when(this.counters.add(requestsKey, 1, 2 * MINUTE), (n) => {
       a.counted.push(requestsKey);
       this.checkRequests(a, s, n);
@@ -356,7 +389,7 @@ export class Limiter {
         this.giveBackTokens(a, tokens - a.tokenReserve);
         for (const { scope, id, limits } of a.scopes) {
           if (limits.tpm !== undefined && tokens > 0 && a.tokenReserve <= 0)
-            background(this.counters.add(`tpm:${scope}:${id}:${a.minute}`, tokens, 2 * MINUTE));
+            background(this.counters.add(this.namesOf(scope, id, a.minute).tpm, tokens, 2 * MINUTE));
           if (limits.budget !== undefined && cost && a.reserve === 0) {
             const period = limits.budget_period ?? 'month';
             const start = periodStart(period, new Date(a.now));

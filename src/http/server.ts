@@ -20,6 +20,7 @@ import { ApiError } from '../core/errors.js';
 import { randomHex } from '../core/ids.js';
 import { validationError, type ValidationIssue } from '../protocols/validation.js';
 import { LoadShedder } from './load-shedder.js';
+import { accessLog } from './access-log.js';
 import { extractToken } from '../protocols/api-key.js';
 import type { Principal } from '../core/principal.js';
 import { registerModelRoutes } from '../api/models.js';
@@ -287,13 +288,14 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     reply.raw.once('close', onEnd);
     done();
   });
+  const accessLine = accessLog(log);
   app.addHook('onResponse', (req, reply, done) => {
     const route = req.routeOptions.url;
     metrics.countRequest(route ?? 'unmatched', req.metricsModel ?? '', reply.statusCode, reply.elapsedTime / 1000);
     // A URL that is exactly one of our routes' own paths (no parameter, no query) holds nothing to
     // redact, and is most requests: the redaction's regular expressions are skipped for it.
     const url = req.url === route ? route : loggableUrl(req.url, config.adminKey);
-    req.log.info({ method: req.method, url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
+    accessLine(req.id, req.method, url, reply.statusCode, Math.round(reply.elapsedTime));
     done();
   });
 

@@ -176,18 +176,36 @@ const USAGE_COLUMNS: ReadonlyArray<keyof UsageRecord> = [
   'status',
   'error_code',
 ];
-const FLAG_COLUMNS = new Set<keyof UsageRecord>(['stream', 'price_missing', 'estimated']);
-/** Per column of USAGE_COLUMNS, whether it is a flag (stored as 0 or 1): looked up once, not per record. */
-const USAGE_FLAGS = USAGE_COLUMNS.map((c) => FLAG_COLUMNS.has(c));
-
-/** A usage record as the positional parameters of the prepared insert (SQLite has no booleans). */
-function usageRow(r: UsageRecord): unknown[] {
-  const row = new Array<unknown>(USAGE_COLUMNS.length);
-  for (let i = 0; i < row.length; i++) {
-    const v = r[USAGE_COLUMNS[i]!];
-    row[i] = USAGE_FLAGS[i] ? (v ? 1 : 0) : v;
-  }
-  return row;
+/**
+ * Runs the prepared insert with a usage record's fields as its arguments, in USAGE_COLUMNS' order
+ * (SQLite has no booleans: flags go in as 0 or 1). Arguments rather than one array: better-sqlite3
+ * reads an array's elements one by one through V8's API, which cost about 22k instructions per
+ * record under callgrind (a third of a one-record commit); arguments it reads directly.
+ */
+function runUsageInsert(stmt: SqliteDatabase.Statement, r: UsageRecord): void {
+  stmt.run(
+    r.id,
+    r.at,
+    r.day,
+    r.request_id,
+    r.key_id,
+    r.org_id,
+    r.model,
+    r.deployment,
+    r.endpoint,
+    r.stream ? 1 : 0,
+    r.input_tokens,
+    r.cached_tokens,
+    r.output_tokens,
+    r.reasoning_tokens,
+    r.cost,
+    r.price_missing ? 1 : 0,
+    r.estimated ? 1 : 0,
+    r.latency_ms,
+    r.ttft_ms,
+    r.status,
+    r.error_code,
+  );
 }
 
 /**
@@ -757,9 +775,12 @@ export class KyselyStore implements Store {
   private prepareUsageInsert(db: SqliteDatabase.Database): (records: readonly UsageRecord[]) => void {
     const columns = USAGE_COLUMNS.join(', ');
     const stmt = db.prepare(`INSERT OR IGNORE INTO usage_records (${columns}) VALUES (${USAGE_COLUMNS.map(() => '?').join(', ')})`);
-    return db.transaction((records: readonly UsageRecord[]) => {
-      for (const r of records) stmt.run(usageRow(r));
+    const many = db.transaction((records: readonly UsageRecord[]) => {
+      for (const r of records) runUsageInsert(stmt, r);
     });
+    // One record (requests one at a time) is its own transaction without BEGIN and COMMIT
+    // statements around it: SQLite commits a lone statement the same way, 8k instructions sooner.
+    return (records) => (records.length === 1 ? runUsageInsert(stmt, records[0]!) : many(records));
   }
 
   isDataError(err: unknown): boolean {
