@@ -1,4 +1,4 @@
-import type pino from 'pino';
+import pino from 'pino';
 
 type Output = ReturnType<typeof pino.destination>;
 
@@ -15,15 +15,8 @@ function onExit(blocks: LogBlocks): void {
   exiting.add(new WeakRef(blocks));
 }
 
-/**
- * Whether a line pino wrote is a warning, an error or fatal: it starts `{"level":40`, `50` or `60`
- * (pino's levels, written first in every line). Read from the line so that no logMethod hook is
- * needed, which would put every line, the access log's too, through pino's slower path.
- */
-export function warnOrWorse(line: string): boolean {
-  const digit = line.charCodeAt(9);
-  return digit >= 0x34 && digit <= 0x39 && line.charCodeAt(10) === 0x30 && line.charCodeAt(11) === 0x2c && line.startsWith('{"level":');
-}
+/** pino's level number for warnings; errors and fatal are above it. */
+const WARN = 40;
 
 /**
  * Log lines gathered into blocks before they reach the output stream: pino's asynchronous
@@ -34,6 +27,13 @@ export function warnOrWorse(line: string): boolean {
  * nothing; one killed outright loses at most the last `waitMs` of lines.
  */
 export class LogBlocks {
+  /**
+   * pino's metadata protocol (what pino.multistream uses): pino sets `lastLevel` before each write,
+   * so a warning is told from an info line without reading the line (a line is a string pino
+   * built by concatenation, and reading a character of it would copy it into one piece first).
+   */
+  readonly [pino.symbols.needsMetadataGsym] = true;
+  lastLevel = 0;
   private block = '';
   private timer: NodeJS.Timeout | undefined;
 
@@ -58,7 +58,7 @@ export class LogBlocks {
   /** pino's destination interface: one serialized line. A warning or an error goes out at once, with the block before it. */
   write(line: string): boolean {
     this.block += line;
-    if (this.block.length >= this.blockBytes || warnOrWorse(line)) this.flush();
+    if (this.block.length >= this.blockBytes || this.lastLevel >= WARN) this.flush();
     else this.timer ??= setTimeout(() => this.flush(), this.waitMs).unref();
     return true;
   }

@@ -21,6 +21,7 @@ import { randomHex } from '../core/ids.js';
 import { validationError, type ValidationIssue } from '../protocols/validation.js';
 import { LoadShedder } from './load-shedder.js';
 import { accessLog } from './access-log.js';
+import { requestLogger } from './request-logger.js';
 import { extractToken } from '../protocols/api-key.js';
 import type { Principal } from '../core/principal.js';
 import { registerModelRoutes } from '../api/models.js';
@@ -195,6 +196,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     loggerInstance: log,
     // One log line per request (onResponse below) rather than Fastify's two.
     logController: new LogController({ disableRequestLogging: true, requestIdLogLabel: 'request_id' }),
+    // The request's logger becomes a pino child only when the request logs something.
+    childLoggerFactory: requestLogger,
     bodyLimit: config.bodyLimit,
     // A client that sends part of a request and stalls (slowloris, a chunked body that never ends)
     // gets 408 after bodyTimeoutMs instead of holding its slot forever; checked every second.
