@@ -280,6 +280,10 @@ describe('limiter', () => {
     const minute = Math.floor(Date.now() / 60_000);
     assert.equal(await counters.get(`tpm:key:key_windows:${minute - 1}`), 140);
     assert.equal(await counters.get(`rpm:key:key_windows:${minute}`), 2);
+    // A count of input tokens has a requests-per-minute counter of its own.
+    (limiter.admit(k, 'm', undefined, 'count') as Admission).settle(0, null);
+    assert.equal(await counters.get(`rpm-count:key:key_windows:${minute}`), 1);
+    assert.equal(await counters.get(`rpm:key:key_windows:${minute}`), 2);
     // And the window after that, while this one's names were built and kept.
     t.mock.timers.tick(60_000);
     assert.equal(admit().headers['x-ratelimit-remaining-requests'], '1');

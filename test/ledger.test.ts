@@ -130,7 +130,13 @@ describe('usage ledger: bad values never wedge it', () => {
     });
     ledger.start();
     // What the old reader let through: better-sqlite3 cannot bind a boolean or an object.
-    const bad = [record('usage_bad1', { cached_tokens: false }), record('usage_bad2', { input_tokens: { n: 1 } })];
+    // And fields that are not text: an array would have been spread over the columns after it.
+    const bad = [
+      record('usage_bad1', { cached_tokens: false }),
+      record('usage_bad2', { input_tokens: { n: 1 } }),
+      record('usage_bad3', { model: ['a', 'b'], deployment: [] }),
+      record('usage_bad4', { error_code: { code: 'x' } }),
+    ];
     const good = Array.from({ length: 5 }, (_, k) => record(`usage_good${k}`));
     await Promise.all([...bad, ...good].map((r) => ledger.record(r)));
     // Later records are not held up either.
@@ -139,9 +145,9 @@ describe('usage ledger: bad values never wedge it', () => {
     const totalsNow = await store.usageTotals('model', {});
     assert.equal(totalsNow[0]!.requests, 6);
     const q = await store.listQuarantinedUsage();
-    assert.deepEqual(q.map((x) => x.id).sort(), ['usage_bad1', 'usage_bad2']);
+    assert.deepEqual(q.map((x) => x.id).sort(), ['usage_bad1', 'usage_bad2', 'usage_bad3', 'usage_bad4']);
     assert.match(q[0]!.record, /"request_id":"req_usage_bad/);
-    assert.equal(quarantined, 2);
+    assert.equal(quarantined, 4);
     assert.equal(ledger.writable, true);
   });
 

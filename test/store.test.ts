@@ -359,7 +359,7 @@ describe('store: SQLite usage insert', () => {
         reasoning_tokens: 400 + i,
         cost: 0.5 + i,
         price_missing: !flags,
-        estimated: flags,
+        estimated: i === 2,
         latency_ms: 500 + i,
         ttft_ms: 600 + i,
         status: 201 + i,

@@ -27,6 +27,8 @@ export const newUsageId = (): string => orderedId('usage');
 const MAX_SET_ASIDE = 10_000;
 
 const INTEGER_FIELDS = ['at', 'input_tokens', 'cached_tokens', 'output_tokens', 'reasoning_tokens', 'latency_ms', 'status'] as const;
+const TEXT_FIELDS = ['id', 'day', 'request_id', 'key_id', 'org_id', 'model', 'endpoint'] as const;
+const NULLABLE_TEXT_FIELDS = ['deployment', 'error_code'] as const;
 
 /** Why a record cannot be stored as it is, or undefined. Checked before the database sees it. */
 function malformed(r: UsageRecord): string | undefined {
@@ -37,6 +39,10 @@ function malformed(r: UsageRecord): string | undefined {
   if (r.cost !== null && (typeof r.cost !== 'number' || !Number.isFinite(r.cost) || r.cost < 0)) return `cost is ${JSON.stringify(r.cost)}`;
   if (r.ttft_ms !== null && (typeof r.ttft_ms !== 'number' || !Number.isSafeInteger(r.ttft_ms)))
     return `ttft_ms is ${JSON.stringify(r.ttft_ms)}`;
+  // The SQLite insert takes each field as an argument, where better-sqlite3 would spread an array
+  // over the next columns: a field that is not text is refused here, never bound.
+  for (const f of TEXT_FIELDS) if (typeof r[f] !== 'string') return `${f} is ${JSON.stringify(r[f])}`;
+  for (const f of NULLABLE_TEXT_FIELDS) if (r[f] !== null && typeof r[f] !== 'string') return `${f} is ${JSON.stringify(r[f])}`;
   return undefined;
 }
 

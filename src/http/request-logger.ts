@@ -1,17 +1,24 @@
 import type { FastifyBaseLogger } from 'fastify';
 import type { Bindings, ChildLoggerOptions } from 'pino';
 
-type LogMethod = (this: FastifyBaseLogger, obj: unknown, ...rest: unknown[]) => void;
+const LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+type Level = (typeof LEVELS)[number];
+type LogMethod = (this: FastifyBaseLogger, ...args: unknown[]) => void;
+
+// The log methods, one per level, are put on the prototype below.
+export interface RequestLogger extends Pick<FastifyBaseLogger, Level> {}
 
 /**
  * A request's logger (`req.log`), which becomes pino's child logger (the request id bound) the first
  * time the request logs something. Fastify makes a child per request, and pino's child copies the
  * parent and serializes the binding: about 4k instructions per request under callgrind. Most
  * requests log nothing but their access line, which is written without it (http/access-log.ts).
- * What a request does log is written exactly as by the child it stands for.
+ * What a request does log is written exactly as by the child it stands for, which also decides
+ * what its level lets through.
  */
 export class RequestLogger implements FastifyBaseLogger {
-  private made: FastifyBaseLogger | undefined;
+  /** The child, once made. */
+  made: FastifyBaseLogger | undefined;
 
   constructor(
     private readonly parent: FastifyBaseLogger,
@@ -20,7 +27,7 @@ export class RequestLogger implements FastifyBaseLogger {
   ) {}
 
   /** The child logger, made now if not yet. */
-  private get real(): FastifyBaseLogger {
+  pinoChild(): FastifyBaseLogger {
     return (this.made ??= this.parent.child(this.bindings, this.options));
   }
 
@@ -29,47 +36,33 @@ export class RequestLogger implements FastifyBaseLogger {
   }
 
   set level(level: string) {
-    this.real.level = level;
-  }
-
-  fatal(obj: unknown, ...rest: unknown[]): void {
-    const r = this.real;
-    (r.fatal as LogMethod).call(r, obj, ...rest);
-  }
-
-  error(obj: unknown, ...rest: unknown[]): void {
-    const r = this.real;
-    (r.error as LogMethod).call(r, obj, ...rest);
-  }
-
-  warn(obj: unknown, ...rest: unknown[]): void {
-    const r = this.real;
-    (r.warn as LogMethod).call(r, obj, ...rest);
-  }
-
-  info(obj: unknown, ...rest: unknown[]): void {
-    const r = this.real;
-    (r.info as LogMethod).call(r, obj, ...rest);
-  }
-
-  debug(obj: unknown, ...rest: unknown[]): void {
-    const r = this.real;
-    (r.debug as LogMethod).call(r, obj, ...rest);
-  }
-
-  trace(obj: unknown, ...rest: unknown[]): void {
-    const r = this.real;
-    (r.trace as LogMethod).call(r, obj, ...rest);
-  }
-
-  silent(obj: unknown, ...rest: unknown[]): void {
-    const r = this.real;
-    (r.silent as LogMethod).call(r, obj, ...rest);
+    this.pinoChild().level = level;
   }
 
   child(bindings: Bindings, options?: ChildLoggerOptions): FastifyBaseLogger {
-    return this.real.child(bindings, options);
+    return this.pinoChild().child(bindings, options);
   }
+}
+
+/** pino's level values: a call below the logger's level is dropped without making the child (pino's method for it does nothing). */
+const VALUES: Readonly<Record<string, number>> = { trace: 10, debug: 20, info: 30, warn: 40, error: 50, fatal: 60, silent: Infinity };
+
+for (const level of LEVELS) {
+  if (level === 'silent') {
+    // pino's `silent` does nothing, at any level.
+    RequestLogger.prototype.silent = (): void => undefined;
+    continue;
+  }
+  const value = VALUES[level]!;
+  RequestLogger.prototype[level] = function (this: RequestLogger, ...args: unknown[]): void {
+    if (!this.made) {
+      const at = VALUES[this.level];
+      // A level pino does not have by default (a custom one) is left to the child to judge.
+      if (at !== undefined && value < at) return;
+    }
+    const child = this.pinoChild();
+    (child[level] as LogMethod).apply(child, args);
+  } as FastifyBaseLogger[Level];
 }
 
 /** Fastify's `childLoggerFactory`: the request's logger, made a child only when used. */
