@@ -55,10 +55,11 @@ export function accessLog(log: Logger): AccessLine {
   const timeSlice = internal<number>(log, 'timeSliceIndexSym');
   const time = internal<() => string>(log, 'timeSym');
   const serializers = internal<Record<string, unknown>>(log, 'serializersSym');
+  const hooks = internal<{ logMethod?: unknown; streamWrite?: unknown }>(log, 'hooksSym');
   const plain =
     internal<{ log?: unknown }>(log, 'formattersSym').log === undefined &&
-    internal<{ logMethod?: unknown; streamWrite?: unknown }>(log, 'hooksSym').logMethod === undefined &&
-    internal<{ logMethod?: unknown; streamWrite?: unknown }>(log, 'hooksSym').streamWrite === undefined &&
+    hooks.logMethod === undefined &&
+    hooks.streamWrite === undefined &&
     internal<unknown>(log, 'mixinSym') === undefined &&
     internal<unknown>(log, 'msgPrefixSym') === undefined &&
     internal<unknown>(log, 'nestedKeySym') === null &&

@@ -1,5 +1,5 @@
 import type { FastifyBaseLogger } from 'fastify';
-import type { Bindings, ChildLoggerOptions } from 'pino';
+import pino, { type Bindings, type ChildLoggerOptions } from 'pino';
 
 const LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 type Level = (typeof LEVELS)[number];
@@ -45,7 +45,7 @@ export class RequestLogger implements FastifyBaseLogger {
 }
 
 /** pino's level values: a call below the logger's level is dropped without making the child (pino's method for it does nothing). */
-const VALUES: Readonly<Record<string, number>> = { trace: 10, debug: 20, info: 30, warn: 40, error: 50, fatal: 60, silent: Infinity };
+const VALUES: Readonly<Record<string, number>> = { ...pino.levels.values, silent: Infinity };
 
 for (const level of LEVELS) {
   if (level === 'silent') {

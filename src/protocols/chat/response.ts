@@ -39,6 +39,9 @@ export function usageJson(u: Usage): string {
   return `${out}}`;
 }
 
+/** A fast-lane object's own JSON text with the metered usage put in where the upstream's was. */
+const withUsage = (t: WireText, u: Usage): string => t.before + usageJson(u) + t.after;
+
 /** A chat.completion object, with the fields stored ones are filed under. */
 export type ChatCompletionObject = Record<string, unknown> & { id: string; model: string; created: number };
 
@@ -93,7 +96,7 @@ export class CompletionFold {
    */
   json(): string | undefined {
     const t = this.relayedText;
-    return t === undefined ? undefined : t.before + usageJson(this.usage) + t.after;
+    return t === undefined ? undefined : withUsage(t, this.usage);
   }
 
   /** The chat.completion object; a stream's fold takes the id and time its chunks carried. */
@@ -219,7 +222,7 @@ export class ChunkRenderer {
       // serialized; the canonical lane's from its own frame.
       const chunk =
         t !== undefined
-          ? t.before + usageJson(this.usage) + t.after
+          ? withUsage(t, this.usage)
           : this.usageChunk
             ? JSON.stringify({ ...this.usageChunk, usage: renderUsage(this.usage) })
             : `${this.head}],"usage":${usageJson(this.usage)}}`;
