@@ -7,6 +7,7 @@ import { createInterface } from 'node:readline';
 import { createServer, type AddressInfo } from 'node:net';
 import { request, type Dispatcher } from 'undici';
 import { PACKAGE_ROOT } from '../src/config.js';
+import { SERVER_NODE_FLAGS } from '../src/runtime-flags.js';
 
 export const DIST = join(PACKAGE_ROOT, 'dist');
 export const ADMIN_KEY = 'sk-bench-admin-key-0123456789';
@@ -51,7 +52,7 @@ export async function freePort(): Promise<number> {
 }
 
 /**
- * Switchyard as users run it (`node dist/src/main.js`) on a free port, with its own data dir and the
+ * Switchyard as users run it (`npm start`: `node --max-semi-space-size=32 dist/src/main.js`) on a free port, with its own data dir and the
  * bench admin key; resolves once /readyz answers. Its stdout (the access log) goes to /dev/null.
  */
 export async function startMain(
@@ -64,7 +65,16 @@ export async function startMain(
 ): Promise<Proc & { dataDir: string }> {
   const dataDir = mkdtempSync(join(tmpdir(), 'switchyard-bench-'));
   const port = await freePort();
-  const [cmd, ...args] = [...wrap, process.execPath, ...nodeArgs, join(dist, 'src', 'main.js'), '--port', String(port)];
+  // With the Node options `npm start` passes (src/runtime-flags.ts), as users run it.
+  const [cmd, ...args] = [
+    ...wrap,
+    process.execPath,
+    ...SERVER_NODE_FLAGS,
+    ...nodeArgs,
+    join(dist, 'src', 'main.js'),
+    '--port',
+    String(port),
+  ];
   const child = spawn(cmd!, args, {
     env: { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_ADMIN_KEY: ADMIN_KEY, ...env, ...prepare?.(dataDir) },
     stdio: ['ignore', 'ignore', 'inherit'],

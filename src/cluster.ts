@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import type { Config } from './config.js';
 import { MemoryCounters, type Counters } from './core/limits.js';
 import { relayBus } from './bus.js';
+import { withServerFlags } from './runtime-flags.js';
 import { AggregatorRegistry, type Registry } from 'prom-client';
 
 /**
@@ -203,6 +204,8 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
   // Announced once every worker listens, so "listening" means the whole service is up.
   const listening = new Set<number>();
   let announced = false;
+  // Workers run with the server's Node options even when the primary was started without them.
+  cluster.setupPrimary({ execArgv: withServerFlags(process.execArgv) });
   const fork = () => cluster.fork();
 
   let gathers = 0;

@@ -1,9 +1,9 @@
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { rmSync } from 'node:fs';
+import { readFileSync, readdirSync, rmSync } from 'node:fs';
 import Database from 'better-sqlite3';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { connect } from 'node:net';
 import { request } from 'undici';
@@ -11,9 +11,30 @@ import { PACKAGE_ROOT } from '../src/config.js';
 import { http, tempDir, type WireKey, type WireList, type WireModel } from './helpers/server.js';
 import { MAIN, startProcess } from './helpers/process.js';
 import { eventually } from './helpers/wait.js';
+import { SERVER_NODE_FLAGS, withServerFlags } from '../src/runtime-flags.js';
 
 const CLI = join(PACKAGE_ROOT, 'bin', 'switchyard.js');
 const run = promisify(execFile);
+
+/** `pid` and its descendants, with their command lines, from /proc (Linux). */
+function processTree(pid: number): Array<{ pid: number; ppid: number; argv: string[] }> {
+  const all = readdirSync('/proc')
+    .filter((d) => /^\d+$/.test(d))
+    .flatMap((d) => {
+      try {
+        // The parent's pid is the 4th field of stat, after the command name in parentheses.
+        const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
+        const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+        const argv = readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0').filter(Boolean);
+        return [{ pid: Number(d), ppid, argv }];
+      } catch {
+        return []; // gone since the listing
+      }
+    });
+  const tree = all.filter((p) => p.pid === pid);
+  for (let i = 0; i < tree.length; i++) tree.push(...all.filter((p) => p.ppid === tree[i]!.pid));
+  return tree;
+}
 
 describe('the server process', () => {
   const dataDir = tempDir();
@@ -118,6 +139,17 @@ describe('the server process', () => {
         });
         // Both workers answer before the stop.
         assert.equal((await http(url, 'GET', '/healthz')).status, 200);
+        // Every process that serves runs with the server's Node options: a primary started without
+        // them (plain `node dist/src/main.js`) passes them to its workers.
+        const tree = processTree(child.pid!);
+        const isMain = (p: { argv: string[] } | undefined) => p?.argv.some((a) => resolve(PACKAGE_ROOT, a) === MAIN) === true;
+        const workers = tree.filter((p) => isMain(p) && isMain(tree.find((q) => q.pid === p.ppid)));
+        assert.equal(workers.length, 2, JSON.stringify(tree));
+        for (const w of workers) for (const flag of SERVER_NODE_FLAGS) assert.ok(w.argv.includes(flag), `worker ${w.argv.join(' ')}`);
+        if (command === 'npm') {
+          const primary = tree.find((p) => isMain(p) && !workers.includes(p));
+          for (const flag of SERVER_NODE_FLAGS) assert.ok(primary?.argv.includes(flag), `primary ${primary?.argv.join(' ')}`);
+        }
         child.kill('SIGTERM');
         assert.equal(await exited, 0, out);
         // Nothing is left serving the port (a worker orphaned by its parent would still answer).
@@ -385,5 +417,32 @@ describe('the server process', () => {
     const code = await new Promise<number | null>((res) => child.on('exit', res));
     assert.equal(code, 2);
     assert.match(err, /PORT/);
+  });
+});
+
+describe("the server's Node options", () => {
+  it('are on every documented launch command: npm start, the CLI launcher and the systemd unit', () => {
+    const start = (JSON.parse(readFileSync(join(PACKAGE_ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string> }).scripts[
+      'start'
+    ];
+    const shebang = readFileSync(CLI, 'utf8').split('\n')[0];
+    const unit = /^ExecStart=(.*)$/m.exec(readFileSync(join(PACKAGE_ROOT, 'deploy', 'switchyard.service'), 'utf8'))?.[1];
+    for (const [where, line] of [
+      ['npm start', start],
+      ['bin/switchyard.js', shebang],
+      ['deploy/switchyard.service', unit],
+    ] as const) {
+      for (const flag of SERVER_NODE_FLAGS) assert.ok(line?.split(/\s+/).includes(flag), `${where}: ${line}`);
+    }
+  });
+
+  it('are added to a worker only where whoever started the server did not set them', () => {
+    const flag = SERVER_NODE_FLAGS[0]!;
+    assert.deepEqual(withServerFlags([], ''), [...SERVER_NODE_FLAGS]);
+    assert.deepEqual(withServerFlags(['--inspect'], ''), ['--inspect', ...SERVER_NODE_FLAGS]);
+    assert.deepEqual(withServerFlags([flag], ''), [flag]);
+    // Either spelling, any value, on the command line or in NODE_OPTIONS: the given one wins.
+    assert.deepEqual(withServerFlags(['--max_semi_space_size=8'], ''), ['--max_semi_space_size=8']);
+    assert.deepEqual(withServerFlags([], '--max-old-space-size=512 --max-semi-space-size=64'), []);
   });
 });

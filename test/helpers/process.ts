@@ -2,6 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import WebSocket from 'ws';
 import { PACKAGE_ROOT } from '../../src/config.js';
+import { SERVER_NODE_FLAGS } from '../../src/runtime-flags.js';
 import { SHARED_MODELS } from './server.js';
 
 export const MAIN = join(PACKAGE_ROOT, 'dist', 'src', 'main.js');
@@ -16,13 +17,13 @@ export interface Running {
 }
 
 /**
- * Starts `node dist/src/main.js` as npm start does, on a free port (or `port`), and waits for it to listen.
+ * Starts `node dist/src/main.js` as npm start does (with its Node options), on a free port (or `port`), and waits for it to listen.
  * `inspect` opens the V8 inspector on a free loopback port, so that memory tests can collect
  * garbage before reading the heap (see processMemory).
  */
 export async function startProcess(env: Record<string, string>, opts: { inspect?: boolean; port?: number } = {}): Promise<Running> {
   const port = String(opts.port ?? 0);
-  const args = opts.inspect ? ['--inspect=127.0.0.1:0', MAIN, '--port', port] : [MAIN, '--port', port];
+  const args = [...SERVER_NODE_FLAGS, ...(opts.inspect ? ['--inspect=127.0.0.1:0'] : []), MAIN, '--port', port];
   const child = spawn(process.execPath, args, {
     env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_MODELS_DIR: SHARED_MODELS, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
