@@ -52,8 +52,9 @@ export async function freePort(): Promise<number> {
 }
 
 /**
- * Switchyard as users run it (`npm start`: `node --max-semi-space-size=32 dist/src/main.js`) on a free port, with its own data dir and the
- * bench admin key; resolves once /readyz answers. Its stdout (the access log) goes to /dev/null.
+ * Switchyard as users run it (`node dist/src/main.js` with the Node option `npm start` sets) on a
+ * free port, with its own data dir and the bench admin key; resolves once /readyz answers. Its
+ * stdout (the access log) goes to /dev/null.
  */
 export async function startMain(
   env: Record<string, string>,

@@ -1,4 +1,4 @@
-#!/usr/bin/env -S node --max-semi-space-size=32
+#!/usr/bin/env node
 // Thin launcher so `npx switchyard` works once the TypeScript has been built (npm ci runs the build).
 import('../dist/src/cli.js').then((m) => m.main(process.argv.slice(2))).then(
   // `serve` exits as `npm start` does: a cluster worker's channel to its primary would keep it

@@ -204,8 +204,9 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
   // Announced once every worker listens, so "listening" means the whole service is up.
   const listening = new Set<number>();
   let announced = false;
-  // Workers run with the server's Node options even when the primary was started without them.
-  cluster.setupPrimary({ execArgv: withServerFlags(process.execArgv) });
+  // Workers run with the server's Node options even when the primary was started without them
+  // (execArgv set earlier through setupPrimary is kept).
+  cluster.setupPrimary({ execArgv: withServerFlags(cluster.settings.execArgv ?? process.execArgv) });
   const fork = () => cluster.fork();
 
   let gathers = 0;

@@ -16,8 +16,15 @@ import { SERVER_NODE_FLAGS, withServerFlags } from '../src/runtime-flags.js';
 const CLI = join(PACKAGE_ROOT, 'bin', 'switchyard.js');
 const run = promisify(execFile);
 
-/** `pid` and its descendants, with their command lines, from /proc (Linux). */
-function processTree(pid: number): Array<{ pid: number; ppid: number; argv: string[] }> {
+interface Proc {
+  pid: number;
+  ppid: number;
+  argv: string[];
+  nodeOptions: string;
+}
+
+/** `pid` and its descendants, with their command lines and NODE_OPTIONS, from /proc (Linux). */
+function processTree(pid: number): Proc[] {
   const all = readdirSync('/proc')
     .filter((d) => /^\d+$/.test(d))
     .flatMap((d) => {
@@ -26,7 +33,9 @@ function processTree(pid: number): Array<{ pid: number; ppid: number; argv: stri
         const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
         const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
         const argv = readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0').filter(Boolean);
-        return [{ pid: Number(d), ppid, argv }];
+        const env = readFileSync(`/proc/${d}/environ`, 'utf8').split('\0');
+        const nodeOptions = env.find((e) => e.startsWith('NODE_OPTIONS='))?.slice('NODE_OPTIONS='.length) ?? '';
+        return [{ pid: Number(d), ppid, argv, nodeOptions }];
       } catch {
         return []; // gone since the listing
       }
@@ -34,6 +43,21 @@ function processTree(pid: number): Array<{ pid: number; ppid: number; argv: stri
   const tree = all.filter((p) => p.pid === pid);
   for (let i = 0; i < tree.length; i++) tree.push(...all.filter((p) => p.ppid === tree[i]!.pid));
   return tree;
+}
+
+/**
+ * The semi-space size V8 takes for a Node process: the last `--max-semi-space-size` among its own
+ * options on the command line (before the script), else the last in its NODE_OPTIONS (the command
+ * line wins over NODE_OPTIONS); undefined for V8's default.
+ */
+function semiSpaceOf(p: Proc): string | undefined {
+  const last = (args: string[]) =>
+    args
+      .map((a) => /^--?max[-_]semi[-_]space[-_]size=(\d+)$/.exec(a.replaceAll('"', ''))?.[1])
+      .filter((v) => v !== undefined)
+      .at(-1);
+  const script = p.argv.findIndex((a, i) => i > 0 && !a.startsWith('-'));
+  return last(p.argv.slice(1, script < 0 ? undefined : script)) ?? last(p.nodeOptions.split(/\s+/));
 }
 
 describe('the server process', () => {
@@ -101,9 +125,13 @@ describe('the server process', () => {
     );
   });
 
-  for (const [label, command, args] of [
-    ["npm start (the README's command)", 'npm', ['start', '--', '--port', '0']],
-    ['node dist/src/main.js (what a service manager or container runs)', process.execPath, [MAIN, '--port', '0']],
+  // The young generation's size each serving process gets (see src/runtime-flags.ts): npm start's
+  // own, the one a primary started without it passes to its workers, and one the starter sets.
+  const SEMI = SERVER_NODE_FLAGS[0]!.split('=')[1]!;
+  for (const [label, command, args, env, semi] of [
+    ["npm start (the README's command)", 'npm', ['start', '--', '--port', '0'], {}, SEMI],
+    ['node dist/src/main.js (what a service manager or container runs)', process.execPath, [MAIN, '--port', '0'], {}, SEMI],
+    ['npm start with a NODE_OPTIONS of its own', 'npm', ['start', '--', '--port', '0'], { NODE_OPTIONS: '--max_semi_space_size=16' }, '16'],
   ] as const) {
     it(`stops every process of ${label} on SIGTERM to the one it started`, async () => {
       const dir = tempDir();
@@ -115,8 +143,12 @@ describe('the server process', () => {
           SWITCHYARD_DATA_DIR: dir,
           SWITCHYARD_WORKERS: '2',
           SWITCHYARD_ADMIN_KEY: 'sk-test-admin-npm-start-0123456789',
+          ...env,
         },
         stdio: ['ignore', 'pipe', 'pipe'],
+        // Its own process group, so that a failing test can kill every process it started (npm's
+        // server and workers would otherwise outlive npm and keep this file's pipes open).
+        detached: true,
       });
       let out = '';
       child.stdout.on('data', (d: Buffer) => {
@@ -139,16 +171,15 @@ describe('the server process', () => {
         });
         // Both workers answer before the stop.
         assert.equal((await http(url, 'GET', '/healthz')).status, 200);
-        // Every process that serves runs with the server's Node options: a primary started without
-        // them (plain `node dist/src/main.js`) passes them to its workers.
-        const tree = processTree(child.pid!);
-        const isMain = (p: { argv: string[] } | undefined) => p?.argv.some((a) => resolve(PACKAGE_ROOT, a) === MAIN) === true;
-        const workers = tree.filter((p) => isMain(p) && isMain(tree.find((q) => q.pid === p.ppid)));
-        assert.equal(workers.length, 2, JSON.stringify(tree));
-        for (const w of workers) for (const flag of SERVER_NODE_FLAGS) assert.ok(w.argv.includes(flag), `worker ${w.argv.join(' ')}`);
-        if (command === 'npm') {
-          const primary = tree.find((p) => isMain(p) && !workers.includes(p));
-          for (const flag of SERVER_NODE_FLAGS) assert.ok(primary?.argv.includes(flag), `primary ${primary?.argv.join(' ')}`);
+        // Every process that serves runs with the young generation it should (Linux: read from /proc).
+        if (process.platform === 'linux') {
+          const tree = processTree(child.pid!);
+          const isMain = (p: Proc | undefined) => p?.argv.some((a) => resolve(PACKAGE_ROOT, a) === MAIN) === true;
+          const primary = tree.find((p) => isMain(p) && !isMain(tree.find((q) => q.pid === p.ppid)));
+          const workers = tree.filter((p) => p.ppid === primary?.pid && isMain(p));
+          assert.equal(workers.length, 2, JSON.stringify(tree));
+          for (const w of workers) assert.equal(semiSpaceOf(w), semi, `worker: ${JSON.stringify(w)}`);
+          if (command === 'npm') assert.equal(semiSpaceOf(primary!), semi, `primary: ${JSON.stringify(primary)}`);
         }
         child.kill('SIGTERM');
         assert.equal(await exited, 0, out);
@@ -164,7 +195,11 @@ describe('the server process', () => {
         assert.ok(refused, `the port still answers after SIGTERM:\n${out}`);
         assert.match(out, /shut down cleanly/);
       } finally {
-        child.kill('SIGKILL');
+        try {
+          process.kill(-child.pid!, 'SIGKILL');
+        } catch {
+          // the group is gone: everything stopped
+        }
         rmSync(dir, { recursive: true, force: true });
       }
     });
@@ -421,19 +456,15 @@ describe('the server process', () => {
 });
 
 describe("the server's Node options", () => {
-  it('are on every documented launch command: npm start, the CLI launcher and the systemd unit', () => {
+  it('are set by npm start and the systemd unit, before any NODE_OPTIONS of their own', () => {
     const start = (JSON.parse(readFileSync(join(PACKAGE_ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string> }).scripts[
       'start'
     ];
-    const shebang = readFileSync(CLI, 'utf8').split('\n')[0];
-    const unit = /^ExecStart=(.*)$/m.exec(readFileSync(join(PACKAGE_ROOT, 'deploy', 'switchyard.service'), 'utf8'))?.[1];
-    for (const [where, line] of [
-      ['npm start', start],
-      ['bin/switchyard.js', shebang],
-      ['deploy/switchyard.service', unit],
-    ] as const) {
-      for (const flag of SERVER_NODE_FLAGS) assert.ok(line?.split(/\s+/).includes(flag), `${where}: ${line}`);
-    }
+    const unit = readFileSync(join(PACKAGE_ROOT, 'deploy', 'switchyard.service'), 'utf8');
+    const options = SERVER_NODE_FLAGS.join(' ');
+    assert.ok(start?.startsWith(`NODE_OPTIONS="${options} $NODE_OPTIONS" exec node `), start);
+    // systemd reads the EnvironmentFile after Environment=, so a NODE_OPTIONS there replaces this one.
+    assert.match(unit, new RegExp(`^Environment=NODE_OPTIONS=${options}\\n(.*\\n)*EnvironmentFile=`, 'm'));
   });
 
   it('are added to a worker only where whoever started the server did not set them', () => {
@@ -444,5 +475,9 @@ describe("the server's Node options", () => {
     // Either spelling, any value, on the command line or in NODE_OPTIONS: the given one wins.
     assert.deepEqual(withServerFlags(['--max_semi_space_size=8'], ''), ['--max_semi_space_size=8']);
     assert.deepEqual(withServerFlags([], '--max-old-space-size=512 --max-semi-space-size=64'), []);
+    assert.deepEqual(withServerFlags([], '"--max-semi-space-size=8"'), []);
+    assert.deepEqual(withServerFlags(['-max-semi-space-size=8'], ''), ['-max-semi-space-size=8']);
+    // A name that only begins like it is another option.
+    assert.deepEqual(withServerFlags(['--max-semi-space-size-x=1'], ''), ['--max-semi-space-size-x=1', ...SERVER_NODE_FLAGS]);
   });
 });
