@@ -13,8 +13,8 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { createBenchKey, spawnReady, startSwitchyard, type Proc } from './lib.js';
-import { throughput, type Subject } from './gateway.js';
+import { createBenchKey, spawnReady, startSwitchyard } from './lib.js';
+import { throughput, type Subject, type Throughput } from './gateway.js';
 
 const { values } = parseArgs({
   options: {
@@ -52,12 +52,14 @@ async function main(): Promise<void> {
         for (const semi of SIZES) {
           const trace = join(dir, `trace-${semi}.log`);
           // The server's stdout (where --trace-gc writes) goes to a file; `exec` keeps its pid.
-          const sy: Proc = await startSwitchyard({
+          const sy = await startSwitchyard({
             upstream: fake.url,
             workers: 1,
             nodeArgs: [`--max-semi-space-size=${semi}`, '--trace-gc'],
             wrap: ['sh', '-c', `exec "$@" > '${trace}'`, 'sh'],
           });
+          let t: Throughput;
+          let peak: number;
           try {
             const key = await createBenchKey(sy.url);
             const s: Subject = {
@@ -68,17 +70,16 @@ async function main(): Promise<void> {
               model: 'openai/bench-fake',
               pid: sy.child.pid!,
             };
-            const t = await throughput(s, stream, 64, SECONDS);
-            const peak = Number(/VmHWM:\s*(\d+)/.exec(readFileSync(`/proc/${sy.child.pid!}/status`, 'utf8'))?.[1] ?? 0);
-            await sy.stop();
-            const gc = gcOf(readFileSync(trace, 'utf8'));
-            rows.push(
-              `| ${round} | ${stream ? 'stream' : 'non-stream'} | ${semi} MB | ${t.rps} | ${t.cpu_us_per_request ?? '?'} | ${gc.scavenges} | ${gc.scavenge_ms} | ${gc.mark_compacts} | ${Math.round(peak / 1024)} MB |`,
-            );
-            process.stderr.write(`[gc] ${rows.at(-1)!}\n`);
+            t = await throughput(s, stream, 64, SECONDS);
+            peak = Number(/VmHWM:\s*(\d+)/.exec(readFileSync(`/proc/${sy.child.pid!}/status`, 'utf8'))?.[1] ?? 0);
           } finally {
             await sy.stop();
           }
+          const gc = gcOf(readFileSync(trace, 'utf8'));
+          rows.push(
+            `| ${round} | ${stream ? 'stream' : 'non-stream'} | ${semi} MB | ${t.rps} | ${t.cpu_us_per_request ?? '?'} | ${gc.scavenges} | ${gc.scavenge_ms} | ${gc.mark_compacts} | ${Math.round(peak / 1024)} MB |`,
+          );
+          process.stderr.write(`[gc] ${rows.at(-1)!}\n`);
         }
       }
     }
