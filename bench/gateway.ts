@@ -6,7 +6,7 @@
 import autocannon from 'autocannon';
 import { Client, request } from 'undici';
 import http from 'node:http';
-import { percentile, probeHealth, sleep, treeCpuUs, treeRss } from './lib.js';
+import { median, percentile, probeHealth, sleep, treeCpuUs, treeRss } from './lib.js';
 
 export interface Subject {
   name: string;
@@ -57,19 +57,56 @@ export function load(s: Subject, stream: boolean, connections: number, seconds: 
 
 /** Requests per second (2xx only) and latency percentiles, with a warm-up run first. */
 export async function throughput(s: Subject, stream: boolean, connections: number, seconds: number): Promise<Throughput> {
-  await load(s, stream, connections, Math.max(1, Math.round(seconds / 4)));
-  const cpu = s.pid === undefined ? undefined : treeCpuUs(s.pid);
-  const r = await load(s, stream, connections, seconds);
-  const used = cpu === undefined ? undefined : treeCpuUs(s.pid!) - cpu;
-  return {
-    ...(used !== undefined && r['2xx'] > 0 && { cpu_us_per_request: Math.round(used / r['2xx']) }),
-    rps: Math.round(r['2xx'] / r.duration),
-    p50_ms: r.latency.p50,
-    p90_ms: r.latency.p90,
-    p99_ms: r.latency.p99,
-    errors: r.errors,
-    non2xx: r.non2xx,
-  };
+  return (await interleavedThroughput([s], stream, connections, 1, seconds))[0]!;
+}
+
+/** `xs` turned left by `n` places: the order of the subjects in burst `n`. */
+const rotated = <T>(xs: readonly T[], n: number): T[] => xs.map((_, i) => xs[(i + n) % xs.length]!);
+
+/**
+ * Throughput of several subjects measured in turns: each is warmed up, then each takes `bursts`
+ * bursts of `seconds`, one subject after the other, the order turned by one place every burst. This
+ * VM's speed drifts by ±25% between runs of a few seconds and by several times over an hour, so
+ * subjects measured one after the other for ten seconds each were measured on different machines,
+ * as it were (two runs of the same build gave 0.53× and 0.74× for the stream, then 0.63× and 0.51×);
+ * in turns, the drift falls on every subject alike. Requests per second and CPU per request are the
+ * totals over all of a subject's bursts; the latency percentiles are the median burst's.
+ */
+export async function interleavedThroughput(
+  subjects: readonly Subject[],
+  stream: boolean,
+  connections: number,
+  bursts: number,
+  seconds: number,
+): Promise<Throughput[]> {
+  const warmUp = Math.max(1, Math.round((seconds * bursts) / 4));
+  for (const s of subjects) await load(s, stream, connections, warmUp);
+  const runs = subjects.map(() => [] as Array<{ cpu?: number; r: autocannon.Result }>);
+  for (let b = 0; b < bursts; b++) {
+    for (const i of rotated(
+      subjects.map((_, i) => i),
+      b,
+    )) {
+      const s = subjects[i]!;
+      const cpu = s.pid === undefined ? undefined : treeCpuUs(s.pid);
+      const r = await load(s, stream, connections, seconds);
+      runs[i]!.push({ ...(cpu !== undefined && { cpu: treeCpuUs(s.pid!) - cpu }), r });
+    }
+  }
+  return runs.map((bs) => {
+    const ok = bs.reduce((a, x) => a + x.r['2xx'], 0);
+    const duration = bs.reduce((a, x) => a + x.r.duration, 0);
+    const cpu = bs.every((x) => x.cpu !== undefined) ? bs.reduce((a, x) => a + x.cpu!, 0) : undefined;
+    return {
+      ...(cpu !== undefined && ok > 0 && { cpu_us_per_request: Math.round(cpu / ok) }),
+      rps: Math.round(ok / duration),
+      p50_ms: median(bs.map((x) => x.r.latency.p50)),
+      p90_ms: median(bs.map((x) => x.r.latency.p90)),
+      p99_ms: median(bs.map((x) => x.r.latency.p99)),
+      errors: bs.reduce((a, x) => a + x.r.errors, 0),
+      non2xx: bs.reduce((a, x) => a + x.r.non2xx, 0),
+    };
+  });
 }
 
 export interface Latency {
@@ -83,11 +120,45 @@ export interface Latency {
  * answer (non-stream), or to the first body bytes of a stream (time to first chunk).
  */
 export async function sequential(s: Subject, stream: boolean, count: number): Promise<Latency> {
+  return (await interleavedSequential([s], stream, count, 1))[0]!;
+}
+
+/**
+ * One connection per subject and round, one request at a time, the subjects taking turns over
+ * `rounds` rounds (the order turned by one place each round), `count` timed requests each in all;
+ * each round's connection first answers a fifth as many untimed ones. Percentiles are over all of a
+ * subject's timed requests.
+ */
+export async function interleavedSequential(
+  subjects: readonly Subject[],
+  stream: boolean,
+  count: number,
+  rounds: number,
+): Promise<Latency[]> {
+  const times = subjects.map(() => [] as number[]);
+  const perRound = Math.ceil(count / rounds);
+  for (let round = 0; round < rounds; round++) {
+    for (const i of rotated(
+      subjects.map((_, i) => i),
+      round,
+    )) {
+      times[i]!.push(...(await timedRequests(subjects[i]!, stream, perRound)));
+    }
+  }
+  return times.map((t) => {
+    t.sort((a, b) => a - b);
+    return { p50_ms: percentile(t, 50), p90_ms: percentile(t, 90), p99_ms: percentile(t, 99) };
+  });
+}
+
+/** `count` requests timed in ms on one new keep-alive connection, after a fifth as many untimed ones. */
+async function timedRequests(s: Subject, stream: boolean, count: number): Promise<number[]> {
   const client = new Client(s.url, { pipelining: 1, keepAliveTimeout: 60_000 });
   const payload = requestBody(s.model, stream);
   const times: number[] = [];
+  const warm = Math.ceil(count / 5);
   try {
-    for (let i = 0; i < count + Math.ceil(count / 5); i++) {
+    for (let i = 0; i < count + warm; i++) {
       const t = process.hrtime.bigint();
       const res = await client.request({
         path: s.path,
@@ -102,14 +173,12 @@ export async function sequential(s: Subject, stream: boolean, count: number): Pr
       }
       if (!stream) elapsed = process.hrtime.bigint() - t;
       if (res.statusCode !== 200) throw new Error(`${s.name}: status ${res.statusCode}`);
-      // The first fifth warms up.
-      if (i >= Math.ceil(count / 5)) times.push(Number(elapsed) / 1e6);
+      if (i >= warm) times.push(Number(elapsed) / 1e6);
     }
   } finally {
     await client.close();
   }
-  times.sort((a, b) => a - b);
-  return { p50_ms: percentile(times, 50), p90_ms: percentile(times, 90), p99_ms: percentile(times, 99) };
+  return times;
 }
 
 export interface IdleStreams {

@@ -88,7 +88,7 @@ export function renderTable(r: Results): string {
   if (ns.direct || ns.switchyard) {
     out.push(
       '',
-      '**Throughput**, 64 connections (autocannon; latency in ms)',
+      "**Throughput**, 64 connections (autocannon; the direct, reference and 1-worker subjects take turns in bursts of a few seconds, totals over their bursts; latency in ms, the median burst's; 2 workers measured after)",
       '',
       '| | subject | req/s | CPU µs/request | p50 | p90 | p99 | vs reference | vs direct | errors |',
       '|---|---|---|---|---|---|---|---|---|---|',
@@ -112,7 +112,7 @@ export function renderTable(r: Results): string {
     }
     out.push(
       '',
-      '**One connection**, one request at a time (ms; added = p50 minus direct p50)',
+      '**One connection**, one request at a time, the subjects taking turns in rounds (ms; added = p50 minus direct p50)',
       '',
       '| subject | non-stream p50 | p90 | p99 | added p50 | first chunk p50 | p90 | p99 | added p50 |',
       '|---|---|---|---|---|---|---|---|---|',

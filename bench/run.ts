@@ -10,7 +10,7 @@ import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { PACKAGE_ROOT } from '../src/config.js';
 import { createBenchKey, spawnReady, startSwitchyard, type Proc } from './lib.js';
-import { check, idleStreams, sequential, throughput, type Subject } from './gateway.js';
+import { check, idleStreams, interleavedSequential, interleavedThroughput, throughput, type Subject } from './gateway.js';
 import { localScenarios, type LocalResult } from './local.js';
 import { renderTable, TARGETS, type Results } from './report.js';
 import { renderSchemaTable, schemaScenario } from './schemas.js';
@@ -20,6 +20,10 @@ const quick = process.argv.includes('--quick');
 const only = process.argv.find((a) => a.startsWith('--only='))?.slice(7);
 const SECONDS = quick ? 1 : 10;
 const SEQUENTIAL = quick ? 50 : 3000;
+/** Seconds of each burst when subjects take turns (SECONDS in all per subject). */
+const BURST_SECONDS = quick ? 1 : 2;
+/** Rounds of the one-connection requests, subjects taking turns. */
+const ROUNDS = quick ? 1 : 5;
 const IDLE_STREAMS = quick ? 100 : 10_000;
 /** Seconds of each load (non-stream, then stream) under the profiler. */
 const PROFILE_SECONDS = quick ? 1 : 5;
@@ -62,14 +66,19 @@ async function gateway(results: Results): Promise<void> {
       if (workers === 1) {
         await check(direct);
         await check(reference);
-        for (const s of [direct, reference, switchyard]) {
-          const name = s === switchyard ? 'switchyard' : (s.name as 'direct' | 'reference');
-          log(`${s.name}: throughput`);
-          results.gateway.throughput.non_stream[name] = await throughput(s, false, 64, SECONDS);
-          results.gateway.throughput.stream[name] = await throughput(s, true, 64, SECONDS);
-          log(`${s.name}: one connection`);
-          results.gateway.one_connection.non_stream[name] = await sequential(s, false, SEQUENTIAL);
-          results.gateway.one_connection.first_chunk[name] = await sequential(s, true, SEQUENTIAL);
+        // The three take turns (bursts of BURST_SECONDS, the order turned each burst), so that the
+        // machine's drift falls on each alike: every ratio compares the same minutes.
+        const subjects = [direct, reference, switchyard];
+        const names = ['direct', 'reference', 'switchyard'] as const;
+        for (const stream of [false, true]) {
+          log(`throughput, ${stream ? 'stream' : 'non-stream'}: ${subjects.map((s) => s.name).join(', ')} in turns`);
+          const t = await interleavedThroughput(subjects, stream, 64, SECONDS / BURST_SECONDS, BURST_SECONDS);
+          names.forEach((name, i) => (results.gateway.throughput[stream ? 'stream' : 'non_stream'][name] = t[i]!));
+        }
+        for (const stream of [false, true]) {
+          log(`one connection, ${stream ? 'first chunk' : 'non-stream'}: in turns`);
+          const l = await interleavedSequential(subjects, stream, SEQUENTIAL, ROUNDS);
+          names.forEach((name, i) => (results.gateway.one_connection[stream ? 'first_chunk' : 'non_stream'][name] = l[i]!));
         }
       } else {
         // 10,000 streams hold 20,000 sockets in the gateway (client and upstream side); this machine
