@@ -1,8 +1,8 @@
 /**
- * `npm run bench:compare -- --old <dir> [--bursts N] [--seconds S]`: this build against another one
+ * `npm run bench:compare -- --old <dir> [--bursts N] [--seconds S] [--workers N]`: this build against another one
  * (a checkout of an earlier commit, built, e.g. `git worktree add /tmp/old <rev>` + a node_modules
  * link + `npx tsc -p tsconfig.json` there) on the same machine, in the same minutes. Both run at
- * once (one worker each) in front of one fake upstream, warmed up, and take turns: N short bursts
+ * once (one worker each, or `--workers` each) in front of one fake upstream, warmed up, and take turns: N short bursts
  * of load each, alternating which goes first, so that the machine's drift (this VM's speed moves by
  * a factor of several from one hour to the next, and by ±25% between runs of a few seconds) falls
  * on both alike. Each burst yields the CPU time the subject's processes spent per request (user +
@@ -21,6 +21,7 @@ const { values } = parseArgs({
     bursts: { type: 'string', default: '20' },
     seconds: { type: 'string', default: '1' },
     sequential: { type: 'string', default: '1000' },
+    workers: { type: 'string', default: '1' },
   },
 });
 if (!values.old) throw new Error('--old <dir with a built dist/> is required');
@@ -28,6 +29,7 @@ const OLD = join(resolve(values.old), 'dist');
 const bursts = Number(values.bursts);
 const seconds = Number(values.seconds);
 const one = Number(values.sequential);
+const workers = Number(values.workers);
 const BUILDS = ['old', 'new'] as const;
 type Build = (typeof BUILDS)[number];
 
@@ -48,7 +50,7 @@ const procs: Proc[] = [];
 try {
   const subjects = {} as Record<Build, Subject>;
   for (const which of BUILDS) {
-    const sy = await startSwitchyard({ upstream: fake.url, workers: 1, dist: which === 'old' ? OLD : DIST });
+    const sy = await startSwitchyard({ upstream: fake.url, workers, dist: which === 'old' ? OLD : DIST });
     procs.push(sy);
     subjects[which] = {
       name: which,

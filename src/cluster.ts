@@ -13,24 +13,22 @@ import { AggregatorRegistry, type Registry } from 'prom-client';
  * go to the shared database from each worker.
  */
 
-interface CounterCall {
+type CounterOp = 'add' | 'get' | 'init';
+/** A worker's counter operations of one event-loop turn, in order: `[id, op, key, value, ttlMs]` each. */
+interface CounterCalls {
   sy: 'counters';
-  id: number;
-  op: 'add' | 'get' | 'init';
-  key: string;
-  value: number;
-  ttlMs: number;
+  calls: Array<[number, CounterOp, string, number, number]>;
 }
-interface CounterReply {
+/** The primary's answers to one batch: `[id, value, id, value, …]`, null for a counter that does not exist. */
+interface CounterValues {
   sy: 'counters';
-  id: number;
-  value: number | undefined;
+  values: Array<number | null>;
 }
 
-const isCall = (m: unknown): m is CounterCall =>
-  typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && 'op' in m;
-const isReply = (m: unknown): m is CounterReply =>
-  typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && !('op' in m);
+const isCalls = (m: unknown): m is CounterCalls =>
+  typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && Array.isArray((m as { calls?: unknown }).calls);
+const isValues = (m: unknown): m is CounterValues =>
+  typeof m === 'object' && m !== null && (m as { sy?: unknown }).sy === 'counters' && Array.isArray((m as { values?: unknown }).values);
 
 /**
  * The exit code of a server that could not start (its database, its port, a model it must load):
@@ -38,30 +36,59 @@ const isReply = (m: unknown): m is CounterReply =>
  */
 export const START_FAILED = 78;
 
-/** A worker's view of the primary's counters: every operation is one IPC round trip. */
+/**
+ * A worker's view of the primary's counters. The operations asked for in one event-loop turn go to
+ * the primary in one IPC message, sent once the turn's I/O callbacks have run (`setImmediate`: no
+ * wait beyond the turn), and come back in one: under load a turn admits several requests, and one
+ * message per operation (three per request with rpm and tpm limits, each serialized, written to the
+ * pipe, read and parsed on both sides) cost a cluster of two workers 90-115 µs of CPU per request
+ * on a 2-core machine (bench/README.md, "Counters over IPC in batches"). The primary applies each
+ * batch in order, as it applied the messages one by one.
+ */
 export class IpcCounters implements Counters {
   private seq = 0;
   private readonly pending = new Map<number, { resolve: (v: number | undefined) => void; reject: (e: Error) => void }>();
+  private queue: CounterCalls['calls'] = [];
+  private scheduled = false;
   private readonly onMessage = (m: unknown) => {
-    if (!isReply(m)) return;
-    this.pending.get(m.id)?.resolve(m.value);
-    this.pending.delete(m.id);
+    if (!isValues(m)) return;
+    const v = m.values;
+    for (let i = 0; i + 1 < v.length; i += 2) {
+      const id = v[i]!;
+      const p = this.pending.get(id);
+      if (p === undefined) continue;
+      this.pending.delete(id);
+      p.resolve(v[i + 1] ?? undefined);
+    }
+  };
+  private readonly flush = () => {
+    this.scheduled = false;
+    const calls = this.queue;
+    this.queue = [];
+    if (calls.length === 0) return;
+    process.send!({ sy: 'counters', calls } satisfies CounterCalls, undefined, {}, (err: Error | null) => {
+      if (!err) return;
+      for (const [id] of calls) {
+        const p = this.pending.get(id);
+        this.pending.delete(id);
+        p?.reject(err);
+      }
+    });
   };
 
   constructor() {
     process.on('message', this.onMessage);
   }
 
-  private call(op: CounterCall['op'], key: string, value: number, ttlMs: number): Promise<number | undefined> {
+  private call(op: CounterOp, key: string, value: number, ttlMs: number): Promise<number | undefined> {
     const id = ++this.seq;
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
-      const msg: CounterCall = { sy: 'counters', id, op, key, value, ttlMs };
-      process.send!(msg, undefined, {}, (err: Error | null) => {
-        if (!err) return;
-        this.pending.delete(id);
-        reject(err);
-      });
+      this.queue.push([id, op, key, value, ttlMs]);
+      if (!this.scheduled) {
+        this.scheduled = true;
+        setImmediate(this.flush);
+      }
     });
   }
 
@@ -79,19 +106,28 @@ export class IpcCounters implements Counters {
 
   async close(): Promise<void> {
     process.off('message', this.onMessage);
+    this.queue = [];
     for (const p of this.pending.values()) p.reject(new Error('counters closed'));
     this.pending.clear();
   }
 }
 
-async function answer(counters: Counters, worker: Worker, m: CounterCall): Promise<void> {
-  const value =
-    m.op === 'add'
-      ? await counters.add(m.key, m.value, m.ttlMs)
-      : m.op === 'init'
-        ? await counters.init(m.key, m.value, m.ttlMs)
-        : await counters.get(m.key);
-  if (worker.isConnected()) worker.send({ sy: 'counters', id: m.id, value } satisfies CounterReply);
+/** The primary's side: one worker's batch applied in order, answered in one message. */
+function answer(counters: Counters, worker: Worker, m: CounterCalls, log: Logger): void {
+  const values: Array<number | null> = new Array<number | null>(m.calls.length * 2);
+  let waits: Array<Promise<unknown>> | undefined;
+  for (let i = 0; i < m.calls.length; i++) {
+    const [id, op, key, value, ttlMs] = m.calls[i]!;
+    const v = op === 'add' ? counters.add(key, value, ttlMs) : op === 'init' ? counters.init(key, value, ttlMs) : counters.get(key);
+    values[2 * i] = id;
+    if (v instanceof Promise) (waits ??= []).push(v.then((x) => (values[2 * i + 1] = x ?? null)));
+    else values[2 * i + 1] = v ?? null;
+  }
+  const send = () => {
+    if (worker.isConnected()) worker.send({ sy: 'counters', values } satisfies CounterValues);
+  };
+  if (waits === undefined) send();
+  else Promise.all(waits).then(send, (err: unknown) => log.warn({ err }, 'counter call failed'));
 }
 
 /**
@@ -211,7 +247,7 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
 
   let gathers = 0;
   cluster.on('message', (worker, m: unknown) => {
-    if (counters && isCall(m)) answer(counters, worker, m).catch((err: unknown) => log.warn({ err }, 'counter call failed'));
+    if (counters && isCalls(m)) answer(counters, worker, m, log);
     // Each gather has an id of the primary's own (workers' ids may collide), answered under the worker's.
     else if (isMetrics(m) && m.op === 'gather') gatherMetricsFor(worker, m.id, ++gathers, log);
   });

@@ -102,6 +102,28 @@ describe('SWITCHYARD_WORKERS: several worker processes on one port', () => {
         assert.equal(series(429).exec(text)?.[1], '4');
         assert.match(text, /^switchyard_ledger_writable 1$/m, 'a gauge of each worker, not their sum');
       }
+
+      // At once, on both workers: their counter operations reach the primary in batches (one IPC
+      // message per worker and event-loop turn), applied in order, so the limit is still exact.
+      const burst = await withinOneMinute(async () => {
+        const key = await http<WireKey>(p.url, 'POST', '/admin/keys', {
+          key: ADMIN,
+          body: { org: 'acme', name: 'burst', limits: { rpm: 5, tpm: 1_000_000 } },
+        });
+        assert.equal(key.status, 201, key.text);
+        return Promise.all(
+          Array.from({ length: 16 }, () =>
+            fresh(p.url, '/v1/chat/completions', 'POST', key.json.key!, {
+              model: 'local/stories260k',
+              messages: [{ role: 'user', content: 'Once upon a time' }],
+              max_tokens: 2,
+            }),
+          ),
+        );
+      });
+      const at = burst.map((r) => r.status).sort();
+      assert.equal(at.filter((s) => s === 200).length, 5, `statuses ${at.join(',')}`);
+      assert.equal(at.filter((s) => s === 429).length, 11, `statuses ${at.join(',')}`);
     } finally {
       p.child.kill('SIGTERM');
     }

@@ -204,4 +204,37 @@ describe('limits shared by two instances on Redis', () => {
       await redis.quit();
     }
   });
+
+  it('shares a spend budget, and requests sent at once, across both instances', async () => {
+    // $1000 per million tokens: 15 tokens cost $0.015. The budget's counter is set up in Redis from
+    // the database by whichever instance comes first (a script, so the other finds it made).
+    const budget = await keyWith(a, `budget-${prefixDb}`, { budget: 0.02, budget_period: 'day' });
+    assert.equal((await chat(a, budget, MODEL, 10)).status, 200);
+    assert.equal((await chat(b, budget, MODEL, 10)).status, 200, '$0.015 spent of $0.02');
+    const over = await chat(a, budget, MODEL, 10);
+    assert.equal(over.status, 429);
+    assert.equal(over.json.error.code, 'budget_exceeded');
+
+    // Commands issued in one turn leave in one pipeline; each counter operation is still one script,
+    // applied in order, so eight at once against an rpm of 5 admit exactly 5.
+    await awayFromMinuteEdge();
+    const key = await keyWith(a, `burst-${prefixDb}`, { rpm: 5, tpm: 1_000_000 });
+    const statuses = (await Promise.all(Array.from({ length: 8 }, (_, i) => chat(i % 2 === 0 ? a : b, key, MODEL, 2)))).map(
+      (r) => r.status,
+    );
+    assert.equal(statuses.filter((s) => s === 200).length, 5, statuses.join(','));
+    assert.equal(statuses.filter((s) => s === 429).length, 3, statuses.join(','));
+
+    // The scripts go by their SHA; a Redis that lost them (restarted, flushed) is sent them again.
+    const redis = new Redis(REDIS_URL);
+    try {
+      await redis.script('FLUSH');
+    } finally {
+      await redis.quit();
+    }
+    await awayFromMinuteEdge();
+    const again = await keyWith(a, `flushed-${prefixDb}`, { rpm: 1 });
+    assert.equal((await chat(b, again)).status, 200);
+    assert.equal((await chat(a, again)).status, 429);
+  });
 });
