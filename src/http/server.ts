@@ -328,16 +328,6 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson);
   app.addContentTypeParser('*', { parseAs: 'string' }, parseJson);
 
-  // The Responses WebSocket transport. Open sockets are closed by their own shutdown (a running turn
-  // finishes first), not the plugin's default, which drops them at once.
-  const sockets = new ResponseSockets();
-  await app.register(websocket, {
-    options: { maxPayload: config.bodyLimit },
-    preClose: function (this: App, done: () => void) {
-      const end = () => this.websocketServer.close(() => done());
-      sockets.shutdown().then(end, end);
-    },
-  });
 
   // The OpenAPI document is generated from the route schemas that validate requests.
   await app.register(swagger, {
@@ -432,7 +422,21 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   });
   registerStoredChatRoutes(app, ctx);
   registerResponseRoutes(app, ctx);
-  registerResponseSocket(app, ctx, sockets);
+  // The Responses WebSocket transport, in a scope of its own: the plugin adds an onRequest and an
+  // onResponse hook to every route of the scope it is registered in, which every other request would
+  // run for nothing. Open sockets are closed by their own shutdown (a running turn finishes first),
+  // not the plugin's default, which drops them at once.
+  const sockets = new ResponseSockets();
+  void app.register(async (scope) => {
+    await scope.register(websocket, {
+      options: { maxPayload: config.bodyLimit },
+      preClose: function (this: App, done: () => void) {
+        const end = () => this.websocketServer.close(() => done());
+        sockets.shutdown().then(end, end);
+      },
+    });
+    registerResponseSocket(scope, ctx, sockets);
+  });
   registerConversationRoutes(app, ctx);
   registerAdminRoutes(app, ctx);
   registerUsageRoutes(app, ctx);
