@@ -54,6 +54,35 @@ describe('catalogue over plain HTTP', () => {
     assert.match(String(res.headers['content-type']), /^application\/json/);
   });
 
+  it('decodes the id in the path once: %252F is a literal %2F, not a slash', async () => {
+    const res = await http(server.url, 'GET', '/v1/models/meta-llama%252Fllama-3.1-8b-instruct', { key: acme });
+    assert.equal(res.status, 404, res.text);
+    assert.equal(res.json.error.code, 'model_not_found');
+  });
+
+  it('reads, changes and deletes a model whose id has the longest length allowed (255)', async () => {
+    const id = `openai/${'m'.repeat(248)}`;
+    assert.equal(id.length, 255);
+    const made = await http(server.url, 'POST', '/admin/models', {
+      key: server.adminKey,
+      body: { id, context_length: 1000, pricing: [{ metric: 'input_tokens', rate: 1 }] },
+    });
+    assert.equal(made.status, 201, made.text);
+    for (const path of [`/v1/models/${id}`, `/v1/models/${encodeURIComponent(id)}`]) {
+      const res = await http<WireModel>(server.url, 'GET', path, { key: acme });
+      assert.equal(res.status, 200, res.text);
+      assert.equal(res.json.id, id);
+    }
+    const patched = await http<WireModel>(server.url, 'PATCH', `/admin/models/${encodeURIComponent(id)}`, {
+      key: server.adminKey,
+      body: { context_length: 2000 },
+    });
+    assert.equal(patched.status, 200, patched.text);
+    assert.equal(patched.json.context_length, 2000);
+    assert.equal((await http(server.url, 'DELETE', `/admin/models/${id}`, { key: server.adminKey })).status, 200);
+    assert.equal((await http(server.url, 'GET', `/v1/models/${id}`, { key: acme })).status, 404);
+  });
+
   it('lists image models with output_size and no context_length', async () => {
     const res = await list('?type=image_generation');
     assert.equal(res.status, 200);

@@ -185,6 +185,15 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal(((await client.conversations.retrieve(conv.id)).metadata as Record<string, string>)['topic'], 'dogs');
     const added = await client.conversations.items.create(conv.id, { items: [{ type: 'message', role: 'user', content: 'More.' }] });
     assert.equal(added.data.length, 1);
+    // A client's own item id may be 256 characters long, and is read and deleted by it like any other.
+    const longId = `msg_${'a'.repeat(252)}`;
+    await client.conversations.items.create(conv.id, { items: [{ type: 'message', role: 'user', content: 'Long.', id: longId } as never] });
+    assert.equal((await client.conversations.items.retrieve(longId, { conversation_id: conv.id })).id, longId);
+    await client.conversations.items.delete(longId, { conversation_id: conv.id });
+    await assert.rejects(
+      client.conversations.items.retrieve(longId, { conversation_id: conv.id }),
+      (e: unknown) => e instanceof OpenAI.NotFoundError,
+    );
     await client.conversations.delete(conv.id);
     await assert.rejects(client.conversations.retrieve(conv.id), (e: unknown) => e instanceof OpenAI.NotFoundError);
   });

@@ -41,17 +41,11 @@ export function renderModel(m: Model, available: boolean): Record<string, unknow
 
 /**
  * Reads `author/slug` from either route shape: `/v1/models/author/slug` (older clients) or
- * `/v1/models/author%2Fslug` (openai-node ≥ 5), which the router hands over still encoded.
+ * `/v1/models/author%2Fslug` (openai-node ≥ 5). The router has decoded each parameter once
+ * (`%2F` included); decoding again would read `local%252Fx` as `local/x`, a model the path does not name.
  */
 export function modelIdFromParams(params: { author?: string; slug?: string; id?: string }): string {
-  if (params.id !== undefined) {
-    try {
-      return decodeURIComponent(params.id);
-    } catch {
-      return params.id;
-    }
-  }
-  return `${params.author ?? ''}/${params.slug ?? ''}`;
+  return params.id ?? `${params.author ?? ''}/${params.slug ?? ''}`;
 }
 
 export function registerModelRoutes(app: App, ctx: RouteContext): void {
