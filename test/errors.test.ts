@@ -104,6 +104,41 @@ describe('error contract', () => {
     assertEnvelope(res, 405, 'method_not_allowed');
     assert.equal(res.headers['allow'], 'GET, HEAD');
     assertEnvelope(await http(server.url, 'PUT', '/admin/keys', { key: server.adminKey, body: {} }), 405, 'method_not_allowed');
+    // Methods without any route (OPTIONS with CORS off, TRACE, and PROPFIND, which Fastify does not
+    // route at all) on a fixed path: the same 405. On an unknown path, still a 404.
+    for (const method of ['OPTIONS', 'TRACE', 'PROPFIND', 'SEARCH']) {
+      const r = await request(`${server.url}/v1/models`, { method, headers: { authorization: `Bearer ${key}` } });
+      const text = await r.body.text();
+      assert.equal(r.statusCode, 405, `${method}: ${text}`);
+      assert.equal(r.headers['allow'], 'GET, HEAD');
+      assert.match(String(r.headers['x-request-id']), /^req_/);
+      assert.equal((JSON.parse(text) as Envelope).error.code, 'method_not_allowed');
+      const unknown = await request(`${server.url}/v1/nothing-here`, { method });
+      await unknown.body.text();
+      assert.equal(unknown.statusCode, 404, method);
+    }
+  });
+
+  it('answers CONNECT with a 405 in the envelope instead of closing the connection without a word', async () => {
+    const { connect } = await import('node:net');
+    const url = new URL(server.url);
+    const answer = await new Promise<string>((resolve, reject) => {
+      const socket = connect(Number(url.port), url.hostname, () =>
+        socket.write('CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n'),
+      );
+      let text = '';
+      socket.setEncoding('utf8');
+      socket.on('data', (d: string) => (text += d));
+      socket.on('end', () => resolve(text));
+      socket.on('error', reject);
+    });
+    assert.match(answer, /^HTTP\/1\.1 405 /);
+    assert.match(answer, /\r\nx-request-id: req_[0-9a-f]+\r\n/);
+    assert.match(answer, /\r\nallow: GET, HEAD, POST, PUT, PATCH, DELETE\r\n/);
+    const body = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)) as Envelope;
+    assert.equal(body.error.code, 'method_not_allowed');
+    // The server goes on serving.
+    assert.equal((await http(server.url, 'GET', '/v1/models', { key })).status, 200);
   });
 
   it('answers a method a path with a parameter lacks with 404, not a 405 naming the pattern', async () => {

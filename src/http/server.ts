@@ -239,6 +239,21 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
       .end(body);
   });
 
+  // CONNECT (a proxy's tunnel) is not served: Node closes the socket without a word unless this
+  // is handled, the one request that got no envelope and no request id.
+  app.server.on('connect', (_req: IncomingMessage, socket: Duplex) => {
+    if (answeredSockets.has(socket)) return;
+    answeredSockets.add(socket);
+    const allow = ROUTABLE_METHODS.join(', ');
+    const body = JSON.stringify(new ApiError('method_not_allowed', `Method CONNECT is not allowed; use ${allow}.`).toBody());
+    socket.on('error', () => socket.destroy());
+    closeAnswered(
+      socket,
+      `HTTP/1.1 405 Method Not Allowed\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
+        `allow: ${allow}\r\nx-request-id: req_${randomHex()}\r\nconnection: close\r\n\r\n${body}`,
+    );
+  });
+
   // Bodies are validated as sent (a string is never a number); query strings and path params are text
   // by nature, so they are coerced. Each schema is compiled once, when its route is registered.
   const bodyAjv = new Ajv({ coerceTypes: false, useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
@@ -369,18 +384,29 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   }
 
   app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => sendError(reply, routeError(err, req)));
-  app.setNotFoundHandler((req, reply) => {
-    const e = new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`);
-    // Under the Messages paths (`/v1/messages/batches`, which is not served) Anthropic's SDKs read Anthropic's envelope.
-    return req.url.startsWith('/v1/messages/') ? sendAnthropicError(reply, req.id, e) : sendError(reply, e);
-  });
-
-  // Remember which methods each path has, so the others answer 405 rather than 404.
+  // Remember which methods each path has, so the others answer 405 rather than 404; `allowByPath`
+  // holds each fixed path's `Allow`, taken before the 405 routes are added (which onRoute sees too).
   const methodsByPath = new Map<string, Set<string>>();
+  const allowByPath = new Map<string, string>();
   app.addHook('onRoute', (route) => {
     const set = methodsByPath.get(route.url) ?? new Set<string>();
     for (const m of [route.method].flat()) set.add(m);
     methodsByPath.set(route.url, set);
+  });
+
+  app.setNotFoundHandler((req, reply) => {
+    const path = req.url.split('?')[0]!;
+    // A method no route is registered for (OPTIONS with CORS off, TRACE, or one Fastify does not
+    // route at all, such as PROPFIND) on a fixed path that exists: 405 with the methods it has, as
+    // for PUT or DELETE there (methodNotAllowedRoutes).
+    const allow = allowByPath.get(path);
+    const e = allow
+      ? new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${path}; use ${allow}.`, { headers: { allow } })
+      : new ApiError('not_found', `Unknown request URL: ${req.method} ${path}.`);
+    // Under the Messages paths (`/v1/messages/batches`, which is not served) Anthropic's SDKs read Anthropic's envelope.
+    return (allow ? path.startsWith('/v1/messages') : path.startsWith('/v1/messages/'))
+      ? sendAnthropicError(reply, req.id, e)
+      : sendError(reply, e);
   });
 
   const { auth } = deps;
@@ -446,22 +472,27 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   registerConsole(app);
 
   // A plugin of its own so that it runs after the scoped routes above have been registered.
-  void app.register(async (root) => methodNotAllowedRoutes(root, methodsByPath));
+  void app.register(async (root) => methodNotAllowedRoutes(root, methodsByPath, allowByPath));
   return app;
 }
 
 /** Every other method on a known path: 405 with `Allow` (or 404 on a parametric path, see below). */
-function methodNotAllowedRoutes(app: FastifyInstance, methodsByPath: ReadonlyMap<string, Set<string>>): void {
+function methodNotAllowedRoutes(
+  app: FastifyInstance,
+  methodsByPath: ReadonlyMap<string, Set<string>>,
+  allowByPath: Map<string, string>,
+): void {
   for (const [url, methods] of [...methodsByPath]) {
     if (url === '*' || url === '/*') continue;
     const allowed = ROUTABLE_METHODS.filter((m) => methods.has(m));
     const others = ROUTABLE_METHODS.filter((m) => !methods.has(m));
-    if (others.length === 0) continue;
     const allow = allowed.join(', ');
     // A path with a parameter (`/v1/responses/:id`) cannot tell a resource it lacks a method for from
     // a path that does not exist (`POST /v1/responses/compact` on a server without it): both are 404,
     // as OpenAI answers them. A fixed path that exists answers 405 with the methods it has.
     const parametric = url.includes(':') || url.includes('*');
+    if (!parametric && allow !== '') allowByPath.set(url, allow);
+    if (others.length === 0) continue;
     app.route({
       method: others,
       url,
