@@ -225,6 +225,26 @@ describe('function calling and structured output on the local engine (stories260
     });
     assert.equal(badChat.status, 400, badChat.text);
     assert.equal(badChat.json.error.param, 'tool_choice.allowed_tools.tools[0].function.name');
+
+    // A malformed tool_choice is refused naming what is wrong with it, not a field of another shape.
+    for (const [choice, param, message] of [
+      [{ type: 'bogus' }, 'tool_choice.type', /must be one of 'function', 'allowed_tools'/],
+      [
+        { type: 'allowed_tools', mode: 'bogus', tools: [{ type: 'function', name: 'get_weather' }] },
+        'tool_choice.mode',
+        /'none', 'auto', 'required'/,
+      ],
+      [{ type: 'allowed_tools', mode: 'required', tools: [] }, 'tool_choice.tools', /fewer than 1/],
+      [{ type: 'function' }, 'tool_choice.name', /Missing required parameter/],
+    ] as const) {
+      const res = await http(server.url, 'POST', '/v1/responses', {
+        key: client.apiKey!,
+        body: { model: STORIES, input: 'x', tools: responsesTools, tool_choice: choice },
+      });
+      assert.equal(res.status, 400, res.text);
+      assert.equal(res.json.error.param, param, res.text);
+      assert.match(res.json.error.message, message);
+    }
   });
 
   it('lets the model answer in text under "auto" (it never opens a tool call)', async () => {

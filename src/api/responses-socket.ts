@@ -22,9 +22,14 @@ const PING_MS = 30_000;
 const HTTP_ONLY = ['stream', 'stream_options', 'background'] as const;
 
 // Bodies are checked exactly as on HTTP (one schema, no coercion), compiled once.
-const validate = new Ajv({ coerceTypes: false, useDefaults: true, removeAdditional: false, allErrors: false, strict: false }).compile(
-  ResponsesRequestSchema,
-);
+const validate = new Ajv({
+  coerceTypes: false,
+  useDefaults: true,
+  removeAdditional: false,
+  allErrors: false,
+  strict: false,
+  verbose: true,
+}).compile(ResponsesRequestSchema);
 
 /**
  * One Responses WebSocket (Open Responses' WebSocket transport): `response.create` messages run one

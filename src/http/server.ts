@@ -256,7 +256,16 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
 
   // Bodies are validated as sent (a string is never a number); query strings and path params are text
   // by nature, so they are coerced. Each schema is compiled once, when its route is registered.
-  const bodyAjv = new Ajv({ coerceTypes: false, useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
+  // `verbose` puts the failing schema and value in an error (and costs nothing until one fails), so a
+  // union's error can come from the branch of the value's own `type` (protocols/validation.ts).
+  const bodyAjv = new Ajv({
+    coerceTypes: false,
+    useDefaults: true,
+    removeAdditional: false,
+    allErrors: false,
+    strict: false,
+    verbose: true,
+  });
   const textAjv = new Ajv({ coerceTypes: 'array', useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
   app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? bodyAjv : textAjv).compile(schema));
 

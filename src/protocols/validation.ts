@@ -10,6 +10,11 @@ export interface ValidationIssue {
   instancePath: string;
   message?: string | undefined;
   params: Record<string, unknown>;
+  /** Where in the schema (ajv's `schemaPath`, e.g. `#/properties/tool_choice/anyOf/1/required`): which branch of a union. */
+  schemaPath?: string | undefined;
+  /** With ajv's `verbose`: the schema of the failing keyword (a union's branches) and the value it failed on. */
+  schema?: unknown;
+  data?: unknown;
 }
 
 /** `/messages/0/content` → `messages[0].content` */
@@ -31,8 +36,29 @@ const depthOf = (i: ValidationIssue): number => i.instancePath.split('/').length
  * json_schema branch, not the text branch's enum on `type`), a range or an enum before a type; a
  * wrong type inside the value (`limits.rpm: 1.5` in a nullable `limits`); else any range or enum.
  */
+/** The `type` values a union branch takes (`{type: {const: "function"}}`, or an enum), if it is an object shape told apart by one. */
+function branchTypes(branch: unknown): unknown[] {
+  const t = (branch as { properties?: Record<string, { const?: unknown; enum?: unknown[] }> } | null)?.properties?.['type'];
+  return t === undefined ? [] : t.const !== undefined ? [t.const] : Array.isArray(t.enum) ? t.enum : [];
+}
+
 function unionIssue(issues: readonly ValidationIssue[], union: ValidationIssue): ValidationIssue | undefined {
-  const under = issues.filter((i) => i.instancePath.startsWith(union.instancePath) && i.keyword !== 'anyOf' && i.keyword !== 'oneOf');
+  let under = issues.filter((i) => i.instancePath.startsWith(union.instancePath) && i.keyword !== 'anyOf' && i.keyword !== 'oneOf');
+  // Branches told apart by a `type` (`{type: "function", name}`, `{type: "allowed_tools", mode, tools}`):
+  // only the branch of the value's own `type` says what is wrong (not another shape's missing
+  // `name`), and a `type` that is no branch's is itself the error. Needs ajv's `verbose` (the union's
+  // branches and the value); without it, the deepest issue decides as below.
+  const branches = Array.isArray(union.schema) ? (union.schema as unknown[]) : undefined;
+  const type = (union.data as { type?: unknown } | null | undefined)?.type;
+  const types = branches?.map(branchTypes) ?? [];
+  if (branches && union.schemaPath && typeof type === 'string' && types.some((t) => t.length > 0)) {
+    const k = types.findIndex((t) => t.includes(type));
+    const typePath = `${union.instancePath}/type`;
+    if (k < 0) return { keyword: 'enum', instancePath: typePath, params: { allowedValues: types.flat() } };
+    const own = `${union.schemaPath}/${k}/`;
+    const mine = under.filter((i) => i.schemaPath?.startsWith(own));
+    if (mine.length > 0) under = mine;
+  }
   if (under.length === 0) return undefined;
   const deepest = Math.max(...under.map(depthOf));
   const top = under.filter((i) => depthOf(i) === deepest);
@@ -69,8 +95,8 @@ export function validationError(issues: readonly ValidationIssue[], where: strin
     case 'enum': {
       // Every branch of a union at the same place says what it takes (`text` and `json_object` in one
       // branch, `json_schema` as another's const): the value may be any of them.
-      const allowed = new Set<unknown>();
-      for (const i of union ? issues : [issue]) {
+      const allowed = new Set<unknown>(issue.params['allowedValues'] as unknown[]);
+      for (const i of union ? issues : []) {
         if (i.instancePath !== issue.instancePath) continue;
         if (i.keyword === 'enum') for (const v of i.params['allowedValues'] as unknown[]) allowed.add(v);
         else if (i.keyword === 'const') allowed.add(i.params['allowedValue']);
