@@ -58,6 +58,42 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.ok(r.usage!.input_tokens > 12);
   });
 
+  it("takes a function call's output as a string or as content parts, and keeps the parts", async () => {
+    const call = { type: 'function_call' as const, call_id: 'c1', name: 'weather', arguments: '{}' };
+    const asText = await client.responses.create({
+      model: STORIES,
+      max_output_tokens: 2,
+      input: [call, { type: 'function_call_output', call_id: 'c1', output: 'sunny' }],
+    });
+    const parts = [{ type: 'input_text' as const, text: 'sunny' }];
+    const asParts = await client.responses.create({
+      model: STORIES,
+      max_output_tokens: 2,
+      input: [call, { type: 'function_call_output', call_id: 'c1', output: parts }],
+    });
+    // The model reads the parts' text, not their JSON.
+    assert.equal(asParts.usage?.input_tokens, asText.usage?.input_tokens);
+    const items = (await client.responses.inputItems.list(asParts.id)).data;
+    const output = items.find((i) => i.type === 'function_call_output');
+    assert.deepEqual(output && 'output' in output ? output.output : undefined, parts);
+
+    // `output` is required, and is a string or an array of parts.
+    for (const [value, code] of [
+      [undefined, 'missing_required_parameter'],
+      [null, 'missing_required_parameter'],
+      [{ a: 1 }, 'invalid_value'],
+      [[{ type: 'output_text', text: 'x' }], 'unsupported_content'],
+    ] as const) {
+      const res = await http(server.url, 'POST', '/v1/responses', {
+        key,
+        body: { model: STORIES, max_output_tokens: 2, input: [call, { type: 'function_call_output', call_id: 'c1', output: value }] },
+      });
+      assert.equal(res.status, 400, res.text);
+      assert.equal(res.json.error.code, code, res.text);
+      assert.match(String(res.json.error.param), /^input\[1\]\.output/);
+    }
+  });
+
   it('is completed when the output ends within max_output_tokens, and incomplete when the limit cuts it', async () => {
     // A schema-constrained answer ends where its JSON does, well inside the limit.
     const ended = await client.responses.create({

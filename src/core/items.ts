@@ -34,7 +34,8 @@ export interface FunctionCallOutputItem {
   id: string;
   type: 'function_call_output';
   call_id: string;
-  output: string;
+  /** Text, or content parts (text and images), kept as the client sent them (Open Responses). */
+  output: string | InputContent[];
   status?: string;
 }
 export interface ReasoningItem {
@@ -105,6 +106,18 @@ function textOf(content: InputContent[]): string {
     .join('');
 }
 
+/** Content parts as an engine reads them: their text, or text and images where there are images. */
+function partsOf(content: InputContent[]): string | ContentPart[] {
+  if (!content.some((c) => c.type === 'input_image')) return textOf(content);
+  return content.flatMap((c): ContentPart[] =>
+    c.type === 'input_image'
+      ? c.image_url
+        ? [{ type: 'image', url: c.image_url, ...(c.detail && { detail: c.detail }) }]
+        : []
+      : [{ type: 'text', text: textOf([c]) }],
+  );
+}
+
 /**
  * Items → canonical messages for an engine. Consecutive function calls become one assistant turn;
  * reasoning (given as `reasoningText`, already decrypted where it was sealed) goes into the next
@@ -117,17 +130,7 @@ export function itemsToMessages(items: readonly Item[], instructions: string | n
   for (const it of items) {
     switch (it.type) {
       case 'message': {
-        const hasImage = it.content.some((c) => c.type === 'input_image');
-        const content: string | ContentPart[] = hasImage
-          ? it.content.flatMap((c): ContentPart[] =>
-              c.type === 'input_image'
-                ? c.image_url
-                  ? [{ type: 'image', url: c.image_url, ...(c.detail && { detail: c.detail }) }]
-                  : []
-                : [{ type: 'text', text: textOf([c]) }],
-            )
-          : textOf(it.content);
-        const msg: Message = { role: it.role, content };
+        const msg: Message = { role: it.role, content: partsOf(it.content) };
         if (it.phase !== undefined && it.role === 'assistant') msg.phase = it.phase;
         if (it.role === 'assistant' && pendingReasoning) {
           msg.reasoning = pendingReasoning;
@@ -151,7 +154,8 @@ export function itemsToMessages(items: readonly Item[], instructions: string | n
         break;
       }
       case 'function_call_output':
-        out.push({ role: 'tool', content: it.output, toolCallId: it.call_id });
+        // Parts are read as a message's are: their text, or text and images where there are images.
+        out.push({ role: 'tool', content: typeof it.output === 'string' ? it.output : partsOf(it.output), toolCallId: it.call_id });
         break;
       case 'reasoning':
         pendingReasoning += sealed.reasoning(it);

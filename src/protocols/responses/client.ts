@@ -12,10 +12,6 @@ import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type R
 function responsesInput(messages: readonly Message[]): Record<string, unknown>[] {
   const items: Record<string, unknown>[] = [];
   for (const m of messages) {
-    if (m.role === 'tool') {
-      items.push({ type: 'function_call_output', call_id: m.toolCallId ?? '', output: typeof m.content === 'string' ? m.content : '' });
-      continue;
-    }
     const content =
       typeof m.content === 'string' || m.content === null
         ? m.content
@@ -24,6 +20,11 @@ function responsesInput(messages: readonly Message[]): Record<string, unknown>[]
               ? { type: m.role === 'assistant' ? 'output_text' : 'input_text', text: p.text }
               : { type: 'input_image', image_url: p.url, ...(p.detail && { detail: p.detail }) },
           );
+    if (m.role === 'tool') {
+      // A tool's result in parts (chat's array content, Responses' parts) goes on as parts.
+      items.push({ type: 'function_call_output', call_id: m.toolCallId ?? '', output: content ?? '' });
+      continue;
+    }
     if (content !== null && content !== '') items.push({ role: m.role, content, ...(m.phase && { phase: m.phase }) });
     for (const c of m.toolCalls ?? []) items.push({ type: 'function_call', call_id: c.id, name: c.name, arguments: c.arguments });
   }

@@ -13,14 +13,14 @@ function objectAt(v: unknown, at: string): Raw {
   return v as Raw;
 }
 
-function contentParts(raw: unknown, role: string, where: string): InputContent[] {
+function contentParts(raw: unknown, role: string, where: string, field = 'content'): InputContent[] {
   if (typeof raw === 'string') {
     return [role === 'assistant' ? { type: 'output_text', text: raw, annotations: [] } : { type: 'input_text', text: raw }];
   }
   if (!Array.isArray(raw))
-    throw new ApiError('invalid_value', `${where}.content must be a string or an array of parts.`, { param: `${where}.content` });
+    throw new ApiError('invalid_value', `${where}.${field} must be a string or an array of parts.`, { param: `${where}.${field}` });
   return raw.map((element: unknown, j) => {
-    const at = `${where}.content[${j}]`;
+    const at = `${where}.${field}[${j}]`;
     const p = objectAt(element, at);
     switch (p['type']) {
       case 'input_text':
@@ -43,6 +43,26 @@ function contentParts(raw: unknown, role: string, where: string): InputContent[]
         throw new ApiError('unsupported_content', `Content part type '${String(p['type'])}' is not supported.`, { param: `${at}.type` });
     }
   });
+}
+
+/**
+ * A function call's output (Open Responses `FunctionCallOutputItemParam.output`, required): a string,
+ * or input parts (text and images), kept as parts. Anything else was once turned into its JSON text,
+ * which the model then read instead of the output, and a missing one into `""`.
+ */
+function functionOutput(raw: unknown, where: string): string | InputContent[] {
+  if (typeof raw === 'string') return raw;
+  if (raw === undefined || raw === null)
+    throw new ApiError('missing_required_parameter', `Missing required parameter: '${where}'.`, { param: where });
+  if (!Array.isArray(raw)) throw new ApiError('invalid_value', `${where} must be a string or an array of content parts.`, { param: where });
+  const parts = contentParts(raw, 'user', where.replace(/\.output$/, ''), 'output');
+  parts.forEach((p, j) => {
+    if (p.type !== 'input_text' && p.type !== 'input_image')
+      throw new ApiError('unsupported_content', `Content part type '${p.type}' is not supported in a function call's output.`, {
+        param: `${where}[${j}].type`,
+      });
+  });
+  return parts;
 }
 
 const str = (v: unknown, where: string): string => {
@@ -124,16 +144,14 @@ export function decodeInput(input: string | readonly Raw[], field = 'input'): In
           arguments: str(raw['arguments'], `${where}.arguments`),
           status: itemStatus(raw, where),
         };
-      case 'function_call_output': {
-        const output = raw['output'];
+      case 'function_call_output':
         return {
           id: itemId(raw, where, 'fco'),
           type: 'function_call_output',
           call_id: str(raw['call_id'], `${where}.call_id`),
-          output: typeof output === 'string' ? output : JSON.stringify(output ?? ''),
+          output: functionOutput(raw['output'], `${where}.output`),
           status: itemStatus(raw, where),
         };
-      }
       case 'reasoning': {
         const summary = Array.isArray(raw['summary'])
           ? (raw['summary'] as unknown[]).map((s, k) => ({
