@@ -277,6 +277,24 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       // A refusal part is an assistant's: a user's is refused by its type.
       [{ ...base, messages: [{ role: 'user', content: [{ type: 'refusal', refusal: 'no' }] }] }, 'messages[0].content[0].type'],
       [{ ...base, tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) }, 'tools'],
+      // A tool message answers a tool call an earlier assistant message made (OpenAI's rule).
+      [{ ...base, messages: [{ role: 'tool', content: 'x' }] }, 'messages[0].tool_call_id'],
+      [{ ...base, messages: [{ role: 'tool', tool_call_id: 'call_zzz', content: 'x' }] }, 'messages[0].tool_call_id'],
+      [
+        {
+          ...base,
+          messages: [
+            { role: 'user', content: 'Weather?' },
+            {
+              role: 'assistant',
+              content: null,
+              tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'f', arguments: '{}' } }],
+            },
+            { role: 'tool', tool_call_id: 'call_2', content: 'x' },
+          ],
+        },
+        'messages[2].tool_call_id',
+      ],
       [{ ...base, response_format: { type: 'xml' } }, 'response_format.type'],
       [{ ...base, response_format: { type: 'json_schema' } }, 'response_format.json_schema'],
       // Metadata keys of at most 64 characters (values 512, 16 pairs).

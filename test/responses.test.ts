@@ -92,6 +92,27 @@ describe('POST /v1/responses with TinyStories', () => {
       assert.equal(res.json.error.code, code, res.text);
       assert.match(String(res.json.error.param), /^input\[1\]\.output/);
     }
+
+    // An output answers a call made before it: in this input, or in what it continues from.
+    const orphan = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: STORIES, max_output_tokens: 2, input: [{ type: 'function_call_output', call_id: 'nope', output: 'x' }] },
+    });
+    assert.equal(orphan.status, 400, orphan.text);
+    assert.equal(orphan.json.error.param, 'input[0].call_id');
+    assert.match(orphan.json.error.message, /No function call found .*'nope'/);
+    const onlyCall = await client.responses.create({
+      model: STORIES,
+      max_output_tokens: 2,
+      input: [{ role: 'user', content: 'Hi' }, call],
+    });
+    const answered = await client.responses.create({
+      model: STORIES,
+      max_output_tokens: 2,
+      previous_response_id: onlyCall.id,
+      input: [{ type: 'function_call_output', call_id: 'c1', output: 'sunny' }],
+    });
+    assert.equal(answered.status, 'incomplete');
   });
 
   it('is completed when the output ends within max_output_tokens, and incomplete when the limit cuts it', async () => {

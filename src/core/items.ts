@@ -100,6 +100,31 @@ export function checkNewItemIds(items: readonly Item[], existing: ReadonlySet<st
   });
 }
 
+/**
+ * Each function call output in `input` answers a function call made before it (in the history, a
+ * previous response's output or the conversation, or earlier in `input`), as OpenAI's Responses API
+ * requires ("No tool call found for function call output with call_id …"): a result for no call is a
+ * 400 rather than text the model reads out of context. After a compaction item the calls it
+ * summarized are no longer items, so outputs after one are not checked.
+ */
+export function checkOutputsAnswerCalls(history: readonly Item[], input: readonly Item[], param: (i: number) => string): void {
+  const calls = new Set<string>();
+  let compacted = false;
+  const see = (it: Item) => {
+    if (it.type === 'function_call') calls.add(it.call_id);
+    else if (it.type === 'compaction') compacted = true;
+  };
+  history.forEach(see);
+  input.forEach((it, i) => {
+    if (it.type === 'function_call_output' && !compacted && !calls.has(it.call_id)) {
+      throw new ApiError('invalid_value', `No function call found for the function call output with call_id '${it.call_id}'.`, {
+        param: param(i),
+      });
+    }
+    see(it);
+  });
+}
+
 function textOf(content: InputContent[]): string {
   return content
     .map((c) => (c.type === 'input_text' || c.type === 'output_text' ? c.text : c.type === 'refusal' ? c.refusal : ''))

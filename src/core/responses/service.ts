@@ -6,6 +6,7 @@ import type { ConversationRecord, ListedResponse, Store } from '../../store/stor
 import { generationRequest, newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
 import {
   checkNewItemIds,
+  checkOutputsAnswerCalls,
   itemsToMessages,
   resolveInput,
   type CompactionItem,
@@ -479,6 +480,7 @@ export class ResponseService<Echo> {
     if (elsewhere.length)
       for (const [itemId, json] of await this.store.findItems(who.orgId, elsewhere)) known.set(itemId, JSON.parse(json) as Item);
     const input = resolveInput(body.input, (itemId) => known.get(itemId));
+    checkOutputsAnswerCalls(history, input, (i) => `input[${i}].call_id`);
     // What this response adds to its conversation: its input, less items referenced from the
     // conversation itself (already there; items referenced from elsewhere are added); anything else
     // reusing an id there is a 400.

@@ -130,8 +130,27 @@ function toParts(parts: ReadonlyArray<{ type: string } & Record<string, unknown>
   });
 }
 
+/**
+ * The messages as canonical ones. A `tool` message must carry a `tool_call_id` that an earlier
+ * assistant message's `tool_calls` made, as OpenAI requires (openai-wire.md: "tool (with
+ * tool_call_id)"): a result for no call is a 400 rather than text the model reads out of context.
+ */
 export function toMessages(body: ChatRequest): Message[] {
+  const calls = new Set<string>();
   return body.messages.map((m, i) => {
+    if (m.role === 'tool') {
+      const param = `messages[${i}].tool_call_id`;
+      if (m.tool_call_id === undefined)
+        throw new ApiError('missing_required_parameter', `Missing required parameter: '${param}'.`, { param });
+      if (!calls.has(m.tool_call_id)) {
+        throw new ApiError(
+          'invalid_value',
+          `messages[${i}] has role 'tool', so it must answer a tool call of an earlier assistant message; no tool call has the id '${m.tool_call_id}'.`,
+          { param },
+        );
+      }
+    }
+    for (const c of m.role === 'assistant' ? (m.tool_calls ?? []) : []) calls.add(c.id);
     const content =
       m.content === undefined || m.content === null
         ? null
