@@ -721,6 +721,12 @@ export class ResponseService<Echo> {
     };
     run.done = (async () => {
       try {
+        if (background) {
+          // Answered at once, as `queued`; `in_progress` once an engine takes it (a local sequence is
+          // free, an upstream answered), so a response waiting for room reads as waiting.
+          startedResolve();
+          events = await openAsResponses(open);
+        }
         run.emit(fold.start());
         await persist(['queued', 'in_progress']);
         startedResolve();
