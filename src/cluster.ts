@@ -19,10 +19,14 @@ interface CounterCalls {
   sy: 'counters';
   calls: Array<[number, CounterOp, string, number, number]>;
 }
-/** The primary's answers to one batch: `[id, value, id, value, …]`, null for a counter that does not exist. */
+/**
+ * The primary's answers to one batch: `[id, value, id, value, …]`, null for a counter that does not
+ * exist; `failed` lists the ids whose operation failed (their callers get an error, the rest their values).
+ */
 interface CounterValues {
   sy: 'counters';
   values: Array<number | null>;
+  failed?: number[];
 }
 
 const isCalls = (m: unknown): m is CounterCalls =>
@@ -52,6 +56,11 @@ export class IpcCounters implements Counters {
   private scheduled = false;
   private readonly onMessage = (m: unknown) => {
     if (!isValues(m)) return;
+    for (const id of m.failed ?? []) {
+      const p = this.pending.get(id);
+      this.pending.delete(id);
+      p?.reject(new Error('the counter operation failed in the primary'));
+    }
     const v = m.values;
     for (let i = 0; i + 1 < v.length; i += 2) {
       const id = v[i]!;
@@ -112,22 +121,42 @@ export class IpcCounters implements Counters {
   }
 }
 
-/** The primary's side: one worker's batch applied in order, answered in one message. */
+/**
+ * The primary's side: one worker's batch applied in order, answered in one message. An operation
+ * that throws or rejects is answered as failed (its caller gets an error), never left unanswered:
+ * a worker has no timeout on these, so a lost answer would hold its request for ever.
+ */
 function answer(counters: Counters, worker: Worker, m: CounterCalls, log: Logger): void {
-  const values: Array<number | null> = new Array<number | null>(m.calls.length * 2);
+  const values: Array<number | null> = [];
+  const failed: number[] = [];
   let waits: Array<Promise<unknown>> | undefined;
-  for (let i = 0; i < m.calls.length; i++) {
-    const [id, op, key, value, ttlMs] = m.calls[i]!;
-    const v = op === 'add' ? counters.add(key, value, ttlMs) : op === 'init' ? counters.init(key, value, ttlMs) : counters.get(key);
-    values[2 * i] = id;
-    if (v instanceof Promise) (waits ??= []).push(v.then((x) => (values[2 * i + 1] = x ?? null)));
-    else values[2 * i + 1] = v ?? null;
+  const fail = (id: number, err: unknown) => {
+    failed.push(id);
+    log.warn({ err }, 'counter call failed');
+  };
+  for (const call of m.calls) {
+    const [id, op, key, value, ttlMs] = call;
+    let v: ReturnType<Counters['get']>;
+    try {
+      v = op === 'add' ? counters.add(key, value, ttlMs) : op === 'init' ? counters.init(key, value, ttlMs) : counters.get(key);
+    } catch (err) {
+      fail(id, err);
+      continue;
+    }
+    if (v instanceof Promise) {
+      (waits ??= []).push(
+        v.then(
+          (x) => values.push(id, x ?? null),
+          (err: unknown) => fail(id, err),
+        ),
+      );
+    } else values.push(id, v ?? null);
   }
   const send = () => {
-    if (worker.isConnected()) worker.send({ sy: 'counters', values } satisfies CounterValues);
+    if (worker.isConnected()) worker.send({ sy: 'counters', values, ...(failed.length > 0 && { failed }) } satisfies CounterValues);
   };
   if (waits === undefined) send();
-  else Promise.all(waits).then(send, (err: unknown) => log.warn({ err }, 'counter call failed'));
+  else void Promise.all(waits).then(send);
 }
 
 /**

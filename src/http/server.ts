@@ -199,10 +199,10 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     // The request's logger becomes a pino child only when the request logs something.
     childLoggerFactory: requestLogger,
     bodyLimit: config.bodyLimit,
-    // Path parameters as long as the ids the API accepts: model ids up to 255 characters (765 when
-    // written %-escaped, as `author%2Fslug` may be), client item ids up to 256. Fastify's default of
-    // 100 answered 400 for ids the API had taken, so they could not be read, changed or deleted.
-    maxParamLength: 1024,
+    // Path parameters as long as the ids the API accepts (checked on the decoded value): model ids
+    // up to 255 characters, client item ids up to 256. Fastify's default of 100 answered 400 for ids
+    // the API had taken, so they could not be read, changed or deleted.
+    routerOptions: { maxParamLength: 1024 },
     // A client that sends part of a request and stalls (slowloris, a chunked body that never ends)
     // gets 408 after bodyTimeoutMs instead of holding its slot forever; checked every second.
     requestTimeout: config.bodyTimeoutMs,

@@ -480,7 +480,7 @@ export class ResponseService<Echo> {
     if (elsewhere.length)
       for (const [itemId, json] of await this.store.findItems(who.orgId, elsewhere)) known.set(itemId, JSON.parse(json) as Item);
     const input = resolveInput(body.input, (itemId) => known.get(itemId));
-    checkOutputsAnswerCalls(history, input, (i) => `input[${i}].call_id`);
+    checkOutputsAnswerCalls(history, input, (i) => (body.input[i]?.type === 'item_reference' ? `input[${i}].id` : `input[${i}].call_id`));
     // What this response adds to its conversation: its input, less items referenced from the
     // conversation itself (already there; items referenced from elsewhere are added); anything else
     // reusing an id there is a 400.
@@ -722,8 +722,9 @@ export class ResponseService<Echo> {
     run.done = (async () => {
       try {
         if (background) {
-          // Answered at once, as `queued`; `in_progress` once an engine takes it (a local sequence is
-          // free, an upstream answered), so a response waiting for room reads as waiting.
+          // Answered at once, as `queued`; `in_progress` once the engine's first event comes (the
+          // local engine: a free sequence and the prompt read; an upstream: its first output), so a
+          // response waiting for room reads as waiting.
           startedResolve();
           events = await openAsResponses(open);
         }
