@@ -8,7 +8,7 @@ import { extractToken } from '../protocols/api-key.js';
 import { ConnectionResponses } from '../core/responses/connection-state.js';
 import { ResponsesRequestSchema, decodeResponsesRequest, type ResponsesRequest } from '../protocols/responses/request.js';
 import { socketError, socketFrame } from '../protocols/responses/stream.js';
-import { validationError, type ValidationIssue } from '../protocols/validation.js';
+import { BODY_VALIDATION, validationError, type ValidationIssue } from '../protocols/validation.js';
 import { PageQuery } from '../protocols/pages.js';
 import { listResponses } from './responses.js';
 
@@ -22,14 +22,7 @@ const PING_MS = 30_000;
 const HTTP_ONLY = ['stream', 'stream_options', 'background'] as const;
 
 // Bodies are checked exactly as on HTTP (one schema, no coercion), compiled once.
-const validate = new Ajv({
-  coerceTypes: false,
-  useDefaults: true,
-  removeAdditional: false,
-  allErrors: false,
-  strict: false,
-  verbose: true,
-}).compile(ResponsesRequestSchema);
+const validate = new Ajv(BODY_VALIDATION).compile(ResponsesRequestSchema);
 
 /**
  * One Responses WebSocket (Open Responses' WebSocket transport): `response.create` messages run one

@@ -18,7 +18,7 @@ import { Ajv } from 'ajv';
 import { parse as parseSecureJson } from 'secure-json-parse';
 import { ApiError } from '../core/errors.js';
 import { randomHex } from '../core/ids.js';
-import { validationError, type ValidationIssue } from '../protocols/validation.js';
+import { BODY_VALIDATION, validationError, type ValidationIssue } from '../protocols/validation.js';
 import { LoadShedder } from './load-shedder.js';
 import { accessLog } from './access-log.js';
 import { requestLogger } from './request-logger.js';
@@ -254,18 +254,9 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     );
   });
 
-  // Bodies are validated as sent (a string is never a number); query strings and path params are text
-  // by nature, so they are coerced. Each schema is compiled once, when its route is registered.
-  // `verbose` puts the failing schema and value in an error (and costs nothing until one fails), so a
-  // union's error can come from the branch of the value's own `type` (protocols/validation.ts).
-  const bodyAjv = new Ajv({
-    coerceTypes: false,
-    useDefaults: true,
-    removeAdditional: false,
-    allErrors: false,
-    strict: false,
-    verbose: true,
-  });
+  // Bodies are validated as sent (BODY_VALIDATION); query strings and path params are text by
+  // nature, so they are coerced. Each schema is compiled once, when its route is registered.
+  const bodyAjv = new Ajv(BODY_VALIDATION);
   const textAjv = new Ajv({ coerceTypes: 'array', useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
   app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? bodyAjv : textAjv).compile(schema));
 

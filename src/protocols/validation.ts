@@ -1,5 +1,21 @@
+import type { Options } from 'ajv';
 import { ApiError } from '../core/errors.js';
 import type { FunctionTool, ToolChoice } from '../core/canonical.js';
+
+/**
+ * How request bodies are checked, on every transport alike (HTTP, the Responses WebSocket): as sent
+ * (no coercion: a string is never a number), defaults filled in, the first error only. `verbose` puts
+ * the failing schema and value in an error (and costs nothing until one fails), so a union's error
+ * can come from the branch of the value's own `type` (validationError, below).
+ */
+export const BODY_VALIDATION: Options = {
+  coerceTypes: false,
+  useDefaults: true,
+  removeAdditional: false,
+  allErrors: false,
+  strict: false,
+  verbose: true,
+};
 
 /**
  * A request that failed its schema, as one clear error naming the parameter: shared by every
