@@ -234,6 +234,7 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       body: { model: 'qwen/qwen3-8b', messages: [{ role: 'user', content: 'hi' }] },
     });
     assert.equal(res.status, 503);
+    assert.equal(res.headers['retry-after'], '60', 'every 503 says when to come back');
     assert.equal(res.json.error.code, 'no_deployment');
     assert.equal(res.headers['x-should-retry'], 'false');
     const image = await http(server.url, 'POST', '/v1/chat/completions', {
@@ -440,6 +441,19 @@ describe('structured output that cannot be met', () => {
     assert.equal(res.status, 500, res.text);
     assert.equal(res.json.error.code, 'structured_output_failed');
     assert.equal(res.headers['x-should-retry'], 'false', 'the openai SDKs would otherwise run it three times');
+    // The same on the Responses API, whose failure is answered from the stored failed response.
+    const responses = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: {
+        model: STORIES,
+        max_output_tokens: 30,
+        input: 'x',
+        text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { a: schema }, required: ['a'] } } },
+      },
+    });
+    assert.equal(responses.status, 500, responses.text);
+    assert.equal(responses.json.error.code, 'structured_output_failed');
+    assert.equal(responses.headers['x-should-retry'], 'false');
   });
 });
 

@@ -71,6 +71,8 @@ describe('limits', () => {
     const first = await chat(server, key, MODEL, 20);
     assert.equal(first.status, 200);
     assert.equal(first.headers['x-ratelimit-limit-tokens'], '30');
+    // What is left counts this request's own reservation (its input and max_tokens), as the requests header counts it.
+    assert.ok(Number(first.headers['x-ratelimit-remaining-tokens']) <= 10, String(first.headers['x-ratelimit-remaining-tokens']));
     const second = await chat(server, key, MODEL, 20);
     assert.equal(second.status, 200, '25 tokens used, 5 left: still admitted');
     const third = await chat(server, key, MODEL, 20);

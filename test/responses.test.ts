@@ -27,6 +27,8 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.match(r.output_text, /^, there was a little girl/);
     assert.equal(r.status, 'incomplete');
     assert.equal(r.incomplete_details?.reason, 'max_output_tokens');
+    // Only a completed response has completed_at.
+    assert.equal(r.completed_at, null);
     assert.equal(r.usage?.output_tokens, 30);
     assert.equal(r.usage?.input_tokens, 5);
     assert.equal(r.usage?.total_tokens, 35);
@@ -145,6 +147,8 @@ describe('POST /v1/responses with TinyStories', () => {
     });
     assert.equal(r.status, 'incomplete');
     assert.equal(r.incomplete_details?.reason, 'max_output_tokens');
+    // Only a completed response has completed_at.
+    assert.equal(r.completed_at, null);
     assert.equal(r.usage!.output_tokens, 60);
     const stopped = await http<WireResponse>(server.url, 'POST', '/v1/responses', {
       key,
@@ -343,6 +347,9 @@ describe('POST /v1/responses with TinyStories', () => {
     );
     const cancelled = await client.responses.cancel(r.id);
     assert.equal(cancelled.status, 'cancelled');
+    // Its usage has a cost, as a finished response's (null: this model has no price).
+    assert.ok(cancelled.usage && 'cost' in cancelled.usage, JSON.stringify(cancelled.usage));
+    assert.equal(cancelled.completed_at ?? null, null);
     assert.equal((await client.responses.retrieve(r.id)).status, 'cancelled');
     assert.equal((await client.responses.cancel(r.id)).status, 'cancelled', 'cancelling twice is harmless');
 

@@ -27,7 +27,9 @@ function failureOf(resource: Record<string, unknown>): ApiError {
   const error = resource['error'] as { code?: unknown; message?: unknown } | null | undefined;
   const code = isErrorCode(error?.code) ? error.code : 'internal_error';
   const message = typeof error?.message === 'string' && error.message !== '' ? error.message : 'The response failed.';
-  return new ApiError(code, message);
+  // A structured output that failed every attempt fails again the same way (docs/decisions.md): the
+  // stored failure keeps `x-should-retry: false`, which the SDKs' automatic retries (each billed) heed.
+  return new ApiError(code, message, { final: code === 'structured_output_failed' });
 }
 
 /**

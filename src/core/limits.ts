@@ -299,7 +299,7 @@ export class Limiter {
       // The counter's value before this add is what was used and reserved by others.
       return when(this.counters.add(tokensKey, a.tokenReserve, 2 * MINUTE), (total) => {
         a.tokensReserved.push(tokensKey);
-        this.checkTokens(a, s, total - a.tokenReserve);
+        this.checkTokens(a, s, total - a.tokenReserve, total);
       });
     };
     const rest = () => (a.countOnly ? this.check(a, i + 1) : when(tpm(), () => when(this.checkBudget(a, s), () => this.check(a, i + 1))));
@@ -324,9 +324,13 @@ export class Limiter {
       });
   }
 
-  private checkTokens(a: Admitting, { scope, limits }: Scope, used: number): void {
+  /**
+   * Admits on what others used and reserved (`used`), and reports what is left once this request's
+   * own reservation is counted (`withThis`), as `x-ratelimit-remaining-requests` counts the request itself.
+   */
+  private checkTokens(a: Admitting, { scope, limits }: Scope, used: number, withThis = used): void {
     const tpm = limits.tpm!;
-    const remaining = Math.max(0, tpm - used);
+    const remaining = Math.max(0, tpm - withThis);
     if (!a.tokens || remaining < a.tokens.remaining) a.tokens = { limit: tpm, remaining };
     if (used >= tpm)
       this.reject('tokens', scope, tpm, a.resetS, {

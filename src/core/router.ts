@@ -9,6 +9,13 @@ import type { DeploymentTarget, Engine } from '../engines/engine.js';
 import { keyVarRefusal } from './upstream-keys.js';
 import { estimateInputTokens } from './estimate.js';
 import type { Deployment } from './deployments.js';
+
+/**
+ * `retry-after` of a 503 for a model without a deployment (every 429 and 503 carries one, as the
+ * OpenAI convention has it): an operator has to add one, so a minute; `x-should-retry: false`
+ * already keeps the SDKs from retrying on their own.
+ */
+const NO_DEPLOYMENT_RETRY_MS = 60_000;
 import { DeploymentHealth, RetryBudget, type HealthPolicy, type Standing } from './deployment-health.js';
 
 /** A deployment as the router uses it: the engine that serves it and the engine's view of it. */
@@ -200,6 +207,7 @@ export class Router {
       throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
         param: 'model',
         final: true,
+        retryAfterMs: NO_DEPLOYMENT_RETRY_MS,
       });
     }
     const now = Date.now();
@@ -233,7 +241,11 @@ export class Router {
   async countInputTokens(req: GenerationRequest, model: Model): Promise<{ tokens: number; estimated: boolean }> {
     const first = this.deployments(model)[0];
     if (!first)
-      throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, { param: 'model', final: true });
+      throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
+        param: 'model',
+        final: true,
+        retryAfterMs: NO_DEPLOYMENT_RETRY_MS,
+      });
     if (first.engine.countInputTokens) return first.engine.countInputTokens(req, first.target);
     return { tokens: estimateInputTokens(req), estimated: true };
   }

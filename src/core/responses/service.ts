@@ -3,6 +3,7 @@ import { ApiError } from '../errors.js';
 import { Cancellation } from '../cancellation.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ListedResponse, Store } from '../../store/store.js';
+import { costOf } from '../ledger.js';
 import { generationRequest, newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
 import {
   checkNewItemIds,
@@ -717,7 +718,9 @@ export class ResponseService<Echo> {
     const counted = () => {
       if (billed) return;
       billed = true;
-      run.emit(fold.apply({ type: 'usage', usage: tallyUsage(req.tally) }));
+      // With its cost, as a finished response's usage has it (the figure the ledger bills).
+      const usage = tallyUsage(req.tally);
+      run.emit(fold.apply({ type: 'usage', usage: { ...usage, cost: costOf(model, usage) } }));
     };
     run.done = (async () => {
       try {

@@ -241,7 +241,9 @@ export class ResponseBuilder implements ResponseFold {
         this.close(out, incomplete ? 'incomplete' : 'completed');
         const r = this.response;
         r.usage = renderResponseUsage(this.usage);
-        r.completed_at = this.opts.completedAt ?? nowSeconds();
+        // Only a completed response has completed_at (Open Responses: "if it was completed"; openai's
+        // types: "only present when the status is completed"): an incomplete one has null, as a failed one.
+        if (!incomplete) r.completed_at = this.opts.completedAt ?? nowSeconds();
         if (incomplete) {
           r.status = 'incomplete';
           r.incomplete_details = { reason: ev.reason === 'length' ? 'max_output_tokens' : 'content_filter' };
