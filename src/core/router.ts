@@ -9,14 +9,19 @@ import type { DeploymentTarget, Engine } from '../engines/engine.js';
 import { keyVarRefusal } from './upstream-keys.js';
 import { estimateInputTokens } from './estimate.js';
 import type { Deployment } from './deployments.js';
+import { DeploymentHealth, RetryBudget, type HealthPolicy, type Standing } from './deployment-health.js';
 
 /**
- * `retry-after` of a 503 for a model without a deployment (every 429 and 503 carries one, as the
- * OpenAI convention has it): an operator has to add one, so a minute; `x-should-retry: false`
- * already keeps the SDKs from retrying on their own.
+ * A model without a deployment: 503 with `retry-after` (every 429 and 503 carries one, as the OpenAI
+ * convention has it) of a minute, since an operator has to add one; `x-should-retry: false` already
+ * keeps the SDKs from retrying on their own.
  */
-const NO_DEPLOYMENT_RETRY_MS = 60_000;
-import { DeploymentHealth, RetryBudget, type HealthPolicy, type Standing } from './deployment-health.js';
+const noDeployment = (model: Model): ApiError =>
+  new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
+    param: 'model',
+    final: true,
+    retryAfterMs: 60_000,
+  });
 
 /** A deployment as the router uses it: the engine that serves it and the engine's view of it. */
 interface Route {
@@ -204,11 +209,7 @@ export class Router {
   private attempts(model: Model): Route[] {
     const order = this.deployments(model);
     if (order.length === 0) {
-      throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
-        param: 'model',
-        final: true,
-        retryAfterMs: NO_DEPLOYMENT_RETRY_MS,
-      });
+      throw noDeployment(model);
     }
     const now = Date.now();
     const up: Route[] = [];
@@ -240,12 +241,7 @@ export class Router {
    */
   async countInputTokens(req: GenerationRequest, model: Model): Promise<{ tokens: number; estimated: boolean }> {
     const first = this.deployments(model)[0];
-    if (!first)
-      throw new ApiError('no_deployment', `The model '${model.id}' has no deployment on this server.`, {
-        param: 'model',
-        final: true,
-        retryAfterMs: NO_DEPLOYMENT_RETRY_MS,
-      });
+    if (!first) throw noDeployment(model);
     if (first.engine.countInputTokens) return first.engine.countInputTokens(req, first.target);
     return { tokens: estimateInputTokens(req), estimated: true };
   }

@@ -6,7 +6,6 @@ import Fastify, {
   type FastifyBaseLogger,
   type FastifyBodyParser,
   type FastifyError,
-  type FastifyInstance,
   type FastifyReply,
   type FastifyRequest,
   type HTTPMethods,
@@ -384,10 +383,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   }
 
   app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => sendError(reply, routeError(err, req)));
-  // Remember which methods each path has, so the others answer 405 rather than 404; `allowByPath`
-  // holds each fixed path's `Allow`, taken before the 405 routes are added (which onRoute sees too).
+  // Remember which methods each path has, so the others answer 405 rather than 404.
   const methodsByPath = new Map<string, Set<string>>();
-  const allowByPath = new Map<string, string>();
   app.addHook('onRoute', (route) => {
     const set = methodsByPath.get(route.url) ?? new Set<string>();
     for (const m of [route.method].flat()) set.add(m);
@@ -396,10 +393,13 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
 
   app.setNotFoundHandler((req, reply) => {
     const path = req.url.split('?')[0]!;
-    // A method no route is registered for (OPTIONS with CORS off, TRACE, or one Fastify does not
-    // route at all, such as PROPFIND) on a fixed path that exists: 405 with the methods it has, as
-    // for PUT or DELETE there (methodNotAllowedRoutes).
-    const allow = allowByPath.get(path);
+    // Any method a fixed path that exists lacks (PUT on /v1/models, OPTIONS with CORS off, TRACE, or
+    // one Fastify does not route at all, such as PROPFIND): 405 with the methods it has. A path with
+    // a parameter (`/v1/responses/:id`) cannot tell a resource it lacks a method for from a path
+    // that does not exist (`POST /v1/responses/compact` on a server without it): both are 404, as
+    // OpenAI answers them, and such a route's pattern is never a request's path.
+    const methods = path.includes(':') || path.includes('*') ? undefined : methodsByPath.get(path);
+    const allow = methods && ROUTABLE_METHODS.filter((m) => methods.has(m)).join(', ');
     const e = allow
       ? new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${path}; use ${allow}.`, { headers: { allow } })
       : new ApiError('not_found', `Unknown request URL: ${req.method} ${path}.`);
@@ -471,39 +471,5 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   registerUsageRoutes(app, ctx);
   registerConsole(app);
 
-  // A plugin of its own so that it runs after the scoped routes above have been registered.
-  void app.register(async (root) => methodNotAllowedRoutes(root, methodsByPath, allowByPath));
   return app;
-}
-
-/** Every other method on a known path: 405 with `Allow` (or 404 on a parametric path, see below). */
-function methodNotAllowedRoutes(
-  app: FastifyInstance,
-  methodsByPath: ReadonlyMap<string, Set<string>>,
-  allowByPath: Map<string, string>,
-): void {
-  for (const [url, methods] of [...methodsByPath]) {
-    if (url === '*' || url === '/*') continue;
-    const allowed = ROUTABLE_METHODS.filter((m) => methods.has(m));
-    const others = ROUTABLE_METHODS.filter((m) => !methods.has(m));
-    const allow = allowed.join(', ');
-    // A path with a parameter (`/v1/responses/:id`) cannot tell a resource it lacks a method for from
-    // a path that does not exist (`POST /v1/responses/compact` on a server without it): both are 404,
-    // as OpenAI answers them. A fixed path that exists answers 405 with the methods it has.
-    const parametric = url.includes(':') || url.includes('*');
-    if (!parametric && allow !== '') allowByPath.set(url, allow);
-    if (others.length === 0) continue;
-    app.route({
-      method: others,
-      url,
-      schema: { hide: true },
-      handler: (req: FastifyRequest, reply: FastifyReply) => {
-        const e = parametric
-          ? new ApiError('not_found', `Unknown request URL: ${req.method} ${req.url.split('?')[0]}.`)
-          : new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${url}; use ${allow}.`, { headers: { allow } });
-        // The Messages paths answer in Anthropic's envelope, like their other errors.
-        return url.startsWith('/v1/messages') ? sendAnthropicError(reply, req.id, e) : sendError(reply, e);
-      },
-    });
-  }
 }

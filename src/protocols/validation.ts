@@ -46,18 +46,18 @@ function paramName(pointer: string, extra?: string): string {
 /** How far into the value an issue is (a missing property counts as its own place). */
 const depthOf = (i: ValidationIssue): number => i.instancePath.split('/').length + (i.keyword === 'required' ? 1 : 0);
 
-/**
- * What is really wrong with a value no branch of a union took. The branch whose shape got
- * furthest into the value says it: the deepest issue (`response_format.json_schema.name` of the
- * json_schema branch, not the text branch's enum on `type`), a range or an enum before a type; a
- * wrong type inside the value (`limits.rpm: 1.5` in a nullable `limits`); else any range or enum.
- */
 /** The `type` values a union branch takes (`{type: {const: "function"}}`, or an enum), if it is an object shape told apart by one. */
 function branchTypes(branch: unknown): unknown[] {
   const t = (branch as { properties?: Record<string, { const?: unknown; enum?: unknown[] }> } | null)?.properties?.['type'];
   return t === undefined ? [] : t.const !== undefined ? [t.const] : Array.isArray(t.enum) ? t.enum : [];
 }
 
+/**
+ * What is really wrong with a value no branch of a union took. The branch whose shape got
+ * furthest into the value says it: the deepest issue (`response_format.json_schema.name` of the
+ * json_schema branch, not the text branch's enum on `type`), a range or an enum before a type; a
+ * wrong type inside the value (`limits.rpm: 1.5` in a nullable `limits`); else any range or enum.
+ */
 function unionIssue(issues: readonly ValidationIssue[], union: ValidationIssue): ValidationIssue | undefined {
   let under = issues.filter((i) => i.instancePath.startsWith(union.instancePath) && i.keyword !== 'anyOf' && i.keyword !== 'oneOf');
   // Branches told apart by a `type` (`{type: "function", name}`, `{type: "allowed_tools", mode, tools}`):

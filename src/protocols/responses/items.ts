@@ -50,12 +50,13 @@ function contentParts(raw: unknown, role: string, where: string, field = 'conten
  * or input parts (text and images), kept as parts. Anything else was once turned into its JSON text,
  * which the model then read instead of the output, and a missing one into `""`.
  */
-function functionOutput(raw: unknown, where: string): string | InputContent[] {
+function functionOutput(raw: unknown, item: string): string | InputContent[] {
+  const where = `${item}.output`;
   if (typeof raw === 'string') return raw;
   if (raw === undefined || raw === null)
     throw new ApiError('missing_required_parameter', `Missing required parameter: '${where}'.`, { param: where });
   if (!Array.isArray(raw)) throw new ApiError('invalid_value', `${where} must be a string or an array of content parts.`, { param: where });
-  const parts = contentParts(raw, 'user', where.replace(/\.output$/, ''), 'output');
+  const parts = contentParts(raw, 'user', item, 'output');
   parts.forEach((p, j) => {
     if (p.type !== 'input_text' && p.type !== 'input_image')
       throw new ApiError('unsupported_content', `Content part type '${p.type}' is not supported in a function call's output.`, {
@@ -149,7 +150,7 @@ export function decodeInput(input: string | readonly Raw[], field = 'input'): In
           id: itemId(raw, where, 'fco'),
           type: 'function_call_output',
           call_id: str(raw['call_id'], `${where}.call_id`),
-          output: functionOutput(raw['output'], `${where}.output`),
+          output: functionOutput(raw['output'], where),
           status: itemStatus(raw, where),
         };
       case 'reasoning': {
