@@ -151,6 +151,101 @@ describe('usage ledger: bad values never wedge it', () => {
     assert.equal(ledger.writable, true);
   });
 
+  /**
+   * Another process committing holds SQLite's write lock; here a second connection in this process
+   * holds it (BEGIN IMMEDIATE) for as long as the test says. The ledger must not wait for it on the
+   * event loop (SQLite's busy handler sleeps there): it tries again on later turns, stays writable,
+   * and writes the record, with those recorded meanwhile, once the lock is free.
+   */
+  it(
+    'does not block the event loop while another connection holds the write lock, and writes once it is free',
+    { timeout: 4000 },
+    async () => {
+      const dir = tempDir();
+      const file = join(dir, 'ledger.db');
+      const store = new KyselyStore({ sqlitePath: file });
+      await store.migrate();
+      open.add(() => store.close());
+      let tries = 0;
+      let busyErrors = 0;
+      const counting = new Proxy(store, {
+        get(target, prop, receiver) {
+          if (prop !== 'insertUsage') return Reflect.get(target, prop, receiver) as unknown;
+          return async (records: readonly UsageRecord[]) => {
+            tries++;
+            try {
+              await target.insertUsage(records);
+            } catch (err) {
+              if (target.isBusyError(err)) busyErrors++;
+              throw err;
+            }
+          };
+        },
+      });
+      const states: boolean[] = [];
+      const ledger = new Ledger(counting, log, 1000, { onWritable: (ok) => states.push(ok) });
+      ledger.start();
+      const other = new SqliteDatabase(file);
+      open.add(async () => void other.close());
+      other.exec('BEGIN IMMEDIATE');
+      let written = 0;
+      const first = ledger.record(record('usage_busy1')).then(() => written++);
+      // The event loop keeps turning while the record waits. A ledger that waited in SQLite's busy
+      // handler would block each try for the busy timeout (5 s) and miss the test's deadline.
+      let turns = 0;
+      while (busyErrors < 4) {
+        await new Promise((resolve) => setImmediate(resolve));
+        if (++turns === 2) void ledger.record(record('usage_busy2')).then(() => written++);
+        assert.ok(turns < 100_000, 'the ledger stopped trying');
+      }
+      assert.equal(written, 0, 'nothing is reported written while the lock is held');
+      assert.equal(ledger.writable, true, 'a busy database is not one that cannot be written');
+      other.exec('COMMIT');
+      await first;
+      await ledger.close();
+      assert.equal(written, 2);
+      assert.deepEqual(states, [], 'readiness never changed');
+      assert.equal((await store.usageTotals('model', {}))[0]!.requests, 2);
+      assert.ok(tries > busyErrors, 'the records were written by a later try');
+    },
+  );
+
+  it('counts a database busy for longer than the limit as not writable, and recovers when the lock is freed', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'ledger.db');
+    const store = new KyselyStore({ sqlitePath: file });
+    await store.migrate();
+    open.add(() => store.close());
+    const states: boolean[] = [];
+    let changed: (() => void) | undefined;
+    const ledger = new Ledger(store, log, 20, {
+      busyLimitMs: 30,
+      onWritable: (ok) => {
+        states.push(ok);
+        changed?.();
+      },
+    });
+    ledger.start();
+    const other = new SqliteDatabase(file);
+    open.add(async () => void other.close());
+    other.exec('BEGIN IMMEDIATE');
+    const done = ledger.record(record('usage_long_busy'));
+    await new Promise<void>((resolve) => {
+      changed = resolve;
+    });
+    assert.deepEqual(states, [false]);
+    assert.equal(ledger.writable, false);
+    const back = new Promise<void>((resolve) => {
+      changed = resolve;
+    });
+    other.exec('COMMIT');
+    await done;
+    await back;
+    assert.deepEqual(states, [false, true]);
+    await ledger.close();
+    assert.equal((await store.usageTotals('model', {}))[0]!.requests, 1);
+  });
+
   it('records what a generation that does not stop has used so far when the process must exit', async () => {
     const dir = tempDir();
     const store = new KyselyStore({ sqlitePath: join(dir, 'ledger.db') });
@@ -264,8 +359,8 @@ describe('usage ledger: bad values never wedge it', () => {
   it('holds answers and reports not ready while SQLite refuses writes, then writes them (SQLite)', async () => {
     const upstream = open.keep(await upstreamWithUsage(() => ({ prompt_tokens: 5, completion_tokens: 2 })));
     const s = open.keep(await startGateway([{ baseUrl: upstream.url }], { SWITCHYARD_LEDGER_FLUSH_MS: '100' }));
-    // The server's own connection turned read-only: every write fails (SQLITE_READONLY), reads work.
-    const db = (s.service.store as unknown as { sqlite: SqliteDatabase.Database }).sqlite;
+    // The ledger's own connection turned read-only: every write fails (SQLITE_READONLY), reads work.
+    const db = (s.service.store as unknown as { ledgerDb: SqliteDatabase.Database }).ledgerDb;
     db.pragma('query_only = ON');
     const answered = http(s.url, 'POST', '/v1/chat/completions', {
       key: s.adminKey,

@@ -26,6 +26,15 @@ export const newUsageId = (): string => orderedId('usage');
 /** Refused records held in memory while the quarantine table cannot be written; past this they go to the log. */
 const MAX_SET_ASIDE = 10_000;
 
+/**
+ * When a busy database (another worker committing) is tried again: the next turns of the event
+ * loop first (another worker's commit holds the lock for tens of microseconds), then after a few
+ * milliseconds, at most 50 between tries. 0 is the next turn.
+ */
+const BUSY_RETRY_MS = [0, 0, 0, 1, 2, 5, 10, 20, 50] as const;
+/** A database busy for longer than this counts as one that cannot be written (readiness turns 503). */
+const DEFAULT_BUSY_LIMIT_MS = 5000;
+
 const INTEGER_FIELDS = ['at', 'input_tokens', 'cached_tokens', 'output_tokens', 'reasoning_tokens', 'latency_ms', 'status'] as const;
 const TEXT_FIELDS = ['id', 'day', 'request_id', 'key_id', 'org_id', 'model', 'endpoint'] as const;
 const NULLABLE_TEXT_FIELDS = ['deployment', 'error_code'] as const;
@@ -69,6 +78,8 @@ export interface LedgerHooks {
   onQuarantine?: () => void;
   /** The ledger could (true) or could not (false) write; /readyz follows it. */
   onWritable?: (writable: boolean) => void;
+  /** How long the database may stay busy before it counts as not writable (5 s). */
+  busyLimitMs?: number;
 }
 
 /**
@@ -77,8 +88,12 @@ export interface LedgerHooks {
  * record is in the database. The API answers a request only after that, so a crash never loses the
  * record of a request whose client got a complete answer.
  *
- * Two kinds of failure, told apart by the store:
- * - the database cannot be written (down, busy, full): the batch stays queued and is retried every
+ * Three kinds of failure, told apart by the store:
+ * - the database is busy (SQLite: another worker holds the write lock; the store does not wait for
+ *   it): the batch stays queued and is tried again on the next turns, then every few milliseconds,
+ *   with what was recorded meanwhile; the event loop serves requests between tries. Busy for longer
+ *   than `busyLimitMs`, it counts as the next kind;
+ * - the database cannot be written (down, full): the batch stays queued and is retried every
  *   `retryMs`; its requests wait, and `writable` is false (readiness turns 503) until a write works;
  * - the database refuses a record for what it holds: the batch is written record by record and each
  *   refused one is quarantined (kept as JSON in its own table, logged, counted), so one bad record
@@ -93,6 +108,10 @@ export class Ledger {
   private timer: NodeJS.Timeout | undefined;
   private flushing: Promise<void> = Promise.resolve();
   private canWrite = true;
+  /** When the database was first found busy in the current run of busy tries (0: not busy). */
+  private busySince = 0;
+  private busyTries = 0;
+  private busyRetryScheduled = false;
   /** Generations being metered whose record is not queued yet; `close` waits for them. */
   private readonly metering = new Set<OpenMeter>();
   private meteringEnded: (() => void) | undefined;
@@ -141,7 +160,7 @@ export class Ledger {
    */
   recordOpen(): Promise<void> {
     for (const meter of [...this.metering]) meter.recordNow();
-    return this.flush();
+    return this.flushOut();
   }
 
   /** Queues a record; resolves once it is stored (or quarantined). */
@@ -162,6 +181,40 @@ export class Ledger {
   flush(): Promise<void> {
     this.flushing = this.flushing.then(() => this.writeQueued());
     return this.flushing;
+  }
+
+  /** Writes what is queued, waiting out a busy database (within the busy limit): for a stop. */
+  private async flushOut(): Promise<void> {
+    await this.flush();
+    while (this.queue.length > 0 && this.busySince !== 0 && this.canWrite) {
+      await new Promise((resolve) => setTimeout(resolve, 2));
+      await this.flush();
+    }
+  }
+
+  private get busyLimitMs(): number {
+    return this.hooks.busyLimitMs ?? DEFAULT_BUSY_LIMIT_MS;
+  }
+
+  /** The batch found the database busy and is queued again: try again soon, unless busy too long. */
+  private busy(err: unknown): void {
+    const now = Date.now();
+    if (this.busySince === 0) this.busySince = now;
+    if (now - this.busySince > this.busyLimitMs) {
+      // Busy this long is a writer holding the lock (or a stuck one): the periodic retry takes over.
+      if (this.canWrite) this.log.error({ err, records: this.queue.length }, 'usage ledger: database busy too long; will retry');
+      this.setWritable(false);
+      return;
+    }
+    if (this.busyRetryScheduled) return;
+    this.busyRetryScheduled = true;
+    const delay = BUSY_RETRY_MS[Math.min(this.busyTries++, BUSY_RETRY_MS.length - 1)]!;
+    const retry = (): void => {
+      this.busyRetryScheduled = false;
+      void this.flush();
+    };
+    if (delay === 0) setImmediate(retry);
+    else setTimeout(retry, delay);
   }
 
   private setWritable(ok: boolean): void {
@@ -202,6 +255,8 @@ export class Ledger {
           done++;
         }
       }
+      this.busySince = 0;
+      this.busyTries = 0;
       this.setWritable(true);
       if (this.setAside.length) await this.storeQuarantine();
       for (const w of waiters) w();
@@ -209,6 +264,7 @@ export class Ledger {
       // The database cannot be written: what was not written waits at the head of the queue.
       this.queue = good.slice(done).concat(this.queue);
       this.waiters = waiters.concat(this.waiters);
+      if (this.store.isBusyError(err)) return this.busy(err);
       this.setWritable(false);
       this.log.error({ err, records: good.length - done }, 'usage ledger cannot write; will retry');
     }
@@ -247,6 +303,6 @@ export class Ledger {
         this.meteringEnded = resolve;
       });
     if (this.timer) clearInterval(this.timer);
-    await this.flush();
+    await this.flushOut();
   }
 }

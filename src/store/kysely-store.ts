@@ -213,7 +213,25 @@ function runUsageInsert(stmt: SqliteDatabase.Statement, r: UsageRecord): void {
  * or constraint problem) rather than "the database cannot take writes now".
  */
 const SQLITE_DATA_CODES = /^SQLITE_(CONSTRAINT|MISMATCH|TOOBIG|RANGE)/;
+/** Another connection (a cluster's other worker) holds the write lock: the write may be tried again shortly. */
+const SQLITE_BUSY_CODES = /^SQLITE_BUSY/;
 const PG_DATA_CLASSES = new Set(['22', '23']);
+
+/**
+ * The usage ledger's connection to a SQLite file. It never waits for the write lock: with several
+ * workers on one file, the other connection's busy handler sleeps on the event loop while another
+ * worker commits (1 ms, then 2, 5, 10 …), stalling every request of that worker; here a busy
+ * database fails at once (SQLITE_BUSY) and the ledger tries again on a later turn (`Ledger`),
+ * serving requests meanwhile. Its own connection also keeps the ledger's commits out of any
+ * transaction open on the store's connection. Checkpoints stay with the checkpointer thread.
+ */
+function openLedgerConnection(file: string): SqliteDatabase.Database {
+  const db = new SqliteDatabase(file, { timeout: 0 });
+  db.pragma('synchronous = NORMAL');
+  db.pragma('wal_autocheckpoint = 0');
+  db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
+  return db;
+}
 
 export interface StoreOptions {
   /** `postgres://…` selects PostgreSQL; anything else (or nothing) selects SQLite. */
@@ -227,6 +245,8 @@ export class KyselyStore implements Store {
   readonly dialect: 'sqlite' | 'postgres';
   private readonly db: Kysely<Database>;
   private readonly sqlite: SqliteDatabase.Database | undefined;
+  /** The usage ledger's own SQLite connection (see `openLedgerConnection`). */
+  private readonly ledgerDb: SqliteDatabase.Database | undefined;
   private insertUsageBatch: ((records: readonly UsageRecord[]) => void) | undefined;
   private readonly checkpointer: WalCheckpointer | undefined;
 
@@ -262,6 +282,8 @@ export class KyselyStore implements Store {
       }
       this.db = new Kysely<Database>({ dialect: new SqliteDialect({ database }) });
       this.sqlite = database;
+      // An in-memory database exists only on its one connection, and nothing else can hold its lock.
+      this.ledgerDb = file === ':memory:' ? database : openLedgerConnection(file);
     }
   }
 
@@ -287,6 +309,7 @@ export class KyselyStore implements Store {
 
   async close(): Promise<void> {
     await this.checkpointer?.close();
+    if (this.ledgerDb !== this.sqlite) this.ledgerDb?.close();
     await this.db.destroy();
   }
 
@@ -756,10 +779,10 @@ export class KyselyStore implements Store {
 
   async insertUsage(records: readonly UsageRecord[]): Promise<void> {
     if (records.length === 0) return;
-    if (this.sqlite) {
+    if (this.ledgerDb) {
       // The ledger's batches run on the event loop: one prepared statement in one transaction is
       // several times cheaper than building a many-row INSERT for every batch.
-      this.insertUsageBatch ??= this.prepareUsageInsert(this.sqlite);
+      this.insertUsageBatch ??= this.prepareUsageInsert(this.ledgerDb);
       this.insertUsageBatch(records);
       return;
     }
@@ -780,7 +803,8 @@ export class KyselyStore implements Store {
     });
     // One record (requests one at a time) is its own transaction without BEGIN and COMMIT
     // statements around it: SQLite commits a lone statement the same way, 8k instructions sooner.
-    return (records) => (records.length === 1 ? runUsageInsert(stmt, records[0]!) : many(records));
+    // Several take the write lock at BEGIN (IMMEDIATE), so a busy database fails before any work.
+    return (records) => (records.length === 1 ? runUsageInsert(stmt, records[0]!) : many.immediate(records));
   }
 
   isDataError(err: unknown): boolean {
@@ -788,6 +812,12 @@ export class KyselyStore implements Store {
     const code = (err as { code?: unknown }).code;
     if (typeof code !== 'string') return false;
     return this.dialect === 'sqlite' ? SQLITE_DATA_CODES.test(code) : code.length === 5 && PG_DATA_CLASSES.has(code.slice(0, 2));
+  }
+
+  isBusyError(err: unknown): boolean {
+    const code = (err as { code?: unknown } | null)?.code;
+    // PostgreSQL's inserts of new rows never wait on another writer's lock as a whole database.
+    return this.dialect === 'sqlite' && typeof code === 'string' && SQLITE_BUSY_CODES.test(code);
   }
 
   async quarantineUsage(records: readonly QuarantinedUsage[]): Promise<void> {

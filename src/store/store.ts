@@ -277,6 +277,11 @@ export interface Store {
    * constraint error) rather than because the database could not be written (down, busy, full).
    */
   isDataError(err: unknown): boolean;
+  /**
+   * True when `insertUsage` failed only because another connection holds the database's write lock
+   * (SQLite with several workers): it does not wait for the lock, and may be called again shortly.
+   */
+  isBusyError(err: unknown): boolean;
   /** Keeps records the database refused, as JSON text. */
   quarantineUsage(records: readonly QuarantinedUsage[]): Promise<void>;
   listQuarantinedUsage(): Promise<QuarantinedUsage[]>;
