@@ -1,6 +1,7 @@
 import { orderedId } from './ids.js';
 import type { Logger } from 'pino';
 import type { QuarantinedUsage, Store, UsageRecord } from '../store/store.js';
+import { BUSY_LIMIT_MS, busyWait } from '../store/sqlite-busy.js';
 import type { Usage } from './canonical.js';
 import type { Model } from './model-spec.js';
 
@@ -25,15 +26,6 @@ export const newUsageId = (): string => orderedId('usage');
 
 /** Refused records held in memory while the quarantine table cannot be written; past this they go to the log. */
 const MAX_SET_ASIDE = 10_000;
-
-/**
- * When a busy database (another worker committing) is tried again: the next turns of the event
- * loop first (another worker's commit holds the lock for tens of microseconds), then after a few
- * milliseconds, at most 50 between tries. 0 is the next turn.
- */
-const BUSY_RETRY_MS = [0, 0, 0, 1, 2, 5, 10, 20, 50] as const;
-/** A database busy for longer than this counts as one that cannot be written (readiness turns 503). */
-const DEFAULT_BUSY_LIMIT_MS = 5000;
 
 const INTEGER_FIELDS = ['at', 'input_tokens', 'cached_tokens', 'output_tokens', 'reasoning_tokens', 'latency_ms', 'status'] as const;
 const TEXT_FIELDS = ['id', 'day', 'request_id', 'key_id', 'org_id', 'model', 'endpoint'] as const;
@@ -78,7 +70,7 @@ export interface LedgerHooks {
   onQuarantine?: () => void;
   /** The ledger could (true) or could not (false) write; /readyz follows it. */
   onWritable?: (writable: boolean) => void;
-  /** How long the database may stay busy before it counts as not writable (5 s). */
+  /** How long the database may stay busy before it counts as not writable (BUSY_LIMIT_MS, 5 s). */
   busyLimitMs?: number;
 }
 
@@ -193,7 +185,7 @@ export class Ledger {
   }
 
   private get busyLimitMs(): number {
-    return this.hooks.busyLimitMs ?? DEFAULT_BUSY_LIMIT_MS;
+    return this.hooks.busyLimitMs ?? BUSY_LIMIT_MS;
   }
 
   /** The batch found the database busy and is queued again: try again soon, unless busy too long. */
@@ -208,13 +200,10 @@ export class Ledger {
     }
     if (this.busyRetryScheduled) return;
     this.busyRetryScheduled = true;
-    const delay = BUSY_RETRY_MS[Math.min(this.busyTries++, BUSY_RETRY_MS.length - 1)]!;
-    const retry = (): void => {
+    void busyWait(this.busyTries++).then(() => {
       this.busyRetryScheduled = false;
       void this.flush();
-    };
-    if (delay === 0) setImmediate(retry);
-    else setTimeout(retry, delay);
+    });
   }
 
   private setWritable(ok: boolean): void {

@@ -1,10 +1,11 @@
 import { mkdirSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
-import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql, type RawBuilder, type Selectable, type SqlBool } from 'kysely';
+import { Kysely, Migrator, PostgresDialect, sql, type RawBuilder, type Selectable, type SqlBool } from 'kysely';
 import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
 import { WalCheckpointer } from './wal-checkpointer.js';
+import { NonBlockingSqliteDialect, isSqliteBusy } from './sqlite-busy.js';
 import type {
   ApiKeyRecord,
   ChatCompletionQuery,
@@ -213,23 +214,22 @@ function runUsageInsert(stmt: SqliteDatabase.Statement, r: UsageRecord): void {
  * or constraint problem) rather than "the database cannot take writes now".
  */
 const SQLITE_DATA_CODES = /^SQLITE_(CONSTRAINT|MISMATCH|TOOBIG|RANGE)/;
-/** Another connection (a cluster's other worker) holds the write lock: the write may be tried again shortly. */
-const SQLITE_BUSY_CODES = /^SQLITE_BUSY/;
 const PG_DATA_CLASSES = new Set(['22', '23']);
 
 /**
- * The usage ledger's connection to a SQLite file. It never waits for the write lock: with several
- * workers on one file, the other connection's busy handler sleeps on the event loop while another
- * worker commits (1 ms, then 2, 5, 10 …), stalling every request of that worker; here a busy
- * database fails at once (SQLITE_BUSY) and the ledger tries again on a later turn (`Ledger`),
- * serving requests meanwhile. Its own connection also keeps the ledger's commits out of any
- * transaction open on the store's connection. Checkpoints stay with the checkpointer thread.
+ * The usage ledger's connection to a SQLite file. Like the store's (see NonBlockingSqliteDialect)
+ * it never waits for the write lock: a busy database fails at once (SQLITE_BUSY) and the ledger
+ * tries again on a later turn with whatever was recorded meanwhile (`Ledger`). A connection of its
+ * own because the ledger commits with its prepared statement outside Kysely, whose mutex would not
+ * hold it back: it must never run inside a transaction open on the store's connection.
+ * Checkpoints stay with the checkpointer thread.
  */
 function openLedgerConnection(file: string): SqliteDatabase.Database {
-  const db = new SqliteDatabase(file, { timeout: 0 });
+  const db = new SqliteDatabase(file);
   db.pragma('synchronous = NORMAL');
   db.pragma('wal_autocheckpoint = 0');
   db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
+  db.pragma('busy_timeout = 0');
   return db;
 }
 
@@ -271,7 +271,6 @@ export class KyselyStore implements Store {
       const database = new SqliteDatabase(file);
       database.pragma('journal_mode = WAL');
       database.pragma('synchronous = NORMAL');
-      database.pragma('busy_timeout = 5000');
       database.pragma('foreign_keys = ON');
       if (file !== ':memory:') {
         // Checkpoints run on a worker thread (see WalCheckpointer), not in the commits of the event loop.
@@ -280,7 +279,12 @@ export class KyselyStore implements Store {
         database.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
         this.checkpointer = new WalCheckpointer(file, WAL_CHECKPOINT_MS);
       }
-      this.db = new Kysely<Database>({ dialect: new SqliteDialect({ database }) });
+      // Set up with better-sqlite3's default busy timeout (workers starting at once may meet in
+      // the journal mode's switch), then none: a statement that finds the write lock held is run
+      // again on a later turn of the event loop (NonBlockingSqliteDialect), never waited for in
+      // SQLite's busy handler.
+      database.pragma('busy_timeout = 0');
+      this.db = new Kysely<Database>({ dialect: new NonBlockingSqliteDialect({ database }) });
       this.sqlite = database;
       // An in-memory database exists only on its one connection, and nothing else can hold its lock.
       this.ledgerDb = file === ':memory:' ? database : openLedgerConnection(file);
@@ -815,9 +819,8 @@ export class KyselyStore implements Store {
   }
 
   isBusyError(err: unknown): boolean {
-    const code = (err as { code?: unknown } | null)?.code;
     // PostgreSQL's inserts of new rows never wait on another writer's lock as a whole database.
-    return this.dialect === 'sqlite' && typeof code === 'string' && SQLITE_BUSY_CODES.test(code);
+    return this.dialect === 'sqlite' && isSqliteBusy(err);
   }
 
   async quarantineUsage(records: readonly QuarantinedUsage[]): Promise<void> {
