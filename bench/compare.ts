@@ -1,5 +1,5 @@
 /**
- * `npm run bench:compare -- --old <dir> [--bursts N] [--seconds S] [--workers N]`: this build against another one
+ * `npm run bench:compare -- --old <dir> [--bursts N] [--seconds S] [--workers N] [--responses]`: this build against another one
  * (a checkout of an earlier commit, built, e.g. `git worktree add /tmp/old <rev>` + a node_modules
  * link + `npx tsc -p tsconfig.json` there) on the same machine, in the same minutes. Both run at
  * once (one worker each, or `--workers` each) in front of one fake upstream, warmed up, and take turns: N short bursts
@@ -8,12 +8,13 @@
  * on both alike. Each burst yields the CPU time the subject's processes spent per request (user +
  * system from /proc: what the code costs) and its requests per second; the table gives the medians,
  * the ratio of all CPU time to all requests, and in how many paired bursts the new build was the
- * cheaper. Then the added p50 at one connection, in alternating rounds. Asserts nothing.
+ * cheaper. Then the added p50 at one connection, in alternating rounds. `--responses` sends the same
+ * request to `/v1/responses` (stored, the API's default) instead of chat completions. Asserts nothing.
  */
 import { parseArgs } from 'node:util';
 import { join, resolve } from 'node:path';
 import { createBenchKey, DIST, median, spawnReady, startSwitchyard, treeCpuUs, type Proc } from './lib.js';
-import { load, sequential, type Subject } from './gateway.js';
+import { load, responsesBody, sequential, type Subject } from './gateway.js';
 
 const { values } = parseArgs({
   options: {
@@ -22,6 +23,7 @@ const { values } = parseArgs({
     seconds: { type: 'string', default: '1' },
     sequential: { type: 'string', default: '1000' },
     workers: { type: 'string', default: '1' },
+    responses: { type: 'boolean', default: false },
   },
 });
 if (!values.old) throw new Error('--old <dir with a built dist/> is required');
@@ -55,9 +57,10 @@ try {
     subjects[which] = {
       name: which,
       url: sy.url,
-      path: '/v1/chat/completions',
+      path: values.responses ? '/v1/responses' : '/v1/chat/completions',
       headers: { authorization: `Bearer ${await createBenchKey(sy.url)}` },
       model: 'openai/bench-fake',
+      ...(values.responses && { body: (stream: boolean) => responsesBody('openai/bench-fake', stream) }),
       pid: sy.child.pid!,
     };
   }

@@ -15,6 +15,8 @@ export interface Subject {
   path: string;
   headers: Record<string, string>;
   model: string;
+  /** The request body (default: `requestBody`, a chat completion). */
+  body?: (stream: boolean) => string;
   /** The subject's process (with its workers), whose CPU time is measured. */
   pid?: number;
 }
@@ -43,14 +45,28 @@ export const requestBody = (model: string, stream: boolean): string =>
     ],
   });
 
-/** One run of the load generator against a subject's chat-completions endpoint, with no warm-up. */
+/** The same request for `/v1/responses`; stored (`store`, the API's default) or not. */
+export const responsesBody = (model: string, stream: boolean, store = true): string =>
+  JSON.stringify({
+    model,
+    stream,
+    store,
+    max_output_tokens: 64,
+    temperature: 0.7,
+    instructions: 'You are a helpful assistant.',
+    input: 'Say hello in one short sentence.',
+  });
+
+const bodyOf = (s: Subject, stream: boolean): string => s.body?.(stream) ?? requestBody(s.model, stream);
+
+/** One run of the load generator against a subject's endpoint, with no warm-up. */
 export function load(s: Subject, stream: boolean, connections: number, seconds: number): Promise<autocannon.Result> {
   return autocannon({
     url: s.url + s.path,
     method: 'POST',
     connections,
     headers: { 'content-type': 'application/json', ...s.headers },
-    body: requestBody(s.model, stream),
+    body: bodyOf(s, stream),
     duration: seconds,
   });
 }
@@ -154,7 +170,7 @@ export async function interleavedSequential(
 /** `count` requests timed in ms on one new keep-alive connection, after a fifth as many untimed ones. */
 async function timedRequests(s: Subject, stream: boolean, count: number): Promise<number[]> {
   const client = new Client(s.url, { pipelining: 1, keepAliveTimeout: 60_000 });
-  const payload = requestBody(s.model, stream);
+  const payload = bodyOf(s, stream);
   const times: number[] = [];
   const warm = Math.ceil(count / 5);
   try {
@@ -283,7 +299,7 @@ export async function check(s: Subject): Promise<void> {
     const res = await request(s.url + s.path, {
       method: 'POST',
       headers: { 'content-type': 'application/json', ...s.headers },
-      body: requestBody(s.model, stream),
+      body: bodyOf(s, stream),
     });
     const text = await res.body.text();
     if (res.statusCode !== 200) throw new Error(`${s.name} answered ${res.statusCode}: ${text.slice(0, 300)}`);

@@ -15,7 +15,7 @@ import { parseArgs } from 'node:util';
 import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
 import { createBenchKey, DIST, median, spawnReady, startSwitchyard, treeCpuUs, type Proc } from './lib.js';
-import { requestBody } from './gateway.js';
+import { requestBody, responsesBody } from './gateway.js';
 
 const { values } = parseArgs({
   options: { bursts: { type: 'string', default: '12' }, seconds: { type: 'string', default: '2' }, old: { type: 'string' } },
@@ -24,22 +24,11 @@ const builds = [{ name: 'this build', dist: DIST }, ...(values.old ? [{ name: 'o
 const bursts = Number(values.bursts);
 const seconds = Number(values.seconds);
 
-const responsesBody = (model: string): string =>
-  JSON.stringify({
-    model,
-    stream: true,
-    store: false,
-    max_output_tokens: 64,
-    temperature: 0.7,
-    instructions: 'You are a helpful assistant.',
-    input: 'Say hello in one short sentence.',
-  });
-
 const CASES = [
   { name: 'chat, 20 pieces', path: '/v1/chat/completions', body: requestBody('openai/bench-fake', true) },
   { name: 'chat, 1 piece', path: '/v1/chat/completions', body: requestBody('openai/bench-short', true) },
-  { name: 'responses, 20 pieces', path: '/v1/responses', body: responsesBody('openai/bench-responses') },
-  { name: 'responses, 1 piece', path: '/v1/responses', body: responsesBody('openai/bench-responses-short') },
+  { name: 'responses, 20 pieces', path: '/v1/responses', body: responsesBody('openai/bench-responses', true, false) },
+  { name: 'responses, 1 piece', path: '/v1/responses', body: responsesBody('openai/bench-responses-short', true, false) },
 ] as const;
 
 const fake = await spawnReady('fake-upstream.js', ['0']);

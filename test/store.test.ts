@@ -7,6 +7,7 @@ import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from 'kysely';
 import pg from 'pg';
 import { KyselyStore } from '../src/store/kysely-store.js';
 import { migrationProvider } from '../src/store/migrations.js';
+import { withStatementCache } from '../src/store/sqlite-dialect.js';
 import type { Store, UsageRecord } from '../src/store/store.js';
 import { resolveModelSpec, type Model } from '../src/core/model-spec.js';
 import { createKey, ensureAdminKey, parseKey, secretMatches } from '../src/core/keys.js';
@@ -397,6 +398,32 @@ describe('store: SQLite usage insert', () => {
  * busy handler, which sleeps on the event loop (and here never lets the holder go): its writes wait
  * on later turns, its reads go on, and the writes land once the lock is free.
  */
+describe('store: SQLite prepared statements kept by their text', () => {
+  it('hands the same statement out again, never one still being iterated, and keeps only the most recently used', () => {
+    const raw = new Database(':memory:');
+    const db = withStatementCache(raw);
+    try {
+      raw.exec('create table t (n integer); insert into t values (1), (2), (3)');
+      const sql = 'select n from t order by n';
+      const first = db.prepare(sql);
+      assert.equal(db.prepare(sql), first, 'the same text gets the same statement');
+      const rows = first.iterate([]);
+      assert.deepEqual(rows.next().value, { n: 1 });
+      const second = db.prepare(sql);
+      assert.notEqual(second, first, 'a statement being iterated is not handed out');
+      assert.deepEqual(second.all([]), [{ n: 1 }, { n: 2 }, { n: 3 }]);
+      rows.return?.();
+      assert.equal(db.prepare(sql), first, 'once iterated to its end it is handed out again');
+      for (let i = 0; i < 300; i++) db.prepare(`select ${i} as n`);
+      assert.notEqual(db.prepare(sql), first, 'the least recently used went past the limit');
+      const long = `select 1 as n where 1 in (${Array.from({ length: 1000 }, (_, i) => i).join(', ')})`;
+      assert.notEqual(db.prepare(long), db.prepare(long), 'long SQL is not kept');
+    } finally {
+      raw.close();
+    }
+  });
+});
+
 describe('store: SQLite with another writer holding the lock', () => {
   it('waits for the lock off the event loop: reads go on, writes and transactions land after it is freed', { timeout: 4000 }, async () => {
     const dir = tempDir();

@@ -1,7 +1,7 @@
 import { orderedId } from './ids.js';
 import type { Logger } from 'pino';
 import type { QuarantinedUsage, Store, UsageRecord } from '../store/store.js';
-import { BUSY_LIMIT_MS, busyWait } from '../store/sqlite-busy.js';
+import { BUSY_LIMIT_MS, busyWait } from '../store/sqlite-dialect.js';
 import type { Usage } from './canonical.js';
 import type { Model } from './model-spec.js';
 

@@ -5,7 +5,7 @@ import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
 import { WalCheckpointer } from './wal-checkpointer.js';
-import { NonBlockingSqliteDialect, isSqliteBusy } from './sqlite-busy.js';
+import { NonBlockingSqliteDialect, isSqliteBusy, withStatementCache } from './sqlite-dialect.js';
 import type {
   ApiKeyRecord,
   ChatCompletionQuery,
@@ -284,7 +284,7 @@ export class KyselyStore implements Store {
       // again on a later turn of the event loop (NonBlockingSqliteDialect), never waited for in
       // SQLite's busy handler.
       database.pragma('busy_timeout = 0');
-      this.db = new Kysely<Database>({ dialect: new NonBlockingSqliteDialect({ database }) });
+      this.db = new Kysely<Database>({ dialect: new NonBlockingSqliteDialect({ database: withStatementCache(database) }) });
       this.sqlite = database;
       // An in-memory database exists only on its one connection, and nothing else can hold its lock.
       this.ledgerDb = file === ':memory:' ? database : openLedgerConnection(file);

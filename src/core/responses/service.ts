@@ -732,7 +732,9 @@ export class ResponseService<Echo> {
           events = await openAsResponses(open);
         }
         run.emit(fold.start());
-        await persist(['queued', 'in_progress']);
+        // A background response was stored as queued; any other was stored in_progress already,
+        // as it is now (one write fewer per request: a stored response's writes were most of its cost).
+        if (background) await persist(['queued', 'in_progress']);
         startedResolve();
         events ??= await openAsResponses(open);
         for (let ev = await events.next(); ev; ev = await events.next()) {
