@@ -106,7 +106,7 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     }
     whenGone(gone, () => run.abort.abort());
     await run.done;
-    const resource = run.resource();
+    const resource = run.settled();
     // A foreground response that failed is answered as the error it failed with (stored as failed
     // all the same): the status chat completions answers, and a 5xx the client's SDK retries.
     if (resource['status'] === 'failed') throw failureOf(resource);

@@ -124,6 +124,11 @@ export class Run extends EventLog {
     return structuredClone(this.fold.resource) as Record<string, unknown>;
   }
 
+  /** The response object once the run is done (`done` settled), when it no longer changes: not copied. */
+  settled(): Readonly<Record<string, unknown>> {
+    return this.fold.resource;
+  }
+
   /** From now on terminal events wait until `release()`. */
   holdTerminal(): void {
     this.held = [];

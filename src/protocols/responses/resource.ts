@@ -154,10 +154,11 @@ export class ResponseBuilder implements ResponseFold {
   queued(): WireEvent[] {
     this.response.status = 'queued';
     this.created = true;
+    // One snapshot for both: events are never changed once made (they are rendered as they are).
     const snapshot = copy(this.response);
     return [
       { type: 'response.created', response: snapshot },
-      { type: 'response.queued', response: copy(snapshot) },
+      { type: 'response.queued', response: snapshot },
     ];
   }
 
@@ -168,10 +169,11 @@ export class ResponseBuilder implements ResponseFold {
   /** `response.created` (unless `queued` sent it) and `response.in_progress`. */
   start(): WireEvent[] {
     this.response.status = 'in_progress';
-    const progress: WireEvent = { type: 'response.in_progress', response: copy(this.response) };
+    const snapshot = copy(this.response);
+    const progress: WireEvent = { type: 'response.in_progress', response: snapshot };
     if (this.created) return [progress];
     this.created = true;
-    return [{ type: 'response.created', response: copy(this.response) }, progress];
+    return [{ type: 'response.created', response: snapshot }, progress];
   }
 
   apply(ev: GenerationEvent): WireEvent[] {
