@@ -256,6 +256,9 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       [{ ...base, max_tokens: 0 }, 'max_tokens'],
       [{ ...base, max_tokens: 2.5 }, 'max_tokens'],
       [{ ...base, n: 2 }, 'n'],
+      // Stream options on a request that does not stream (OpenAI refuses them too).
+      [{ ...base, stream_options: { include_usage: true } }, 'stream_options'],
+      [{ ...base, stream: false, stream_options: { include_usage: true } }, 'stream_options'],
       [{ ...base, stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop'],
       [{ ...base, presence_penalty: 3 }, 'presence_penalty'],
       [{ model: STORIES }, 'messages'],

@@ -186,6 +186,13 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
   if (body.n != null && body.n > 1) {
     throw new ApiError('unsupported_parameter', 'Only n=1 is supported; send several requests for several choices.', { param: 'n' });
   }
+  // An option of streams on a request that does not stream: OpenAI refuses it, naming it, and a
+  // client that sends it expects usage chunks that a single answer never has.
+  if (body.stream_options != null && body.stream !== true) {
+    throw new ApiError('invalid_value', "The 'stream_options' parameter is only allowed when 'stream' is enabled.", {
+      param: 'stream_options',
+    });
+  }
   const req: GenerationRequest = {
     model: body.model,
     messages: toMessages(body),
