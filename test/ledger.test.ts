@@ -210,41 +210,47 @@ describe('usage ledger: bad values never wedge it', () => {
     },
   );
 
-  it('counts a database busy for longer than the limit as not writable, and recovers when the lock is freed', async () => {
-    const dir = tempDir();
-    const file = join(dir, 'ledger.db');
-    const store = new KyselyStore({ sqlitePath: file });
-    await store.migrate();
-    open.add(() => store.close());
-    const states: boolean[] = [];
-    let changed: (() => void) | undefined;
-    const ledger = new Ledger(store, log, 20, {
-      busyLimitMs: 30,
-      onWritable: (ok) => {
-        states.push(ok);
-        changed?.();
-      },
-    });
-    ledger.start();
-    const other = new SqliteDatabase(file);
-    open.add(async () => void other.close());
-    other.exec('BEGIN IMMEDIATE');
-    const done = ledger.record(record('usage_long_busy'));
-    await new Promise<void>((resolve) => {
-      changed = resolve;
-    });
-    assert.deepEqual(states, [false]);
-    assert.equal(ledger.writable, false);
-    const back = new Promise<void>((resolve) => {
-      changed = resolve;
-    });
-    other.exec('COMMIT');
-    await done;
-    await back;
-    assert.deepEqual(states, [false, true]);
-    await ledger.close();
-    assert.equal((await store.usageTotals('model', {}))[0]!.requests, 1);
-  });
+  it(
+    'counts a database busy for longer than the limit as not writable, and recovers when the lock is freed',
+    { timeout: 2000 },
+    async () => {
+      const dir = tempDir();
+      const file = join(dir, 'ledger.db');
+      const store = new KyselyStore({ sqlitePath: file });
+      await store.migrate();
+      open.add(() => store.close());
+      const states: boolean[] = [];
+      let changed: (() => void) | undefined;
+      const ledger = new Ledger(store, log, 20, {
+        busyLimitMs: 30,
+        onWritable: (ok) => {
+          states.push(ok);
+          changed?.();
+        },
+      });
+      ledger.start();
+      const other = new SqliteDatabase(file);
+      open.add(async () => void other.close());
+      other.exec('BEGIN IMMEDIATE');
+      const since = performance.now();
+      const done = ledger.record(record('usage_long_busy'));
+      await new Promise<void>((resolve) => {
+        changed = resolve;
+      });
+      assert.deepEqual(states, [false]);
+      assert.ok(performance.now() - since >= 30, 'not before the busy limit');
+      assert.equal(ledger.writable, false);
+      const back = new Promise<void>((resolve) => {
+        changed = resolve;
+      });
+      other.exec('COMMIT');
+      await done;
+      await back;
+      assert.deepEqual(states, [false, true]);
+      await ledger.close();
+      assert.equal((await store.usageTotals('model', {}))[0]!.requests, 1);
+    },
+  );
 
   it('records what a generation that does not stop has used so far when the process must exit', async () => {
     const dir = tempDir();

@@ -1,7 +1,6 @@
 import { orderedId } from './ids.js';
 import type { Logger } from 'pino';
-import type { QuarantinedUsage, Store, UsageRecord } from '../store/store.js';
-import { BUSY_LIMIT_MS, busyWait } from '../store/sqlite-dialect.js';
+import { BUSY_LIMIT_MS, busyWait, type QuarantinedUsage, type Store, type UsageRecord } from '../store/store.js';
 import type { Usage } from './canonical.js';
 import type { Model } from './model-spec.js';
 
@@ -100,10 +99,11 @@ export class Ledger {
   private timer: NodeJS.Timeout | undefined;
   private flushing: Promise<void> = Promise.resolve();
   private canWrite = true;
-  /** When the database was first found busy in the current run of busy tries (0: not busy). */
-  private busySince = 0;
+  /** When (performance.now()) the database was first found busy in the current run of busy tries. */
+  private busySince: number | undefined;
   private busyTries = 0;
   private busyRetryScheduled = false;
+  private closed = false;
   /** Generations being metered whose record is not queued yet; `close` waits for them. */
   private readonly metering = new Set<OpenMeter>();
   private meteringEnded: (() => void) | undefined;
@@ -178,7 +178,7 @@ export class Ledger {
   /** Writes what is queued, waiting out a busy database (within the busy limit): for a stop. */
   private async flushOut(): Promise<void> {
     await this.flush();
-    while (this.queue.length > 0 && this.busySince !== 0 && this.canWrite) {
+    while (this.queue.length > 0 && this.busySince !== undefined && this.canWrite) {
       await new Promise((resolve) => setTimeout(resolve, 2));
       await this.flush();
     }
@@ -190,8 +190,8 @@ export class Ledger {
 
   /** The batch found the database busy and is queued again: try again soon, unless busy too long. */
   private busy(err: unknown): void {
-    const now = Date.now();
-    if (this.busySince === 0) this.busySince = now;
+    const now = performance.now();
+    this.busySince ??= now;
     if (now - this.busySince > this.busyLimitMs) {
       // Busy this long is a writer holding the lock (or a stuck one): the periodic retry takes over.
       if (this.canWrite) this.log.error({ err, records: this.queue.length }, 'usage ledger: database busy too long; will retry');
@@ -202,7 +202,8 @@ export class Ledger {
     this.busyRetryScheduled = true;
     void busyWait(this.busyTries++).then(() => {
       this.busyRetryScheduled = false;
-      void this.flush();
+      // After close() the store is closed: what is still queued was logged there.
+      if (!this.closed) void this.flush();
     });
   }
 
@@ -244,7 +245,7 @@ export class Ledger {
           done++;
         }
       }
-      this.busySince = 0;
+      this.busySince = undefined;
       this.busyTries = 0;
       this.setWritable(true);
       if (this.setAside.length) await this.storeQuarantine();
@@ -293,5 +294,6 @@ export class Ledger {
       });
     if (this.timer) clearInterval(this.timer);
     await this.flushOut();
+    this.closed = true;
   }
 }

@@ -6,31 +6,17 @@ import {
   type QueryResult,
   type SqliteDatabase as KyselySqliteDatabase,
   type SqliteStatement,
+  type QueryCompiler,
   type TransactionSettings,
 } from 'kysely';
 import type SqliteDatabase from 'better-sqlite3';
-
-/**
- * When a write that found a SQLite file busy (another worker of a cluster holds its write lock) is
- * tried again: on the next turns of the event loop first (another worker's commit holds the lock
- * for tens of microseconds), then after a few milliseconds, at most 50 between tries. 0 is the
- * next turn. Used by the store's connection below and by the usage ledger's queue.
- */
-export const BUSY_RETRY_MS = [0, 0, 0, 1, 2, 5, 10, 20, 50] as const;
-/** How long a SQLite file may stay busy before a write gives up (what SQLite's busy timeout was). */
-export const BUSY_LIMIT_MS = 5000;
+import { BUSY_LIMIT_MS, busyWait } from './store.js';
 
 /** Another connection holds the write lock: the statement did nothing and may be run again. */
 export const isSqliteBusy = (err: unknown): boolean => {
   const code = (err as { code?: unknown } | null)?.code;
   return typeof code === 'string' && code.startsWith('SQLITE_BUSY');
 };
-
-/** Resolves after the `tries`-th wait of BUSY_RETRY_MS: the next turn, or a few milliseconds. */
-export function busyWait(tries: number): Promise<void> {
-  const ms = BUSY_RETRY_MS[Math.min(tries, BUSY_RETRY_MS.length - 1)]!;
-  return new Promise((resolve) => (ms === 0 ? setImmediate(resolve) : setTimeout(resolve, ms)));
-}
 
 /**
  * Kysely's SQLite dialect on a connection that never waits for the write lock on the event loop.
@@ -55,13 +41,13 @@ class BusyRetryingConnection implements DatabaseConnection {
   constructor(readonly inner: DatabaseConnection) {}
 
   async executeQuery<R>(query: CompiledQuery): Promise<QueryResult<R>> {
-    const started = Date.now();
+    const started = performance.now();
     for (let tries = 0; ; tries++) {
       try {
         // The SQLite connection throws synchronously: awaited inside the try, both kinds land here.
         return await this.inner.executeQuery<R>(query);
       } catch (err) {
-        if (!isSqliteBusy(err) || Date.now() - started > BUSY_LIMIT_MS) throw err;
+        if (!isSqliteBusy(err) || performance.now() - started > BUSY_LIMIT_MS) throw err;
       }
       await busyWait(tries);
     }
@@ -100,12 +86,30 @@ class BusyRetryingDriver implements Driver {
     await connection.executeQuery(CompiledQuery.raw('rollback'));
   }
 
+  async savepoint(connection: DatabaseConnection, name: string, compile: QueryCompiler['compileQuery']): Promise<void> {
+    if (!this.inner.savepoint) throw new Error('savepoints are not supported');
+    await this.inner.savepoint(connection, name, compile);
+  }
+
+  async rollbackToSavepoint(connection: DatabaseConnection, name: string, compile: QueryCompiler['compileQuery']): Promise<void> {
+    if (!this.inner.rollbackToSavepoint) throw new Error('savepoints are not supported');
+    await this.inner.rollbackToSavepoint(connection, name, compile);
+  }
+
+  async releaseSavepoint(connection: DatabaseConnection, name: string, compile: QueryCompiler['compileQuery']): Promise<void> {
+    if (!this.inner.releaseSavepoint) throw new Error('savepoints are not supported');
+    await this.inner.releaseSavepoint(connection, name, compile);
+  }
+
   releaseConnection(connection: DatabaseConnection): Promise<void> {
     return this.inner.releaseConnection(unwrap(connection));
   }
 
-  destroy(): Promise<void> {
-    return this.inner.destroy();
+  async destroy(): Promise<void> {
+    // A statement may be waiting for the lock between turns: let it finish (or give up) first,
+    // rather than close the connection under it. The connection is never released again.
+    await this.inner.acquireConnection();
+    await this.inner.destroy();
   }
 }
 
@@ -113,8 +117,18 @@ const unwrap = (c: DatabaseConnection): DatabaseConnection => (c instanceof Busy
 
 /** Prepared statements kept per connection; the least recently used goes past this. */
 const STATEMENT_CACHE_SIZE = 256;
-/** Longer SQL (a many-row insert of one size) is prepared for its one use and not kept. */
-const CACHED_SQL_MAX = 2048;
+/**
+ * SQL with more bound values than this (an `in (…)` list or a many-row insert of one size) is
+ * prepared for its use and not kept: each size would take a place of its own and push the few
+ * statements every request uses out.
+ */
+const CACHED_PARAMETERS_MAX = 32;
+
+const parametersIn = (sql: string): number => {
+  let n = 0;
+  for (let i = sql.indexOf('?'); i >= 0; i = sql.indexOf('?', i + 1)) n++;
+  return n;
+};
 
 /**
  * A better-sqlite3 connection as Kysely's dialect sees it, with its prepared statements kept by
@@ -136,7 +150,7 @@ export function withStatementCache(db: SqliteDatabase.Database): KyselySqliteDat
         return kept;
       }
       const stmt = db.prepare(sql);
-      if (sql.length <= CACHED_SQL_MAX && kept === undefined) {
+      if (kept === undefined && parametersIn(sql) <= CACHED_PARAMETERS_MAX) {
         cache.set(sql, stmt);
         if (cache.size > STATEMENT_CACHE_SIZE) cache.delete(cache.keys().next().value!);
       }

@@ -1,5 +1,22 @@
 import type { Model } from './model-record.js';
 
+/**
+ * When a write that found the database busy (SQLite: another worker of a cluster holds the file's
+ * write lock) is tried again: on the next turns of the event loop first (another worker's commit
+ * holds the lock for tens of microseconds), then after a few milliseconds, at most 50 between
+ * tries. 0 is the next turn. Used by the SQLite connection (sqlite-dialect.ts) and the usage
+ * ledger's queue.
+ */
+export const BUSY_RETRY_MS = [0, 0, 0, 1, 2, 5, 10, 20, 50] as const;
+/** How long a database may stay busy before a write gives up (what SQLite's busy timeout was). */
+export const BUSY_LIMIT_MS = 5000;
+
+/** Resolves after the `tries`-th wait of BUSY_RETRY_MS: the next turn, or a few milliseconds. */
+export function busyWait(tries: number): Promise<void> {
+  const ms = BUSY_RETRY_MS[Math.min(tries, BUSY_RETRY_MS.length - 1)]!;
+  return new Promise((resolve) => (ms === 0 ? setImmediate(resolve) : setTimeout(resolve, ms)));
+}
+
 /** Limits a key or an organization can carry; absent fields mean no limit. */
 export interface Limits {
   rpm?: number;
