@@ -122,8 +122,14 @@ describe('limits', () => {
       });
     assert.equal((await count('/v1/responses/input_tokens', 'local/llama-2-tiny-random')).status, 403);
     assert.equal((await count('/v1/messages/count_tokens', 'local/llama-2-tiny-random')).status, 403);
-    assert.equal((await count('/v1/responses/input_tokens', MODEL)).status, 200);
-    assert.equal((await count('/v1/messages/count_tokens', MODEL)).status, 200);
+    const first = await count('/v1/responses/input_tokens', MODEL);
+    assert.equal(first.status, 200);
+    // The counts' own requests-per-minute counter, in the same headers as any answer of a key with limits.
+    assert.equal(first.headers['x-ratelimit-limit-requests'], '2');
+    assert.equal(first.headers['x-ratelimit-remaining-requests'], '1');
+    const second = await count('/v1/messages/count_tokens', MODEL);
+    assert.equal(second.status, 200);
+    assert.equal(second.headers['x-ratelimit-remaining-requests'], '0');
     assert.equal((await count('/v1/responses/input_tokens', MODEL)).status, 429, 'the third request this minute');
   });
 

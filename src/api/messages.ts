@@ -92,7 +92,8 @@ export function registerMessagesRoutes(app: App, ctx: RouteContext): void {
     const who = req.principal!;
     const canonical = decodeCountTokensRequest(req.body, new Cancellation(), signatures(ctx.seal, who));
     const model = ctx.pipeline.resolve(canonical.model, who);
-    const { tokens, estimated } = await ctx.pipeline.countFor(model, canonical, who);
+    const { tokens, estimated, headers } = await ctx.pipeline.countFor(model, canonical, who);
+    reply.headers(headers);
     if (estimated) reply.header('x-switchyard-estimated', 'true');
     return { input_tokens: tokens };
   });

@@ -127,7 +127,8 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
   // Counts without generating (OpenAI's input-token counting endpoint). A count that is an estimate
   // (an upstream model, whose tokenizer is not here) says so in a header.
   app.post('/v1/responses/input_tokens', { onRequest: ctx.requireKey, schema: { body: ResponsesRequestSchema } }, async (req, reply) => {
-    const { tokens, estimated } = await responses.countInputTokens(decodeResponsesRequest(req.body), req.principal!);
+    const { tokens, estimated, headers } = await responses.countInputTokens(decodeResponsesRequest(req.body), req.principal!);
+    reply.headers(headers);
     if (estimated) reply.header('x-switchyard-estimated', 'true');
     return inputTokensObject(tokens);
   });

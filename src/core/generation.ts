@@ -10,6 +10,12 @@ import type { Router } from './router.js';
 import { checkSchemaLimits, type SchemaLimits } from './schema-limits.js';
 import { estimateInputTokens } from './estimate.js';
 
+/** A count of a request's input tokens (an estimate for an upstream model), with the rate-limit headers of its admission. */
+export interface InputTokenCount {
+  tokens: number;
+  estimated: boolean;
+  headers: Record<string, string>;
+}
 export type { GenerationStart };
 
 /** Where each API family puts the output format and its JSON schema, for errors naming the parameter. */
@@ -107,11 +113,12 @@ export class GenerationPipeline {
    * tokenizes; its requests are counted apart from generation's (as Anthropic limits its token
    * counting apart), and no token or spend limit applies, since nothing is generated or billed.
    */
-  async countFor(model: Model, req: GenerationRequest, who: Principal): Promise<{ tokens: number; estimated: boolean }> {
+  async countFor(model: Model, req: GenerationRequest, who: Principal): Promise<InputTokenCount> {
     this.checkNeeds(model, req, 'responses');
     const admission = await this.limiter.admit(who, model.id, undefined, 'count');
     try {
-      return await this.router.countInputTokens(req, model);
+      // With the admission's x-ratelimit-* headers, as every other answer of a key with limits has them.
+      return { ...(await this.router.countInputTokens(req, model)), headers: admission.headers };
     } finally {
       admission.settle(0, null);
     }

@@ -20,7 +20,7 @@ import type { Page, PageRequest } from '../paging.js';
 import type { ReasoningSeal, SealPurpose } from '../reasoning-seal.js';
 import type { Model } from '../model-spec.js';
 import type { MeteredStream } from '../metering.js';
-import type { GenerationPipeline } from '../generation.js';
+import type { GenerationPipeline, InputTokenCount } from '../generation.js';
 import {
   TERMINAL,
   type Compaction,
@@ -608,7 +608,7 @@ export class ResponseService<Echo> {
    * `POST /v1/responses/input_tokens`: the tokens the request's input would take, without
    * generating, storing or billing anything; the same checks as a real request.
    */
-  async countInputTokens(body: ResponsesCreate<Echo>, who: Principal): Promise<{ tokens: number; estimated: boolean }> {
+  async countInputTokens(body: ResponsesCreate<Echo>, who: Principal): Promise<InputTokenCount> {
     const { model, messages } = await this.context(body, who);
     const req = generationRequest(body.generation, {
       model: model.id,
