@@ -155,7 +155,7 @@ export class Metrics {
     private readonly revealPrivate = false,
   ) {
     const registers = [this.registry];
-    collectDefaultMetrics({ register: this.registry, prefix: 'switchyard_process_' });
+    collectDefaultMetrics({ register: this.registry, prefix: 'switchyard_' });
     seriesCounter(
       {
         name: 'switchyard_requests_total',

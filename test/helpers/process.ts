@@ -92,5 +92,5 @@ export async function processMemory(url: string, inspector?: string): Promise<{ 
   if (inspector) await collectGarbage(inspector);
   const text = await (await fetch(`${url}/metrics`)).text();
   const read = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1]);
-  return { rss: read('switchyard_process_process_resident_memory_bytes'), heap: read('switchyard_process_nodejs_heap_size_used_bytes') };
+  return { rss: read('switchyard_process_resident_memory_bytes'), heap: read('switchyard_nodejs_heap_size_used_bytes') };
 }
