@@ -21,7 +21,7 @@ import { Router, type RoutingPolicy } from '../src/core/router.js';
 import type { DeploymentTarget, Engine } from '../src/engines/engine.js';
 import { KyselyStore } from '../src/store/kysely-store.js';
 import type { Store, UsageRecord } from '../src/store/store.js';
-import { tempDir } from './helpers/server.js';
+import { SHARED_MODELS, tempDir } from './helpers/server.js';
 import { usageRecord } from './helpers/usage.js';
 
 /**
@@ -438,6 +438,43 @@ describe('cancellation', () => {
       await pool.destroy();
       server.closeAllConnections();
       server.close();
+    }
+  });
+});
+
+describe('catalogue: a models entry with the id of a local model file', () => {
+  it('is not used, and the start says so (the file is what is served: its fields go under localModels)', async () => {
+    const dir = tempDir();
+    const lines: string[] = [];
+    const capture = pino({ level: 'warn' }, { write: (line: string) => void lines.push(line) });
+    writeFileSync(
+      join(dir, 'c.json'),
+      JSON.stringify({
+        defaultCatalogue: false,
+        localModels: { 'stories260K.gguf': { id: 'meta-llama/tiny-stories' } },
+        models: [{ id: 'meta-llama/tiny-stories', context_length: 256, pricing: [{ metric: 'input_tokens', rate: 5 }] }],
+      }),
+    );
+    const config = loadConfig({
+      env: { SWITCHYARD_CONFIG: join(dir, 'c.json'), SWITCHYARD_MODELS_DIR: SHARED_MODELS, SWITCHYARD_CATALOGUE_REFRESH_MS: '0' },
+    });
+    const store = new KyselyStore({ sqlitePath: join(dir, 'shadow.db') });
+    await store.migrate();
+    const catalogue = new Catalogue(store, config, capture);
+    try {
+      await catalogue.init();
+      assert.equal(catalogue.isLocal('meta-llama/tiny-stories'), true);
+      assert.deepEqual(
+        catalogue.find('meta-llama/tiny-stories')?.pricing.map((p) => p.rate),
+        [0, 0],
+        "the file's entry is served",
+      );
+      const warned = lines.map((l) => JSON.parse(l) as { msg: string; id?: string }).find((l) => l.id === 'meta-llama/tiny-stories');
+      assert.match(warned?.msg ?? '', /not used.*localModels/);
+    } finally {
+      catalogue.stop();
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });

@@ -75,6 +75,16 @@ export class Catalogue {
   async init(): Promise<void> {
     await syncConfiguredModels(this.store, this.config);
     this.local = await this.scanLocal();
+    // The local file's entry is the one served (see refresh): a `models` entry of the same id,
+    // its price included, would otherwise be ignored without a word.
+    for (const m of this.config.models) {
+      const file = this.local.find((l) => l.model.id === m.id)?.file;
+      if (file !== undefined)
+        this.log.warn(
+          { id: m.id, file: basename(file) },
+          'a models entry has the id of a local model file and is not used: set its fields (pricing, context_length …) under localModels instead',
+        );
+    }
     await this.refresh();
     if (this.config.catalogueRefreshMs > 0) {
       this.timer = setInterval(() => {
