@@ -70,6 +70,18 @@ describe('hardening', () => {
     assert.equal((JSON.parse(r.body) as { error: { code: string } }).error.code, 'request_header_too_large');
     assert.ok(r.headers.get('x-request-id'));
     assert.equal((await http(s.url, 'GET', '/v1/models', { key: s.adminKey, headers: { 'x-pad': 'a'.repeat(2000) } })).status, 200);
+    // On the Anthropic path, Anthropic's envelope and request-id header.
+    const messages = await sendRaw(
+      Number(new URL(s.url).port),
+      Buffer.from(`POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nx-pad: ${'a'.repeat(8000)}\r\n\r\n{}`),
+    );
+    assert.equal(messages.status, 431);
+    const anthropic = JSON.parse(messages.body) as { type: string; error: { type: string; message: string }; request_id: string };
+    assert.equal(anthropic.type, 'error');
+    assert.equal(anthropic.error.type, 'invalid_request_error');
+    assert.match(anthropic.error.message, /headers are larger/);
+    assert.equal(messages.headers.get('request-id'), anthropic.request_id);
+    assert.equal(messages.headers.get('x-request-id'), anthropic.request_id);
   });
 
   it('answers a missing Host, non-finite and oversized counts and wrongly typed fields with a 400 in the envelope', async () => {
@@ -326,7 +338,7 @@ describe('hardening', () => {
   });
 
   it('answers 408 in the envelope to a request whose body never finishes, and frees its slot', async () => {
-    const s = keep(await startServer({ env: { SWITCHYARD_BODY_TIMEOUT_MS: '500', SWITCHYARD_MAX_IN_FLIGHT: '2' } }));
+    const s = keep(await startServer({ env: { SWITCHYARD_BODY_TIMEOUT_MS: '500', SWITCHYARD_MAX_IN_FLIGHT: '3' } }));
     const port = Number(new URL(s.url).port);
     const stall = (head: string, part: string) =>
       new Promise<{ text: string; ms: number }>((resolve) => {
@@ -340,10 +352,17 @@ describe('hardening', () => {
         socket.write(head + part);
       });
     const auth = `authorization: Bearer ${s.adminKey}\r\ncontent-type: application/json\r\n`;
-    const [partial, chunked] = await Promise.all([
+    const [partial, chunked, messages] = await Promise.all([
       stall(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n${auth}content-length: 100\r\n\r\n`, '{"model":"local/'),
       stall(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n${auth}transfer-encoding: chunked\r\n\r\n`, '5\r\n{"mod\r\n'),
+      stall(`POST /v1/messages HTTP/1.1\r\nhost: x\r\n${auth}content-length: 100\r\n\r\n`, '{"model":"local/'),
     ]);
+    // On the Anthropic path, Anthropic's envelope (as 413 and 415 there have it).
+    assert.match(messages!.text, /^HTTP\/1\.1 408/);
+    assert.match(messages!.text, /\r\nrequest-id: req_/);
+    const anthropic = JSON.parse(messages!.text.slice(messages!.text.indexOf('\r\n\r\n') + 4)) as { type: string; error: { type: string } };
+    assert.equal(anthropic.type, 'error');
+    assert.equal(anthropic.error.type, 'timeout_error');
     for (const r of [partial, chunked]) {
       assert.match(r.text, /^HTTP\/1\.1 408/);
       assert.match(r.text, /x-request-id: /);
@@ -351,7 +370,7 @@ describe('hardening', () => {
       assert.equal(body.error.code, 'request_timeout');
       assert.ok(r.ms < 3_000, `answered after ${r.ms} ms`);
     }
-    // Both slots (the limit is 2) are free again.
+    // Every slot (the limit is 3) is free again.
     assert.equal((await http(s.url, 'GET', '/v1/models', { key: s.adminKey })).status, 200);
   });
 });

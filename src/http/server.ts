@@ -177,7 +177,10 @@ function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
       : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
         ? new ApiError('request_timeout', 'The request did not arrive in time.')
         : new ApiError('invalid_request', `The request is not valid HTTP (${err.code ?? 'parse error'}).`);
-  const body = JSON.stringify(e.toBody());
+  const id = `req_${randomHex()}`;
+  // On the Anthropic paths, Anthropic's envelope and its request-id header, as every other error there.
+  const anthropic = MESSAGES_PATH.test(requestPath(err, socket) ?? '');
+  const body = JSON.stringify(anthropic ? anthropicError(e, id).body : e.toBody());
   const status = e.status;
   socket.removeAllListeners('data');
   socket.on('data', () => undefined);
@@ -185,8 +188,23 @@ function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
   closeAnswered(
     socket,
     `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\ncontent-type: application/json; charset=utf-8\r\n` +
-      `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: req_${randomHex()}\r\nconnection: close\r\n\r\n${body}`,
+      `content-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\n${anthropic ? `request-id: ${id}\r\n` : ''}` +
+      `connection: close\r\n\r\n${body}`,
   );
+}
+
+const MESSAGES_PATH = /^\/v1\/messages(?:[/?]|$)/;
+
+/**
+ * The path of the request a client error belongs to, where it can be known: the request Node had
+ * parsed the head of (a body that never finished), or the request line at the start of the bytes
+ * the parser refused (a head too large).
+ */
+function requestPath(err: NodeJS.ErrnoException & { rawPacket?: unknown }, socket: Duplex): string | undefined {
+  const incoming = (socket as Duplex & { parser?: { incoming?: { url?: unknown } | null } | null }).parser?.incoming?.url;
+  if (typeof incoming === 'string') return incoming;
+  if (!Buffer.isBuffer(err.rawPacket)) return undefined;
+  return /^[A-Z]+ (\S+) /.exec(err.rawPacket.subarray(0, 2048).toString('latin1'))?.[1];
 }
 
 export async function buildServer(deps: ServerDeps): Promise<App> {
