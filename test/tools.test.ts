@@ -474,6 +474,22 @@ describe('function calling and structured output on the local engine (stories260
     assert.equal(res.status, 400);
     assert.equal(res.json.error.code, 'invalid_value');
     assert.match(res.json.error.message, /accepts no value/);
+    // More unique items than the items have values (it was sampled four times, then a 500).
+    for (const items of [{ type: 'boolean' }, { enum: ['a', 'b'] }, { const: 1 }]) {
+      const unique = await http(server.url, 'POST', '/v1/chat/completions', {
+        key: server.adminKey,
+        body: {
+          model: STORIES,
+          messages: [{ role: 'user', content: 'x' }],
+          response_format: {
+            type: 'json_schema',
+            json_schema: { name: 'x', schema: { type: 'array', minItems: 3, uniqueItems: true, items } },
+          },
+        },
+      });
+      assert.equal(unique.status, 400, JSON.stringify(items));
+      assert.match(unique.json.error.message, /accepts no value.*uniqueItems/);
+    }
     await assert.rejects(
       client.chat.completions.create({
         model: STORIES,

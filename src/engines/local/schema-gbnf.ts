@@ -920,8 +920,12 @@ class Compiler {
     const min = num(s['minItems']) ?? 0;
     let max = num(s['maxItems']) ?? Infinity;
     if (min > max) throw new Unsatisfiable(`minItems is above maxItems at '${path || '/'}'`);
-    // uniqueItems: one item cannot repeat; more are left to the check.
+    // uniqueItems: one item cannot repeat; more are left to the check. More items than the items
+    // have values can never be found (three unique booleans): refused here, not after sampling.
     if (s['uniqueItems'] === true) {
+      const values = prefix.length === 0 ? valuesAtMost(rest) : undefined;
+      if (values !== undefined && min > values)
+        throw new Unsatisfiable(`uniqueItems at '${path || '/'}' asks for ${min} different items of at most ${values} values`);
       if (min <= 1 && prefix.length <= 1) max = Math.min(max, 1);
       else this.check('uniqueItems', path);
     }
@@ -1189,4 +1193,14 @@ export function schemaToGbnf(schema: unknown, draft: Draft = '07'): CompiledGram
 /** Any JSON object (`json_object`). */
 export function anyObjectGbnf(): string {
   return new Compiler({ type: 'object' }, '07').compile().gbnf;
+}
+
+/** How many values a schema allows at most, where that is a small known number (enum, const, boolean, null). */
+function valuesAtMost(schema: unknown): number | undefined {
+  if (!isSchema(schema)) return undefined;
+  if (Array.isArray(schema['enum'])) return new Set(schema['enum'].map((v) => JSON.stringify(v))).size;
+  if ('const' in schema) return 1;
+  if (schema['type'] === 'boolean') return 2;
+  if (schema['type'] === 'null') return 1;
+  return undefined;
 }
