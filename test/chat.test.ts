@@ -430,8 +430,10 @@ describe('structured output that cannot be met', () => {
   });
   after(() => server.close());
 
-  it('tells clients not to retry a schema the server already retried (no value satisfies it: three distinct booleans)', async () => {
-    const schema = { type: 'array', items: { type: 'boolean' }, minItems: 3, uniqueItems: true };
+  it('tells clients not to retry a schema the server already retried (no value satisfies it: two distinct strings of one)', async () => {
+    // Only "a" matches the pattern, so no two items differ; the checks at admission cannot tell
+    // (three distinct booleans they can, and refuse with a 400: tools.test.ts).
+    const schema = { type: 'array', items: { type: 'string', pattern: '^a$' }, minItems: 2, uniqueItems: true };
     const res = await http(server.url, 'POST', '/v1/chat/completions', {
       key,
       body: {
