@@ -151,6 +151,23 @@ describe('usage ledger: bad values never wedge it', () => {
     assert.equal(ledger.writable, true);
   });
 
+  /** A migrated store on a file of its own, closed after the suite. */
+  async function migratedStore(): Promise<{ store: KyselyStore; file: string }> {
+    const file = join(tempDir(), 'ledger.db');
+    const store = new KyselyStore({ sqlitePath: file });
+    await store.migrate();
+    open.add(() => store.close());
+    return { store, file };
+  }
+
+  /** A second connection to the file holding its write lock (BEGIN IMMEDIATE) until it commits. */
+  function holdWriteLock(file: string): SqliteDatabase.Database {
+    const other = new SqliteDatabase(file);
+    open.add(async () => void other.close());
+    other.exec('BEGIN IMMEDIATE');
+    return other;
+  }
+
   /**
    * Another process committing holds SQLite's write lock; here a second connection in this process
    * holds it (BEGIN IMMEDIATE) for as long as the test says. The ledger must not wait for it on the
@@ -161,11 +178,7 @@ describe('usage ledger: bad values never wedge it', () => {
     'does not block the event loop while another connection holds the write lock, and writes once it is free',
     { timeout: 4000 },
     async () => {
-      const dir = tempDir();
-      const file = join(dir, 'ledger.db');
-      const store = new KyselyStore({ sqlitePath: file });
-      await store.migrate();
-      open.add(() => store.close());
+      const { store, file } = await migratedStore();
       let tries = 0;
       let busyErrors = 0;
       const counting = new Proxy(store, {
@@ -185,9 +198,7 @@ describe('usage ledger: bad values never wedge it', () => {
       const states: boolean[] = [];
       const ledger = new Ledger(counting, log, 1000, { onWritable: (ok) => states.push(ok) });
       ledger.start();
-      const other = new SqliteDatabase(file);
-      open.add(async () => void other.close());
-      other.exec('BEGIN IMMEDIATE');
+      const other = holdWriteLock(file);
       let written = 0;
       const first = ledger.record(record('usage_busy1')).then(() => written++);
       // The event loop keeps turning while the record waits. A ledger that waited in SQLite's busy
@@ -214,11 +225,7 @@ describe('usage ledger: bad values never wedge it', () => {
     'counts a database busy for longer than the limit as not writable, and recovers when the lock is freed',
     { timeout: 2000 },
     async () => {
-      const dir = tempDir();
-      const file = join(dir, 'ledger.db');
-      const store = new KyselyStore({ sqlitePath: file });
-      await store.migrate();
-      open.add(() => store.close());
+      const { store, file } = await migratedStore();
       const states: boolean[] = [];
       let changed: (() => void) | undefined;
       const ledger = new Ledger(store, log, 20, {
@@ -229,9 +236,7 @@ describe('usage ledger: bad values never wedge it', () => {
         },
       });
       ledger.start();
-      const other = new SqliteDatabase(file);
-      open.add(async () => void other.close());
-      other.exec('BEGIN IMMEDIATE');
+      const other = holdWriteLock(file);
       const since = performance.now();
       const done = ledger.record(record('usage_long_busy'));
       await new Promise<void>((resolve) => {
