@@ -193,6 +193,7 @@ function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
   );
 }
 
+/** `/v1/messages` and the paths under it (with or without a query): Anthropic's envelope there. */
 const MESSAGES_PATH = /^\/v1\/messages(?:[/?]|$)/;
 
 /**
@@ -422,9 +423,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
       ? new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${path}; use ${allow}.`, { headers: { allow } })
       : new ApiError('not_found', `Unknown request URL: ${req.method} ${path}.`);
     // Under the Messages paths (`/v1/messages/batches`, which is not served) Anthropic's SDKs read Anthropic's envelope.
-    return (allow ? path.startsWith('/v1/messages') : path.startsWith('/v1/messages/'))
-      ? sendAnthropicError(reply, req.id, e)
-      : sendError(reply, e);
+    return MESSAGES_PATH.test(path) ? sendAnthropicError(reply, req.id, e) : sendError(reply, e);
   });
 
   const { auth } = deps;
