@@ -1,5 +1,5 @@
 /**
- * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N] [--non-stream-only] [--fastify]`:
+ * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N] [--non-stream-only] [--fastify] [--functions N]`:
  * instructions per request, counted by valgrind's callgrind, for the reference pass-through and
  * Switchyard (the same pass-through on Fastify too with `--fastify`, and an earlier build with
  * `--old`, built as for bench:compare). Time on this VM drifts by ±25% between
@@ -22,15 +22,20 @@
  * A stream's count moves by 5-15% between runs: how many reads its 22 upstream writes arrive in
  * depends on timing. `--keep` keeps the callgrind files (one per thread, `-01` the main one) for
  * `callgrind_annotate` (native functions by name; V8's compiled JavaScript shows only as addresses).
+ * `--functions N` runs the subjects with Node's `--perf-basic-prof`, which names V8's compiled
+ * JavaScript for callgrind (bench/callgrind-functions.ts), and prints where a non-stream request's
+ * main-thread instructions went: by layer (Switchyard's code, Fastify, undici, Node's modules, V8's
+ * builtins and runtime, SQLite, …) and the N functions Switchyard spends most above the reference on.
  * Needs valgrind (Debian's `valgrind`); asserts nothing.
  */
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
 import { Client } from 'undici';
 import { createBenchKey, DIST, spawnReady, startSwitchyard, type Proc } from './lib.js';
+import { functionCosts, type FunctionCosts } from './callgrind-functions.js';
 import { requestBody } from './gateway.js';
 
 const run = promisify(execFile);
@@ -42,8 +47,12 @@ const { values } = parseArgs({
     keep: { type: 'boolean', default: false },
     'non-stream-only': { type: 'boolean', default: false },
     fastify: { type: 'boolean', default: false },
+    functions: { type: 'string', default: '0' },
   },
 });
+const FUNCTIONS = Number(values.functions);
+// Inherited by every subject; V8 then writes /tmp/perf-<pid>.map as it compiles.
+if (FUNCTIONS > 0) process.env['NODE_OPTIONS'] = `${process.env['NODE_OPTIONS'] ?? ''} --perf-basic-prof`.trim();
 const WARMUP = Number(values.warmup);
 const REQUESTS = Number(values.requests);
 
@@ -56,6 +65,8 @@ interface Counted {
   subject: string;
   non_stream: Count;
   stream: Count;
+  /** The non-stream count's main thread by function (`--functions`). */
+  functions?: FunctionCosts;
 }
 
 /**
@@ -83,6 +94,12 @@ async function drive(client: Client, headers: Record<string, string>, stream: bo
  * one. `callgrind_control` runs the dump as a monitor command through vgdb, which answers once the
  * files are written.
  */
+function perfMap(pid: number): string {
+  const file = `/tmp/perf-${pid}.map`;
+  if (!existsSync(file)) throw new Error(`${file} is missing: Node did not take --perf-basic-prof`);
+  return file;
+}
+
 async function dump(pid: number, dir: string, n: number): Promise<Count> {
   await run('callgrind_control', ['-d', String(pid)]);
   const total = (file: string): number => {
@@ -124,14 +141,62 @@ async function count(
       const counted = await dump(pid, dir, ++dumps);
       await run('callgrind_control', ['-i', 'off', String(pid)]);
       result[stream ? 'stream' : 'non_stream'] = { main: Math.round(counted.main / REQUESTS), all: Math.round(counted.all / REQUESTS) };
+      if (FUNCTIONS > 0 && !stream) result.functions = functionCosts(join(dir, `callgrind.out.${dumps}-01`), perfMap(pid));
     }
     return result;
   } finally {
     await client.close();
     await proc.stop();
+    if (FUNCTIONS > 0) rmSync(`/tmp/perf-${proc.child.pid!}.map`, { force: true });
     if (values.keep) console.log(`${subject}: callgrind files in ${dir} (non-stream .1-NN, stream .2-NN by thread, 01 the main one)`);
     else rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/**
+ * Where a non-stream request's main-thread instructions went (per request): by layer for every
+ * subject, each layer's own instructions and then with the V8 and native work its JavaScript called
+ * charged to it; the functions the first Switchyard build spends most above the reference on (own
+ * instructions); and Switchyard's own functions by what they cost with what they called.
+ */
+function printFunctions(results: Counted[]): void {
+  const k = (x: number) => `${(x / REQUESTS / 1000).toFixed(1)}k`;
+  const perRequest = (x: number) => Math.round(x / REQUESTS).toLocaleString('en-US');
+  const layers = (r: Counted, costs: Map<string, number>) => {
+    const m = new Map<string, number>();
+    for (const [fn, cost] of costs) {
+      const o = r.functions!.origins.get(fn)!;
+      m.set(o, (m.get(o) ?? 0) + cost);
+    }
+    return m;
+  };
+  const own = results.map((r) => layers(r, r.functions!.byFunction));
+  const charged = results.map((r) => layers(r, r.functions!.charged));
+  const last = own.length - 1;
+  const names = [...new Set(own.flatMap((m) => [...m.keys()]))].sort((a, b) => (own[last]!.get(b) ?? 0) - (own[last]!.get(a) ?? 0));
+  console.log(
+    `\nA non-stream request's main-thread instructions by layer (thousands per request): its own, and with the V8 and native work its JavaScript called\n`,
+  );
+  console.log(`| layer | ${results.map((r) => `${r.subject}: own | with what it called`).join(' | ')} |`);
+  console.log(`|---|${results.map(() => '---|---|').join('')}`);
+  for (const o of names)
+    console.log(`| ${o} | ${results.map((_, i) => `${k(own[i]!.get(o) ?? 0)} | ${k(charged[i]!.get(o) ?? 0)}`).join(' | ')} |`);
+  console.log(`| total | ${results.map((r) => `${k(r.functions!.total)} | ${k(r.functions!.total)}`).join(' | ')} |`);
+  const ref = results[0]!.functions!.byFunction;
+  const ours = results.find((r) => r.subject === 'switchyard')!.functions!;
+  const rows = [...ours.byFunction].map(([fn, cost]) => [fn, cost, cost - (ref.get(fn) ?? 0)] as const).sort((a, b) => b[2] - a[2]);
+  const cell = (fn: string) => `\`${fn.slice(0, 100).replaceAll('|', '\\|')}\``;
+  console.log(`\nThe ${FUNCTIONS} functions Switchyard spends most above the reference on (own instructions per request)\n`);
+  console.log('| function | switchyard | reference | more |');
+  console.log('|---|---|---|---|');
+  for (const [fn, cost, more] of rows.slice(0, FUNCTIONS))
+    console.log(`| ${cell(fn)} | ${perRequest(cost)} | ${perRequest(ref.get(fn) ?? 0)} | ${perRequest(more)} |`);
+  const mine = [...ours.charged].filter(([fn]) => ours.origins.get(fn) === 'Switchyard (src/)').sort((a, b) => b[1] - a[1]);
+  console.log(`\nSwitchyard's own ${FUNCTIONS} dearest functions, with the V8 and native work they called (instructions per request)\n`);
+  console.log('| function | with what it called | own |');
+  console.log('|---|---|---|');
+  for (const [fn, cost] of mine.slice(0, FUNCTIONS))
+    console.log(`| ${cell(fn)} | ${perRequest(cost)} | ${perRequest(ours.byFunction.get(fn) ?? 0)} |`);
 }
 
 const fake = await spawnReady('fake-upstream.js', ['0']);
@@ -177,6 +242,7 @@ try {
       `| ${r.subject} | ${n(r.non_stream.main)} | ${vs(ref.non_stream.main, r.non_stream.main)} | ${n(r.non_stream.all)} |` +
         (streams ? ` ${n(r.stream.main)} | ${vs(ref.stream.main, r.stream.main)} | ${n(r.stream.all)} |` : ''),
     );
+  if (FUNCTIONS > 0) printFunctions(results);
 } finally {
   await fake.stop();
 }
