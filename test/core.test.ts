@@ -13,6 +13,7 @@ import { RetryBudget } from '../src/core/deployment-health.js';
 import { fileDeployment } from '../src/core/deployments.js';
 import { ApiError } from '../src/core/errors.js';
 import { Cancellation, onAbort } from '../src/core/cancellation.js';
+import { orderedId } from '../src/core/ids.js';
 import { Ledger } from '../src/core/ledger.js';
 import { Limiter, MemoryCounters, type Admission, type Limited } from '../src/core/limits.js';
 import { Metrics } from '../src/core/metrics.js';
@@ -388,6 +389,39 @@ describe('ledger', () => {
     assert.ok(q.some((x) => x.error.includes('output_tokens')));
   });
 
+  it('quarantines a record with any one field of the wrong kind, naming that field', async () => {
+    const bad: [keyof UsageRecord, unknown][] = [
+      ...(['at', 'input_tokens', 'cached_tokens', 'output_tokens', 'reasoning_tokens', 'latency_ms', 'status'] as const).flatMap(
+        (f): [keyof UsageRecord, unknown][] => [
+          [f, -1],
+          [f, 1.5],
+          [f, '3'],
+          [f, null],
+        ],
+      ),
+      ['cost', -0.5],
+      ['cost', Number.NaN],
+      ['cost', '0.1'],
+      ['ttft_ms', 2.5],
+      ['ttft_ms', undefined],
+      ...(['id', 'day', 'request_id', 'key_id', 'org_id', 'model', 'endpoint'] as const).map((f): [keyof UsageRecord, unknown] => [f, 7]),
+      ['deployment', 7],
+      ['error_code', {}],
+    ];
+    const ledger = new Ledger(store, log);
+    const before = (await store.listQuarantinedUsage()).length;
+    await Promise.all(bad.map(([f, v]) => ledger.record({ ...record({ key_id: 'key_kinds' }), [f]: v } as UsageRecord)));
+    await ledger.record(record({ key_id: 'key_kinds', cost: null, ttft_ms: -4, deployment: 'd', error_code: null }));
+    assert.equal(await total('key_kinds'), 1, 'only the well-formed record is written');
+    const q = (await store.listQuarantinedUsage()).slice(before);
+    assert.equal(q.length, bad.length);
+    for (const [f] of bad)
+      assert.ok(
+        q.some((x) => x.error.startsWith(`${f} is`)),
+        `a record with a bad ${f} is quarantined naming it`,
+      );
+  });
+
   it('keeps records queued while the database cannot be written, reports it, and writes them when it can', async () => {
     const failures = { left: 2 };
     const { proxy } = counted(failures);
@@ -476,5 +510,20 @@ describe('catalogue: a models entry with the id of a local model file', () => {
       await store.close();
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('ordered ids', () => {
+  it('start with the time of their making in milliseconds (12 hex digits) and sort in the order they were made', () => {
+    const before = Date.now();
+    const ids = Array.from({ length: 2000 }, () => orderedId('usage'));
+    const after = Date.now();
+    for (const id of ids) {
+      assert.match(id, /^usage_[0-9a-f]{30}$/);
+      const ms = parseInt(id.slice(6, 18), 16);
+      assert.ok(ms >= before && ms <= after, `${ms} outside ${before}..${after}`);
+    }
+    assert.deepEqual([...ids].sort(), ids);
+    assert.equal(new Set(ids).size, ids.length);
   });
 });

@@ -223,6 +223,10 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.ok(!record.hash.includes(parsed.secret), 'the secret is not stored');
       assert.ok(secretMatches(parsed.secret, record.hash));
       assert.ok(!secretMatches(`${parsed.secret}x`, record.hash));
+      // A hash that differs in its last digit only, or is cut short, does not match.
+      const last = record.hash.at(-1) === '0' ? '1' : '0';
+      assert.ok(!secretMatches(parsed.secret, record.hash.slice(0, -1) + last));
+      assert.ok(!secretMatches(parsed.secret, record.hash.slice(0, -1)));
       assert.equal(typeof record.created_at, 'number');
 
       const other = await createKey(store, { org: 'newco', name: 'x', role: 'inference' });

@@ -12,7 +12,7 @@ export function registerHealthRoutes(app: App, ctx: RouteContext): void {
    */
   // `Authorization: Bearer <token>` exactly; the token is hashed and compared in constant time, as
   // API keys are, so the answer's timing says nothing of it.
-  const tokenHash = ctx.config.metricsToken === undefined ? undefined : Buffer.from(sha256Hex(ctx.config.metricsToken), 'hex');
+  const tokenHash = ctx.config.metricsToken === undefined ? undefined : sha256Hex(ctx.config.metricsToken);
   app.get('/metrics', async (req, reply) => {
     if (tokenHash !== undefined) {
       const auth = req.headers.authorization ?? '';

@@ -43,7 +43,18 @@ export function newId(prefix: string, sep = '_'): string {
 
 const PROCESS_TAG = randomBytes(6).toString('hex');
 let lastMs = 0;
+let lastMsHex = '';
 let counter = 0;
+
+/**
+ * Milliseconds since the epoch as 12 hex digits. Split into two 24-bit halves: `toString(16)` of a
+ * number past 2^31 (every timestamp) takes V8's slow path for doubles, a division per digit
+ * (several µs of a request's instructions under callgrind); of a small integer, the fast one.
+ */
+function msHex(ms: number): string {
+  const high = Math.floor(ms / 0x1000000);
+  return high.toString(16).padStart(6, '0') + (ms - high * 0x1000000).toString(16).padStart(6, '0');
+}
 
 /**
  * An id that sorts by creation time (milliseconds, then a per-process counter, then a random
@@ -54,7 +65,8 @@ export function orderedId(prefix: string): string {
   const now = Date.now();
   if (now !== lastMs) {
     lastMs = now;
+    lastMsHex = msHex(now);
     counter = 0;
   }
-  return `${prefix}_${now.toString(16).padStart(12, '0')}${(counter++).toString(16).padStart(6, '0')}${PROCESS_TAG}`;
+  return `${prefix}_${lastMsHex}${(counter++).toString(16).padStart(6, '0')}${PROCESS_TAG}`;
 }

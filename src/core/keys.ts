@@ -1,4 +1,4 @@
-import { createHash, hash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHash, hash, randomBytes } from 'node:crypto';
 import type { ApiKeyRecord, KeyRole, Limits, Store } from '../store/store.js';
 import { nowSeconds } from './ids.js';
 
@@ -38,13 +38,18 @@ export function generateKey(): { token: string; parsed: ParsedKey } {
 }
 
 /**
- * Whether a presented secret is the one whose SHA-256 was stored (hex, or its bytes where the caller
- * keeps them decoded), compared in constant time. One-shot hashing: no Hash stream object per request.
+ * Whether a presented secret is the one whose SHA-256 was stored (lowercase hex, as the store keeps
+ * it), compared in constant time: every character is looked at whatever the first difference, so
+ * the time says nothing about how much of the hash matched. Hex strings rather than buffers and
+ * `timingSafeEqual`, because Node's one-shot hash into a Buffer costs twice its hex digest (a
+ * backing store allocated per call: about 1 µs of a request's CPU here).
  */
-export function secretMatches(secret: string, storedHash: string | Buffer): boolean {
-  const a = hash('sha256', secret, 'buffer');
-  const b = typeof storedHash === 'string' ? Buffer.from(storedHash, 'hex') : storedHash;
-  return a.length === b.length && timingSafeEqual(a, b);
+export function secretMatches(secret: string, storedHex: string): boolean {
+  const a = hash('sha256', secret, 'hex');
+  if (a.length !== storedHex.length) return false;
+  let diff = 0;
+  for (let i = 0; i < a.length; i++) diff |= a.charCodeAt(i) ^ storedHex.charCodeAt(i);
+  return diff === 0;
 }
 
 export interface CreatedKey {

@@ -13,8 +13,8 @@ export interface Principal {
 
 interface CacheEntry {
   record: ApiKeyRecord | undefined;
-  /** The record's stored hash, decoded once rather than on every request. */
-  hash: Buffer | undefined;
+  /** The record's stored hash (hex), lowercased once as secretMatches compares it. */
+  hash: string | undefined;
   org: Org | undefined;
   expires: number;
 }
@@ -74,7 +74,7 @@ export class KeyAuthenticator {
     const now = Date.now();
     const record = await this.store.getKey(id);
     const org = record ? await this.store.getOrg(record.org_id) : undefined;
-    const entry = { record, hash: record && Buffer.from(record.hash, 'hex'), org, expires: now + this.ttlMs };
+    const entry = { record, hash: record?.hash.toLowerCase(), org, expires: now + this.ttlMs };
     if (this.ttlMs > 0) {
       if (this.cache.size >= MAX_CACHE) this.cache.delete(this.cache.keys().next().value!);
       this.cache.set(id, entry);
