@@ -1,5 +1,5 @@
 /**
- * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N] [--non-stream-only] [--fastify] [--functions N]`:
+ * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N] [--non-stream-only] [--fastify] [--functions N] [--responses]`:
  * instructions per request, counted by valgrind's callgrind, for the reference pass-through and
  * Switchyard (the same pass-through on Fastify too with `--fastify`, and an earlier build with
  * `--old`, built as for bench:compare). Time on this VM drifts by ±25% between
@@ -26,6 +26,8 @@
  * JavaScript for callgrind (bench/callgrind-functions.ts), and prints where a non-stream request's
  * main-thread instructions went: by layer (Switchyard's code, Fastify, undici, Node's modules, V8's
  * builtins and runtime, SQLite, …) and the N functions Switchyard spends most above the reference on.
+ * `--responses` counts stored `/v1/responses` requests instead (bench/gateway.ts's `responsesBody`),
+ * for Switchyard alone: the reference only forwards chat completions.
  * Needs valgrind (Debian's `valgrind`); asserts nothing.
  */
 import { execFile } from 'node:child_process';
@@ -36,7 +38,7 @@ import { parseArgs, promisify } from 'node:util';
 import { Client } from 'undici';
 import { createBenchKey, DIST, spawnReady, startSwitchyard, type Proc } from './lib.js';
 import { functionCosts, type FunctionCosts } from './callgrind-functions.js';
-import { requestBody } from './gateway.js';
+import { requestBody, responsesBody } from './gateway.js';
 
 const run = promisify(execFile);
 const { values } = parseArgs({
@@ -48,6 +50,7 @@ const { values } = parseArgs({
     'non-stream-only': { type: 'boolean', default: false },
     fastify: { type: 'boolean', default: false },
     functions: { type: 'string', default: '0' },
+    responses: { type: 'boolean', default: false },
   },
 });
 const FUNCTIONS = Number(values.functions);
@@ -75,10 +78,10 @@ interface Counted {
  * compiling would be counted.
  */
 async function drive(client: Client, headers: Record<string, string>, stream: boolean, count: number): Promise<void> {
-  const body = requestBody('openai/bench-fake', stream);
+  const body = (values.responses ? responsesBody : requestBody)('openai/bench-fake', stream);
   for (let i = 0; i < count; i++) {
     const res = await client.request({
-      path: '/v1/chat/completions',
+      path: values.responses ? '/v1/responses' : '/v1/chat/completions',
       method: 'POST',
       headers: { 'content-type': 'application/json', ...headers },
       body,
@@ -182,15 +185,23 @@ function printFunctions(results: Counted[]): void {
   for (const o of names)
     console.log(`| ${o} | ${results.map((_, i) => `${k(own[i]!.get(o) ?? 0)} | ${k(charged[i]!.get(o) ?? 0)}`).join(' | ')} |`);
   console.log(`| total | ${results.map((r) => `${k(r.functions!.total)} | ${k(r.functions!.total)}`).join(' | ')} |`);
-  const ref = results[0]!.functions!.byFunction;
   const ours = results.find((r) => r.subject === 'switchyard')!.functions!;
-  const rows = [...ours.byFunction].map(([fn, cost]) => [fn, cost, cost - (ref.get(fn) ?? 0)] as const).sort((a, b) => b[2] - a[2]);
   const cell = (fn: string) => `\`${fn.slice(0, 100).replaceAll('|', '\\|')}\``;
-  console.log(`\nThe ${FUNCTIONS} functions Switchyard spends most above the reference on (own instructions per request)\n`);
-  console.log('| function | switchyard | reference | more |');
-  console.log('|---|---|---|---|');
-  for (const [fn, cost, more] of rows.slice(0, FUNCTIONS))
-    console.log(`| ${cell(fn)} | ${perRequest(cost)} | ${perRequest(ref.get(fn) ?? 0)} | ${perRequest(more)} |`);
+  if (results[0]!.subject === 'reference pass-through') {
+    const ref = results[0]!.functions!.byFunction;
+    const rows = [...ours.byFunction].map(([fn, cost]) => [fn, cost, cost - (ref.get(fn) ?? 0)] as const).sort((a, b) => b[2] - a[2]);
+    console.log(`\nThe ${FUNCTIONS} functions Switchyard spends most above the reference on (own instructions per request)\n`);
+    console.log('| function | switchyard | reference | more |');
+    console.log('|---|---|---|---|');
+    for (const [fn, cost, more] of rows.slice(0, FUNCTIONS))
+      console.log(`| ${cell(fn)} | ${perRequest(cost)} | ${perRequest(ref.get(fn) ?? 0)} | ${perRequest(more)} |`);
+  }
+  const js = [...ours.charged].filter(([fn]) => fn.startsWith('JS:')).sort((a, b) => b[1] - a[1]);
+  console.log(`\nSwitchyard's ${FUNCTIONS} dearest JavaScript functions, any layer's, with what they called (instructions per request)\n`);
+  console.log('| function | with what it called | own |');
+  console.log('|---|---|---|');
+  for (const [fn, cost] of js.slice(0, FUNCTIONS))
+    console.log(`| ${cell(fn)} | ${perRequest(cost)} | ${perRequest(ours.byFunction.get(fn) ?? 0)} |`);
   const mine = [...ours.charged].filter(([fn]) => ours.origins.get(fn) === 'Switchyard (src/)').sort((a, b) => b[1] - a[1]);
   console.log(`\nSwitchyard's own ${FUNCTIONS} dearest functions, with the V8 and native work they called (instructions per request)\n`);
   console.log('| function | with what it called | own |');
@@ -206,16 +217,17 @@ try {
   const env = { SWITCHYARD_MAX_EVENT_LOOP_DELAY_MS: '0' };
   const switchyard = (dist: string) => (wrap: string[]) => startSwitchyard({ upstream: fake.url, workers: 1, dist, wrap, env });
   const key = async (p: Proc) => ({ authorization: `Bearer ${await createBenchKey(p.url)}` });
-  const jobs = [
-    () =>
+  const jobs: (() => Promise<Counted>)[] = [];
+  if (!values.responses)
+    jobs.push(() =>
       count(
         'reference pass-through',
         (wrap) => spawnReady('reference-proxy.js', ['0', fake.url], wrap),
         async () => ({}),
       ),
-  ];
+    );
   // The same pass-through on Fastify (bench/fastify-proxy.ts): what the framework alone executes.
-  if (values.fastify)
+  if (values.fastify && !values.responses)
     jobs.push(() =>
       count(
         'the pass-through on Fastify',
@@ -231,10 +243,12 @@ try {
   const ref = results[0]!;
   const n = (x: number) => x.toLocaleString('en-US');
   const vs = (r: number, x: number) => `${(r / x).toFixed(2)}×`;
-  console.log(`\nInstructions per request (callgrind, user space, ${REQUESTS} requests after ${WARMUP} warm-up ones, one connection)\n`);
+  console.log(
+    `\nInstructions per ${values.responses ? 'stored /v1/responses ' : ''}request (callgrind, user space, ${REQUESTS} requests after ${WARMUP} warm-up ones, one connection)\n`,
+  );
   const streams = !values['non-stream-only'];
   console.log(
-    `| subject | non-stream, main thread | vs reference | all threads |${streams ? ' stream (20 chunks), main thread | vs reference | all threads |' : ''}`,
+    `| subject | non-stream, main thread | vs ${ref.subject} | all threads |${streams ? ` stream (20 chunks), main thread | vs ${ref.subject} | all threads |` : ''}`,
   );
   console.log(`|---|---|---|---|${streams ? '---|---|---|' : ''}`);
   for (const r of results)

@@ -1,5 +1,8 @@
+import rfdc from 'rfdc';
 import type { ResponseEvent, ResponseFold } from './format.js';
 import { Cancellation, onAbort, type CancelSignal } from '../cancellation.js';
+
+const copy = rfdc();
 
 /** Events of a response that any number of followers read from the first, each as it comes. */
 export class EventLog {
@@ -119,9 +122,9 @@ export class Run extends EventLog {
     super();
   }
 
-  /** The response object as served now (a copy). */
+  /** The response object as served now (a copy; rfdc, several times faster than structuredClone here). */
   resource(): Record<string, unknown> {
-    return structuredClone(this.fold.resource) as Record<string, unknown>;
+    return copy(this.fold.resource) as Record<string, unknown>;
   }
 
   /** The response object once the run is done (`done` settled), when it no longer changes: not copied. */
