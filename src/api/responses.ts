@@ -110,7 +110,9 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     // A foreground response that failed is answered as the error it failed with (stored as failed
     // all the same): the status chat completions answers, and a 5xx the client's SDK retries.
     if (resource['status'] === 'failed') throw failureOf(resource);
-    return resource;
+    // The text the store was given, rather than serializing the same object again.
+    const json = run.settledJson;
+    return json === undefined ? resource : reply.type('application/json; charset=utf-8').send(json);
   });
 
   // Condenses a context into the user's messages and a sealed summary (Open Responses' compaction).

@@ -56,6 +56,7 @@ export interface ResponsesFormat<Echo> {
   open(r: NewResponse<Echo>): ResponseFold;
   /** Reads a stored response (as `serialize` wrote it). */
   read(stored: string): StoredResponse;
+  /** The response as JSON: what is stored, and the body a non-stream client is sent as it is. */
   serialize(fold: ResponseFold): string;
   /** A stored response re-rendered as the events that made it, ending with its terminal event. */
   replay(stored: string): { events: ResponseEvent[]; finished: boolean };

@@ -132,6 +132,9 @@ export class Run extends EventLog {
     return this.fold.resource;
   }
 
+  /** settled() as JSON, written once for the store and the client both (set as the run ends). */
+  settledJson: string | undefined;
+
   /** From now on terminal events wait until `release()`. */
   holdTerminal(): void {
     this.held = [];

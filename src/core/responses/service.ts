@@ -673,9 +673,9 @@ export class ResponseService<Echo> {
       }
     }
     /** Stores the response as it is now; false when it is not stored or its row was changed elsewhere (cancelled, deleted). */
-    const persist = async (from: readonly ResponseStatus[]): Promise<boolean> => {
+    const persist = async (from: readonly ResponseStatus[], body = this.format.serialize(fold)): Promise<boolean> => {
       if (!store) return false;
-      return this.store.updateResponse(id, from, { status: fold.status, body: this.format.serialize(fold), updated_at: Date.now() });
+      return this.store.updateResponse(id, from, { status: fold.status, body, updated_at: Date.now() });
     };
 
     let events: MeteredStream | undefined;
@@ -767,8 +767,13 @@ export class ResponseService<Echo> {
         };
         let kept = false;
         await attempt('usage', async () => events?.persisted());
+        // The response as it ends, serialized once: the row stores it and a non-stream client is
+        // sent it (the same text JSON.stringify would make of settled(); a stored response's
+        // serializing twice was about a fortieth of its instructions).
+        const settledJson = this.format.serialize(fold);
+        run.settledJson = settledJson;
         await attempt('response', async () => {
-          kept = await persist(['queued', 'in_progress']);
+          kept = await persist(['queued', 'in_progress'], settledJson);
         });
         // Only while the response is still this run's: one deleted or cancelled elsewhere keeps no items.
         if (kept) {
