@@ -5,6 +5,7 @@ import type { AddressInfo } from 'node:net';
 import OpenAI from 'openai';
 import { createKey, http, readSse, startServer, tempDir, type TestServer } from './helpers/server.js';
 import { checkStream, type WireResponse } from './helpers/responses.js';
+import { eventually } from './helpers/wait.js';
 
 /**
  * A fixture upstream for what stories260K cannot do on demand: reasoning deltas, tool calls and a
@@ -22,6 +23,7 @@ interface SeenBody {
   tools?: unknown[];
   tool_choice?: unknown;
   reasoning_effort?: string;
+  stream?: boolean;
 }
 
 function fixtureUpstream(seen: SeenBody[]): Server {
@@ -107,6 +109,23 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
   after(async () => {
     await server.close();
     await new Promise((r) => upstream.close(r));
+  });
+
+  it('asks the upstream for a whole answer only when the client did (foreground, not streamed), and reads the stream it gets anyway', async () => {
+    const whole = await client.responses.create({ model: MODEL, input: 'Tell me a story.' });
+    assert.equal(seen.at(-1)!.stream, false, 'a foreground non-stream response asks for the whole answer');
+    // This upstream streams whatever it is asked, as some servers do: the answer is read all the same.
+    assert.equal(whole.status, 'completed');
+    assert.equal(whole.output_text, 'Once upon a time.');
+    assert.equal(whole.usage?.output_tokens, 9);
+
+    const streamed = await client.responses.create({ model: MODEL, input: 'Tell me a story.', stream: true });
+    for await (const ev of streamed) void ev;
+    assert.equal(seen.at(-1)!.stream, true, 'a streamed response streams from the upstream');
+
+    const background = await client.responses.create({ model: MODEL, input: 'Tell me a story.', background: true });
+    await eventually(async () => assert.equal((await client.responses.retrieve(background.id)).status, 'completed'));
+    assert.equal(seen.at(-1)!.stream, true, 'a background response streams from the upstream, to read as in progress as it goes');
   });
 
   it('puts the reasoning item before the message, with content, summary and reasoning_tokens', async () => {

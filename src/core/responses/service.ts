@@ -654,7 +654,18 @@ export class ResponseService<Echo> {
     });
     const id = String(fold.resource['id']);
     const run = new Run(fold, who.orgId, background, (ev) => this.format.isTerminal(ev));
-    const req = generationRequest(body.generation, { model: model.id, messages, stream: true, signal: run.abort, tally: newTally() });
+    // A foreground response asked for whole is generated whole: a chat upstream sends one answer
+    // to parse where its stream is an event per token (about a seventh of a stored response's
+    // instructions, bench/README.md), and the local engine holds structured output until it passes,
+    // as it does for chat. A background one streams, so that it reads as in progress from its first
+    // output and a follower sees it come.
+    const req = generationRequest(body.generation, {
+      model: model.id,
+      messages,
+      stream: body.stream || background,
+      signal: run.abort,
+      tally: newTally(),
+    });
 
     const { admission, open } = await this.pipeline.admit(model, req, who, {
       endpoint: 'responses',

@@ -35,9 +35,12 @@ interface Sent {
   headersTimeout: number;
   /** Removes the cancel listener of a timed call; called once the answer is read. */
   forget: () => void;
-  /** The answer is a stream (asked for, or the upstream's API always streams). */
+  /** The answer is a stream (asked for, the upstream's API always streams, or it streamed unasked). */
   stream: boolean;
 }
+
+const isEventStream = (type: string | string[] | undefined): boolean =>
+  typeof type === 'string' && type.trimStart().toLowerCase().startsWith('text/event-stream');
 
 /** A generation that fails at its first step, as the async generators fail. */
 async function* refuse(err: Error): AsyncGenerator<GenerationEvent> {
@@ -404,7 +407,8 @@ export class UpstreamEngine implements Engine {
     // The upstream took the request: from here it is billed, by estimate until the upstream reports usage.
     tally.input = estimateInputTokens(req);
     tally.exact = false;
-    return { res, headersTimeout, forget, stream };
+    // Some servers stream whatever they are asked: a stream that came for a whole answer is read as one.
+    return { res, headersTimeout, forget, stream: stream || isEventStream(res.headers['content-type']) };
   }
 
   /** Any protocol to canonical events: the upstream's answer or stream read, limited, stop strings applied, scrubbed. */
