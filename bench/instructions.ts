@@ -91,18 +91,19 @@ async function drive(client: Client, headers: Record<string, string>, stream: bo
   }
 }
 
-/**
- * The instructions counted since the last dump, on the main thread and on all threads: with
- * `--separate-threads=yes` callgrind writes `<out>.<n>-<thread>` at each dump, thread 01 the main
- * one. `callgrind_control` runs the dump as a monitor command through vgdb, which answers once the
- * files are written.
- */
+/** The perf map V8 wrote for the subject (`--functions`). */
 function perfMap(pid: number): string {
   const file = `/tmp/perf-${pid}.map`;
   if (!existsSync(file)) throw new Error(`${file} is missing: Node did not take --perf-basic-prof`);
   return file;
 }
 
+/**
+ * The instructions counted since the last dump, on the main thread and on all threads: with
+ * `--separate-threads=yes` callgrind writes `<out>.<n>-<thread>` at each dump, thread 01 the main
+ * one. `callgrind_control` runs the dump as a monitor command through vgdb, which answers once the
+ * files are written.
+ */
 async function dump(pid: number, dir: string, n: number): Promise<Count> {
   await run('callgrind_control', ['-d', String(pid)]);
   const total = (file: string): number => {
@@ -196,18 +197,19 @@ function printFunctions(results: Counted[]): void {
     for (const [fn, cost, more] of rows.slice(0, FUNCTIONS))
       console.log(`| ${cell(fn)} | ${perRequest(cost)} | ${perRequest(ref.get(fn) ?? 0)} | ${perRequest(more)} |`);
   }
-  const js = [...ours.charged].filter(([fn]) => fn.startsWith('JS:')).sort((a, b) => b[1] - a[1]);
-  console.log(`\nSwitchyard's ${FUNCTIONS} dearest JavaScript functions, any layer's, with what they called (instructions per request)\n`);
-  console.log('| function | with what it called | own |');
-  console.log('|---|---|---|');
-  for (const [fn, cost] of js.slice(0, FUNCTIONS))
-    console.log(`| ${cell(fn)} | ${perRequest(cost)} | ${perRequest(ours.byFunction.get(fn) ?? 0)} |`);
-  const mine = [...ours.charged].filter(([fn]) => ours.origins.get(fn) === 'Switchyard (src/)').sort((a, b) => b[1] - a[1]);
-  console.log(`\nSwitchyard's own ${FUNCTIONS} dearest functions, with the V8 and native work they called (instructions per request)\n`);
-  console.log('| function | with what it called | own |');
-  console.log('|---|---|---|');
-  for (const [fn, cost] of mine.slice(0, FUNCTIONS))
-    console.log(`| ${cell(fn)} | ${perRequest(cost)} | ${perRequest(ours.byFunction.get(fn) ?? 0)} |`);
+  const dearest = (title: string, keep: (fn: string) => boolean) => {
+    const rows = [...ours.charged].filter(([fn]) => keep(fn)).sort((a, b) => b[1] - a[1]);
+    console.log(`\n${title} (instructions per request)\n`);
+    console.log('| function | with what it called | own |');
+    console.log('|---|---|---|');
+    for (const [fn, cost] of rows.slice(0, FUNCTIONS))
+      console.log(`| ${cell(fn)} | ${perRequest(cost)} | ${perRequest(ours.byFunction.get(fn) ?? 0)} |`);
+  };
+  dearest(`Switchyard's ${FUNCTIONS} dearest JavaScript functions, any layer's, with what they called`, (fn) => fn.startsWith('JS:'));
+  dearest(
+    `Switchyard's own ${FUNCTIONS} dearest functions, with the V8 and native work they called`,
+    (fn) => ours.origins.get(fn) === 'Switchyard (src/)',
+  );
 }
 
 const fake = await spawnReady('fake-upstream.js', ['0']);

@@ -659,10 +659,11 @@ export class ResponseService<Echo> {
     // instructions, bench/README.md), and the local engine holds structured output until it passes,
     // as it does for chat. A background one streams, so that it reads as in progress from its first
     // output and a follower sees it come.
+    const whole = !body.stream && !background;
     const req = generationRequest(body.generation, {
       model: model.id,
       messages,
-      stream: body.stream || background,
+      stream: !whole,
       signal: run.abort,
       tally: newTally(),
     });
@@ -684,9 +685,13 @@ export class ResponseService<Echo> {
       }
     }
     /** Stores the response as it is now; false when it is not stored or its row was changed elsewhere (cancelled, deleted). */
-    const persist = async (from: readonly ResponseStatus[], body = this.format.serialize(fold)): Promise<boolean> => {
+    const persist = async (from: readonly ResponseStatus[], json?: string): Promise<boolean> => {
       if (!store) return false;
-      return this.store.updateResponse(id, from, { status: fold.status, body, updated_at: Date.now() });
+      return this.store.updateResponse(id, from, {
+        status: fold.status,
+        body: json ?? this.format.serialize(fold),
+        updated_at: Date.now(),
+      });
     };
 
     let events: MeteredStream | undefined;
@@ -778,10 +783,10 @@ export class ResponseService<Echo> {
         };
         let kept = false;
         await attempt('usage', async () => events?.persisted());
-        // The response as it ends, serialized once: the row stores it and a non-stream client is
-        // sent it (the same text JSON.stringify would make of settled(); a stored response's
-        // serializing twice was about a fortieth of its instructions).
-        const settledJson = this.format.serialize(fold);
+        // The response as it ends, serialized once where the row stores it and a whole answer's
+        // client is sent it (the same text JSON.stringify would make of settled(); serializing
+        // twice was about a fortieth of a stored response's instructions). Not at all otherwise.
+        const settledJson = whole ? this.format.serialize(fold) : undefined;
         run.settledJson = settledJson;
         await attempt('response', async () => {
           kept = await persist(['queued', 'in_progress'], settledJson);
