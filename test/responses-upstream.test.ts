@@ -1,6 +1,8 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, type Server } from 'node:http';
+import { join } from 'node:path';
+import SqliteDatabase from 'better-sqlite3';
 import type { AddressInfo } from 'node:net';
 import OpenAI from 'openai';
 import { createKey, http, readSse, startServer, tempDir, type TestServer } from './helpers/server.js';
@@ -126,6 +128,46 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     const background = await client.responses.create({ model: MODEL, input: 'Tell me a story.', background: true });
     await eventually(async () => assert.equal((await client.responses.retrieve(background.id)).status, 'completed'));
     assert.equal(seen.at(-1)!.stream, true, 'a background response streams from the upstream, to read as in progress as it goes');
+  });
+
+  it('answers a non-stream chat completion whole when the upstream streams it anyway (text and tool calls), billed from its usage', async () => {
+    const { data: chat, response } = await client.chat.completions
+      .create({ model: MODEL, messages: [{ role: 'user', content: 'Tell me a story.' }] })
+      .withResponse();
+    assert.equal(seen.at(-1)!.stream, false, 'a non-stream chat completion asks for the whole answer');
+    assert.equal(chat.object, 'chat.completion');
+    assert.equal(chat.model, MODEL);
+    assert.equal(chat.choices[0]!.message.content, 'Once upon a time.');
+    assert.equal(chat.choices[0]!.finish_reason, 'stop');
+    assert.equal(chat.usage?.prompt_tokens, 12);
+    assert.equal(chat.usage?.completion_tokens, 9);
+
+    const call = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Weather in Paris?' }],
+      tools: [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }],
+    });
+    assert.equal(call.choices[0]!.finish_reason, 'tool_calls');
+    const tc = call.choices[0]!.message.tool_calls?.[0];
+    assert.ok(tc && tc.type === 'function');
+    assert.equal(tc.function.name, 'get_weather');
+    assert.deepEqual(JSON.parse(tc.function.arguments), { city: 'Paris' });
+    assert.equal(call.usage?.completion_tokens, 8);
+
+    // The usage record is the upstream's own count, not an estimate.
+    const db = new SqliteDatabase(join(server.dataDir, 'switchyard.db'), { readonly: true });
+    try {
+      // Committed before the answer went out.
+      const row = db.prepare('select * from usage_records where request_id = ?').get(response.headers.get('x-request-id')) as
+        | Record<string, unknown>
+        | undefined;
+      assert.ok(row, 'the usage record is written');
+      assert.equal(row['input_tokens'], 12);
+      assert.equal(row['output_tokens'], 9);
+      assert.equal(row['estimated'], 0);
+    } finally {
+      db.close();
+    }
   });
 
   it('puts the reasoning item before the message, with content, summary and reasoning_tokens', async () => {

@@ -417,8 +417,9 @@ export class UpstreamEngine implements Engine {
     target: UpstreamTarget,
     scrub: Scrubber,
     attempt: Attempt | undefined,
+    sent?: Sent,
   ): AsyncGenerator<GenerationEvent> {
-    const { res, headersTimeout, forget, stream } = await this.send(req, target, scrub, attempt);
+    const { res, headersTimeout, forget, stream } = sent ?? (await this.send(req, target, scrub, attempt));
     const api = target.api;
     const tally = req.tally;
     const clean = (text: string): string => scrub.text(text);
@@ -602,7 +603,15 @@ export class UpstreamEngine implements Engine {
     scrub: Scrubber,
     attempt: Attempt | undefined,
   ): AsyncGenerator<GenerationEvent> {
-    const { res, headersTimeout, forget } = await this.send(req, target, scrub, attempt);
+    const sent = await this.send(req, target, scrub, attempt);
+    // A stream that came for a whole answer (some servers stream whatever they are asked) is read on
+    // the canonical lane, which puts the answer together from its events; the relay passes a
+    // non-stream answer on as the upstream wrote it, and there is no such answer here.
+    if (!req.stream && sent.stream) {
+      yield* this.canonical(req, target, scrub, attempt, sent);
+      return;
+    }
+    const { res, headersTimeout, forget } = sent;
     const tally = req.tally;
     const clean = (text: string): string => scrub.text(text);
     const cap = attempt?.outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER;
