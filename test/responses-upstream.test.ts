@@ -145,7 +145,9 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     const call = await client.chat.completions.create({
       model: MODEL,
       messages: [{ role: 'user', content: 'Weather in Paris?' }],
-      tools: [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }],
+      tools: [
+        { type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } },
+      ],
     });
     assert.equal(call.choices[0]!.finish_reason, 'tool_calls');
     const tc = call.choices[0]!.message.tool_calls?.[0];
@@ -159,8 +161,7 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     try {
       // Committed before the answer went out.
       const row = db.prepare('select * from usage_records where request_id = ?').get(response.headers.get('x-request-id')) as
-        | Record<string, unknown>
-        | undefined;
+        Record<string, unknown> | undefined;
       assert.ok(row, 'the usage record is written');
       assert.equal(row['input_tokens'], 12);
       assert.equal(row['output_tokens'], 9);
