@@ -142,6 +142,43 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     assert.match(ok.json.choices[0]!.message.content, /^\{"ok":(true|false)\}$/);
   });
 
+  it('refuses a schema whose pattern backtracks on the output with a 400, and other schemas are served meanwhile', async () => {
+    const s = open.keep(await startServer());
+    // The grammar can only write the enum's value; checking it against the pattern backtracks
+    // through 2^41 ways of splitting the a's (hours), in the schema worker every schema shares.
+    const redos = { type: 'string', pattern: '^(a+)+$', enum: [`${'a'.repeat(41)}!`] };
+    // Room for the whole value (a document cut at the limit is not checked).
+    const first = http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { ...chat(redos), max_tokens: 200 } });
+    // Another client's schema, sent while that check runs: answered once the worker is replaced.
+    const other = http<{ choices: Array<{ message: { content: string } }> }>(s.url, 'POST', '/v1/chat/completions', {
+      key: s.adminKey,
+      body: chat({ type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false }),
+    });
+    const r = await first;
+    assert.equal(r.status, 400, r.text.slice(0, 300));
+    assert.equal(r.json.error.code, 'unsupported_schema');
+    assert.equal(r.json.error.param, 'response_format');
+    assert.match(r.json.error.message, /took longer than \d+ ms.*pattern/);
+    const ok = await other;
+    assert.equal(ok.status, 200, ok.text);
+    assert.match(ok.json.choices[0]!.message.content, /^\{"ok":(true|false)\}$/);
+    // The same schema again, on the Responses API: refused before anything is generated.
+    const again = await http(s.url, 'POST', '/v1/responses', {
+      key: s.adminKey,
+      body: {
+        model: STORIES,
+        input: 'Describe it.',
+        max_output_tokens: 200,
+        text: { format: { type: 'json_schema', name: 'x', schema: redos } },
+      },
+    });
+    assert.equal(again.status, 400, again.text.slice(0, 300));
+    assert.equal(again.json.error.code, 'unsupported_schema');
+    assert.equal(again.json.error.param, 'text.format');
+    // The server is whole: health and a plain request.
+    assert.equal((await http(s.url, 'GET', '/healthz')).status, 200);
+  });
+
   it(`keeps memory flat over ${DISTINCT.toLocaleString('en')} distinct schemas (bounded caches)`, async () => {
     const dataDir = tempDir();
     const admin = 'sk-test-admin-schemas-0123456789abcdef';

@@ -569,8 +569,13 @@ export class LocalEngine implements Engine {
         return;
       }
     } catch (err) {
-      this.opts.log.error({ err }, 'local generation failed');
-      out.close(new ApiError('internal_error', 'The local engine failed while generating.'));
+      // An error meant for the client (a schema whose output check overran its time limit) is
+      // answered as it is; what was generated is in the tally, and billed.
+      if (err instanceof ApiError) out.close(err);
+      else {
+        this.opts.log.error({ err }, 'local generation failed');
+        out.close(new ApiError('internal_error', 'The local engine failed while generating.'));
+      }
     } finally {
       out.close();
     }

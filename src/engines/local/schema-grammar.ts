@@ -23,7 +23,10 @@ export interface CompiledSchema {
 export interface SchemaGrammarOptions {
   /** Compiled schemas kept (grammars here, validators in the worker). */
   cacheSize: number;
-  /** A compile that takes longer is stopped (the worker is replaced) and the request refused. */
+  /**
+   * A compile that takes longer is stopped (the worker is replaced) and the request refused; so is a
+   * validation that takes longer than this or VALIDATE_TIMEOUT_MS, whichever is less.
+   */
   compileTimeoutMs: number;
   log: Logger;
 }
@@ -32,6 +35,12 @@ export interface SchemaGrammarOptions {
 const MAX_CACHED_BYTES = 64 * 1024 * 1024;
 /** A grammar this large would take llama.cpp's parser more than a few ms on the main thread. */
 const MAX_GRAMMAR_BYTES = 4 * 1024 * 1024;
+/**
+ * The most a generated document's check may take. Ajv checks a document in microseconds to a few
+ * ms; what takes longer is a `pattern` that backtracks (`^(a+)+$` against 40 characters runs for
+ * hours), which would hold the worker, and every schema queued behind it, for as long.
+ */
+const VALIDATE_TIMEOUT_MS = 1_000;
 
 type Reply = Exclude<SchemaWorkerReply, { started: true }>;
 interface Pending {
@@ -44,13 +53,13 @@ interface Pending {
   tries: number;
 }
 
-/** A compile overran its time limit. */
+/** A compile or a validation overran its time limit. */
 class SchemaTimeout extends Error {}
 
 /**
- * The schema worker thread. A compile that overruns its time limit (counted from when the worker
- * starts on it, not from when it was queued) is the only thing that makes the worker be replaced;
- * the calls it held are then sent again to the new one.
+ * The schema worker thread. A compile or a validation that overruns its time limit (counted from
+ * when the worker starts on it, not from when it was queued) is the only thing that makes the worker
+ * be replaced; the calls it held are then sent again to the new one.
  */
 class SchemaWorker {
   private worker: Worker | undefined;
@@ -96,7 +105,7 @@ class SchemaWorker {
     const p = this.pending.get(id);
     if (!p || this.worker !== w) return;
     this.pending.delete(id);
-    this.log.warn({ timeout_ms: p.timeoutMs }, 'schema compile overran its time limit; replacing the schema worker');
+    this.log.warn({ op: p.msg.op, timeout_ms: p.timeoutMs }, 'schema worker call overran its time limit; replacing the schema worker');
     this.worker = undefined;
     void w.terminate();
     p.reject(new SchemaTimeout());
@@ -201,10 +210,11 @@ export class SchemaGrammars {
   /** The schema compiled; a schema that cannot be is refused with an error naming `param` (the caller's field). */
   forSchema(schema: Record<string, unknown>, param: string): Promise<CompiledSchema> {
     // A compile is shared by every request with the same schema while it runs (on chat it is
-    // `response_format`, on Responses `text.format`): its error names no field, each caller's does.
-    return this.compiled(schema).catch((err: unknown) => {
+    // `response_format`, on Responses `text.format`): its errors name no field, each caller's does.
+    const named = (err: unknown): never => {
       throw err instanceof ApiError ? new ApiError(err.code, err.message, { param }) : err;
-    });
+    };
+    return this.compiled(schema).then((c) => ({ ...c, check: (text: string) => c.check(text).catch(named) }), named);
   }
 
   private compiled(schema: Record<string, unknown>): Promise<CompiledSchema> {
@@ -267,12 +277,28 @@ export class SchemaGrammars {
     return { grammar, checked: reply.checked ?? [], check: (text) => this.validate(key, schema, text) };
   }
 
+  /**
+   * Checks a generated document. One whose check overran its time limit is refused (a 400: the
+   * schema, not the output, is at fault), and so is every later request with that schema, before
+   * it generates anything.
+   */
   private async validate(key: string, schema: Record<string, unknown>, text: string, again = true): Promise<Verdict> {
     let reply: Reply;
+    const limit = Math.min(VALIDATE_TIMEOUT_MS, this.opts.compileTimeoutMs);
     try {
-      reply = await this.worker.call({ op: 'validate', key, text });
-    } catch {
-      return { valid: undefined };
+      reply = await this.worker.call({ op: 'validate', key, text }, limit);
+    } catch (err) {
+      if (!(err instanceof SchemaTimeout)) return { valid: undefined };
+      const refusal = new ApiError(
+        'unsupported_schema',
+        `Checking the output against the JSON schema took longer than ${limit} ms (a \`pattern\` that backtracks, such as (a+)+?); simplify it.`,
+      );
+      const entry = this.cache.get(key);
+      if (entry) {
+        entry.compiled = Promise.reject(refusal);
+        entry.compiled.catch(() => undefined);
+      }
+      throw refusal;
     }
     if (reply.ok) return { valid: reply.valid, errors: reply.errors };
     if (reply.kind === 'missing' && again) {

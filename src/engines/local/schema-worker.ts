@@ -2,7 +2,8 @@
  * The schema worker thread: compiles JSON schemas into grammars (schema-gbnf.ts) and validators
  * (Ajv), and validates generated documents. All of it is CPU work proportional to the schema, so it
  * runs here, where a slow schema delays no request and can be stopped (the main thread terminates
- * the worker when a compile overruns its time limit).
+ * the worker when a compile or a validation overruns its time limit: a `pattern` that backtracks
+ * can take longer than any request should wait on a document a grammar let through).
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import type { ValidateFunction } from 'ajv';
@@ -79,7 +80,8 @@ compileValidator({ type: 'object', properties: { a: { type: 'string' } } });
 schemaToGbnf({ type: 'object' }, '07');
 
 parentPort!.on('message', (m: SchemaWorkerRequest) => {
-  if (m.op === 'compile') parentPort!.postMessage({ id: m.id, started: true } satisfies SchemaWorkerReply);
+  // A compile's or a validation's time limit counts from here, not from when it was queued.
+  if (m.op !== 'forget') parentPort!.postMessage({ id: m.id, started: true } satisfies SchemaWorkerReply);
   let reply: SchemaWorkerReply;
   try {
     reply = handle(m);
