@@ -1,7 +1,9 @@
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { readFileSync, readdirSync, rmSync } from 'node:fs';
+import { readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import Database from 'better-sqlite3';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
@@ -281,6 +283,73 @@ describe('the server process', () => {
         await q.exited;
       }
     } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('answers requests still waiting on a silent upstream at the shutdown timeout with a 503, and bills them', async () => {
+    const dir = tempDir();
+    const admin = 'sk-sy-shutdown-silent-upstream-key-0001';
+    // An upstream that takes every request and never answers (not even its head).
+    const held: ServerResponse[] = [];
+    const upstream = createServer((req, res) => {
+      req.resume();
+      held.push(res);
+    });
+    await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
+    const port = (upstream.address() as AddressInfo).port;
+    const model = 'mistralai/silent';
+    const configFile = join(dir, 'config.json');
+    writeFileSync(
+      configFile,
+      JSON.stringify({
+        models: [{ id: model, context_length: 8192, capabilities: ['streaming'] }],
+        deployments: [{ model, baseUrl: `http://127.0.0.1:${port}/v1`, upstreamModel: 'm' }],
+      }),
+    );
+    const env = {
+      SWITCHYARD_DATA_DIR: dir,
+      SWITCHYARD_ADMIN_KEY: admin,
+      SWITCHYARD_SHUTDOWN_TIMEOUT_MS: '1000',
+      SWITCHYARD_CONFIG: configFile,
+      SWITCHYARD_WORKERS: '1',
+    };
+    try {
+      const p = await startProcess(env);
+      const post = (path: string, body: object) =>
+        http(p.url, 'POST', path, { key: admin, body }).catch((err: unknown) => ({ status: 0, text: String(err), json: undefined }));
+      const messages = [{ role: 'user', content: 'hello' }];
+      const waiting = [
+        post('/v1/chat/completions', { model, messages }),
+        post('/v1/chat/completions', { model, messages, stream: true }),
+        post('/v1/responses', { model, input: 'hello' }),
+        post('/v1/responses', { model, input: 'hello', stream: true }),
+      ];
+      await eventually(() => assert.equal(held.length, 4));
+      p.child.kill('SIGTERM');
+      const answers = await Promise.all(waiting);
+      assert.equal(await p.exited, 1, p.stdout());
+      for (const a of answers) {
+        // An answer, not a closed connection: the generation had not begun, so the error is the HTTP status.
+        assert.equal(a.status, 503, a.text);
+        assert.equal((a.json as { error?: { code?: string } } | undefined)?.error?.code, 'service_unavailable', a.text);
+        assert.match(a.text, /shutting down|shut down/);
+      }
+      const db = new Database(join(dir, 'switchyard.db'), { readonly: true });
+      try {
+        const rows = db.prepare('select endpoint, status, error_code from usage_records order by endpoint').all();
+        assert.equal(rows.length, 4, JSON.stringify(rows));
+        for (const r of rows)
+          assert.deepEqual(
+            { ...(r as object), endpoint: undefined },
+            { endpoint: undefined, status: 503, error_code: 'service_unavailable' },
+          );
+      } finally {
+        db.close();
+      }
+    } finally {
+      for (const res of held) res.destroy();
+      await new Promise((r) => upstream.close(r));
       rmSync(dir, { recursive: true, force: true });
     }
   });

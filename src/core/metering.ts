@@ -1,4 +1,5 @@
-import { ApiError } from './errors.js';
+import { ApiError, CancelledError } from './errors.js';
+import { Cancellation, type CancelSignal } from './cancellation.js';
 import type { Principal } from './principal.js';
 import { tallyUsage, type GenerationEvent, type GenerationRequest, type Usage, type UsageTally } from './canonical.js';
 import { costOf, newUsageId, type Ledger, type OpenMeter } from './ledger.js';
@@ -71,6 +72,8 @@ export class MeteredStream implements OpenMeter {
     private readonly tally: UsageTally,
     private readonly ledger: Ledger,
     private readonly metrics: Metrics,
+    /** The request's own signal: a shutdown stops through it what has no next step to take. */
+    private readonly signal: CancelSignal,
   ) {}
 
   /** Starts the generation: problems before its first event (overflow, overload, upstream down) are thrown here. */
@@ -81,7 +84,7 @@ export class MeteredStream implements OpenMeter {
     ledger: Ledger,
     metrics: Metrics,
   ): Promise<MeteredStream> {
-    const s = new MeteredStream(c, req.tally, ledger, metrics);
+    const s = new MeteredStream(c, req.tally, ledger, metrics, req.signal);
     ledger.begin(s);
     try {
       const { first, rest } = await source.open(req, c.model, c.trace);
@@ -89,9 +92,12 @@ export class MeteredStream implements OpenMeter {
       if (first === undefined) s.end();
       else s.first = s.see(first);
     } catch (err) {
+      // Stopped by a shutdown before its first event (an upstream that has not answered): its client
+      // is answered with the reason, as an HTTP error.
+      const why = s.serverStopped && err instanceof CancelledError ? s.stoppedError() : err;
       // The router has counted this one against its deployment already.
-      s.fail(err, false);
-      throw err;
+      s.fail(why, false);
+      throw why;
     }
     return s;
   }
@@ -119,6 +125,9 @@ export class MeteredStream implements OpenMeter {
   /** One engine step, seen: bound once per generation, not made per event. */
   private readonly step = (r: IteratorResult<GenerationEvent>): GenerationEvent | undefined => {
     if (r.done) {
+      // Ended by a shutdown without its finish (its engine was stopped while it waited): the
+      // route answers the reason in its protocol.
+      if (this.serverStopped && this.status !== 200) throw this.stopForServer();
       this.end();
       return undefined;
     }
@@ -131,8 +140,12 @@ export class MeteredStream implements OpenMeter {
     return this.see(r.value);
   };
 
+  private stoppedError(): ApiError {
+    return new ApiError('service_unavailable', 'The server is shutting down; this generation was stopped before it finished.');
+  }
+
   private stopForServer(): ApiError {
-    const err = new ApiError('service_unavailable', 'The server is shutting down; this generation was stopped before it finished.');
+    const err = this.stoppedError();
     this.fail(err, true);
     try {
       void this.rest?.return?.(undefined)?.then(NOTHING, NOTHING);
@@ -166,8 +179,14 @@ export class MeteredStream implements OpenMeter {
     }
   }
 
+  /**
+   * The shutdown timeout passed. A generation that takes its next step is stopped there (`step`);
+   * one with no step coming (an upstream that has not sent its head, or has gone quiet) is stopped
+   * through its signal now, so its client is answered rather than cut off when the connections close.
+   */
   stoppedByServer(): void {
     this.serverStopped = true;
+    if (!this.ended && this.signal instanceof Cancellation) this.signal.abort();
   }
 
   /** A forced exit: what this generation used so far is recorded now. */
