@@ -582,4 +582,27 @@ describe('POST /v1/responses with TinyStories', () => {
       }
     }
   });
+
+  it('refuses two input items with one id, sent twice or referenced twice, naming the second (as OpenAI does)', async () => {
+    const item = { type: 'message' as const, id: 'msg_dup_0001', role: 'user' as const, content: 'Once upon a time' };
+    await assert.rejects(
+      client.responses.create({ model: STORIES, input: [item, { ...item, content: 'again' }], max_output_tokens: 5 }),
+      (e: unknown) =>
+        e instanceof OpenAI.BadRequestError && e.param === 'input[1]' && /Duplicate item found with id msg_dup_0001\./.test(e.message),
+    );
+    // Nothing was stored under that id by the refused request; one use of it is fine.
+    const first = await client.responses.create({ model: STORIES, input: [item], max_output_tokens: 5 });
+    assert.equal(first.status === 'completed' || first.status === 'incomplete', true);
+    await assert.rejects(
+      client.responses.create({
+        model: STORIES,
+        input: [
+          { type: 'item_reference', id: 'msg_dup_0001' },
+          { type: 'item_reference', id: 'msg_dup_0001' },
+        ],
+        max_output_tokens: 5,
+      }),
+      (e: unknown) => e instanceof OpenAI.BadRequestError && e.param === 'input[1]',
+    );
+  });
 });

@@ -49,7 +49,7 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
           tools: [{ type: 'function', function: { name: 'f', parameters: nested(1500) } }],
         },
         /deeper than 64 levels.*SWITCHYARD_SCHEMA_MAX_DEPTH/,
-        'tools[0].parameters',
+        'tools[0].function.parameters',
       ],
       ['1,500 levels of nesting in json_schema', chat(nested(1500)), /SWITCHYARD_SCHEMA_MAX_DEPTH/, 'response_format.json_schema.schema'],
       [

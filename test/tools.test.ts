@@ -500,6 +500,49 @@ describe('function calling and structured output on the local engine (stories260
     );
   });
 
+  it('refuses a tool whose parameters are not an object schema (400 invalid_function_parameters), and takes one without a type', async () => {
+    // A call's arguments are a JSON object: the SDKs parse them into one, and Anthropic's tool_use.input must be one.
+    await assert.rejects(
+      client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        tool_choice: 'required',
+        tools: [{ type: 'function', function: { name: 'f', strict: true, parameters: { type: 'string' } } }],
+      }),
+      (e: unknown) =>
+        e instanceof OpenAI.BadRequestError &&
+        e.code === 'invalid_function_parameters' &&
+        e.param === 'tools[0].function.parameters' &&
+        /type: "object"/.test(e.message),
+    );
+    await assert.rejects(
+      client.responses.create({
+        model: STORIES,
+        input: 'x',
+        tool_choice: 'required',
+        tools: [
+          { type: 'function', name: 'ok', parameters: { type: 'object', properties: {} }, strict: false },
+          { type: 'function', name: 'n', parameters: { type: 'integer' }, strict: false },
+        ],
+      }),
+      (e: unknown) => e instanceof OpenAI.BadRequestError && e.code === 'invalid_function_parameters' && e.param === 'tools[1].parameters',
+    );
+    // No type at all (only properties, or nothing): an object's schema, as the clients that send it mean.
+    for (const parameters of [{}, { properties: { city: { type: 'string', maxLength: 10 } } }]) {
+      const r = await client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        tool_choice: 'required',
+        max_tokens: 60,
+        tools: [{ type: 'function', function: { name: 'f', parameters } }],
+      });
+      const call = r.choices[0]!.message.tool_calls?.[0];
+      assert.ok(call?.type === 'function', JSON.stringify(r.choices[0]));
+      const args: unknown = JSON.parse(call.function.arguments);
+      assert.ok(typeof args === 'object' && args !== null && !Array.isArray(args), call.function.arguments);
+    }
+  });
+
   it('structured output through the Responses API (text.format)', async () => {
     const r = await client.responses.create({
       model: STORIES,

@@ -7,6 +7,7 @@ export const ERRORS = {
   invalid_json: { status: 400, type: 'invalid_request_error' },
   invalid_request: { status: 400, type: 'invalid_request_error' },
   invalid_value: { status: 400, type: 'invalid_request_error' },
+  invalid_function_parameters: { status: 400, type: 'invalid_request_error' },
   missing_required_parameter: { status: 400, type: 'invalid_request_error' },
   invalid_url: { status: 400, type: 'invalid_request_error' },
   model_inactive: { status: 400, type: 'invalid_request_error' },

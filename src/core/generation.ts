@@ -24,6 +24,22 @@ const FORMAT_PARAMS = {
   responses: ['text.format', 'text.format.schema'],
   messages: ['output_config.format', 'output_config.format.schema'],
 } as const;
+/** Where each protocol carries a tool's parameter schema. */
+const TOOL_PARAMS = {
+  chat: (i: number) => `tools[${i}].function.parameters`,
+  responses: (i: number) => `tools[${i}].parameters`,
+  messages: (i: number) => `tools[${i}].input_schema`,
+} as const;
+
+/**
+ * Whether a tool's parameter schema can describe an object: a call's arguments are a JSON object
+ * (the SDKs parse them into one, and Anthropic's `tool_use.input` must be one). A schema without a
+ * `type` is read as an object's, as clients that send `{}` or only `properties` mean it.
+ */
+function describesObject(parameters: Record<string, unknown>): boolean {
+  const type = parameters['type'];
+  return type === undefined || type === 'object' || (Array.isArray(type) && type.includes('object'));
+}
 
 /** The most a request can use and cost: its estimated input and the largest output it may get. */
 function worstCase(model: Model, req: GenerationRequest): WorstCase {
@@ -137,7 +153,8 @@ export class GenerationPipeline {
     };
     // Chat completions and Messages both name parameters by their `messages` list.
     const chat = endpoint === 'chat.completions' || endpoint === 'messages';
-    const [format, schema] = FORMAT_PARAMS[endpoint === 'messages' ? 'messages' : chat ? 'chat' : 'responses'];
+    const protocol = endpoint === 'messages' ? 'messages' : chat ? 'chat' : 'responses';
+    const [format, schema] = FORMAT_PARAMS[protocol];
     if (req.tools?.length && req.toolChoice !== 'none') need('function_calling', 'tools');
     if (req.responseFormat && req.responseFormat.type !== 'text') need('structured_output', format);
     // Images, on every endpoint.
@@ -152,7 +169,17 @@ export class GenerationPipeline {
       });
     }
     req.tools?.forEach((t, i) => {
-      if (t.parameters) checkSchemaLimits(t.parameters, this.schemaLimits, `tools[${i}].parameters`);
+      if (!t.parameters) return;
+      const param = TOOL_PARAMS[protocol](i);
+      checkSchemaLimits(t.parameters, this.schemaLimits, param);
+      if (!describesObject(t.parameters)) {
+        // OpenAI's own answer to the same request, word for word but for the quoting.
+        throw new ApiError(
+          'invalid_function_parameters',
+          `Invalid schema for function '${t.name}': schema must be a JSON Schema of 'type: "object"', got 'type: ${JSON.stringify(t.parameters['type'])}'.`,
+          { param },
+        );
+      }
     });
     if (req.responseFormat?.type === 'json_schema') {
       checkSchemaLimits(req.responseFormat.schema, this.schemaLimits, schema);

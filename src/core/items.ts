@@ -83,6 +83,23 @@ export function resolveInput(input: readonly InputItem[], lookup: (id: string) =
 }
 
 /**
+ * Item ids are unique within a response's input, as OpenAI's Responses API answers (in its words):
+ * two items with one id (sent twice, or the same item referenced twice) would be stored as two items
+ * that one id finds. A 400 naming the second.
+ */
+export function checkUniqueInputIds(items: readonly Item[]): void {
+  const seen = new Set<string>();
+  items.forEach((it, i) => {
+    if (seen.has(it.id)) {
+      throw new ApiError('invalid_value', `Duplicate item found with id ${it.id}. Remove duplicate items from your input and try again.`, {
+        param: `input[${i}]`,
+      });
+    }
+    seen.add(it.id);
+  });
+}
+
+/**
  * Item ids are unique within a conversation: an id sent twice in one request, or one the
  * conversation already holds, is a 400 naming the item (never a silently lost turn).
  */

@@ -7,6 +7,7 @@ import { costOf } from '../ledger.js';
 import { generationRequest, newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
 import {
   checkNewItemIds,
+  checkUniqueInputIds,
   checkOutputsAnswerCalls,
   itemsToMessages,
   resolveInput,
@@ -481,6 +482,7 @@ export class ResponseService<Echo> {
     if (elsewhere.length)
       for (const [itemId, json] of await this.store.findItems(who.orgId, elsewhere)) known.set(itemId, JSON.parse(json) as Item);
     const input = resolveInput(body.input, (itemId) => known.get(itemId));
+    checkUniqueInputIds(input);
     checkOutputsAnswerCalls(history, input, (i) => (body.input[i]?.type === 'item_reference' ? `input[${i}].id` : `input[${i}].call_id`));
     // What this response adds to its conversation: its input, less items referenced from the
     // conversation itself (already there; items referenced from elsewhere are added); anything else
