@@ -13,7 +13,10 @@ import { ChatRelay } from '../src/protocols/chat/relay.js';
  */
 
 const tooLarge = () => new ApiError('upstream_error', 'too large');
-const relay = (catalogue: string, cap = Number.MAX_SAFE_INTEGER) => new ChatRelay(catalogue, (t) => t, cap, 32, 1 << 20, tooLarge);
+/** One id and time for every relay of a test, so that two relays' frames can be compared. */
+const IDS = { id: 'chatcmpl-test0001', created: 1764115200 };
+const relay = (catalogue: string, cap = Number.MAX_SAFE_INTEGER) =>
+  new ChatRelay(catalogue, (t) => t, cap, 32, 1 << 20, tooLarge, undefined, IDS);
 
 /** Pieces of text: what JSON.stringify writes as it is, what it escapes, and what looks like the JSON around a text. */
 const ATOMS = [
@@ -347,7 +350,7 @@ describe('chat relay', () => {
     assert.ok(frames.every((f) => f.model === 'meta-llama/tiny-stories'));
   });
 
-  it('gives a non-stream answer as its own text, with only the model and usage changed, wherever that is exact', () => {
+  it('gives a non-stream answer as its own text, with only the model, id, time and usage changed, wherever that is exact', () => {
     const USAGE = { prompt_tokens: 4, completion_tokens: 3, total_tokens: 7, cost: 1e-5 };
     const answerArb = fc.record({
       head: headArb,
@@ -359,6 +362,8 @@ describe('chat relay', () => {
       nestedFirst: fc.boolean(),
       spelling: fc.constantFrom('plain', 'indented', 'tabs', 'spaced', 'escaped-model', 'escaped-usage', 'duplicate-usage', 'numbers'),
       catalogue: fc.constantFrom('meta-llama/tiny-stories', 'm"x', 'a\u2028b', 'model', 'usage'),
+      // Whether the upstream wrote the members OpenAI's schema requires that some upstreams leave out.
+      complete: fc.oneof({ weight: 3, arbitrary: fc.constant(true) }, { weight: 1, arbitrary: fc.constant(false) }),
     });
     let kept = 0;
     fc.assert(
@@ -370,7 +375,11 @@ describe('chat relay', () => {
           body,
           defined({ id: a.head.id, object: 'chat.completion', created: a.head.created, model: a.head.model, extra: a.head.extra }),
         );
-        body['choices'] = [{ index: 0, message: { role: 'assistant', content: a.content }, logprobs: null, finish_reason: 'stop' }];
+        body['choices'] = [
+          a.complete
+            ? { index: 0, message: { role: 'assistant', content: a.content, refusal: null }, logprobs: null, finish_reason: 'stop' }
+            : { index: 0, message: { role: 'assistant', content: a.content }, finish_reason: 'stop' },
+        ];
         if (!a.usageFirst && a.usage !== undefined) body['usage'] = a.usage;
         if (!a.nestedFirst && a.nested !== undefined) body['meta'] = a.nested;
         let text = JSON.stringify(body, null, a.spelling === 'indented' ? 2 : a.spelling === 'tabs' ? '\t' : undefined);
@@ -381,23 +390,32 @@ describe('chat relay', () => {
         if (a.spelling === 'numbers') text = text.replace('"created":7', '"created":7.0e0').replace('"index":0', '"index":-0');
         const parsed = JSON.parse(text) as Chunk;
         const r = relay(a.catalogue);
-        assert.equal(r.answer(JSON.parse(text), text), true);
+        const answer = JSON.parse(text) as Chunk;
+        assert.equal(r.answer(answer, text), true);
+        // Switchyard's own id and time, and the members the schema requires, in the answer as parsed.
+        const choice = (answer['choices'] as Chunk[])[0]!;
+        assert.deepEqual([answer['id'], answer['created'], answer['model']], [IDS.id, IDS.created, a.catalogue]);
+        assert.deepEqual([choice['logprobs'], (choice['message'] as Chunk)['refusal']], [null, null]);
         const t = r.answerText;
+        // An answer that lacked them is serialized with them.
+        if (!a.complete) assert.equal(t, undefined);
         const plain = a.spelling === 'plain' || a.spelling === 'indented' || a.spelling === 'tabs' || a.spelling === 'spaced';
         const escapes = text.includes('\\u');
         // Where it can be exact (the usual upstream: the two keys written once), it is kept.
         const once = (key: string) => text.split(key).length === 2;
-        if (plain && !escapes && a.head.model !== undefined && once('"model"') && (a.usage === undefined || once('"usage"')))
-          assert.ok(t, text);
+        const head = a.head.model !== undefined && a.head.id !== undefined && a.head.created !== undefined;
+        const onceEach = once('"model"') && once('"id"') && once('"created"') && (a.usage === undefined || once('"usage"'));
+        if (a.complete && plain && !escapes && head && onceEach) assert.ok(t, text);
         if (!t) return;
         kept++;
         const out = t.before + JSON.stringify(USAGE) + t.after;
         // What the client parses: the upstream's answer, the catalogue's model and the metered usage.
-        assert.deepEqual(JSON.parse(out), { ...parsed, model: a.catalogue, usage: USAGE }, out);
+        assert.deepEqual(JSON.parse(out), { ...parsed, id: IDS.id, created: IDS.created, model: a.catalogue, usage: USAGE }, out);
       }),
       { numRuns: 3000 },
     );
-    assert.ok(kept > 500, `kept ${kept}`);
+    // Fewer than before ids and times were Switchyard's: an upstream's answer without either is serialized.
+    assert.ok(kept > 250, `kept ${kept}`);
   });
 
   it('takes out calls to tools the request does not allow, their arguments uncounted, as the canonical lane suppresses them', () => {
@@ -419,7 +437,7 @@ describe('chat relay', () => {
       'data: [DONE]\n\n',
     ].join('');
     const read = (callable: ReadonlySet<string> | undefined) => {
-      const r = new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, callable);
+      const r = new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, callable, IDS);
       const frames = r
         .push(stream)
         .split('\n\n')
@@ -467,7 +485,7 @@ describe('chat relay', () => {
     // Calls found as the canonical lane's reader finds them: a call without a name is not allowed,
     // a delta without an index belongs to the call with its id, and extra choices and a legacy
     // function_call of a tool not offered are taken out.
-    const r = new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, new Set(['get_weather']));
+    const r = new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, new Set(['get_weather']), IDS);
     const unindexed = (delta: object) => chunk({ tool_calls: [delta] });
     const out = r
       .push(
@@ -519,7 +537,7 @@ describe('chat relay', () => {
       ],
     };
     const text = JSON.stringify(answer);
-    const relayOf = (callable: ReadonlySet<string>) => new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, callable);
+    const relayOf = (callable: ReadonlySet<string>) => new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, callable, IDS);
     assert.equal(relayOf(new Set(['get_weather'])).answer(JSON.parse(text), text), false);
     assert.equal(relayOf(new Set(['delete_everything'])).answer(JSON.parse(text), text), true);
     // So does one with a second choice, a call without a name, or a legacy call not allowed.

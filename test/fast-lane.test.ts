@@ -177,11 +177,19 @@ describe('the chat fast lane against upstreams that misbehave', () => {
       }
       if (body.stream !== true) {
         const text = kind === 'ignores-max' ? 'word '.repeat(2000) : 'a fine answer';
+        // As OpenAI writes an answer; 'minimal' as some servers do, without what its schema requires
+        // of them (created, logprobs, refusal).
+        const minimal = kind === 'minimal';
         res.writeHead(200, { 'content-type': 'application/json' }).end(
           JSON.stringify({
             ...head,
+            ...(minimal && { created: undefined }),
             object: 'chat.completion',
-            choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }],
+            choices: [
+              minimal
+                ? { index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }
+                : { index: 0, message: { role: 'assistant', content: text, refusal: null }, logprobs: null, finish_reason: 'stop' },
+            ],
             usage: { prompt_tokens: 4, completion_tokens: kind === 'ignores-max' ? 2000 : 3, total_tokens: 7 },
           }),
         );
@@ -215,7 +223,7 @@ describe('the chat fast lane against upstreams that misbehave', () => {
         case 'model-spellings': {
           // Every way the model name can be written that a text splice could get wrong.
           const c = (i: number) => `"choices":[{"index":0,"delta":{"content":"c${i}"},"finish_reason":null}]`;
-          res.write(`data: {"id":"chatcmpl-up","model" : "vendor-model",${c(0)}}\n\n`);
+          res.write(`data: {"id":"chatcmpl-up","created":7,"model" : "vendor-model",${c(0)}}\n\n`);
           res.write(
             `data: {"id":"chatcmpl-up","model":"vendor-model","choices":[{"index":0,"delta":{"content":"say \\"model\\": x"}}]}\n\n`,
           );
@@ -360,9 +368,13 @@ describe('the chat fast lane against upstreams that misbehave', () => {
       );
       assert.equal(withFinish.length, 1, `${kind}: ${JSON.stringify(chunks)}`);
       assert.equal(chunks.indexOf(withFinish[0]!), chunks.length - 2, `${kind}: the finish chunk comes just before the usage chunk`);
+      // Switchyard's own id, the same throughout (an upstream's need not be unique), and its own time.
+      const ids = new Set(chunks.map((c) => c['id']));
+      assert.equal(ids.size, 1, `${kind}: one id throughout`);
+      assert.match(String(chunks[0]!['id']), /^chatcmpl-[0-9a-f]{32}$/, kind);
       assert.ok(
-        chunks.every((c) => c['id'] === 'chatcmpl-up'),
-        `${kind}: one id throughout`,
+        chunks.every((c) => c['created'] !== 7 && typeof c['created'] === 'number'),
+        `${kind}: Switchyard's time`,
       );
     }
   });
@@ -395,11 +407,13 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     for (const ch of chunks) assert.equal(ch['model'], GATEWAY_MODEL, JSON.stringify(ch));
     assert.equal(contentOf(frames), 'c0say "model": xc2c3c4c5c6c7');
     assert.deepEqual(chunks[3]!['ext'], { model: 'vendor-model' }, "a nested field of the same name is the upstream's own");
+    const first = chunks[0]!;
     assert.equal(
       frames[0]!.raw,
-      `{"id":"chatcmpl-up","model" : "${GATEWAY_MODEL}","choices":[{"index":0,"delta":{"content":"c0"},"finish_reason":null}]}`,
-      "the upstream's text as it was, but for the name",
+      `{"id":"${String(first['id'])}","created":${String(first['created'])},"model" : "${GATEWAY_MODEL}","choices":[{"index":0,"delta":{"content":"c0"},"finish_reason":null}]}`,
+      "the upstream's text as it was, but for the name, the id and the time",
     );
+    assert.notEqual(first['id'], 'chatcmpl-up');
   });
 
   it('reads SSE lines ended by a lone CR, and a CRLF split between two reads', async () => {
@@ -492,7 +506,8 @@ describe('the chat fast lane against upstreams that misbehave', () => {
       (f) => (f.json?.['choices'] as Array<{ finish_reason?: string | null }> | undefined)?.[0]?.finish_reason,
     );
     assert.equal(finishes.length, 1);
-    assert.equal(finishes[0]!.json!['id'], 'chatcmpl-up');
+    assert.equal(finishes[0]!.json!['id'], frames[0]!.json!['id']);
+    assert.match(String(finishes[0]!.json!['id']), /^chatcmpl-[0-9a-f]{32}$/);
     assert.equal(frames.at(-1)?.raw, '[DONE]');
     assert.ok(!frames.some((f) => f.json?.['error'] !== undefined));
   });
@@ -579,19 +594,38 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     assert.equal(res.statusCode, 200);
     assert.equal(res.headers['content-type'], 'application/json; charset=utf-8');
     assert.equal(body['model'], GATEWAY_MODEL);
-    assert.equal(body['id'], 'chatcmpl-up');
+    // Switchyard's own id and time, as on the canonical lane: an upstream's ids need not be unique.
+    assert.match(String(body['id']), /^chatcmpl-[0-9a-f]{32}$/);
+    assert.ok(typeof body['created'] === 'number' && body['created'] > 7);
     const usage = body['usage'] as { prompt_tokens: number; completion_tokens: number; cost: number };
     assert.deepEqual([usage.prompt_tokens, usage.completion_tokens, usage.cost], [4, 3, (4 + 6) / 1e6]);
-    // The upstream's own text, but for the name and the usage (key order and all).
+    // The upstream's own text, but for the name, id, time and usage (key order and all).
     const upstreamText = JSON.stringify({
-      id: 'chatcmpl-up',
+      id: body['id'],
       object: 'chat.completion',
-      created: 7,
+      created: body['created'],
       model: GATEWAY_MODEL,
-      choices: [{ index: 0, message: { role: 'assistant', content: 'a fine answer' }, finish_reason: 'stop' }],
+      choices: [
+        { index: 0, message: { role: 'assistant', content: 'a fine answer', refusal: null }, logprobs: null, finish_reason: 'stop' },
+      ],
       usage,
     });
     assert.equal(raw, upstreamText);
+    // An upstream that leaves out what the schema requires (created, logprobs, refusal): the client gets them.
+    const minimal = await request(`${gateway.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify(ask('minimal')),
+    });
+    const m = (await minimal.body.json()) as {
+      id: string;
+      created: number;
+      choices: Array<{ logprobs: unknown; message: { refusal: unknown; content: string } }>;
+    };
+    assert.match(m.id, /^chatcmpl-[0-9a-f]{32}$/);
+    assert.notEqual(m.id, body['id'], 'one id per completion');
+    assert.equal(typeof m.created, 'number');
+    assert.deepEqual([m.choices[0]!.logprobs, m.choices[0]!.message.refusal, m.choices[0]!.message.content], [null, null, 'a fine answer']);
   });
 });
 
@@ -607,7 +641,14 @@ describe('the chat fast lane fails over while nothing was generated', () => {
         req.on('end', () => {
           calls++;
           res.writeHead(200, { 'content-type': 'text/event-stream' });
-          const head = { id: `chatcmpl-${calls}`, object: 'chat.completion.chunk', created: 7, model: 'm' };
+          // Each try's chunks are told apart by their fingerprint (the id and time are Switchyard's own).
+          const head = {
+            id: `chatcmpl-${calls}`,
+            object: 'chat.completion.chunk',
+            created: 7,
+            model: 'm',
+            system_fingerprint: `fp_${calls}`,
+          };
           const frame = (delta: object, finish: string | null = null) =>
             `data: ${JSON.stringify({ ...head, choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
           // The first try sends the role chunk (as vLLM does before it generates) and breaks off.
@@ -623,7 +664,7 @@ describe('the chat fast lane fails over while nothing was generated', () => {
     assert.equal(calls, 2);
     assert.equal(contentOf(frames), 'second try');
     assert.ok(
-      frames.every((f) => f.json === undefined || f.json['id'] === 'chatcmpl-2'),
+      frames.every((f) => f.json === undefined || f.json['system_fingerprint'] === 'fp_2'),
       'nothing of the failed try reached the client',
     );
   });

@@ -134,6 +134,14 @@ describe('catalogue over plain HTTP', () => {
     const bad = await http(server.url, 'GET', '/v1/models?author=Meta', { key: acme });
     assert.equal(bad.status, 400);
     assert.equal(bad.json.error.param, 'author');
+    // Given twice: said so, not "must be one of" a list naming the very values sent.
+    for (const q of ['?author=openai&author=google', '?type=chat&type=chat&type=embedding']) {
+      const twice = await http(server.url, 'GET', `/v1/models${q}`, { key: acme });
+      assert.equal(twice.status, 400, q);
+      assert.equal(twice.json.error.code, 'invalid_value');
+      assert.equal(twice.json.error.param, q.slice(1, q.indexOf('=')));
+      assert.match(twice.json.error.message, /was given [23] times; give it once/);
+    }
   });
 
   it('keeps private models invisible to other organizations', async () => {

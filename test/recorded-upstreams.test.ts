@@ -35,8 +35,12 @@ interface Expected {
 const expected = JSON.parse(readFileSync(join(DIR, 'expected.json'), 'utf8')) as Record<string, Expected>;
 const names = Object.keys(expected);
 
-/** The model id a fixture is served under in the gateway. */
-const modelOf = (name: string) => `openai/recorded-${name.replace(/\.\w+$/, '').replace(/[^a-z0-9-]/g, '-')}`;
+/**
+ * The model id a fixture is served under in the gateway, one per file: the recorded answer and the
+ * recorded stream of one exchange (`openai-chat-tools.json`, `.sse`) are two models, where they used
+ * to be two deployments of one, and a request could be answered by either.
+ */
+const modelOf = (name: string) => `openai/recorded-${name.replace(/[^a-z0-9-]/g, '-')}`;
 
 /** Serves /<fixture>/v1/{chat/completions,responses} from the file, in small pieces; keeps each request body. */
 function replay(requests: Map<string, Record<string, unknown>>) {

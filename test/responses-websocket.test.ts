@@ -6,7 +6,10 @@ import OpenAI from 'openai';
 import { ResponsesWS } from 'openai/resources/responses/ws';
 import { WebSocket } from 'ws';
 import { closers } from './helpers/fixtures.js';
-import { createKey, http, startServer, type TestServer } from './helpers/server.js';
+import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
+import { startProcess } from './helpers/process.js';
+import { eventually } from './helpers/wait.js';
+import { rmSync } from 'node:fs';
 import { eventSchemas, valid, validator } from './helpers/open-responses.js';
 
 /**
@@ -337,5 +340,35 @@ describe('Responses over WebSocket: the connection time limit', () => {
     valid(errorEvent, last, 'error');
     assert.equal((last['error'] as { code: string }).code, 'websocket_connection_limit_reached');
     assert.equal(code, 1000);
+  });
+});
+
+describe('Responses over WebSocket: a client that breaks the protocol', () => {
+  it("closes a socket whose frame is past the body limit with 1009, logged as the client's error, not the server's", async () => {
+    const dir = tempDir();
+    const admin = 'sk-sy-ws-oversize-test-key-000001';
+    const p = await startProcess({
+      SWITCHYARD_DATA_DIR: dir,
+      SWITCHYARD_ADMIN_KEY: admin,
+      SWITCHYARD_BODY_LIMIT: '4096',
+      SWITCHYARD_WORKERS: '1',
+    });
+    try {
+      const ws = new WebSocket(`${p.url.replace(/^http/, 'ws')}/v1/responses`, { headers: { authorization: `Bearer ${admin}` } });
+      await once(ws, 'open');
+      const closed = once(ws, 'close');
+      ws.send('x'.repeat(8192));
+      const [code] = (await closed) as [number];
+      assert.equal(code, 1009);
+      await eventually(() => assert.match(p.stdout(), /websocket closed for a client error/));
+      assert.match(p.stdout(), /"code":"WS_ERR_UNSUPPORTED_MESSAGE_LENGTH"/);
+      assert.doesNotMatch(p.stdout(), /"level":50/, 'no error-level line');
+      // The server goes on answering.
+      assert.equal((await http(p.url, 'GET', '/healthz')).status, 200);
+    } finally {
+      p.child.kill('SIGTERM');
+      await p.exited;
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

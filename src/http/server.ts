@@ -129,6 +129,14 @@ function routeError(err: FastifyError, req: FastifyRequest): ApiError {
   // A route that needs a body got none: say so, rather than "body must be object".
   if (err.validation && err.validationContext === 'body' && req.body === undefined)
     return new ApiError('invalid_json', 'The request body is empty; send a JSON object.');
+  // A query parameter given twice arrives as a list, and its schema's message would name the very
+  // values sent as the ones allowed ("must be one of 'openai', … 'google'"): say what is wrong.
+  if (err.validation && err.validationContext === 'querystring') {
+    const name = err.validation[0]?.instancePath.slice(1).split('/')[0] ?? '';
+    const value: unknown = (req.query as Record<string, unknown> | undefined)?.[name];
+    if (name !== '' && Array.isArray(value))
+      return new ApiError('invalid_value', `Query parameter '${name}' was given ${value.length} times; give it once.`, { param: name });
+  }
   return toApiError(err, req.log);
 }
 
@@ -476,6 +484,15 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   void app.register(async (scope) => {
     await scope.register(websocket, {
       options: { maxPayload: config.bodyLimit },
+      // What a client does wrong on an open socket (a frame past the size limit, invalid UTF-8, a bad
+      // opcode: ws has closed it with the code that says so) or a connection that drops is the
+      // client's doing: logged without a stack, not as the server's error.
+      errorHandler: (err: Error & { code?: string }, socket, req) => {
+        if (err.code?.startsWith('WS_ERR_') || err.code === 'ECONNRESET' || err.code === 'EPIPE')
+          req.log.info({ code: err.code, reason: err.message }, 'websocket closed for a client error');
+        else req.log.error({ err }, 'websocket failed');
+        socket.terminate();
+      },
       preClose: function (this: App, done: () => void) {
         const end = () => this.websocketServer.close(() => done());
         sockets.shutdown().then(end, end);

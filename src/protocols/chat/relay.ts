@@ -3,6 +3,8 @@ import type { FinishReason, WireText } from '../../core/canonical.js';
 import { obj, str, type Clean, type ReportedUsage } from '../reader.js';
 import { CallIndexes, FINISH, readChunk } from './client.js';
 import { SseInput } from '../sse-input.js';
+import { nowSeconds } from '../../core/ids.js';
+import { newCompletionId } from './response.js';
 
 /**
  * The same-protocol fast lane of chat completions (docs/decisions.md, "The same-protocol fast
@@ -115,36 +117,95 @@ function skipSpace(text: string, i: number): number {
   return i;
 }
 
+/** Top-level members whose values are Switchyard's own in what the client gets: the catalogue's model name, and the completion's id and time. */
+interface OwnFields {
+  model: string;
+  id: string;
+  created: string;
+}
+
 /**
- * A non-stream answer's own text (which JSON.parse read as `answer`) with the catalogue's model
- * name for the upstream's, split where its usage goes (the upstream's usage value is left out;
- * where it sent none, a `usage` member is added at the end): the client's answer without
- * serializing the parsed one again, which cost more than the parse. Only where that is exact, as
- * for a stream's chunks (`renamed`): no `\u` escape anywhere, and `"model"` and `"usage"` each
- * written once, where the answer has them at its top level. Else undefined, and the parsed answer
- * is serialized. Numbers keep the upstream's spelling, as in a stream.
+ * An object's own JSON text (which JSON.parse read as `parsed`) with Switchyard's `model`, `id` and
+ * `created` in place of the upstream's values: the client's chunk or answer without serializing the
+ * parsed object again, which cost as much as the parse. Only where that is exact: no `\u` escape
+ * anywhere, and each key written once, where the object has it at its top level (a key cannot be
+ * spelled another way without an escape, so that one occurrence is the member JSON.parse read).
+ * With `usage`, the text is split where the usage goes (the upstream's usage value left out; where
+ * it sent none, a `usage` member is added at the end). Else undefined, and the caller serializes
+ * the parsed object. Numbers keep the upstream's spelling, as in any pass-through.
  */
-function aroundUsage(text: string, answer: Record<string, unknown>, modelJson: string): WireText | undefined {
-  if (answer['model'] === undefined || text.includes('\\u')) return undefined;
+function spliced(text: string, parsed: Record<string, unknown>, own: OwnFields, usage: boolean): WireText | undefined {
+  if (parsed['model'] === undefined || parsed['id'] === undefined || parsed['created'] === undefined || text.includes('\\u'))
+    return undefined;
   const modelAt = valueOf(text, '"model"');
-  if (modelAt < 0) return undefined;
-  const modelEnd = valueEnd(text, modelAt);
-  let usageAt: number;
-  let usageEnd: number;
+  const idAt = modelAt < 0 ? -1 : valueOf(text, '"id"');
+  const createdAt = idAt < 0 ? -1 : valueOf(text, '"created"');
+  if (createdAt < 0) return undefined;
+  // Values to put in, by where they start; `null` marks where the usage goes.
+  const cuts: Array<{ at: number; end: number; json: string | null }> = [
+    { at: modelAt, end: valueEnd(text, modelAt), json: own.model },
+    { at: idAt, end: valueEnd(text, idAt), json: own.id },
+    { at: createdAt, end: valueEnd(text, createdAt), json: own.created },
+  ];
   let key = '';
-  if (answer['usage'] !== undefined) {
-    usageAt = valueOf(text, '"usage"');
-    if (usageAt < 0) return undefined;
-    usageEnd = valueEnd(text, usageAt);
-  } else {
-    // The object's closing brace is the text's last one (only white space may follow it); the
-    // object has members (a model at least), so the new one follows a comma.
-    usageAt = usageEnd = text.lastIndexOf('}');
-    key = ',"usage":';
+  if (usage) {
+    if (parsed['usage'] !== undefined) {
+      const at = valueOf(text, '"usage"');
+      if (at < 0) return undefined;
+      cuts.push({ at, end: valueEnd(text, at), json: null });
+    } else {
+      // The object's closing brace is the text's last one (only white space may follow it); the
+      // object has members (a model at least), so the new one follows a comma.
+      const at = text.lastIndexOf('}');
+      cuts.push({ at, end: at, json: null });
+      key = ',"usage":';
+    }
   }
-  return modelAt < usageAt
-    ? { before: text.slice(0, modelAt) + modelJson + text.slice(modelEnd, usageAt) + key, after: text.slice(usageEnd) }
-    : { before: text.slice(0, usageAt) + key, after: text.slice(usageEnd, modelAt) + modelJson + text.slice(modelEnd) };
+  cuts.sort((a, b) => a.at - b.at);
+  let before = '';
+  let after: string | undefined;
+  let from = 0;
+  for (const c of cuts) {
+    const piece = text.slice(from, c.at);
+    if (c.json === null) {
+      before += piece + key;
+      after = '';
+    } else if (after === undefined) before += piece + c.json;
+    else after += piece + c.json;
+    from = c.end;
+  }
+  const rest = text.slice(from);
+  return after === undefined ? { before: before + rest, after: '' } : { before, after: after + rest };
+}
+
+/**
+ * Puts in, as null, the members of a `chat.completion` that OpenAI's schema requires and some
+ * upstreams leave out (`choices[].logprobs`, `choices[].message.refusal`; and `object`): a client
+ * that validates the answer, or reads them, gets the same shape from every upstream. True when
+ * none was missing (the upstream's text can then go on as it is).
+ */
+function completeAnswer(answer: Record<string, unknown>): boolean {
+  let whole = true;
+  if (answer['object'] === undefined) {
+    answer['object'] = 'chat.completion';
+    whole = false;
+  }
+  const choices = answer['choices'];
+  if (!Array.isArray(choices)) return whole;
+  for (const c of choices) {
+    const choice = obj(c);
+    if (!choice) continue;
+    if (choice['logprobs'] === undefined) {
+      choice['logprobs'] = null;
+      whole = false;
+    }
+    const message = obj(choice['message']);
+    if (message && message['refusal'] === undefined) {
+      message['refusal'] = null;
+      whole = false;
+    }
+  }
+  return whole;
 }
 
 /** The last catalogue id written as JSON, kept: most requests in a row name the same model. */
@@ -190,13 +251,15 @@ export class ChatRelay {
   private readonly input = new SseInput();
   /** The upstream's usage chunk, held back for the route to send with the metered usage. */
   private usageChunk: Record<string, unknown> | undefined;
-  private id: unknown;
-  private created: unknown;
+  /**
+   * The completion's id and time, Switchyard's own as on the canonical lane: an upstream's ids need
+   * not be unique (Ollama draws them from a thousand) and its clock is not ours.
+   */
+  readonly id: string;
+  readonly created: number;
   private readonly maxChars: number;
-  /** The catalogue id as JSON text, and the last upstream model name seen with its JSON text. */
-  private readonly modelJson: string;
-  private upstreamModel = '';
-  private upstreamModelJson = '""';
+  /** The catalogue id, the id and the time as JSON text. */
+  private readonly own: OwnFields;
   private template: Template | undefined;
   private templates = 0;
   /** Content-only chunks parsed so far: a template is learned from the second (a one-chunk answer never pays for one). */
@@ -219,9 +282,14 @@ export class ChatRelay {
      * may be called (no check).
      */
     private readonly callable: ReadonlySet<string> | undefined = undefined,
+    /** The completion's id and time (given by tests that compare two relays' frames). */
+    ids: { id: string; created: number } = { id: newCompletionId(), created: nowSeconds() },
   ) {
+    this.id = ids.id;
+    this.created = ids.created;
     this.maxChars = cap * maxCharsPerToken;
-    this.modelJson = modelJsonOf(model);
+    // An id is letters, digits and a dash: written as it is.
+    this.own = { model: modelJsonOf(model), id: `"${this.id}"`, created: `${this.created}` };
   }
 
   /** The frames for the events completed by this text ('' while none is complete). */
@@ -314,10 +382,6 @@ export class ChatRelay {
     let changed = false;
     try {
       if (!chunk) throw new ApiError('upstream_error', 'The upstream sent a malformed stream event.');
-      if (this.id === undefined && chunk['id'] !== undefined) {
-        this.id = chunk['id'];
-        this.created = chunk['created'];
-      }
       if (this.callable !== undefined) {
         const left = this.suppress(chunk);
         // A chunk that carried nothing but calls taken out is not sent at all.
@@ -337,20 +401,20 @@ export class ChatRelay {
       // usage, where its text can be kept exactly (one line, as a frame must be: see aroundUsage).
       this.usageText =
         !changed && Array.isArray(choices) && choices.length === 0 && !payload.includes('\n')
-          ? aroundUsage(payload, chunk, this.modelJson)
+          ? spliced(payload, chunk, this.own, true)
           : undefined;
-      chunk['model'] = this.model;
+      this.ours(chunk);
       // The usage goes out once metered (route); a chunk that also carries choices goes on without it.
       this.usageChunk = { ...chunk, choices: [] };
       if (!Array.isArray(choices) || choices.length === 0) return '';
       chunk['usage'] = null;
       return `data: ${JSON.stringify(chunk)}\n\n`;
     }
-    const renamed = changed ? undefined : this.renamed(payload, chunk['model']);
+    const renamed = changed ? undefined : this.renamed(payload, chunk);
     const text = !changed && this.templates < MAX_TEMPLATES ? this.templateText(payload, chunk) : undefined;
     let frame = renamed;
     if (frame === undefined) {
-      chunk['model'] = this.model;
+      this.ours(chunk);
       frame = JSON.stringify(chunk);
     }
     if (text !== undefined) this.learn(payload, frame, text);
@@ -398,26 +462,23 @@ export class ChatRelay {
   }
 
   /**
-   * The event's own text with the catalogue id in place of the upstream's model name, or undefined
-   * where that could differ from re-serializing the parsed chunk (which the caller then does):
-   * serializing again cost as much as parsing, on every chunk. Exact only when the text is one line
-   * (a data payload of several lines would end the client's SSE line; a payload holds no CR, since
-   * push() made every lone CR a line end), and `"model"` occurs in it once and without `\u` escapes anywhere (a key
-   * cannot be spelled another way then, so the one occurrence is the top-level key JSON.parse
-   * read), followed by the upstream's name written exactly as JSON.stringify writes it. Numbers
-   * keep the upstream's spelling, as in any pass-through (`1e400` is not turned into `null`).
+   * The event's own text with Switchyard's model name, id and time in place of the upstream's, or
+   * undefined where that could differ from re-serializing the parsed chunk (which the caller then
+   * does): serializing again cost as much as parsing, on every chunk. Exact only when the text is
+   * one line (a data payload of several lines would end the client's SSE line; a payload holds no
+   * CR, since push() made every lone CR a line end) and `spliced` finds each member exactly. A chunk
+   * with a tool call's `id` is serialized (its key is then written twice).
    */
-  private renamed(payload: string, model: unknown): string | undefined {
-    if (typeof model !== 'string') return undefined;
-    if (payload.includes('\\u') || payload.includes('\n')) return undefined;
-    const value = valueOf(payload, '"model"');
-    if (value < 0) return undefined;
-    if (model !== this.upstreamModel) {
-      this.upstreamModel = model;
-      this.upstreamModelJson = JSON.stringify(model);
-    }
-    if (!payload.startsWith(this.upstreamModelJson, value)) return undefined;
-    return payload.slice(0, value) + this.modelJson + payload.slice(value + this.upstreamModelJson.length);
+  private renamed(payload: string, chunk: Record<string, unknown>): string | undefined {
+    if (payload.includes('\n')) return undefined;
+    return spliced(payload, chunk, this.own, false)?.before;
+  }
+
+  /** Switchyard's model name, id and time in a parsed chunk or answer, for serializing it. */
+  private ours(o: Record<string, unknown>): void {
+    o['id'] = this.id;
+    o['created'] = this.created;
+    o['model'] = this.model;
   }
 
   /**
@@ -426,13 +487,8 @@ export class ChatRelay {
    * `usageText`.
    */
   usageFrame(): Record<string, unknown> {
-    const chunk = this.usageChunk ?? {
-      id: this.id ?? 'chatcmpl-relay',
-      object: 'chat.completion.chunk',
-      created: this.created ?? Math.floor(Date.now() / 1000),
-      choices: [],
-    };
-    chunk['model'] = this.model;
+    const chunk = this.usageChunk ?? { id: this.id, object: 'chat.completion.chunk', created: this.created, choices: [] };
+    this.ours(chunk);
     return chunk;
   }
 
@@ -464,8 +520,10 @@ export class ChatRelay {
     // A call to a tool the request does not allow: the canonical lane suppresses it.
     if (this.callable !== undefined && this.callsDisallowed(answer)) return false;
     this.read(answer, 'message');
-    if (text !== undefined && !this.capped) this.answerText = aroundUsage(text, answer, this.modelJson);
-    answer['model'] = this.model;
+    // An answer that lacked a member the client's schema requires is serialized with it.
+    const whole = completeAnswer(answer);
+    if (text !== undefined && whole && !this.capped) this.answerText = spliced(text, answer, this.own, true);
+    this.ours(answer);
     return !this.capped;
   }
 
@@ -603,9 +661,9 @@ export class ChatRelay {
   private finishFrame(reason: FinishReason): string {
     this.finished = true;
     return JSON.stringify({
-      id: this.id ?? 'chatcmpl-relay',
+      id: this.id,
       object: 'chat.completion.chunk',
-      created: this.created ?? Math.floor(Date.now() / 1000),
+      created: this.created,
       model: this.model,
       choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: reason }],
     });
