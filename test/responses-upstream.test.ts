@@ -269,6 +269,7 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
       (e: unknown) => {
         assert.ok(e instanceof OpenAI.BadRequestError);
         assert.match(e.message, /encrypted_content/);
+        assert.equal(e.param, 'input[0].encrypted_content', 'the field of the item that failed');
         return true;
       },
     );

@@ -448,19 +448,28 @@ export class ResponseService<Echo> {
   }
 
   /** Opens what was sealed for this organization; content sealed elsewhere or altered is a 400. */
-  private sealedText(who: Principal): SealedText {
-    const open = (sealed: string, purpose: SealPurpose, what: string): string => {
+  /**
+   * Opens what was sealed for this organization; content sealed elsewhere or altered is a 400 naming
+   * the input item's field where the item is in this request's `input` (else `input`: it came from
+   * a stored response or a conversation).
+   */
+  private sealedText(who: Principal, input: readonly Item[] = []): SealedText {
+    const open = (sealed: string, purpose: SealPurpose, what: string, id: string): string => {
       const text = this.seal.unseal(sealed, who.orgId, purpose);
-      if (text === undefined)
-        throw new ApiError('invalid_value', `The encrypted_content of ${what} could not be verified.`, { param: 'input' });
+      if (text === undefined) {
+        const i = input.findIndex((it) => it.id === id);
+        throw new ApiError('invalid_value', `The encrypted_content of ${what} could not be verified.`, {
+          param: i < 0 ? 'input' : `input[${i}].encrypted_content`,
+        });
+      }
       return text;
     };
     return {
       reasoning: (r) =>
         r.encrypted_content !== undefined
-          ? open(r.encrypted_content, 'reasoning', `reasoning item '${r.id}'`)
+          ? open(r.encrypted_content, 'reasoning', `reasoning item '${r.id}'`, r.id)
           : (r.content ?? []).map((c) => c.text).join('') || r.summary.map((s) => s.text).join(''),
-      compaction: (c) => open(c.encrypted_content, 'compaction', `compaction item '${c.id}'`),
+      compaction: (c) => open(c.encrypted_content, 'compaction', `compaction item '${c.id}'`, c.id),
     };
   }
 
@@ -491,7 +500,7 @@ export class ResponseService<Echo> {
     if (conv) checkNewItemIds(added, new Set(inHistory.keys()), () => 'input');
     /** The items this request brings, to be findable later (not those it refers to). */
     const own = input.filter((i) => known.get(i.id) !== i);
-    const messages = itemsToMessages([...history, ...input], body.instructions, this.sealedText(who));
+    const messages = itemsToMessages([...history, ...input], body.instructions, this.sealedText(who, input));
     return { model, conv, history, input, added, own, messages };
   }
 
