@@ -78,6 +78,8 @@ describe('one pipeline for chat completions and Responses', () => {
       assert.equal(image.status, 400, image.text);
       assert.equal(image.json.error.code, 'unsupported_content');
       assert.match(image.json.error.message, /vision/);
+      // Named where the request has it, on either endpoint.
+      assert.equal(image.json.error.param, endpoint === 'chat' ? 'messages[0].content[1]' : 'input[0].content[1]');
       const schema = await http(server.url, 'POST', path(endpoint), { key, body: body(endpoint, 'schema') });
       assert.equal(schema.status, 400, schema.text);
       assert.equal(schema.json.error.code, 'schema_too_large');

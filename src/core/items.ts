@@ -82,6 +82,17 @@ export function resolveInput(input: readonly InputItem[], lookup: (id: string) =
   });
 }
 
+/** Where the first image in `items` is, as the field of a request's `input` (undefined: none). */
+export function firstImage(items: readonly Item[]): string | undefined {
+  for (let i = 0; i < items.length; i++) {
+    const it = items[i]!;
+    const parts = it.type === 'message' ? it.content : it.type === 'function_call_output' && Array.isArray(it.output) ? it.output : [];
+    const j = parts.findIndex((p) => p.type === 'input_image');
+    if (j >= 0) return `input[${i}].${it.type === 'message' ? 'content' : 'output'}[${j}]`;
+  }
+  return undefined;
+}
+
 /**
  * Item ids are unique within a response's input, as OpenAI's Responses API answers (in its words):
  * two items with one id (sent twice, or the same item referenced twice) would be stored as two items

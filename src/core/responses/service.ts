@@ -8,6 +8,7 @@ import { generationRequest, newTally, tallyUsage, type GenerationRequest, type M
 import {
   checkNewItemIds,
   checkUniqueInputIds,
+  firstImage,
   checkOutputsAnswerCalls,
   itemsToMessages,
   resolveInput,
@@ -492,6 +493,13 @@ export class ResponseService<Echo> {
       for (const [itemId, json] of await this.store.findItems(who.orgId, elsewhere)) known.set(itemId, JSON.parse(json) as Item);
     const input = resolveInput(body.input, (itemId) => known.get(itemId));
     checkUniqueInputIds(input);
+    // An image for a model without vision, named where the request has it (the pipeline's own check
+    // finds one in the history too, but can name no more than `input` there).
+    const image = model.capabilities.includes('vision') ? undefined : firstImage(input);
+    if (image !== undefined)
+      throw new ApiError('unsupported_content', `The model '${model.id}' does not accept images (it lacks the vision capability).`, {
+        param: image,
+      });
     checkOutputsAnswerCalls(history, input, (i) => (body.input[i]?.type === 'item_reference' ? `input[${i}].id` : `input[${i}].call_id`));
     // What this response adds to its conversation: its input, less items referenced from the
     // conversation itself (already there; items referenced from elsewhere are added); anything else
