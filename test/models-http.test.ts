@@ -1,5 +1,6 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import { request } from 'undici';
 import { createKey, http, startServer, type TestServer, type WireList, type WireModel } from './helpers/server.js';
 
 describe('catalogue over plain HTTP', () => {
@@ -26,6 +27,25 @@ describe('catalogue over plain HTTP', () => {
       bearer.json.data.map((m) => m.id),
       xApiKey.json.data.map((m) => m.id),
     );
+  });
+
+  it('refuses a request with two Authorization headers (401), whichever key comes first', async () => {
+    for (const [a, b] of [
+      [acme, globex],
+      [globex, acme],
+    ]) {
+      const res = await request(`${server.url}/v1/models`, {
+        headers: ['authorization', `Bearer ${a!}`, 'authorization', `Bearer ${b!}`],
+      });
+      const body = (await res.body.json()) as { error: { code: string; message: string } };
+      assert.equal(res.statusCode, 401);
+      assert.equal(body.error.code, 'invalid_api_key');
+      assert.match(body.error.message, /more than one Authorization header/);
+      assert.ok(res.headers['x-request-id']);
+    }
+    // Authorization and x-api-key together: the Bearer key is used (a documented decision).
+    const both = await http(server.url, 'GET', '/v1/models', { headers: { authorization: `Bearer ${acme}`, 'x-api-key': 'sk-nope' } });
+    assert.equal(both.status, 200);
   });
 
   it('reads a model by raw slash and by %2F', async () => {

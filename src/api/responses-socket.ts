@@ -141,7 +141,7 @@ class ResponseSocket {
    */
   private async principal(): Promise<Principal> {
     try {
-      return await this.ctx.auth.authenticate(extractToken(this.req.headers));
+      return await this.ctx.auth.authenticate(extractToken(this.req.headers, this.req.raw.rawHeaders));
     } catch (err) {
       if (err instanceof ApiError && err.status === 401) {
         this.closing = true;

@@ -446,7 +446,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
       };
       let who: Principal | Promise<Principal>;
       try {
-        who = auth.authenticate(extractToken(req.headers));
+        who = auth.authenticate(extractToken(req.headers, req.raw.rawHeaders));
       } catch (err) {
         return done(err as Error);
       }
