@@ -145,6 +145,24 @@ describe('limits', () => {
     assert.ok(Number(over.headers['retry-after']) > 0);
   });
 
+  it('reserves no more than the context for an output limit past it (tokens per minute and budget)', async () => {
+    // A max_tokens of 100,000,000 was reserved whole while the request ran (a hostile pass locked a
+    // key out of its month's budget and a minute's tokens with one stream to an upstream model). No
+    // answer outgrows the context, so that is the most it reserves. The local engine then refuses
+    // the request (prompt and completion past its context); the admission's headers say what was held.
+    const key = await keyWith(server, 'huge-max', { tpm: 1_000_000, budget: 5 });
+    const context = (await http<{ context_length: number }>(server.url, 'GET', `/v1/models/${MODEL}`, { key })).json.context_length;
+    assert.ok(context > 0 && context < 100_000);
+    const r = await chat(server, key, MODEL, 100_000_000);
+    assert.equal(r.status, 400, r.text);
+    assert.equal(r.json.error.code, 'context_length_exceeded');
+    const remaining = Number(r.headers['x-ratelimit-remaining-tokens']);
+    assert.ok(remaining >= 1_000_000 - context && remaining < 1_000_000, `remaining ${remaining}`);
+    // Nothing was generated, so nothing stays reserved: the key goes on, its budget whole.
+    const next = await chat(server, key);
+    assert.equal(next.status, 200, next.text);
+  });
+
   it('keeps a key to its allowed models', async () => {
     const key = await keyWith(server, 'acme', { models: [MODEL] });
     assert.equal((await chat(server, key)).status, 200);

@@ -44,7 +44,12 @@ function describesObject(parameters: Record<string, unknown>): boolean {
 /** The most a request can use and cost: its estimated input and the largest output it may get. */
 function worstCase(model: Model, req: GenerationRequest): WorstCase {
   const input = estimateInputTokens(req);
-  const output = req.maxOutputTokens ?? Math.max(0, (model.context_length ?? input) - input);
+  // No answer outgrows the context: a max_tokens past it reserves only the room there is (a hostile
+  // pass's 100,000,000 reserved the month's budget and a minute's tokens while one stream ran).
+  const ctx = model.context_length;
+  const room = ctx === undefined || ctx === null ? undefined : Math.max(0, ctx - input);
+  const max = req.maxOutputTokens;
+  const output = max === undefined ? (room ?? 0) : room === undefined ? max : Math.min(max, room);
   return { tokens: input + output, cost: costOf(model, { input, cached: 0, output }) };
 }
 

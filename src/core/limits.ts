@@ -356,7 +356,8 @@ export class Limiter {
       this.metrics.rateLimited.inc({ limit: 'budget' });
       throw new ApiError(
         'budget_exceeded',
-        `The ${scope === 'key' ? 'API key' : 'organization'} has used its budget of $${budget} for this ${period}.`,
+        // What requests in flight reserved counts until they end (and give back what they did not use).
+        `The ${scope === 'key' ? 'API key' : 'organization'} has used its budget of $${budget} for this ${period}, or holds the rest for requests in progress.`,
         { retryAfterMs: ttlMs, final: true },
       );
     };
