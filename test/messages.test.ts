@@ -346,6 +346,28 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       },
       /unexpected tool_use_id 'toolu_none'/,
     );
+    // And the mirror case: a tool_use no tool_result answers in the turns right after it.
+    await refused(
+      {
+        messages: [
+          { role: 'user', content: 'x' },
+          { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_lone', name: 'f', input: {} }] },
+          { role: 'user', content: 'next' },
+        ],
+      },
+      /messages\.2: tool_use ids were found without tool_result blocks immediately after: toolu_lone/,
+    );
+    // Two tools of one name: a call to it would be ambiguous.
+    await refused(
+      {
+        messages: [{ role: 'user', content: 'x' }],
+        tools: [
+          { name: 'f', input_schema: { type: 'object', properties: { a: { type: 'integer' } } } },
+          { name: 'f', input_schema: { type: 'object', properties: { b: { type: 'boolean' } } } },
+        ],
+      },
+      /Tool names must be unique: 'f'/,
+    );
     // Consecutive turns of one role are one turn, as Anthropic merges them: results split over two
     // user turns both answer the assistant's calls.
     const merged = await http(server.url, 'POST', '/v1/messages', {
@@ -511,6 +533,31 @@ describe('Messages API thinking blocks through an upstream (@anthropic-ai/sdk)',
     ];
     await assert.rejects(client.messages.create({ model: MODEL, max_tokens: 100, messages: altered }), Anthropic.BadRequestError);
     await assert.rejects(other.messages.create({ model: MODEL, max_tokens: 100, messages: turn2 }), Anthropic.BadRequestError);
+  });
+
+  it('passes a tool_result marked is_error on as the text of its blocks after "Error: ", not their JSON', async () => {
+    for (const [content, expected] of [
+      [
+        [
+          { type: 'text' as const, text: 'boom' },
+          { type: 'text' as const, text: ' bang' },
+        ],
+        'Error: boom bang',
+      ],
+      ['boom', 'Error: boom'],
+    ] as const) {
+      await client.messages.create({
+        model: MODEL,
+        max_tokens: 50,
+        messages: [
+          { role: 'user', content: 'Weather?' },
+          { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] },
+          { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', is_error: true, content: content as never }] },
+        ],
+      });
+      const tool = seen.at(-1)!.messages.find((m) => m.role === 'tool');
+      assert.equal(tool?.content, expected);
+    }
   });
 
   it('streams thinking_delta then signature_delta, and the SDK assembles the block', async () => {

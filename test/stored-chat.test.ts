@@ -189,6 +189,12 @@ for (const dialect of ['sqlite', 'postgres'] as const) {
       assert.equal(raw.json.last_id, ids[3]);
       assert.equal(raw.json.has_more, true);
       assert.deepEqual(raw.json.data[0]!.metadata, { batch, parity: 'even' });
+      // Keys an object's prototype has are filters like any other: they match nothing stored.
+      for (const key_ of ['__proto__', 'constructor']) {
+        const none = await http<WirePage<WireCompletion>>(server.url, 'GET', `/v1/chat/completions?metadata%5B${key_}%5D=x`, { key });
+        assert.equal(none.status, 200, none.text);
+        assert.deepEqual(none.json.data, [], key_);
+      }
 
       const all: string[] = [];
       for await (const c of client.chat.completions.list({ metadata: { batch }, limit: 2 })) all.push(c.id);

@@ -527,6 +527,18 @@ describe('function calling and structured output on the local engine (stories260
       }),
       (e: unknown) => e instanceof OpenAI.BadRequestError && e.code === 'invalid_function_parameters' && e.param === 'tools[1].parameters',
     );
+    // Two tools of one name: a call to it would be ambiguous.
+    await assert.rejects(
+      client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        tools: [
+          { type: 'function', function: { name: 'f', parameters: { type: 'object' } } },
+          { type: 'function', function: { name: 'f', parameters: { type: 'object' } } },
+        ],
+      }),
+      (e: unknown) => e instanceof OpenAI.BadRequestError && e.param === 'tools[1].function.name' && /must be unique/.test(e.message),
+    );
     // No type at all (only properties, or nothing): an object's schema, as the clients that send it mean.
     for (const parameters of [{}, { properties: { city: { type: 'string', maxLength: 10 } } }]) {
       const r = await client.chat.completions.create({

@@ -24,6 +24,12 @@ const FORMAT_PARAMS = {
   responses: ['text.format', 'text.format.schema'],
   messages: ['output_config.format', 'output_config.format.schema'],
 } as const;
+/** Where each protocol carries a tool's name. */
+const TOOL_NAME_PARAMS = {
+  chat: (i: number) => `tools[${i}].function.name`,
+  responses: (i: number) => `tools[${i}].name`,
+  messages: (i: number) => `tools[${i}].name`,
+} as const;
 /** Where each protocol carries a tool's parameter schema. */
 const TOOL_PARAMS = {
   chat: (i: number) => `tools[${i}].function.parameters`,
@@ -173,6 +179,15 @@ export class GenerationPipeline {
         });
       });
     }
+    // A call names its tool: two tools of one name would make it ambiguous (Anthropic refuses them too).
+    const names = new Set<string>();
+    req.tools?.forEach((t, i) => {
+      if (names.has(t.name))
+        throw new ApiError('invalid_value', `Tool names must be unique: '${t.name}' is given twice.`, {
+          param: TOOL_NAME_PARAMS[protocol](i),
+        });
+      names.add(t.name);
+    });
     req.tools?.forEach((t, i) => {
       if (!t.parameters) return;
       const param = TOOL_PARAMS[protocol](i);

@@ -25,7 +25,9 @@ const MAX_FILTERS = 16;
  * must be given once, as text; the key is the text between the outer brackets.
  */
 export function metadataFilter(query: Readonly<Record<string, unknown>>): Record<string, string> {
-  const out: Record<string, string> = {};
+  // No prototype: a filter on `__proto__` is a key like any other (it matches nothing stored, as
+  // such keys are refused on write) rather than an assignment to the prototype that drops it.
+  const out = Object.create(null) as Record<string, string>;
   let n = 0;
   for (const [param, value] of Object.entries(query)) {
     const key = METADATA_PARAM.exec(param)?.[1];

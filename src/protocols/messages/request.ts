@@ -179,8 +179,14 @@ function toMessages(
         const id = str(b['tool_use_id']);
         if (!id) throw bad('A tool_result block needs `tool_use_id`.', `${param}.tool_use_id`);
         const result = toolResult(b, param);
-        // An error result is still the tool's answer; the model is told it failed.
-        const body = b['is_error'] === true ? `Error: ${typeof result === 'string' ? result : JSON.stringify(result)}` : result;
+        // An error result is still the tool's answer; the model is told it failed, before its text
+        // (blocks stay blocks: their text, not their JSON, as a hostile pass found).
+        const body =
+          b['is_error'] !== true
+            ? result
+            : typeof result === 'string'
+              ? `Error: ${result}`
+              : [{ type: 'text' as const, text: 'Error: ' }, ...result];
         out.push(withCache<Message>({ role: 'tool', toolCallId: id, content: typeof body === 'string' ? body : joinText(body) }, b, param));
         return;
       }
@@ -260,6 +266,10 @@ function decodeConversation(
   if (system !== undefined) messages.push({ role: 'system', content: system });
   /** The tool_use ids of the message before (a tool_result answers one of them, as Anthropic's API requires). */
   let calls = new Set<string>();
+  /** The calls of the assistant turns before the current run of user turns that no tool_result has answered yet. */
+  let unanswered = new Set<string>();
+  /** Where that run of user turns began. */
+  let runStart = 0;
   body.messages.forEach((m, i) => {
     // As Anthropic's API: only a final assistant message (a prefill) may be empty.
     if (m.content.length === 0 && !(m.role === 'assistant' && i === body.messages.length - 1)) {
@@ -271,6 +281,24 @@ function decodeConversation(
         throw bad(
           `messages.${i}: unexpected tool_use_id '${c.toolCallId ?? ''}' in a tool_result block; each tool_result must answer a tool_use of the previous message.`,
           `messages[${i}].content`,
+        );
+      }
+    }
+    // Every call is answered in the user turns right after it, as Anthropic's API requires (a call
+    // left unanswered would reach a chat-completions upstream as a turn it refuses, or be read by a
+    // local model as a call that never returned).
+    if (m.role === 'user') {
+      if (i === 0 || body.messages[i - 1]!.role !== 'user') {
+        unanswered = new Set(calls);
+        runStart = i;
+      }
+      for (const c of converted) if (c.role === 'tool') unanswered.delete(c.toolCallId ?? '');
+      const runEnds = i + 1 === body.messages.length || body.messages[i + 1]!.role !== 'user';
+      if (runEnds && unanswered.size > 0) {
+        throw bad(
+          `messages.${runStart}: tool_use ids were found without tool_result blocks immediately after: ${[...unanswered].join(', ')}. ` +
+            'Each tool_use block must have a corresponding tool_result block in the next message.',
+          `messages[${runStart}].content`,
         );
       }
     }
