@@ -266,6 +266,11 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
     assert.ok(thinking.type === 'thinking' && thinking.thinking === 'Let me think. Done.' && thinking.signature.length > 20);
     assert.equal(final.usage.input_tokens, 20);
     assert.equal(final.usage.cache_read_input_tokens, 6);
+    // message_start already has the upstream's count of the prompt (its own message_start gave it), not an estimate.
+    const again = anthropic.messages.stream({ model: MODEL, max_tokens: 8000, messages: [{ role: 'user', content: 'Hello' }] });
+    let started: Anthropic.Usage | undefined;
+    for await (const ev of again) if (ev.type === 'message_start') started = ev.message.usage;
+    assert.deepEqual([started?.input_tokens, started?.cache_read_input_tokens], [20, 6]);
 
     const tool = await anthropic.messages.create({
       model: MODEL,

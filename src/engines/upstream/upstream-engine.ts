@@ -539,6 +539,14 @@ export class UpstreamEngine implements Engine {
           const before = sinceEvent;
           sinceEvent = 0;
           parser.feed(input.push(decoder.write(chunk)));
+          // An upstream that reports the prompt's count before its output (Anthropic's message_start,
+          // a Responses upstream's response.created): the tally has it at once, so what reads it
+          // mid-stream (the Messages endpoint's own message_start, a stop's bill) is not an estimate.
+          const reported = reader.usage;
+          if (reported !== undefined && reported.input !== undefined && !reported.invalid && tally.input !== reported.input) {
+            tally.input = reported.input;
+            tally.cached = Math.min(reported.input, reported.cached ?? 0);
+          }
           // Bytes held for an event not yet complete: what came after the last line end (LF or CR)
           // of this chunk if an event ended in it, else everything since the last event.
           sinceEvent =
