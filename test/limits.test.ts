@@ -2,7 +2,8 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { http, pgSchema, startServer, type TestServer, type WireKey } from './helpers/server.js';
+import { http, pgSchema, startServer, tempDir, type TestServer, type WireKey } from './helpers/server.js';
+import { closers, fixture } from './helpers/fixtures.js';
 
 const REDIS_URL = process.env['SWITCHYARD_TEST_REDIS_URL'] ?? 'redis://127.0.0.1:6379';
 const MODEL = 'meta-llama/priced-stories';
@@ -193,6 +194,80 @@ describe('limits', () => {
     });
     assert.equal(bad.status, 400);
     assert.equal(bad.json.error.param, 'limits.rpm');
+  });
+});
+
+describe('a budget held by requests in progress', () => {
+  const c = closers();
+  after(() => c.closeAll());
+
+  it('refuses for now, not for the period, while what requests in flight hold fills the budget', async () => {
+    // An upstream whose streams wait until the test lets them finish.
+    let finish: () => void = () => undefined;
+    const released = new Promise<void>((r) => (finish = r));
+    let arrived: () => void = () => undefined;
+    const upstreamHasIt = new Promise<void>((r) => (arrived = r));
+    const up = c.keep(
+      await fixture((req, res) => {
+        req.resume();
+        req.on('end', () => {
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          const chunk = (delta: object, finishReason: string | null = null) =>
+            `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta, finish_reason: finishReason }] })}\n\n`;
+          res.write(chunk({ role: 'assistant', content: 'Once' }));
+          arrived();
+          void released.then(() =>
+            res.end(
+              `${chunk({}, 'stop')}data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage: { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 } })}\n\ndata: [DONE]\n\n`,
+            ),
+          );
+        });
+      }),
+    );
+    const model = 'mistralai/held';
+    const server = c.keep(
+      await startServer({
+        modelsDir: tempDir(),
+        configFile: {
+          name: 'held.json',
+          text: JSON.stringify({
+            models: [
+              {
+                id: model,
+                context_length: 1000,
+                capabilities: ['streaming'],
+                pricing: [
+                  { metric: 'input_tokens', rate: 1000 },
+                  { metric: 'output_tokens', rate: 1000 },
+                ],
+              },
+            ],
+            deployments: [{ model, baseUrl: up.url, upstreamModel: 'm' }],
+          }),
+        },
+      }),
+    );
+    // $1000 per million tokens: a request for 900 tokens may cost about $0.9, more than the budget.
+    const key = await keyWith(server, 'held', { budget: 0.5, budget_period: 'day' });
+    const ask = (max: number, stream: boolean) =>
+      http(server.url, 'POST', '/v1/chat/completions', {
+        key,
+        body: { model, messages: [{ role: 'user', content: 'Hi' }], max_tokens: max, stream },
+      });
+    const first = ask(900, true);
+    // Admitted (its worst case reserved) once the upstream has it.
+    await upstreamHasIt;
+    const second = await ask(5, false);
+    assert.equal(second.status, 429, second.text);
+    assert.equal(second.json.error.code, 'budget_exceeded');
+    assert.match(second.json.error.message, /held by requests in progress/);
+    assert.equal(second.headers['x-should-retry'], undefined, 'worth retrying');
+    assert.equal(second.headers['retry-after'], '1');
+    finish();
+    assert.equal((await first).status, 200);
+    // The stream cost $0.006: the budget is open again.
+    const after = await ask(5, true);
+    assert.equal(after.status, 200, after.text);
   });
 });
 

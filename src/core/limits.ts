@@ -198,6 +198,12 @@ export class Limiter {
   /** Counter names by scope and id, for the current minute window only (cleared when it ends). */
   private readonly names = { key: new Map<string, MinuteNames>(), org: new Map<string, MinuteNames>() };
   private namesMinute = 0;
+  /**
+   * What this process's requests in flight hold of each budget counter: a budget refused only for
+   * what they hold is refused for now (retry when they end), not for the rest of the period. Held
+   * by other processes or instances it reads as spent, as before.
+   */
+  private readonly held = new Map<string, number>();
 
   constructor(
     private readonly counters: Counters,
@@ -272,6 +278,7 @@ export class Limiter {
       }
     }
     const refused = (err: unknown): never => {
+      this.release(a);
       this.giveBack(a, -a.reserve);
       this.giveBackTokens(a, -a.tokenReserve);
       for (const key of a.counted) background(this.counters.add(key, -1, 2 * MINUTE));
@@ -351,24 +358,43 @@ export class Limiter {
     const spentSoFar = when(this.counters.get(key), (v) =>
       v !== undefined ? v : this.store.spentSince(scope, id, start).then((spent) => this.counters.init(key, spent, ttlMs)),
     );
-    const over = (spent: number): void => {
+    /** `spent`: what the counter says was spent and reserved by others; `heldHere`: what of that this process's requests hold. */
+    const over = (spent: number, heldHere: number): void => {
       if (spent < budget) return;
       this.metrics.rateLimited.inc({ limit: 'budget' });
-      throw new ApiError(
-        'budget_exceeded',
-        // What requests in flight reserved counts until they end (and give back what they did not use).
-        `The ${scope === 'key' ? 'API key' : 'organization'} has used its budget of $${budget} for this ${period}, or holds the rest for requests in progress.`,
-        { retryAfterMs: ttlMs, final: true },
-      );
+      const who = scope === 'key' ? 'API key' : 'organization';
+      if (spent - heldHere < budget) {
+        throw new ApiError(
+          'budget_exceeded',
+          `The ${who}'s budget of $${budget} for this ${period} is held by requests in progress, each for the most it may cost; try again when they finish.`,
+          { retryAfterMs: 1000 },
+        );
+      }
+      throw new ApiError('budget_exceeded', `The ${who} has used its budget of $${budget} for this ${period}.`, {
+        retryAfterMs: ttlMs,
+        final: true,
+      });
     };
     return when(spentSoFar, (spent) => {
-      if (spent >= budget || a.reserve <= 0) return over(spent);
+      if (spent >= budget || a.reserve <= 0) return over(spent, this.held.get(key) ?? 0);
       // The counter's value before this add is what was spent and reserved by others.
       return when(this.counters.add(key, a.reserve, ttlMs), (total) => {
+        const heldHere = this.held.get(key) ?? 0;
         a.reserved.push({ key, ttlMs });
-        over(total - a.reserve);
+        this.held.set(key, heldHere + a.reserve);
+        over(total - a.reserve, heldHere);
       });
     });
+  }
+
+  /** This request no longer holds its reservations (it ended, or was refused). */
+  private release(a: Admitting): void {
+    if (a.reserve === 0) return;
+    for (const { key } of a.reserved) {
+      const left = (this.held.get(key) ?? 0) - a.reserve;
+      if (left > 1e-12) this.held.set(key, left);
+      else this.held.delete(key);
+    }
   }
 
   /** Adds `amount` to every budget counter that holds this request's reservation. */
@@ -403,6 +429,7 @@ export class Limiter {
         if (settled) return;
         settled = true;
         // The reservations become what the request really used (an unpriced request costs nothing here).
+        this.release(a);
         this.giveBack(a, (cost ?? 0) - a.reserve);
         this.giveBackTokens(a, tokens - a.tokenReserve);
         for (const { scope, id, limits } of a.scopes) {
