@@ -43,6 +43,12 @@ describe('catalogue over plain HTTP', () => {
       assert.match(body.error.message, /more than one Authorization header/);
       assert.ok(res.headers['x-request-id']);
     }
+    // An empty first line does not hand the choice to x-api-key.
+    const emptyFirst = await request(`${server.url}/v1/models`, {
+      headers: ['authorization', '', 'x-api-key', acme, 'authorization', `Bearer ${globex}`],
+    });
+    await emptyFirst.body.dump();
+    assert.equal(emptyFirst.statusCode, 401);
     // Authorization and x-api-key together: the Bearer key is used (a documented decision).
     const both = await http(server.url, 'GET', '/v1/models', { headers: { authorization: `Bearer ${acme}`, 'x-api-key': 'sk-nope' } });
     assert.equal(both.status, 200);

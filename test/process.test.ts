@@ -290,11 +290,26 @@ describe('the server process', () => {
   it('answers requests still waiting on a silent upstream at the shutdown timeout with a 503, and bills them', async () => {
     const dir = tempDir();
     const admin = 'sk-sy-shutdown-silent-upstream-key-0001';
-    // An upstream that takes every request and never answers (not even its head).
+    // An upstream that takes every request and never answers: not even its head, or (asked for
+    // 'head') its head and the start of its answer, then nothing more.
     const held: ServerResponse[] = [];
     const upstream = createServer((req, res) => {
-      req.resume();
-      held.push(res);
+      let raw = '';
+      req.on('data', (d: Buffer) => (raw += d.toString()));
+      req.on('end', () => {
+        held.push(res);
+        if (!raw.includes('head')) return;
+        const body = JSON.parse(raw) as { stream?: boolean };
+        if (body.stream) {
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          res.write(
+            `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }] })}\n\n`,
+          );
+        } else {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.write('{"id":"c",');
+        }
+      });
     });
     await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
     const port = (upstream.address() as AddressInfo).port;
@@ -319,13 +334,18 @@ describe('the server process', () => {
       const post = (path: string, body: object) =>
         http(p.url, 'POST', path, { key: admin, body }).catch((err: unknown) => ({ status: 0, text: String(err), json: undefined }));
       const messages = [{ role: 'user', content: 'hello' }];
+      const head = [{ role: 'user', content: 'head' }];
       const waiting = [
         post('/v1/chat/completions', { model, messages }),
         post('/v1/chat/completions', { model, messages, stream: true }),
         post('/v1/responses', { model, input: 'hello' }),
         post('/v1/responses', { model, input: 'hello', stream: true }),
+        // The upstream has answered its head (and a first piece, which carries no output).
+        post('/v1/chat/completions', { model, messages: head }),
+        post('/v1/chat/completions', { model, messages: head, stream: true }),
+        post('/v1/chat/completions', { model, messages: head, stream: true, store: true }),
       ];
-      await eventually(() => assert.equal(held.length, 4));
+      await eventually(() => assert.equal(held.length, 7));
       p.child.kill('SIGTERM');
       const answers = await Promise.all(waiting);
       assert.equal(await p.exited, 1, p.stdout());
@@ -338,7 +358,7 @@ describe('the server process', () => {
       const db = new Database(join(dir, 'switchyard.db'), { readonly: true });
       try {
         const rows = db.prepare('select endpoint, status, error_code from usage_records order by endpoint').all();
-        assert.equal(rows.length, 4, JSON.stringify(rows));
+        assert.equal(rows.length, 7, JSON.stringify(rows));
         for (const r of rows)
           assert.deepEqual(
             { ...(r as object), endpoint: undefined },

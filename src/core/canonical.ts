@@ -54,6 +54,8 @@ export interface FunctionTool {
   parameters?: Record<string, unknown>;
   strict?: boolean;
   cache?: CacheMark;
+  /** Its index in the request's own list, where `allowed_tools` narrowed the list: errors name it there. */
+  position?: number;
 }
 
 export type ToolChoice = 'auto' | 'none' | 'required' | { name: string };

@@ -184,13 +184,13 @@ export class GenerationPipeline {
     req.tools?.forEach((t, i) => {
       if (names.has(t.name))
         throw new ApiError('invalid_value', `Tool names must be unique: '${t.name}' is given twice.`, {
-          param: TOOL_NAME_PARAMS[protocol](i),
+          param: TOOL_NAME_PARAMS[protocol](t.position ?? i),
         });
       names.add(t.name);
     });
     req.tools?.forEach((t, i) => {
       if (!t.parameters) return;
-      const param = TOOL_PARAMS[protocol](i);
+      const param = TOOL_PARAMS[protocol](t.position ?? i);
       checkSchemaLimits(t.parameters, this.schemaLimits, param);
       if (!describesObject(t.parameters)) {
         // OpenAI's own answer to the same request, word for word but for the quoting.

@@ -82,13 +82,17 @@ export function resolveInput(input: readonly InputItem[], lookup: (id: string) =
   });
 }
 
-/** Where the first image in `items` is, as the field of a request's `input` (undefined: none). */
-export function firstImage(items: readonly Item[]): string | undefined {
+/**
+ * Where the first image in a request's resolved `input` is, as the field that holds it (undefined:
+ * none); an image in a referenced item is named by its reference (`sent`: the input as sent).
+ */
+export function firstImage(items: readonly Item[], sent: readonly InputItem[]): string | undefined {
   for (let i = 0; i < items.length; i++) {
     const it = items[i]!;
     const parts = it.type === 'message' ? it.content : it.type === 'function_call_output' && Array.isArray(it.output) ? it.output : [];
     const j = parts.findIndex((p) => p.type === 'input_image');
-    if (j >= 0) return `input[${i}].${it.type === 'message' ? 'content' : 'output'}[${j}]`;
+    if (j < 0) continue;
+    return sent[i]?.type === 'item_reference' ? `input[${i}].id` : `input[${i}].${it.type === 'message' ? 'content' : 'output'}[${j}]`;
   }
   return undefined;
 }

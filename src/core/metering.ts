@@ -89,6 +89,8 @@ export class MeteredStream implements OpenMeter {
     try {
       const { first, rest } = await source.open(req, c.model, c.trace);
       s.rest = rest;
+      // An engine stopped by a shutdown before its first event ends without one: not an empty answer.
+      if (first === undefined && s.serverStopped) throw new CancelledError();
       if (first === undefined) s.end();
       else s.first = s.see(first);
     } catch (err) {
@@ -134,8 +136,8 @@ export class MeteredStream implements OpenMeter {
     // A stream stopped by a shutdown: the route answers this error in its protocol (an error
     // event), where closing the connection under it would leave the client a cut-off transfer. An
     // answer already finishing (its usage, its finish, the fast lane's closing object) goes on. A
-    // non-stream request is not stopped here: an upstream's answer that arrives meanwhile is whole
-    // and is given; one still being made ends when its connection is closed.
+    // non-stream request is stopped through its signal (stoppedByServer), and its engine's end
+    // without a finish is the error (below).
     if (this.serverStopped && this.c.stream && !FINISHING.has(r.value.type)) throw this.stopForServer();
     return this.see(r.value);
   };

@@ -271,7 +271,8 @@ export class Router {
         this.hooks.onRetry?.();
         // The same deployment again: give it a moment.
         if (tries.indexOf(d) < attempt) await new Promise((r) => setTimeout(r, 50));
-        if (req.signal.aborted) break;
+        // Stopped meanwhile (its client left, or a shutdown): cancelled, not the last try's error.
+        if (req.signal.aborted) throw new CancelledError();
       }
       trace.deployment = id ?? `local:${basename((d.target as { file: string }).file)}`;
       // Each try starts from nothing: what a failed one counted was not produced for the client.

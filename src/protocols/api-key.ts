@@ -10,9 +10,10 @@ import { ApiError } from '../core/errors.js';
  */
 export function extractToken(headers: IncomingHttpHeaders, raw?: readonly string[]): string | undefined {
   const auth = headers.authorization;
+  // Checked whatever the first line holds: an empty one would otherwise hand the choice to x-api-key.
+  if (auth !== undefined && raw !== undefined && authorizationLines(raw) > 1)
+    throw new ApiError('invalid_api_key', 'The request has more than one Authorization header; send one key.');
   if (auth !== undefined && auth !== '') {
-    if (raw !== undefined && authorizationLines(raw) > 1)
-      throw new ApiError('invalid_api_key', 'The request has more than one Authorization header; send one key.');
     const space = auth.indexOf(' ');
     const scheme = space < 0 ? auth : auth.slice(0, space);
     if (scheme.toLowerCase() !== 'bearer') return '';

@@ -1,5 +1,5 @@
 import { ApiError } from '../core/errors.js';
-import type { FinishReason, GenerationEvent } from '../core/canonical.js';
+import type { FinishReason, FunctionTool, GenerationEvent } from '../core/canonical.js';
 
 /**
  * What every protocol's upstream reader shares: defensive reading of JSON an upstream sent (any
@@ -63,3 +63,15 @@ export type Clean = (text: string) => string;
 /** An upstream's own error message, as the client will see it. */
 export const upstreamFailure = (message: unknown, clean: Clean): ApiError =>
   new ApiError('upstream_error', `Upstream error: ${clean(String(typeof message === 'string' ? message : 'unknown').slice(0, 500))}`);
+
+/**
+ * A function tool as the OpenAI wires (chat completions, Responses) write it to an upstream: its own
+ * fields only, not what Switchyard keeps beside them (its position in the client's list, a cache mark).
+ */
+export function wireTool(t: FunctionTool): Record<string, unknown> {
+  const out: Record<string, unknown> = { name: t.name };
+  if (t.description !== undefined) out['description'] = t.description;
+  if (t.parameters !== undefined) out['parameters'] = t.parameters;
+  if (t.strict !== undefined) out['strict'] = t.strict;
+  return out;
+}

@@ -13,6 +13,7 @@ import {
   itemsToMessages,
   resolveInput,
   type CompactionItem,
+  type InputItem,
   type Item,
   type MessageItem,
   type SealedText,
@@ -454,13 +455,13 @@ export class ResponseService<Echo> {
    * the input item's field where the item is in this request's `input` (else `input`: it came from
    * a stored response or a conversation).
    */
-  private sealedText(who: Principal, input: readonly Item[] = []): SealedText {
+  private sealedText(who: Principal, input: readonly Item[] = [], sent: readonly InputItem[] = []): SealedText {
     const open = (sealed: string, purpose: SealPurpose, what: string, id: string): string => {
       const text = this.seal.unseal(sealed, who.orgId, purpose);
       if (text === undefined) {
         const i = input.findIndex((it) => it.id === id);
         throw new ApiError('invalid_value', `The encrypted_content of ${what} could not be verified.`, {
-          param: i < 0 ? 'input' : `input[${i}].encrypted_content`,
+          param: i < 0 ? 'input' : sent[i]?.type === 'item_reference' ? `input[${i}].id` : `input[${i}].encrypted_content`,
         });
       }
       return text;
@@ -495,7 +496,7 @@ export class ResponseService<Echo> {
     checkUniqueInputIds(input);
     // An image for a model without vision, named where the request has it (the pipeline's own check
     // finds one in the history too, but can name no more than `input` there).
-    const image = model.capabilities.includes('vision') ? undefined : firstImage(input);
+    const image = model.capabilities.includes('vision') ? undefined : firstImage(input, body.input);
     if (image !== undefined)
       throw new ApiError('unsupported_content', `The model '${model.id}' does not accept images (it lacks the vision capability).`, {
         param: image,
@@ -508,7 +509,7 @@ export class ResponseService<Echo> {
     if (conv) checkNewItemIds(added, new Set(inHistory.keys()), () => 'input');
     /** The items this request brings, to be findable later (not those it refers to). */
     const own = input.filter((i) => known.get(i.id) !== i);
-    const messages = itemsToMessages([...history, ...input], body.instructions, this.sealedText(who, input));
+    const messages = itemsToMessages([...history, ...input], body.instructions, this.sealedText(who, input, body.input));
     return { model, conv, history, input, added, own, messages };
   }
 

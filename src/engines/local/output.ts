@@ -52,7 +52,15 @@ export type Ending = 'stop' | 'length' | 'tool_calls' | 'retry' | 'failed';
  */
 async function verdict(text: string, c: SchemaCheck | undefined, what: string, last: boolean): Promise<'ok' | 'retry' | 'failed'> {
   if (!c) return 'ok';
-  const v = await c.check(text);
+  let v: Awaited<ReturnType<SchemaCheck['check']>>;
+  try {
+    v = await c.check(text);
+  } catch (err) {
+    // A check that could not finish (its schema's pattern backtracks): a lenient tool's output is
+    // returned as it is, as one that failed would be; anything else refuses the request.
+    if (c.lenient) return 'ok';
+    throw err;
+  }
   if (v.valid !== false) return 'ok';
   // Output that was streamed as it was made cannot be taken back: the request ends with an error
   // after it (never a finish that claims it valid); held output is sampled again.

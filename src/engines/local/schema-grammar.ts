@@ -101,9 +101,16 @@ class SchemaWorker {
   }
 
   /** A compile ran past its limit: only terminating the thread stops it; the rest is sent again. */
-  private overrun(w: Worker, id: number): void {
+  private overrun(w: Worker, id: number, again = true): void {
     const p = this.pending.get(id);
     if (!p || this.worker !== w) return;
+    // A main thread held up past the limit (a long synchronous step) runs its timers before the
+    // worker's answer waiting in its queue: that answer is read first (setImmediate runs after
+    // it), so a call that finished in time is not taken for one that overran.
+    if (again) {
+      setImmediate(() => this.overrun(w, id, false));
+      return;
+    }
     this.pending.delete(id);
     this.log.warn({ op: p.msg.op, timeout_ms: p.timeoutMs }, 'schema worker call overran its time limit; replacing the schema worker');
     this.worker = undefined;

@@ -507,13 +507,14 @@ export class UpstreamEngine implements Engine {
       if (n) early = false;
       return events;
     };
+    /** `[DONE]` came, or the reader's end of the answer. */
+    let done = false;
     try {
       if (!stream) {
         const answer: unknown = await this.readAnswer(res, reader === chat);
         reader.read(answer, out);
         yield* calls.order(see(out));
       } else {
-        let done = false;
         let failure: unknown;
         let sinceEvent = 0;
         const parser = createParser({
@@ -539,11 +540,11 @@ export class UpstreamEngine implements Engine {
           const before = sinceEvent;
           sinceEvent = 0;
           parser.feed(input.push(decoder.write(chunk)));
-          // An upstream that reports the prompt's count before its output (Anthropic's message_start,
-          // a Responses upstream's response.created): the tally has it at once, so what reads it
-          // mid-stream (the Messages endpoint's own message_start, a stop's bill) is not an estimate.
+          // An upstream that reports the prompt's count before its output (Anthropic's message_start):
+          // the tally has it at once, so what reads it mid-stream (the Messages endpoint's own
+          // message_start, a stop's bill) is not an estimate.
           const reported = reader.usage;
-          if (reported !== undefined && reported.input !== undefined && !reported.invalid && tally.input !== reported.input) {
+          if (reported !== undefined && reported.input !== undefined && !reported.invalid) {
             tally.input = reported.input;
             tally.cached = Math.min(reported.input, reported.cached ?? 0);
           }
@@ -572,7 +573,9 @@ export class UpstreamEngine implements Engine {
     } catch (err) {
       const failure = this.readFailure(err, req, target.id, early, headersTimeout);
       if (failure) throw failure;
-      return;
+      // Stopped (its client left, or a shutdown) once the answer was complete, while the rest of the
+      // body was read: it ends as a whole answer (below), not as a stopped one.
+      if (!stream || !(done || chat?.finished) || guard.capped) return;
     } finally {
       forget();
       // A body read to its end leaves the connection reusable; anything else must not.
@@ -641,6 +644,11 @@ export class UpstreamEngine implements Engine {
       tally.output = Math.min(cap, Math.max(relay.deltas, tokensForChars(relay.chars)));
       tally.reasoning = Math.min(tally.output, tokensForChars(relay.reasoningChars));
     };
+    // Frames that carry no output yet (the role chunk) wait for the first that does: until then a
+    // failure may still move to another deployment, as in the canonical lane.
+    let held = '';
+    /** Stopped while reading the body to its end after a complete stream: it ends as a whole answer. */
+    let stoppedWhole = false;
     try {
       if (!req.stream) {
         const text = await this.readText(res);
@@ -688,9 +696,6 @@ export class UpstreamEngine implements Engine {
         yield { type: 'wire.object', object: answer as Record<string, unknown>, text: relay.answerText };
       } else {
         const decoder = new StringDecoder('utf8');
-        // Frames that carry no output yet (the role chunk) wait for the first that does: until
-        // then a failure may still move to another deployment, as in the canonical lane.
-        let held = '';
         for (let chunk = await res.read(); chunk !== null; chunk = await res.read()) {
           const frames = relay.push(decoder.write(chunk));
           if (frames !== '') {
@@ -720,10 +725,18 @@ export class UpstreamEngine implements Engine {
     } catch (err) {
       const failure = this.readFailure(err, req, target.id, early, headersTimeout);
       if (failure) throw failure;
-      return;
+      // Stopped (its client left, or a shutdown) once the stream was complete, while the rest of the
+      // body was read: the answer is whole, and ends as one rather than as a stopped stream.
+      if (!req.stream || !relay.complete || relay.capped || relay.failure) return;
+      stoppedWhole = true;
     } finally {
       forget();
       res.release();
+    }
+    if (stoppedWhole) {
+      if (held !== '') yield { type: 'wire.frames', frames: held };
+      count();
+      yield { type: 'wire.object', object: relay.usageFrame(), text: relay.usageText };
     }
     yield { type: 'usage', usage: this.usage(relay.usage, tally, relay.capped, target.id) };
     yield { type: 'finish', reason: relay.capped ? 'length' : relay.finish };

@@ -1,6 +1,16 @@
 import { ApiError } from '../../core/errors.js';
 import type { FinishReason, GenerationEvent, GenerationRequest, Message } from '../../core/canonical.js';
-import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type ReportedUsage, type StreamReader } from '../reader.js';
+import {
+  MAX_TOOL_CALLS,
+  obj,
+  reported,
+  str,
+  upstreamFailure,
+  wireTool,
+  type Clean,
+  type ReportedUsage,
+  type StreamReader,
+} from '../reader.js';
 
 /**
  * The client side of chat completions, for upstream engines: a canonical request as the body an
@@ -46,7 +56,7 @@ export function encodeChatRequest(req: GenerationRequest, upstreamModel: string)
   if (s.stop?.length) body['stop'] = s.stop.length > MAX_UPSTREAM_STOPS ? s.stop.slice(0, MAX_UPSTREAM_STOPS) : s.stop;
   if (req.maxOutputTokens !== undefined) body['max_tokens'] = req.maxOutputTokens;
   if (req.tools?.length) {
-    body['tools'] = req.tools.map((t) => ({ type: 'function', function: t }));
+    body['tools'] = req.tools.map((t) => ({ type: 'function', function: wireTool(t) }));
     if (req.toolChoice !== undefined) {
       body['tool_choice'] =
         typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', function: { name: req.toolChoice.name } };

@@ -211,7 +211,8 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
   const max = body.max_completion_tokens ?? body.max_tokens;
   if (max != null) req.maxOutputTokens = max;
   if (body.tools?.length) {
-    req.tools = body.tools.map((t) => ({
+    req.tools = body.tools.map((t, i) => ({
+      position: i,
       name: t.function.name,
       ...(t.function.description !== undefined && { description: t.function.description }),
       ...(t.function.parameters !== undefined && { parameters: t.function.parameters as Record<string, unknown> }),

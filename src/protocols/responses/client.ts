@@ -1,6 +1,16 @@
 import { ApiError } from '../../core/errors.js';
 import type { FinishReason, GenerationEvent, GenerationRequest, Message } from '../../core/canonical.js';
-import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type ReportedUsage, type StreamReader } from '../reader.js';
+import {
+  MAX_TOOL_CALLS,
+  obj,
+  reported,
+  str,
+  upstreamFailure,
+  wireTool,
+  type Clean,
+  type ReportedUsage,
+  type StreamReader,
+} from '../reader.js';
 
 /**
  * The client side of the Responses API, for deployments that speak it natively: a canonical
@@ -41,7 +51,7 @@ export function encodeResponsesRequest(req: GenerationRequest, upstreamModel: st
   if (s.frequencyPenalty !== undefined) body['frequency_penalty'] = s.frequencyPenalty;
   if (req.maxOutputTokens !== undefined) body['max_output_tokens'] = req.maxOutputTokens;
   if (req.tools?.length) {
-    body['tools'] = req.tools.map((t) => ({ type: 'function', ...t }));
+    body['tools'] = req.tools.map((t) => ({ type: 'function', ...wireTool(t) }));
     if (req.toolChoice !== undefined)
       body['tool_choice'] = typeof req.toolChoice === 'string' ? req.toolChoice : { type: 'function', name: req.toolChoice.name };
     if (req.parallelToolCalls !== undefined) body['parallel_tool_calls'] = req.parallelToolCalls;

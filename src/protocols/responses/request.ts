@@ -154,6 +154,7 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
       if (t.name === undefined)
         throw new ApiError('missing_required_parameter', `Missing required parameter: 'tools[${i}].name'.`, { param: `tools[${i}].name` });
       return {
+        position: i,
         name: t.name,
         ...(t.description != null && { description: t.description }),
         ...(t.parameters != null && { parameters: t.parameters }),
