@@ -83,18 +83,33 @@ export function resolveInput(input: readonly InputItem[], lookup: (id: string) =
 }
 
 /**
- * Where the first image in a request's resolved `input` is, as the field that holds it (undefined:
- * none); an image in a referenced item is named by its reference (`sent`: the input as sent).
+ * The field of a request's `input[i]` an error names: `field` of the item as sent, or the reference's
+ * `id` where the client sent an `item_reference` (`sent`: the input as sent, before references resolved).
  */
+export function inputField(sent: readonly InputItem[], i: number, field: string): string {
+  return sent[i]?.type === 'item_reference' ? `input[${i}].id` : `input[${i}].${field}`;
+}
+
+/** Where the first image in a request's resolved `input` is, as the field that holds it (undefined: none). */
 export function firstImage(items: readonly Item[], sent: readonly InputItem[]): string | undefined {
   for (let i = 0; i < items.length; i++) {
     const it = items[i]!;
     const parts = it.type === 'message' ? it.content : it.type === 'function_call_output' && Array.isArray(it.output) ? it.output : [];
     const j = parts.findIndex((p) => p.type === 'input_image');
-    if (j < 0) continue;
-    return sent[i]?.type === 'item_reference' ? `input[${i}].id` : `input[${i}].${it.type === 'message' ? 'content' : 'output'}[${j}]`;
+    if (j >= 0) return inputField(sent, i, `${it.type === 'message' ? 'content' : 'output'}[${j}]`);
   }
   return undefined;
+}
+
+/** The index of the first item whose id came before it or is in `existing`; -1 when none. */
+function repeatedId(items: readonly Item[], existing: ReadonlySet<string>): number {
+  const seen = new Set<string>();
+  for (let i = 0; i < items.length; i++) {
+    const id = items[i]!.id;
+    if (seen.has(id) || existing.has(id)) return i;
+    seen.add(id);
+  }
+  return -1;
 }
 
 /**
@@ -103,15 +118,16 @@ export function firstImage(items: readonly Item[], sent: readonly InputItem[]): 
  * that one id finds. A 400 naming the second.
  */
 export function checkUniqueInputIds(items: readonly Item[]): void {
-  const seen = new Set<string>();
-  items.forEach((it, i) => {
-    if (seen.has(it.id)) {
-      throw new ApiError('invalid_value', `Duplicate item found with id ${it.id}. Remove duplicate items from your input and try again.`, {
+  const i = repeatedId(items, new Set());
+  if (i >= 0) {
+    throw new ApiError(
+      'invalid_value',
+      `Duplicate item found with id ${items[i]!.id}. Remove duplicate items from your input and try again.`,
+      {
         param: `input[${i}]`,
-      });
-    }
-    seen.add(it.id);
-  });
+      },
+    );
+  }
 }
 
 /**
@@ -119,17 +135,14 @@ export function checkUniqueInputIds(items: readonly Item[]): void {
  * conversation already holds, is a 400 naming the item (never a silently lost turn).
  */
 export function checkNewItemIds(items: readonly Item[], existing: ReadonlySet<string>, param: (i: number) => string): void {
-  const seen = new Set<string>();
-  items.forEach((it, i) => {
-    if (seen.has(it.id) || existing.has(it.id)) {
-      throw new ApiError(
-        'invalid_value',
-        `An item with id '${it.id}' is already in this conversation; item ids must be unique within it.`,
-        { param: param(i) },
-      );
-    }
-    seen.add(it.id);
-  });
+  const i = repeatedId(items, existing);
+  if (i >= 0) {
+    throw new ApiError(
+      'invalid_value',
+      `An item with id '${items[i]!.id}' is already in this conversation; item ids must be unique within it.`,
+      { param: param(i) },
+    );
+  }
 }
 
 /**

@@ -39,6 +39,9 @@ const ENDED: Promise<void> = Promise.resolve();
 /** The events of an answer that is finishing: let through a shutdown (see `step`). */
 const FINISHING: ReadonlySet<GenerationEvent['type']> = new Set(['usage', 'finish', 'wire.object']);
 const NOTHING = (): void => undefined;
+/** What a generation stopped by a shutdown ends with (its status is what its record says). */
+const stoppedError = (): ApiError =>
+  new ApiError('service_unavailable', 'The server is shutting down; this generation was stopped before it finished.');
 
 /** Where a metered generation's events come from: the router's open stream. */
 export interface EventSource {
@@ -90,13 +93,13 @@ export class MeteredStream implements OpenMeter {
       const { first, rest } = await source.open(req, c.model, c.trace);
       s.rest = rest;
       // An engine stopped by a shutdown before its first event ends without one: not an empty answer.
-      if (first === undefined && s.serverStopped) throw new CancelledError();
+      if (first === undefined && s.serverStopped) throw stoppedError();
       if (first === undefined) s.end();
       else s.first = s.see(first);
     } catch (err) {
-      // Stopped by a shutdown before its first event (an upstream that has not answered): its client
-      // is answered with the reason, as an HTTP error.
-      const why = s.serverStopped && err instanceof CancelledError ? s.stoppedError() : err;
+      // Stopped by a shutdown before its first event (an upstream that has not answered, which the
+      // engine or the router reads as cancelled): its client is answered with the reason, as an HTTP error.
+      const why = s.serverStopped && err instanceof CancelledError ? stoppedError() : err;
       // The router has counted this one against its deployment already.
       s.fail(why, false);
       throw why;
@@ -142,12 +145,8 @@ export class MeteredStream implements OpenMeter {
     return this.see(r.value);
   };
 
-  private stoppedError(): ApiError {
-    return new ApiError('service_unavailable', 'The server is shutting down; this generation was stopped before it finished.');
-  }
-
   private stopForServer(): ApiError {
-    const err = this.stoppedError();
+    const err = stoppedError();
     this.fail(err, true);
     try {
       void this.rest?.return?.(undefined)?.then(NOTHING, NOTHING);

@@ -7,9 +7,10 @@ import { costOf } from '../ledger.js';
 import { generationRequest, newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
 import {
   checkNewItemIds,
+  checkOutputsAnswerCalls,
   checkUniqueInputIds,
   firstImage,
-  checkOutputsAnswerCalls,
+  inputField,
   itemsToMessages,
   resolveInput,
   type CompactionItem,
@@ -449,7 +450,6 @@ export class ResponseService<Echo> {
     return chain.flat();
   }
 
-  /** Opens what was sealed for this organization; content sealed elsewhere or altered is a 400. */
   /**
    * Opens what was sealed for this organization; content sealed elsewhere or altered is a 400 naming
    * the input item's field where the item is in this request's `input` (else `input`: it came from
@@ -461,7 +461,7 @@ export class ResponseService<Echo> {
       if (text === undefined) {
         const i = input.findIndex((it) => it.id === id);
         throw new ApiError('invalid_value', `The encrypted_content of ${what} could not be verified.`, {
-          param: i < 0 ? 'input' : sent[i]?.type === 'item_reference' ? `input[${i}].id` : `input[${i}].encrypted_content`,
+          param: i < 0 ? 'input' : inputField(sent, i, 'encrypted_content'),
         });
       }
       return text;
@@ -501,7 +501,7 @@ export class ResponseService<Echo> {
       throw new ApiError('unsupported_content', `The model '${model.id}' does not accept images (it lacks the vision capability).`, {
         param: image,
       });
-    checkOutputsAnswerCalls(history, input, (i) => (body.input[i]?.type === 'item_reference' ? `input[${i}].id` : `input[${i}].call_id`));
+    checkOutputsAnswerCalls(history, input, (i) => inputField(body.input, i, 'call_id'));
     // What this response adds to its conversation: its input, less items referenced from the
     // conversation itself (already there; items referenced from elsewhere are added); anything else
     // reusing an id there is a 400.
