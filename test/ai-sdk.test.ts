@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createOpenAI } from '@ai-sdk/openai';
-import { generateText, stepCountIs, streamText, tool } from 'ai';
+import { generateObject, generateText, stepCountIs, streamText, tool } from 'ai';
 import { z } from 'zod';
 import { PACKAGE_ROOT } from '../src/config.js';
 import { closers, fixture } from './helpers/fixtures.js';
@@ -132,4 +132,53 @@ describe('Vercel AI SDK: the multi-step tool loop through a reasoning upstream',
       assert.equal(stored.json.output.find((o) => o.type === 'message')?.phase, 'final_answer');
     });
   }
+});
+
+describe('Vercel AI SDK: the chat provider against the real local model', () => {
+  const c = closers();
+  let server: TestServer;
+  let key: string;
+  before(async () => {
+    server = c.keep(await startServer());
+    key = (await createKey(server, 'ai-sdk-local')).key;
+  });
+  after(() => c.closeAll());
+
+  const weather = tool({
+    description: 'The weather in a city',
+    inputSchema: z.object({ city: z.string() }),
+    execute: async ({ city }) => ({ city, sky: 'sunny' }),
+  });
+
+  it('streamText with a forced tool: a tool call and no empty text part (the first chunk opens the call)', async () => {
+    const openai = createOpenAI({ apiKey: key, baseURL: `${server.url}/v1` });
+    const result = streamText({
+      model: openai.chat('local/stories260k'),
+      prompt: 'What is the weather in Paris?',
+      tools: { get_weather: weather },
+      toolChoice: { type: 'tool', toolName: 'get_weather' },
+      maxOutputTokens: 40,
+    });
+    const parts: string[] = [];
+    for await (const part of result.fullStream) parts.push(part.type);
+    assert.ok(parts.includes('tool-call'), parts.join(','));
+    assert.ok(!parts.includes('text-start'), `no text part: ${parts.join(',')}`);
+    const [call] = await result.toolCalls;
+    assert.equal(call?.toolName, 'get_weather');
+    assert.equal(typeof (call?.input as { city?: unknown }).city, 'string');
+    assert.equal(await result.finishReason, 'tool-calls');
+  });
+
+  it('generateText and generateObject: text with usage, and an object that fits the schema', async () => {
+    const openai = createOpenAI({ apiKey: key, baseURL: `${server.url}/v1` });
+    const text = await generateText({ model: openai.chat('local/stories260k'), prompt: 'Once upon a time', maxOutputTokens: 12 });
+    assert.ok(text.text.length > 0);
+    assert.equal(text.finishReason, 'length');
+    assert.equal(text.usage.outputTokens, 12);
+    const person = z.object({ name: z.string(), age: z.number().int() });
+    for (const model of [openai.chat('local/stories260k'), openai.responses('local/stories260k')]) {
+      const { object } = await generateObject({ model, schema: person, prompt: 'A person', maxOutputTokens: 200 });
+      assert.equal(person.safeParse(object).success, true, JSON.stringify(object));
+    }
+  });
 });

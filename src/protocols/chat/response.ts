@@ -125,6 +125,10 @@ export class CompletionFold {
  * Renders the event stream as the `data:` payloads of a chat-completions stream. The frame around a
  * delta is built once per stream; each event costs one small JSON.stringify of its own text.
  */
+/** A tool call's opening delta member: its index, id, and name with no arguments yet. */
+const toolCallStart = (ev: { index: number; id: string; name: string }): string =>
+  `"tool_calls":[{"index":${ev.index},"id":${JSON.stringify(ev.id)},"type":"function","function":{"name":${JSON.stringify(ev.name)},"arguments":""}}]`;
+
 export class ChunkRenderer {
   private readonly head: string;
   private readonly tail: string;
@@ -174,12 +178,16 @@ export class ChunkRenderer {
     }
     // The fast lane's frames carry the finish chunk themselves.
     if (this.relayed && ev.type === 'finish') return '';
-    const line = this.event(ev);
     let out = '';
     if (!this.started) {
       this.started = true;
+      // An answer that opens with a tool call opens as OpenAI's does: the role, `content: null` and
+      // the call in one chunk. An empty string there reads as a text part to clients (the AI SDK
+      // opens and closes an empty one).
+      if (ev.type === 'tool_call.start') return `data: ${this.choice(`{"role":"assistant","content":null,${toolCallStart(ev)}}`)}\n\n`;
       out = `data: ${this.first()}\n\n`;
     }
+    const line = this.event(ev);
     return line === undefined ? out : `${out}data: ${line}\n\n`;
   }
 
@@ -191,9 +199,7 @@ export class ChunkRenderer {
       case 'reasoning.delta':
         return this.choice(`{"reasoning_content":${JSON.stringify(ev.text)}}`);
       case 'tool_call.start':
-        return this.choice(
-          `{"tool_calls":[{"index":${ev.index},"id":${JSON.stringify(ev.id)},"type":"function","function":{"name":${JSON.stringify(ev.name)},"arguments":""}}]}`,
-        );
+        return this.choice(`{${toolCallStart(ev)}}`);
       case 'tool_call.delta':
         return this.choice(`{"tool_calls":[{"index":${ev.index},"function":{"arguments":${JSON.stringify(ev.arguments)}}}]}`);
       case 'usage':
