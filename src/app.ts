@@ -4,6 +4,7 @@ import { routingPolicy, schemaLimits, upstreamOptions, type Config } from './con
 import { Catalogue } from './core/catalogue.js';
 import { ensureAdminKey } from './core/keys.js';
 import { buildServer, type App } from './http/server.js';
+import { InstanceLock } from './store/instance-lock.js';
 import { KyselyStore } from './store/kysely-store.js';
 import { LocalEngine } from './engines/local/local-engine.js';
 import { UpstreamEngine } from './engines/upstream/upstream-engine.js';
@@ -73,17 +74,26 @@ const STOP_GRACE_MS = 300;
 
 /**
  * What a cluster's primary does once before its workers start: migrations, the bootstrap admin key,
- * the generated reasoning secret, and (SQLite: no other instance can be running) failing responses a
- * previous run left unfinished.
+ * the generated reasoning secret, and (SQLite: once it holds the instance lock, no other instance is
+ * running) failing responses a previous run left unfinished.
  */
-export async function prepareDatabase(config: Config, log: Logger): Promise<{ generatedAdminKey: string | undefined }> {
+export async function prepareDatabase(
+  config: Config,
+  log: Logger,
+): Promise<{ generatedAdminKey: string | undefined; lock: InstanceLock | undefined }> {
   const store = openStore(config);
+  // SQLite: the primary holds the instance's lock for as long as it runs (the caller releases it).
+  let lock: InstanceLock | undefined;
   try {
+    if (store.dialect === 'sqlite') lock = InstanceLock.take(config.dataDir);
     await store.migrate();
     const { generated } = await ensureAdminKey(store, config.adminKey);
     await ReasoningSeal.open(store, config.secretKey);
     if (store.dialect === 'sqlite') await failAbandonedResponses(store, responsesFormat, Date.now() + 1, log);
-    return { generatedAdminKey: generated };
+    return { generatedAdminKey: generated, lock };
+  } catch (err) {
+    lock?.release();
+    throw err;
   } finally {
     await store.close();
   }
@@ -109,7 +119,10 @@ export async function createService(
   const store = openStore(config);
   const engines: Engine[] = [];
   const stoppers: Array<() => Promise<void>> = [];
+  let lock: InstanceLock | undefined;
   try {
+    // Taken before anything running is swept as an orphan (ResponseService.start).
+    if (store.dialect === 'sqlite' && opts.shared !== true) lock = InstanceLock.take(config.dataDir);
     await store.migrate();
     const { generated } = await ensureAdminKey(store, config.adminKey);
     const catalogue = new Catalogue(store, config, log);
@@ -273,12 +286,14 @@ export async function createService(
         await bus.close();
         for (const e of engines) await e.close();
         await store.close();
+        lock?.release();
       },
     };
   } catch (err) {
     await bus.close().catch(() => undefined);
     for (const e of engines) await e.close().catch(() => undefined);
     await store.close().catch(() => undefined);
+    lock?.release();
     throw err;
   }
 }

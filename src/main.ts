@@ -77,11 +77,15 @@ export async function serve(argv: string[]): Promise<number> {
   let service;
   try {
     if (clustered) {
-      const { generatedAdminKey } = await prepareDatabase(config, log);
-      showGeneratedKey(generatedAdminKey);
-      release();
-      if (early) return 0;
-      return await runPrimary(config, config.workers, log);
+      const { generatedAdminKey, lock } = await prepareDatabase(config, log);
+      try {
+        showGeneratedKey(generatedAdminKey);
+        release();
+        if (early) return 0;
+        return await runPrimary(config, config.workers, log);
+      } finally {
+        lock?.release();
+      }
     }
     service = await createService(
       config,

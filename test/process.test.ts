@@ -529,6 +529,44 @@ describe('the server process', () => {
     }
   });
 
+  it("refuses a second instance on the same data directory and leaves the first one's running response alone", async () => {
+    const dir = tempDir();
+    const admin = 'sk-sy-second-instance-test-key-0001';
+    const env = { SWITCHYARD_DATA_DIR: dir, SWITCHYARD_ADMIN_KEY: admin };
+    const p = await startProcess(env);
+    try {
+      const bg = await http<{ id: string }>(p.url, 'POST', '/v1/responses', {
+        key: admin,
+        body: { model: 'local/llama-2-tiny-random', input: 'hello', max_output_tokens: 4000, background: true },
+      });
+      const status = async () => (await http<{ status: string }>(p.url, 'GET', `/v1/responses/${bg.json.id}`, { key: admin })).json.status;
+      await eventually(async () => assert.equal(await status(), 'in_progress'));
+      // A second start on the same directory: its port is free (0), with workers and without.
+      for (const workers of ['2', '1']) {
+        const second = spawn(process.execPath, [MAIN, '--port', '0'], {
+          env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_MODELS_DIR: join(dir, 'none'), SWITCHYARD_WORKERS: workers, ...env },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        let err = '';
+        second.stderr.on('data', (d: Buffer) => {
+          err += d.toString();
+        });
+        const code = await new Promise<number | null>((res) => second.on('exit', res));
+        assert.equal(code, 78, err);
+        assert.match(err, /another Switchyard instance is serving the data directory/);
+      }
+      // Untouched: still running, and what ends it is its own cancel, not an orphan sweep's failure.
+      assert.equal(await status(), 'in_progress');
+      const cancelled = await http<{ status: string }>(p.url, 'POST', `/v1/responses/${bg.json.id}/cancel`, { key: admin });
+      assert.equal(cancelled.json.status, 'cancelled', cancelled.text);
+      await eventually(async () => assert.equal(await status(), 'cancelled'));
+    } finally {
+      p.child.kill('SIGTERM');
+      await p.exited;
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('refuses to start on a bad setting, naming it', async () => {
     const child = spawn(process.execPath, [MAIN], {
       env: { PATH: process.env['PATH'] ?? '', PORT: 'eighty' },
