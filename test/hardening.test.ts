@@ -191,6 +191,7 @@ describe('hardening', () => {
       await startServer({
         modelsDir: tempDir(),
         dataDir: s.dataDir,
+        shared: true,
         env: { SWITCHYARD_ADMIN_KEY: s.adminKey, SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' },
       }),
     );
@@ -203,6 +204,7 @@ describe('hardening', () => {
       await startServer({
         modelsDir: tempDir(),
         dataDir: s.dataDir,
+        shared: true,
         env: { SWITCHYARD_ADMIN_KEY: s.adminKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.0/8', SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' },
       }),
     );

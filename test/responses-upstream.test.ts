@@ -281,6 +281,32 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     );
   });
 
+  it("seals a stored response's reasoning when GET includes reasoning.encrypted_content, and refuses an unknown include", async () => {
+    const stored = await client.responses.create({ model: MODEL, input: 'Tell me a story.' });
+    const plain = await client.responses.retrieve(stored.id);
+    assert.ok(plain.output[0]?.type === 'reasoning' && plain.output[0].encrypted_content === undefined);
+    const sealed = await client.responses.retrieve(stored.id, { include: ['reasoning.encrypted_content'] });
+    const rs = sealed.output[0]!;
+    assert.ok(rs.type === 'reasoning' && typeof rs.encrypted_content === 'string', JSON.stringify(rs));
+    // It opens as any sealed reasoning does: sent back on a stateless follow-up.
+    const next = await client.responses.create({
+      model: MODEL,
+      store: false,
+      input: [
+        { type: 'reasoning', id: rs.id, summary: [], encrypted_content: rs.encrypted_content! },
+        ...(sealed.output.slice(1) as OpenAI.Responses.ResponseInput),
+        { role: 'user', content: 'Go on.' },
+      ],
+    });
+    assert.equal(next.status, 'completed');
+    assert.equal(seen.at(-1)!.messages.find((m) => m.role === 'assistant')?.reasoning_content, 'The user wants a story. I will write one.');
+    for (const path of [`/v1/responses/${stored.id}?include=bogus`, `/v1/responses/${stored.id}/input_items?include[]=bogus`]) {
+      const res = await http(server.url, 'GET', path, { key });
+      assert.equal(res.status, 400, `${path}: ${res.text}`);
+      assert.equal(res.json.error.param, 'include');
+    }
+  });
+
   it('produces function_call items with call_id, and a function_call_output continues the turn', async () => {
     const tools: OpenAI.Responses.Tool[] = [
       {

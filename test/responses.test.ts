@@ -572,6 +572,22 @@ describe('POST /v1/responses with TinyStories', () => {
       [{ type: 'message', role: 'user', content: [{ type: 'input_text', text: 'ok' }, 7] }, 'items[0].content[1]'],
       [{ type: 'reasoning', summary: [null] }, 'items[0].summary[0]'],
       [{ type: 'reasoning', summary: [], content: [[]] }, 'items[0].content[0]'],
+      // Open Responses' ReasoningItemParam: summary an array of summary_text parts (content, null
+      // there, may hold a response's reasoning text as clients send it back).
+      [{ type: 'reasoning', summary: 'x' }, 'items[0].summary'],
+      [{ type: 'reasoning', summary: [], content: 5 }, 'items[0].content'],
+      [{ type: 'reasoning', summary: [{ type: 'summary_text', text: 3 }] }, 'items[0].summary[0].text'],
+      // Each role's parts: the model's own only in an assistant turn, images only in a user turn.
+      [{ type: 'message', role: 'user', content: [{ type: 'output_text', text: 'x' }] }, 'items[0].content[0].type'],
+      [{ type: 'message', role: 'user', content: [{ type: 'refusal', refusal: 'no' }] }, 'items[0].content[0].type'],
+      [
+        { type: 'message', role: 'system', content: [{ type: 'input_image', image_url: 'https://example.com/a.png' }] },
+        'items[0].content[0].type',
+      ],
+      [
+        { type: 'message', role: 'assistant', content: [{ type: 'input_image', image_url: 'https://example.com/a.png' }] },
+        'items[0].content[0].type',
+      ],
     ];
     for (const [item, param] of cases) {
       for (const path of ['/v1/conversations', `/v1/conversations/${conv.id}/items`, '/v1/conversations/conv_unknown/items']) {
@@ -581,6 +597,65 @@ describe('POST /v1/responses with TinyStories', () => {
         assert.equal(res.json.error.param, param, res.text);
       }
     }
+  });
+
+  it('refuses a reasoning item without its summary, and an empty list of items to add', async () => {
+    const conv = await client.conversations.create({});
+    const missing = await http(server.url, 'POST', `/v1/conversations/${conv.id}/items`, { key, body: { items: [{ type: 'reasoning' }] } });
+    assert.equal(missing.status, 400, missing.text);
+    assert.equal(missing.json.error.code, 'missing_required_parameter');
+    assert.equal(missing.json.error.param, 'items[0].summary');
+    const empty = await http(server.url, 'POST', `/v1/conversations/${conv.id}/items`, { key, body: { items: [] } });
+    assert.equal(empty.status, 400, empty.text);
+    assert.equal(empty.json.error.param, 'items');
+  });
+
+  it('refuses stream_options without stream, as chat completions does', async () => {
+    const res = await http(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: STORIES, input: 'hi', stream_options: { include_obfuscation: false }, max_output_tokens: 2 },
+    });
+    assert.equal(res.status, 400, res.text);
+    assert.equal(res.json.error.param, 'stream_options');
+    const streamed = await readSse(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: STORIES, input: 'hi', stream: true, stream_options: { include_obfuscation: false }, max_output_tokens: 2 },
+    });
+    assert.equal(streamed.status, 200);
+    assert.match(streamed.events.at(-1)?.event ?? '', /^response\.(completed|incomplete)$/);
+  });
+
+  it("refuses a conversation item that answers no call, as a response's input does: it would fail every later turn", async () => {
+    const orphan = { type: 'function_call_output', call_id: 'call_orphan', output: 'x' };
+    const created = await http(server.url, 'POST', '/v1/conversations', { key, body: { items: [orphan] } });
+    assert.equal(created.status, 400, created.text);
+    assert.equal(created.json.error.param, 'items[0].call_id');
+    assert.match(created.json.error.message, /No function call found .*'call_orphan'/);
+
+    // A call and its output together, or an output for a call the conversation holds: accepted.
+    const call = { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' };
+    const conv = await client.conversations.create({ items: [call as never, { ...orphan, call_id: 'call_1' } as never] });
+    const added = await http(server.url, 'POST', `/v1/conversations/${conv.id}/items`, {
+      key,
+      body: { items: [{ ...call, call_id: 'call_2' }] },
+    });
+    assert.equal(added.status, 200, added.text);
+    const answered = await http(server.url, 'POST', `/v1/conversations/${conv.id}/items`, {
+      key,
+      body: { items: [{ ...orphan, call_id: 'call_2' }] },
+    });
+    assert.equal(answered.status, 200, answered.text);
+    const refused = await http(server.url, 'POST', `/v1/conversations/${conv.id}/items`, {
+      key,
+      body: { items: [{ type: 'message', role: 'user', content: 'hi' }, orphan] },
+    });
+    assert.equal(refused.status, 400, refused.text);
+    assert.equal(refused.json.error.param, 'items[1].call_id');
+    // Nothing of the refused request was added, and a turn on the conversation still runs.
+    const items = await client.conversations.items.list(conv.id, { order: 'asc' });
+    assert.equal(items.data.length, 4);
+    const turn = await client.responses.create({ model: STORIES, conversation: conv.id, input: 'Once upon a time', max_output_tokens: 4 });
+    assert.ok(turn.output.length > 0);
   });
 
   it('refuses two input items with one id, sent twice or referenced twice, naming the second (as OpenAI does)', async () => {

@@ -3,7 +3,7 @@ import type { App, RouteContext } from './context.js';
 import { decodeInput } from '../protocols/responses/items.js';
 import { PageQuery, listPage } from '../protocols/pages.js';
 import { Metadata } from '../protocols/fields.js';
-import { CreateConversation, IdParams, ItemParams, Items } from '../protocols/responses/conversations.js';
+import { CreateConversation, IdParams, ItemParams, NewItems } from '../protocols/responses/conversations.js';
 
 /** The Conversations API: stored, ordered lists of items that responses read from and append to. */
 export function registerConversationRoutes(app: App, ctx: RouteContext): void {
@@ -37,7 +37,7 @@ export function registerConversationRoutes(app: App, ctx: RouteContext): void {
 
   app.post(
     '/v1/conversations/:id/items',
-    { onRequest: ctx.requireKey, schema: { params: IdParams, body: Type.Object({ items: Items }) } },
+    { onRequest: ctx.requireKey, schema: { params: IdParams, body: Type.Object({ items: NewItems }) } },
     async (req) => listPage(await conversations.addItems(req.params.id, req.principal!, decodeInput(req.body.items, 'items')), false),
   );
 

@@ -9,6 +9,7 @@ import {
   CompactRequestSchema,
   ResponsesRequestSchema,
   decodeCompactRequest,
+  decodeIncludeQuery,
   decodeResponsesRequest,
 } from '../protocols/responses/request.js';
 import { compactionObject, inputTokensObject } from '../protocols/responses/resource.js';
@@ -150,13 +151,14 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
       },
     },
     async (req, reply) => {
+      const include = decodeIncludeQuery(req.query);
       const stream = req.query.stream === true || req.query.stream === 'true';
       if (stream) {
         const gone = abortOnClientGone(reply);
         const log = await responses.replay(req.params.id, req.principal!);
         return streamEvents(req, reply, log, gone, undefined, req.query.starting_after);
       }
-      return responses.get(req.params.id, req.principal!);
+      return responses.get(req.params.id, req.principal!, include.includes('reasoning.encrypted_content'));
     },
   );
 
@@ -173,6 +175,8 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
     '/v1/responses/:id/input_items',
     { onRequest: ctx.requireKey, schema: { params: IdParams, querystring: PageQuery } },
     async (req) => {
+      // Checked; nothing it may name adds to an input item here.
+      decodeIncludeQuery(req.query);
       const items = await responses.inputItems(req.params.id, req.principal!);
       const { after, limit = 20, order = 'desc' } = req.query;
       const page = pageOf(items, { after, limit, order }, (id) => `No item '${id}' in this response's input.`);

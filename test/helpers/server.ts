@@ -28,6 +28,8 @@ export interface StartOptions {
   modelsDir?: string;
   /** Reuse this data dir (and leave it in place on close), to test restarts. */
   dataDir?: string;
+  /** Another process of a running instance (as a cluster worker is): it takes no instance lock and sweeps nothing. */
+  shared?: boolean;
 }
 
 export function tempDir(prefix = 'switchyard-test-'): string {
@@ -53,7 +55,7 @@ export async function startServer(opts: StartOptions = {}): Promise<TestServer> 
     env['SWITCHYARD_CONFIG'] = path;
   }
   const config = loadConfig({ env });
-  const service = await createService(config, undefined, { ...process.env, ...env });
+  const service = await createService(config, undefined, { ...process.env, ...env }, opts.shared ? { shared: true } : {});
   const url = await service.app.listen({ host: '127.0.0.1', port: 0 });
   return {
     url,

@@ -1,7 +1,7 @@
 import { ApiError } from '../errors.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ItemPage, Store } from '../../store/store.js';
-import { checkNewItemIds, resolveInput, type InputItem, type Item } from '../items.js';
+import { checkNewItemIds, checkOutputsAnswerCalls, resolveInput, type InputItem, type Item } from '../items.js';
 import { newId, nowSeconds, orderMs } from '../ids.js';
 import type { Page, PageRequest } from '../paging.js';
 
@@ -61,9 +61,28 @@ export class ConversationService {
     if (!appended) throw new ApiError('not_found', `No conversation with id '${c.id}'.`, { param: 'conversation_id' });
   }
 
+  /**
+   * A function call output added to a conversation answers a call made before it (in the
+   * conversation or earlier among the new items), as in a response's input: every later turn sends
+   * the conversation to the model, and an upstream refuses a result for no call, so one such item
+   * would fail every turn until it was deleted. The conversation's items are read only when a new
+   * output's call is not among the new items.
+   */
+  private async checkOutputs(items: readonly Item[], conversationId: string | undefined): Promise<void> {
+    const calls = new Set<string>();
+    const unanswered = items.some((it) => {
+      if (it.type === 'function_call') calls.add(it.call_id);
+      return it.type === 'function_call_output' && !calls.has(it.call_id);
+    });
+    if (!unanswered) return;
+    const history = conversationId ? (await this.store.allConversationItems(conversationId)).map((j) => JSON.parse(j) as Item) : [];
+    checkOutputsAnswerCalls(history, items, (i) => `items[${i}].call_id`);
+  }
+
   async create(who: Principal, input: readonly InputItem[], metadata: Record<string, string>): Promise<Conversation> {
     const items = this.newItems(input);
     checkNewItemIds(items, new Set(), (i) => `items[${i}].id`);
+    await this.checkOutputs(items, undefined);
     const conv: ConversationRecord = {
       id: newId('conv'),
       org_id: who.orgId,
@@ -119,6 +138,7 @@ export class ConversationService {
       ),
       (i) => `items[${i}].id`,
     );
+    await this.checkOutputs(items, c.id);
     await this.append(c, items);
     return items;
   }

@@ -17,6 +17,7 @@ import {
   type InputItem,
   type Item,
   type MessageItem,
+  type ReasoningItem,
   type SealedText,
 } from '../items.js';
 import { newId, nowSeconds, orderMs } from '../ids.js';
@@ -316,11 +317,28 @@ export class ResponseService<Echo> {
     return r;
   }
 
-  /** The response object as served. */
-  async get(id: string, who: Principal): Promise<Record<string, unknown>> {
+  /**
+   * The response object as served. `sealReasoning` (`include=reasoning.encrypted_content`) gives each
+   * reasoning item that has its text and no `encrypted_content` yet one, sealed for the caller's
+   * organization, as the create request would have with the same `include`.
+   */
+  async get(id: string, who: Principal, sealReasoning = false): Promise<Record<string, unknown>> {
     const run = this.running.get(id);
-    if (run && run.orgId === who.orgId) return run.resource();
-    return this.current(await this.record(id, who));
+    const resource = run && run.orgId === who.orgId ? run.resource() : await this.current(await this.record(id, who));
+    return sealReasoning ? this.withSealedReasoning(resource, who.orgId) : resource;
+  }
+
+  private withSealedReasoning(resource: Record<string, unknown>, orgId: string): Record<string, unknown> {
+    const output = resource['output'];
+    if (!Array.isArray(output)) return resource;
+    return {
+      ...resource,
+      output: output.map((item: unknown) => {
+        const r = item as Partial<ReasoningItem> | null;
+        if (r?.type !== 'reasoning' || r.encrypted_content !== undefined || !r.content?.length) return item;
+        return { ...r, encrypted_content: this.seal.seal(r.content.map((c) => c.text).join(''), orgId) };
+      }),
+    };
   }
 
   /** A stored response as it is now: the run's state while it runs, here or elsewhere; else what was stored. */

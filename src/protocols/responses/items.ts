@@ -46,6 +46,25 @@ function contentParts(raw: unknown, role: string, where: string, field = 'conten
 }
 
 /**
+ * What each role's message may hold (Open Responses' message item params, in OpenAI's words): the
+ * model's own parts (`output_text`, `refusal`) only in an assistant turn, images only in a user turn.
+ * An assistant turn may still hold `input_text`, which is text either way (OpenAI refuses it; clients
+ * that build history by hand send it, and nothing is lost reading it).
+ */
+function checkPartsOfRole(content: readonly InputContent[], role: string, where: string): void {
+  const allowed =
+    role === 'assistant' ? ['input_text', 'output_text', 'refusal'] : role === 'user' ? ['input_text', 'input_image'] : ['input_text'];
+  content.forEach((p, j) => {
+    if (allowed.includes(p.type)) return;
+    const named =
+      role === 'assistant' ? "'output_text' and 'refusal'" : role === 'user' ? "'input_text' and 'input_image'" : "'input_text'";
+    throw new ApiError('invalid_value', `Invalid value: '${p.type}'. Supported values for a ${role} message are: ${named}.`, {
+      param: `${where}.content[${j}].type`,
+    });
+  });
+}
+
+/**
  * A function call's output (Open Responses `FunctionCallOutputItemParam.output`, required): a string,
  * or input parts (text and images), kept as parts. Anything else was once turned into its JSON text,
  * which the model then read instead of the output, and a missing one into `""`.
@@ -64,6 +83,18 @@ function functionOutput(raw: unknown, item: string): string | InputContent[] {
       });
   });
   return parts;
+}
+
+/** A reasoning item's `summary` or `content`: an array of `{type, text}` parts of one type, read as their texts. */
+function textParts(raw: unknown, where: string, type: string): string[] {
+  if (!Array.isArray(raw)) throw new ApiError('invalid_value', `${where} must be an array of '${type}' parts.`, { param: where });
+  return raw.map((element: unknown, k) => {
+    const at = `${where}[${k}]`;
+    const p = objectAt(element, at);
+    if (p['type'] !== undefined && p['type'] !== type)
+      throw new ApiError('invalid_value', `${at}.type must be '${type}'.`, { param: `${at}.type` });
+    return str(p['text'], `${at}.text`);
+  });
 }
 
 const str = (v: unknown, where: string): string => {
@@ -127,12 +158,14 @@ export function decodeInput(input: string | readonly Raw[], field = 'input'): In
             param: `${where}.phase`,
           });
         }
+        const content = contentParts(raw['content'], role, where);
+        checkPartsOfRole(content, role, where);
         return {
           id: itemId(raw, where, 'msg'),
           type: 'message',
           role,
           status: itemStatus(raw, where),
-          content: contentParts(raw['content'], role, where),
+          content,
           ...(phase != null && { phase }),
         };
       }
@@ -154,19 +187,22 @@ export function decodeInput(input: string | readonly Raw[], field = 'input'): In
           status: itemStatus(raw, where),
         };
       case 'reasoning': {
-        const summary = Array.isArray(raw['summary'])
-          ? (raw['summary'] as unknown[]).map((s, k) => ({
-              type: 'summary_text' as const,
-              text: String(objectAt(s, `${where}.summary[${k}]`)['text'] ?? ''),
-            }))
-          : [];
+        // `summary` is required (Open Responses' ReasoningItemParam, and OpenAI refuses an item
+        // without it). `content` is null there; an array of reasoning text is accepted too, since
+        // clients send a response's output items back as they got them.
+        if (raw['summary'] === undefined || raw['summary'] === null)
+          throw new ApiError('missing_required_parameter', `Missing required parameter: '${where}.summary'.`, {
+            param: `${where}.summary`,
+          });
+        const summary = textParts(raw['summary'], `${where}.summary`, 'summary_text').map((text) => ({
+          type: 'summary_text' as const,
+          text,
+        }));
         const item: ReasoningItem = { id: itemId(raw, where, 'rs'), type: 'reasoning', summary };
-        if (Array.isArray(raw['content']))
-          item.content = (raw['content'] as unknown[]).map((c, k) => ({
-            type: 'reasoning_text',
-            text: String(objectAt(c, `${where}.content[${k}]`)['text'] ?? ''),
-          }));
-        if (typeof raw['encrypted_content'] === 'string') item.encrypted_content = raw['encrypted_content'];
+        if (raw['content'] !== undefined && raw['content'] !== null)
+          item.content = textParts(raw['content'], `${where}.content`, 'reasoning_text').map((text) => ({ type: 'reasoning_text', text }));
+        const sealed = raw['encrypted_content'];
+        if (sealed !== undefined && sealed !== null) item.encrypted_content = str(sealed, `${where}.encrypted_content`);
         return item;
       }
       case 'compaction':

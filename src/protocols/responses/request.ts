@@ -40,6 +40,26 @@ const INCLUDABLE = [
   'code_interpreter_call.outputs',
 ];
 
+/**
+ * `include` in a query (`GET /v1/responses/{id}` and its input items): `include=a&include=b`, or
+ * `include[]=a`, as the OpenAI SDKs write arrays. A value that is not one of OpenAI's is a 400
+ * naming it, as in a create request's body (it used to be ignored).
+ */
+export function decodeIncludeQuery(query: Readonly<Record<string, unknown>>): string[] {
+  const values = [query['include'], query['include[]']].flatMap((v) => (v === undefined ? [] : Array.isArray(v) ? v : [v]));
+  for (const v of values) {
+    if (typeof v !== 'string' || !INCLUDABLE.includes(v))
+      throw new ApiError(
+        'invalid_value',
+        `Invalid value for 'include': '${String(v)}'. Supported values are: ${INCLUDABLE.map((i) => `'${i}'`).join(', ')}.`,
+        {
+          param: 'include',
+        },
+      );
+  }
+  return values as string[];
+}
+
 /** `POST /v1/responses` (spec §4.2 with the wire doc's extra fields); unknown fields are ignored. */
 export const ResponsesRequestSchema = Type.Object({
   model: ModelField,
@@ -62,6 +82,7 @@ export const ResponsesRequestSchema = Type.Object({
   ),
   parallel_tool_calls: NullableBoolean,
   stream: NullableBoolean,
+  stream_options: nullable(Type.Object({ include_obfuscation: Type.Optional(Type.Boolean()) })),
   // One object for the three formats (not a union), so a bad `type` is answered with the three
   // allowed values; what json_schema needs besides is checked in decodeResponsesRequest.
   text: nullable(
@@ -124,6 +145,11 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
         param: 'top_logprobs',
       },
     );
+  }
+  if (body.stream_options != null && body.stream !== true) {
+    throw new ApiError('invalid_value', "The 'stream_options' parameter is only allowed when 'stream' is enabled.", {
+      param: 'stream_options',
+    });
   }
   if (body.include?.includes('message.output_text.logprobs')) {
     throw new ApiError(
