@@ -409,6 +409,21 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal(evs.at(-1)!.type, 'response.incomplete');
   });
 
+  it('names both ids when a chain runs through a deleted response', async () => {
+    const r1 = await client.responses.create({ model: STORIES, input: 'Once', max_output_tokens: 2 });
+    const r2 = await client.responses.create({ model: STORIES, input: 'upon', previous_response_id: r1.id, max_output_tokens: 2 });
+    await client.responses.delete(r1.id);
+    await assert.rejects(
+      client.responses.create({ model: STORIES, input: 'a time', previous_response_id: r2.id, max_output_tokens: 2 }),
+      (e: unknown) =>
+        e instanceof OpenAI.BadRequestError &&
+        e.code === 'previous_response_not_found' &&
+        e.param === 'previous_response_id' &&
+        e.message.includes(`'${r2.id}' cannot be continued: response '${r1.id}', earlier in its chain, was deleted`),
+    );
+    assert.equal((await client.responses.retrieve(r2.id)).id, r2.id);
+  });
+
   it('hides responses and conversations from other organizations', async () => {
     const other = new OpenAI({ apiKey: (await createKey(server, 'globex')).key, baseURL: server.baseURL, maxRetries: 0 });
     const mine = await client.responses.create({ model: STORIES, input: 'Once', max_output_tokens: 2 });

@@ -454,9 +454,13 @@ export class ResponseService<Echo> {
     for (let id = previousResponseId, n = 0; id !== null && n < MAX_CHAIN; n++) {
       const r = await this.store.getResponse(id);
       if (!r || r.org_id !== who.orgId) {
-        throw new ApiError('previous_response_not_found', `Previous response with id '${id}' not found.`, {
-          param: 'previous_response_id',
-        });
+        // Past the first link: a response the chain goes through was deleted, and with it the context
+        // the model would read (docs/decisions.md, "Deleting a response").
+        const message =
+          n === 0
+            ? `Previous response with id '${id}' not found.`
+            : `Previous response with id '${previousResponseId}' cannot be continued: response '${id}', earlier in its chain, was deleted.`;
+        throw new ApiError('previous_response_not_found', message, { param: 'previous_response_id' });
       }
       // Its output is not all there yet: continuing from it would continue from part of it.
       if (n === 0 && (r.status === 'queued' || r.status === 'in_progress')) {
