@@ -399,6 +399,16 @@ describe('POST /v1/responses with TinyStories', () => {
     liveRest.forEach((e, i) => assert.equal(e.sequence_number, 3 + i));
     assert.equal(liveRest.at(-1)!.type, 'response.incomplete');
     assert.ok(resumedLive.done);
+    // Resumed after more events than it comes to have: it ends with its terminal event all the same,
+    // as a finished response's replay does.
+    const short = await client.responses.create({ model: RANDOM, input: 'hello', max_output_tokens: 30, background: true });
+    const past = await readSse(server.url, 'GET', `/v1/responses/${short.id}?stream=true&starting_after=100000`, { key });
+    const pastEvents = past.events.map((e) => JSON.parse(e.data) as Ev);
+    assert.deepEqual(
+      pastEvents.map((e) => [e.type, e.sequence_number]),
+      [['response.incomplete', 100001]],
+    );
+    assert.ok(past.done);
     // So the openai SDK's stream helper follows a background response, live and resumed by id.
     const live = await client.responses
       .stream({ model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true })

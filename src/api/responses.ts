@@ -5,6 +5,7 @@ import { ApiError, isErrorCode } from '../core/errors.js';
 import { Cancellation } from '../core/cancellation.js';
 import type { Principal } from '../core/principal.js';
 import type { EventLog } from '../core/responses/run.js';
+import type { ResponseEvent } from '../core/responses/format.js';
 import {
   CompactRequestSchema,
   ResponsesRequestSchema,
@@ -51,6 +52,8 @@ async function streamEvents(
   openSse(reply);
   const raw = reply.raw;
   let sent = 0;
+  /** The last event left out for coming at or before `startingAfter`. */
+  let skipped: ResponseEvent | undefined;
   // What is there goes out in one write (the events of one upstream read, or a replay's all).
   for await (const batch of log.batches(gone)) {
     let { start, events } = batch;
@@ -61,12 +64,22 @@ async function streamEvents(
       start = startingAfter + 1;
     } else if (start <= startingAfter) {
       // A replay `starting_after` a sequence number leaves out what the client already has.
+      if (events.length <= startingAfter + 1 - start) {
+        skipped = events.at(-1) ?? skipped;
+        continue;
+      }
       events = events.slice(startingAfter + 1 - start);
       start = startingAfter + 1;
-      if (events.length === 0) continue;
     }
     sent += events.length;
     if (!writeFrames(raw, sseFrames(events, start))) await drained(raw);
+  }
+  // A running response resumed after the last event it came to have: it ends with its terminal
+  // event, as a finished one's replay does after any point (a stream without one leaves the SDKs'
+  // stream helpers with no response).
+  if (sent === 0 && skipped !== undefined && !gone.aborted) {
+    sent = 1;
+    writeFrames(raw, sseFrames([skipped], startingAfter + 1));
   }
   // Open Responses: "The terminal event MUST be the literal string [DONE]" (after the response's
   // own terminal event; OpenAI's API sends none, and its SDK, like the others, skips it).
