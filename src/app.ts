@@ -5,7 +5,7 @@ import { Catalogue } from './core/catalogue.js';
 import { ensureAdminKey } from './core/keys.js';
 import { buildServer, type App } from './http/server.js';
 import { InstanceLock } from './store/instance-lock.js';
-import { KyselyStore } from './store/kysely-store.js';
+import { KyselyStore, sqliteFileOf } from './store/kysely-store.js';
 import { LocalEngine } from './engines/local/local-engine.js';
 import { UpstreamEngine } from './engines/upstream/upstream-engine.js';
 import type { Engine } from './engines/engine.js';
@@ -29,8 +29,16 @@ import type { ClusterBus } from './core/bus.js';
 import { standaloneBus } from './bus.js';
 import { LogBlocks } from './log-destination.js';
 
+const storeOptions = (config: Config) => ({ databaseUrl: config.databaseUrl, sqlitePath: resolve(config.dataDir, 'switchyard.db') });
+
 export function openStore(config: Config): Store {
-  return new KyselyStore({ databaseUrl: config.databaseUrl, sqlitePath: resolve(config.dataDir, 'switchyard.db') });
+  return new KyselyStore(storeOptions(config));
+}
+
+/** SQLite: the lock that makes this process the database's one instance (see InstanceLock). */
+function instanceLock(config: Config): InstanceLock | undefined {
+  const file = sqliteFileOf(storeOptions(config));
+  return file === undefined ? undefined : InstanceLock.take(file);
 }
 
 /** The longest a log line waits in its block before it is written. */
@@ -85,7 +93,7 @@ export async function prepareDatabase(
   // SQLite: the primary holds the instance's lock for as long as it runs (the caller releases it).
   let lock: InstanceLock | undefined;
   try {
-    if (store.dialect === 'sqlite') lock = InstanceLock.take(config.dataDir);
+    lock = instanceLock(config);
     await store.migrate();
     const { generated } = await ensureAdminKey(store, config.adminKey);
     await ReasoningSeal.open(store, config.secretKey);
@@ -122,7 +130,7 @@ export async function createService(
   let lock: InstanceLock | undefined;
   try {
     // Taken before anything running is swept as an orphan (ResponseService.start).
-    if (store.dialect === 'sqlite' && opts.shared !== true) lock = InstanceLock.take(config.dataDir);
+    if (opts.shared !== true) lock = instanceLock(config);
     await store.migrate();
     const { generated } = await ensureAdminKey(store, config.adminKey);
     const catalogue = new Catalogue(store, config, log);

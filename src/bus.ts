@@ -39,6 +39,17 @@ function channelFor(config: Config): string {
   return createHash('sha256').update(db).digest('hex').slice(0, 16);
 }
 
+/** A connection URL without its password, for messages. */
+function redactedUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = '***';
+    return u.toString();
+  } catch {
+    return '(an unparseable URL)';
+  }
+}
+
 async function redisTransport(url: string, channel: string, receive: (e: Envelope) => void, log: Logger): Promise<Transport> {
   const name = `switchyard:bus:${channel}`;
   const options = { maxRetriesPerRequest: null, lazyConnect: true } as const;
@@ -52,8 +63,16 @@ async function redisTransport(url: string, channel: string, receive: (e: Envelop
       log.warn({ err }, 'cluster bus: unreadable message');
     }
   });
-  await Promise.all([pub.connect(), sub.connect()]);
-  await sub.subscribe(name);
+  try {
+    await Promise.all([pub.connect(), sub.connect()]);
+    await sub.subscribe(name);
+  } catch (err) {
+    pub.disconnect();
+    sub.disconnect();
+    // ioredis says only "Connection is closed": name what could not be reached, and the setting.
+    const where = redactedUrl(url);
+    throw new Error(`cannot reach Redis at ${where} (REDIS_URL): ${(err as Error).message}`);
+  }
   return {
     send: (e) => void pub.publish(name, JSON.stringify(e)).catch((err: unknown) => log.warn({ err }, 'cluster bus: publish failed')),
     close: async () => {

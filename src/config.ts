@@ -6,7 +6,7 @@ import Type, { type Static } from 'typebox';
 import Value from 'typebox/value';
 import { parse as parseYaml } from 'yaml';
 import { ModelSpec, SLUG_PATTERN, PricingEntry } from './core/model-spec.js';
-import { AddressPolicy } from './engines/upstream/address-policy.js';
+import { AddressPolicy, allowEntryProblem } from './engines/upstream/address-policy.js';
 import type { RoutingPolicy } from './core/router.js';
 import type { SchemaLimits } from './core/schema-limits.js';
 import type { UpstreamOptions } from './engines/upstream/upstream-engine.js';
@@ -281,6 +281,16 @@ function readStructuredFile(path: string, label: string): Record<string, unknown
   return parsed as Record<string, unknown>;
 }
 
+/** `https://app.example.com` or `http://localhost:3000`: what a browser sends as its Origin. */
+function isOrigin(value: string): boolean {
+  try {
+    const u = new URL(value);
+    return (u.protocol === 'http:' || u.protocol === 'https:') && u.origin === value;
+  } catch {
+    return false;
+  }
+}
+
 export interface LoadConfigOptions {
   env?: NodeJS.ProcessEnv;
   /** Command-line overrides (`--port`, `--host`), which win over everything. */
@@ -360,6 +370,20 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
     throw new ConfigError(`Invalid configuration: ${where}${at} ${first.message}${got}`);
   }
   const config = raw as Config;
+  const where = (key: string) => origin.get(key) ?? `setting '${key}'`;
+  for (const entry of config.upstreamAllow) {
+    const problem = allowEntryProblem(entry);
+    if (problem) throw new ConfigError(`Invalid configuration: ${where('upstreamAllow')}: ${problem}`);
+  }
+  for (const o of config.corsOrigin
+    .split(',')
+    .map((v) => v.trim())
+    .filter(Boolean)) {
+    if (o !== '*' && !isOrigin(o))
+      throw new ConfigError(
+        `Invalid configuration: ${where('corsOrigin')}: '${o}' is not an origin (scheme://host[:port], no path), nor '*'`,
+      );
+  }
   const ids = new Set<string>();
   for (const m of config.models) {
     // A config file entry with the id of a shipped one replaces it.

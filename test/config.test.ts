@@ -29,6 +29,17 @@ describe('configuration', () => {
     );
   });
 
+  it('takes allow-list entries and origins in every documented form', () => {
+    const c = loadConfig({
+      env: {
+        SWITCHYARD_UPSTREAM_ALLOW: '10.0.0.0/8, 192.168.1.7, fd00::/8, ::1, models.internal, vllm_1.lan, *',
+        SWITCHYARD_CORS_ORIGIN: 'https://app.example.com,http://localhost:3000',
+      },
+    });
+    assert.deepEqual(c.upstreamAllow, ['10.0.0.0/8', '192.168.1.7', 'fd00::/8', '::1', 'models.internal', 'vllm_1.lan', '*']);
+    assert.equal(loadConfig({ env: { SWITCHYARD_CORS_ORIGIN: '*' } }).corsOrigin, '*');
+  });
+
   it('lets env override the file, and flags override env', () => {
     const cfg = file('a.yaml', 'port: 9000\nhost: 0.0.0.0\n');
     assert.equal(loadConfig({ env: { SWITCHYARD_CONFIG: cfg } }).port, 9000);
@@ -61,6 +72,15 @@ describe('configuration', () => {
         },
         /bad-price\.yaml: models \(at 0\.pricing\.0\.rate\) must be >= 0/,
       ],
+      // An allow-list entry is an address, a CIDR block or a host name, never read as something
+      // wider: `10.0.0.0/` was once `10.0.0.0/0`, every IPv4 address.
+      [{ SWITCHYARD_UPSTREAM_ALLOW: '10.0.0.0/' }, /SWITCHYARD_UPSTREAM_ALLOW: '10\.0\.0\.0\/': the prefix length/],
+      [{ SWITCHYARD_UPSTREAM_ALLOW: '10.0.0.0/99' }, /SWITCHYARD_UPSTREAM_ALLOW: .*from 0 to 32/],
+      [{ SWITCHYARD_UPSTREAM_ALLOW: 'fd00::/200' }, /SWITCHYARD_UPSTREAM_ALLOW: .*from 0 to 128/],
+      [{ SWITCHYARD_UPSTREAM_ALLOW: 'models.internal,999.0.0.0/8' }, /'999\.0\.0\.0' is not an IP address/],
+      [{ SWITCHYARD_UPSTREAM_ALLOW: 'http://x' }, /SWITCHYARD_UPSTREAM_ALLOW/],
+      [{ SWITCHYARD_CORS_ORIGIN: 'not-an-origin' }, /SWITCHYARD_CORS_ORIGIN: 'not-an-origin' is not an origin/],
+      [{ SWITCHYARD_CORS_ORIGIN: 'https://app.example.com/' }, /SWITCHYARD_CORS_ORIGIN/],
     ];
     for (const [env, pattern] of cases) {
       assert.throws(

@@ -112,9 +112,18 @@ describe('the server process', () => {
     assert.ok(Date.now() - started < 1000, `the access line took ${Date.now() - started} ms`);
     // A burst: every line is there once the process has exited, none lost or cut.
     const ids: string[] = [];
-    for (let i = 0; i < 200; i++) ids.push(String((await http(p.url, 'GET', '/readyz')).headers['x-request-id']));
+    for (let i = 0; i < 200; i++)
+      ids.push(String((await http(p.url, 'GET', '/v1/models?author=local', { key: adminKey })).headers['x-request-id']));
+    // Health checks that pass are debug lines, not info ones (a load balancer's would fill the log).
+    const probes = [await http(p.url, 'GET', '/readyz'), await http(p.url, 'GET', '/healthz')].map((r) =>
+      String(r.headers['x-request-id']),
+    );
     p.child.kill('SIGTERM');
     assert.equal(await p.exited, 0);
+    assert.deepEqual(
+      probes.filter((i) => p.stdout().includes(`"request_id":"${i}"`)),
+      [],
+    );
     const logged = new Set(
       lines()
         .filter((l) => l.includes('"msg":"request"'))
@@ -553,7 +562,7 @@ describe('the server process', () => {
         });
         const code = await new Promise<number | null>((res) => second.on('exit', res));
         assert.equal(code, 78, err);
-        assert.match(err, /another Switchyard instance is serving the data directory/);
+        assert.match(err, /another Switchyard instance is serving the SQLite database/);
       }
       // Untouched: still running, and what ends it is its own cancel, not an orphan sweep's failure.
       assert.equal(await status(), 'in_progress');
@@ -564,6 +573,30 @@ describe('the server process', () => {
       p.child.kill('SIGTERM');
       await p.exited;
       rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('says which setting a start that cannot reach its Redis or open its data directory failed on', async () => {
+    const cases: Array<[Record<string, string>, RegExp]> = [
+      [{ REDIS_URL: 'redis://:hunter2@127.0.0.1:1/0' }, /cannot reach Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:1\/0 \(REDIS_URL\)/],
+      [
+        { SWITCHYARD_DATA_DIR: '/etc/passwd/sub' },
+        /cannot open the SQLite database \/etc\/passwd\/sub\/switchyard\.db \(set by SWITCHYARD_DATA_DIR/,
+      ],
+    ];
+    for (const [env, pattern] of cases) {
+      const child = spawn(process.execPath, [MAIN, '--port', '0'], {
+        env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_WORKERS: '1', SWITCHYARD_DATA_DIR: tempDir(), ...env },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let err = '';
+      child.stderr.on('data', (d: Buffer) => {
+        err += d.toString();
+      });
+      const code = await new Promise<number | null>((res) => child.on('exit', res));
+      assert.equal(code, 78, err);
+      assert.match(err, pattern);
+      assert.doesNotMatch(err, /hunter2/);
     }
   });
 

@@ -343,7 +343,12 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     // A URL that is exactly one of our routes' own paths (no parameter, no query) holds nothing to
     // redact, and is most requests: the redaction's regular expressions are skipped for it.
     const url = req.url === route ? route : loggableUrl(req.url, config.adminKey);
-    accessLine(req.id, req.method, url, reply.statusCode, Math.round(reply.elapsedTime));
+    // A load balancer's health checks (a couple a second per instance) would be most of the log:
+    // a probe that passes is a debug line, one that fails an info line like any request.
+    if (reply.statusCode < 400 && (route === '/healthz' || route === '/readyz')) {
+      if (log.isLevelEnabled('debug'))
+        log.debug({ request_id: req.id, method: req.method, url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request');
+    } else accessLine(req.id, req.method, url, reply.statusCode, Math.round(reply.elapsedTime));
     done();
   });
 

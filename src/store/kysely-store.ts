@@ -240,6 +240,13 @@ export interface StoreOptions {
   sqlitePath: string;
 }
 
+/** The SQLite database file these options name, or undefined for PostgreSQL. */
+export function sqliteFileOf(opts: StoreOptions): string | undefined {
+  const url = opts.databaseUrl;
+  if (url && /^postgres(ql)?:\/\//.test(url)) return undefined;
+  return url ? url.replace(/^sqlite:\/\//, '').replace(/^file:/, '') : opts.sqlitePath;
+}
+
 /** SQLite and PostgreSQL behind one implementation: Kysely writes the dialect's SQL. */
 export class KyselyStore implements Store {
   readonly dialect: 'sqlite' | 'postgres';
@@ -266,9 +273,15 @@ export class KyselyStore implements Store {
       this.db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
     } else {
       this.dialect = 'sqlite';
-      const file = url ? url.replace(/^sqlite:\/\//, '').replace(/^file:/, '') : opts.sqlitePath;
-      if (file !== ':memory:') mkdirSync(dirname(resolve(file)), { recursive: true });
-      const database = new SqliteDatabase(file);
+      const file = sqliteFileOf(opts)!;
+      let database: SqliteDatabase.Database;
+      try {
+        if (file !== ':memory:') mkdirSync(dirname(resolve(file)), { recursive: true });
+        database = new SqliteDatabase(file);
+      } catch (err) {
+        // "ENOTDIR: not a directory, mkdir …" alone does not say which setting put it there.
+        throw new Error(`cannot open the SQLite database ${file} (set by SWITCHYARD_DATA_DIR or DATABASE_URL): ${(err as Error).message}`);
+      }
       database.pragma('journal_mode = WAL');
       database.pragma('synchronous = NORMAL');
       database.pragma('foreign_keys = ON');

@@ -82,6 +82,30 @@ function embeddedV4(b: number[]): string[] {
 
 type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void;
 
+/** A host name as an allow-list entry may give one: labels of letters, digits, `-` and `_`, dot-separated. */
+const HOST_NAME = /^(?=.{1,253}$)[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*\.?$/i;
+
+/**
+ * Why an entry of the upstream allow list is not one (undefined when it is): `*`, an IP address, a
+ * CIDR block with a whole prefix length in range, or a host name. A hostile pass found `10.0.0.0/`
+ * read as `10.0.0.0/0`, every IPv4 address, and `10.0.0.0/99` failing the start with a RangeError.
+ */
+export function allowEntryProblem(entry: string): string | undefined {
+  if (entry === '*') return undefined;
+  const slash = entry.indexOf('/');
+  if (slash < 0) {
+    if (isIP(entry) || (HOST_NAME.test(entry) && !/^[\d.]+$/.test(entry))) return undefined;
+    return `'${entry}' is not an IP address, a CIDR block (address/prefix length) or a host name`;
+  }
+  const net = entry.slice(0, slash);
+  const bits = entry.slice(slash + 1);
+  const family = isIP(net);
+  if (!family) return `'${entry}': '${net}' is not an IP address`;
+  const max = family === 6 ? 128 : 32;
+  if (!/^\d{1,3}$/.test(bits) || Number(bits) > max) return `'${entry}': the prefix length must be a whole number from 0 to ${max}`;
+  return undefined;
+}
+
 /**
  * Which upstream addresses deployments stored in the database may reach. Internal addresses
  * (loopback, private, link-local, metadata) are refused unless allowed by host name or CIDR; the
@@ -96,6 +120,9 @@ export class AddressPolicy {
   constructor(allow: readonly string[]) {
     this.allowAll = allow.includes('*');
     for (const entry of allow) {
+      const problem = allowEntryProblem(entry);
+      // The configuration refuses these first (config.ts); never read one as something wider.
+      if (problem) throw new Error(`upstream allow list: ${problem}`);
       const [net = '', bits] = entry.split('/');
       const type = isIP(net) === 6 ? 'ipv6' : 'ipv4';
       if (isIP(net) && bits !== undefined) this.nets.addSubnet(net, Number(bits), type);
