@@ -428,6 +428,63 @@ describe('Open Responses: max_tool_calls', () => {
       ['get_weather'],
     );
     valid(responseResource, one.json, 'response');
+    // parallel_tool_calls: false is one call a turn, held to when the upstream makes two anyway.
+    const single = await http(server.url, 'POST', '/v1/responses', {
+      key: server.adminKey,
+      body: { model: 'openai/two-calls', input: 'x', tools, parallel_tool_calls: false },
+    });
+    assert.deepEqual(
+      calls(single).map((o) => o.name),
+      ['get_weather'],
+    );
+    assert.equal((single.json as unknown as { parallel_tool_calls: boolean }).parallel_tool_calls, false);
+    valid(responseResource, single.json, 'response');
+
+    // The same on chat completions (both lanes: whole and streamed) and on Messages (disable_parallel_tool_use).
+    const chatTools = ['get_weather', 'get_time'].map((name) => ({ type: 'function', function: { name, parameters: { type: 'object' } } }));
+    const ask = { model: 'openai/two-calls', messages: [{ role: 'user', content: 'x' }], tools: chatTools };
+    const whole = await http<{ choices: Array<{ message: { tool_calls: Array<{ function: { name: string } }> }; finish_reason: string }> }>(
+      server.url,
+      'POST',
+      '/v1/chat/completions',
+      { key: server.adminKey, body: { ...ask, parallel_tool_calls: false } },
+    );
+    assert.equal(whole.status, 200, whole.text);
+    assert.deepEqual(
+      whole.json.choices[0]!.message.tool_calls.map((t) => t.function.name),
+      ['get_weather'],
+    );
+    assert.equal(whole.json.choices[0]!.finish_reason, 'tool_calls');
+    const streamed = await readSse(server.url, 'POST', '/v1/chat/completions', {
+      key: server.adminKey,
+      body: { ...ask, parallel_tool_calls: false, stream: true },
+    });
+    const names = streamed.events.flatMap((e) =>
+      (JSON.parse(e.data) as { choices: Array<{ delta: { tool_calls?: Array<{ function?: { name?: string } }> } }> }).choices.flatMap(
+        (c) => c.delta.tool_calls?.flatMap((t) => (t.function?.name ? [t.function.name] : [])) ?? [],
+      ),
+    );
+    assert.deepEqual(names, ['get_weather']);
+    const both = await http<{ choices: Array<{ message: { tool_calls: unknown[] } }> }>(server.url, 'POST', '/v1/chat/completions', {
+      key: server.adminKey,
+      body: ask,
+    });
+    assert.equal(both.json.choices[0]!.message.tool_calls.length, 2);
+    const messages = await http<{ content: Array<{ type: string; name?: string }> }>(server.url, 'POST', '/v1/messages', {
+      key: server.adminKey,
+      body: {
+        model: 'openai/two-calls',
+        max_tokens: 100,
+        messages: [{ role: 'user', content: 'x' }],
+        tools: ['get_weather', 'get_time'].map((name) => ({ name, input_schema: { type: 'object' } })),
+        tool_choice: { type: 'auto', disable_parallel_tool_use: true },
+      },
+    });
+    assert.equal(messages.status, 200, messages.text);
+    assert.deepEqual(
+      messages.json.content.filter((b) => b.type === 'tool_use').map((b) => b.name),
+      ['get_weather'],
+    );
   });
 });
 

@@ -159,6 +159,12 @@ function callsFinish(finish: FinishReason, passed: number, suppressed: number): 
 
 const NOTHING_TO_FORGET = (): void => undefined;
 
+/**
+ * `parallel_tool_calls: false` (Messages: `disable_parallel_tool_use`): one call a turn. Calls an
+ * upstream makes past the first are suppressed as calls to tools not offered are.
+ */
+const oneCallOnly = (req: GenerationRequest): boolean => req.parallelToolCalls === false && (req.tools?.length ?? 0) > 0;
+
 /** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
 function transportError(err: unknown, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
   const code = (err as { code?: string }).code;
@@ -319,7 +325,8 @@ export class UpstreamEngine implements Engine {
     // A request that restricts the calls (tool_choice none or a named tool) stays on the canonical
     // lane, where calls are seen one by one; the relay takes out calls to tools never offered
     // (auto, required, or no tools at all) from the upstream's own chunks.
-    const restricted = req.toolChoice === 'none' || typeof req.toolChoice === 'object';
+    // So does `parallel_tool_calls: false`, one call a turn.
+    const restricted = req.toolChoice === 'none' || typeof req.toolChoice === 'object' || oneCallOnly(req);
     const fast = req.wire === 'chat' && target.api === 'chat' && !(req.stream && scrub.active) && !restricted;
     return fast ? this.relay(req, target, scrub, attempt) : this.canonical(req, target, scrub, attempt);
   }
@@ -443,6 +450,7 @@ export class UpstreamEngine implements Engine {
     // Calls to tools the request does not let the model call are suppressed (Open Responses: "MUST be
     // rejected or suppressed"), with their arguments; a finish for tool calls none of which passed is a stop.
     const callable = callableTools(req);
+    const single = oneCallOnly(req);
     const suppressed = new Set<number>();
     let callsPassed = 0;
     // Interleaved parallel calls are put one after another (call-order.ts).
@@ -475,7 +483,7 @@ export class UpstreamEngine implements Engine {
             continue;
           }
           case 'tool_call.start':
-            if (!callable.has(ev.name)) {
+            if (!callable.has(ev.name) || (single && callsPassed > 0)) {
               if (suppressed.size === 0)
                 this.log.warn({ deployment: target.id, tool: ev.name }, 'upstream called a tool the request does not allow; suppressed');
               suppressed.add(ev.index);

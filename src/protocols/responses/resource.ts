@@ -450,7 +450,11 @@ export const inputTokensObject = (tokens: number): Record<string, unknown> => ({
 /** The Responses wire format, as core's lifecycle uses it (see core/responses/format.ts). */
 export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
   open(r) {
-    return new ResponseBuilder(newResource(r), { summary: r.summary, seal: r.seal, maxToolCalls: r.echo.max_tool_calls });
+    // `parallel_tool_calls: false` is one call a turn, and a response is one turn: calls past the
+    // first that an upstream makes anyway are left out as those past `max_tool_calls` are.
+    const max = r.echo.max_tool_calls;
+    const maxToolCalls = r.echo.parallel_tool_calls === false ? Math.min(1, max ?? 1) : max;
+    return new ResponseBuilder(newResource(r), { summary: r.summary, seal: r.seal, maxToolCalls });
   },
 
   read(stored): StoredResponse {
