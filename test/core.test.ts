@@ -327,6 +327,33 @@ describe('limiter', () => {
     second.settle(10, 0.01);
     await limiter.admit(k, 'm', worst);
   });
+
+  it('refuses for now a budget held by requests in flight in another process sharing the counters, and for the period once spent', async (t) => {
+    t.mock.timers.enable({ apis: ['Date'], now: Date.UTC(2026, 10, 28, 12) });
+    // Two processes (a cluster's workers, or instances on one Redis): one set of counters, two limiters.
+    const counters = new MemoryCounters();
+    const here = new Limiter(counters, store, metrics);
+    const there = new Limiter(counters, store, metrics);
+    const k = who({ budget: 1, budget_period: 'day' }, null, 'key_budget_shared');
+    const worst = () => ({ tokens: 100, cost: 1 });
+    const holding = await there.admit(k, 'm', worst);
+    const temporary = (e: unknown) => e instanceof ApiError && e.code === 'budget_exceeded' && e.retryAfterMs === 1000 && e.final !== true;
+    await assert.rejects(async () => here.admit(k, 'm', worst), temporary);
+    await assert.rejects(async () => there.admit(k, 'm', worst), temporary);
+    // Ended, it spent the whole budget: refused for the rest of the day in both.
+    holding.settle(10, 1);
+    const spent = (e: unknown) =>
+      e instanceof ApiError && e.code === 'budget_exceeded' && e.final === true && (e.retryAfterMs ?? 0) > 60_000;
+    await assert.rejects(async () => here.admit(k, 'm', worst), spent);
+    await assert.rejects(async () => there.admit(k, 'm', worst), spent);
+
+    // A hold never taken back (its process died) is forgotten within two windows of ten minutes.
+    const k2 = who({ budget: 1, budget_period: 'day' }, null, 'key_budget_orphan');
+    await there.admit(k2, 'm', worst);
+    await assert.rejects(async () => here.admit(k2, 'm', worst), temporary);
+    t.mock.timers.tick(21 * 60_000);
+    await assert.rejects(async () => here.admit(k2, 'm', worst), spent);
+  });
 });
 
 describe('ledger', () => {

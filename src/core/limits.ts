@@ -171,8 +171,11 @@ interface Admitting {
   resetS: number;
   /** The worst-case cost reserved against each budget (0 without a budget or a price). */
   reserve: number;
-  /** Budget counters that hold the reservation, with their time to live. */
-  reserved: Array<{ key: string; ttlMs: number }>;
+  /**
+   * Budget counters that hold the reservation, with their time to live, and the counter of what
+   * requests in flight hold of that budget that this one was added to (see `heldKey`).
+   */
+  reserved: Array<{ key: string; ttlMs: number; held: string }>;
   /** The most tokens the request can use (its estimated input and largest output), reserved against each tpm limit. */
   tokenReserve: number;
   /** Token counters that hold that reservation. */
@@ -194,16 +197,24 @@ interface Admitting {
  * requests see each other before they finish: 50 requests at once against a 100-token limit are
  * not all admitted because none has ended yet.
  */
+/**
+ * What requests in flight hold of each budget (their worst-case reservations) is counted beside the
+ * budget's counter, shared as it is (Redis, or a cluster's primary), so that a budget refused only
+ * for what they hold is refused for now (retry when they end) in every process, not for the rest of
+ * the period. A request adds its hold to the counter of the window it was admitted in and takes it
+ * from the same one; holds are read from the current and the last window, and a window's counter
+ * expires after two, so a hold a crashed process never took back is forgotten within 20 minutes
+ * (a request that holds longer reads as spent, as every hold did before).
+ */
+const HELD_WINDOW_MS = 10 * MINUTE;
+const HELD_TTL_MS = 2 * HELD_WINDOW_MS;
+const heldCounter = (key: string, window: number): string => `held:${key}:${window}`;
+const heldKey = (key: string, now: number): string => heldCounter(key, Math.floor(now / HELD_WINDOW_MS));
+
 export class Limiter {
   /** Counter names by scope and id, for the current minute window only (cleared when it ends). */
   private readonly names = { key: new Map<string, MinuteNames>(), org: new Map<string, MinuteNames>() };
   private namesMinute = 0;
-  /**
-   * What this process's requests in flight hold of each budget counter: a budget refused only for
-   * what they hold is refused for now (retry when they end), not for the rest of the period. Held
-   * by other processes or instances it reads as spent, as before.
-   */
-  private readonly held = new Map<string, number>();
 
   constructor(
     private readonly counters: Counters,
@@ -358,43 +369,50 @@ export class Limiter {
     const spentSoFar = when(this.counters.get(key), (v) =>
       v !== undefined ? v : this.store.spentSince(scope, id, start).then((spent) => this.counters.init(key, spent, ttlMs)),
     );
-    /** `spent`: what the counter says was spent and reserved by others; `heldHere`: what of that this process's requests hold. */
-    const over = (spent: number, heldHere: number): void => {
+    /** `spent`: what the counter says was spent and reserved by others (this request's own reservation left out: `mine`). */
+    const over = (spent: number, mine: number): Maybe<void> => {
       if (spent < budget) return;
       this.metrics.rateLimited.inc({ limit: 'budget' });
       const who = scope === 'key' ? 'API key' : 'organization';
-      if (spent - heldHere < budget) {
-        throw new ApiError(
-          'budget_exceeded',
-          `The ${who}'s budget of $${budget} for this ${period} is held by requests in progress, each for the most it may cost; try again when they finish.`,
-          { retryAfterMs: 1000 },
-        );
-      }
-      throw new ApiError('budget_exceeded', `The ${who} has used its budget of $${budget} for this ${period}.`, {
-        retryAfterMs: ttlMs,
-        final: true,
+      // Refused only for what requests in flight hold (each its worst case), in any process: for now.
+      return when(this.heldNow(key, a.now), (held) => {
+        if (spent - Math.max(0, held - mine) < budget) {
+          throw new ApiError(
+            'budget_exceeded',
+            `The ${who}'s budget of $${budget} for this ${period} is held by requests in progress, each for the most it may cost; try again when they finish.`,
+            { retryAfterMs: 1000 },
+          );
+        }
+        throw new ApiError('budget_exceeded', `The ${who} has used its budget of $${budget} for this ${period}.`, {
+          retryAfterMs: ttlMs,
+          final: true,
+        });
       });
     };
     return when(spentSoFar, (spent) => {
-      if (spent >= budget || a.reserve <= 0) return over(spent, this.held.get(key) ?? 0);
+      if (spent >= budget || a.reserve <= 0) return over(spent, 0);
       // The counter's value before this add is what was spent and reserved by others.
       return when(this.counters.add(key, a.reserve, ttlMs), (total) => {
-        const heldHere = this.held.get(key) ?? 0;
-        a.reserved.push({ key, ttlMs });
-        this.held.set(key, heldHere + a.reserve);
-        over(total - a.reserve, heldHere);
+        const held = heldKey(key, a.now);
+        a.reserved.push({ key, ttlMs, held });
+        background(this.counters.add(held, a.reserve, HELD_TTL_MS));
+        return over(total - a.reserve, a.reserve);
       });
     });
+  }
+
+  /** What requests in flight hold of a budget counter, in every process sharing the counters (this window's and the last one's). */
+  private heldNow(key: string, now: number): Maybe<number> {
+    const window = Math.floor(now / HELD_WINDOW_MS);
+    return when(this.counters.get(heldCounter(key, window)), (current) =>
+      when(this.counters.get(heldCounter(key, window - 1)), (last) => (current ?? 0) + (last ?? 0)),
+    );
   }
 
   /** This request no longer holds its reservations (it ended, or was refused). */
   private release(a: Admitting): void {
     if (a.reserve === 0) return;
-    for (const { key } of a.reserved) {
-      const left = (this.held.get(key) ?? 0) - a.reserve;
-      if (left > 1e-12) this.held.set(key, left);
-      else this.held.delete(key);
-    }
+    for (const { held } of a.reserved) background(this.counters.add(held, -a.reserve, HELD_TTL_MS));
   }
 
   /** Adds `amount` to every budget counter that holds this request's reservation. */
