@@ -352,6 +352,21 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal(cancelled.completed_at ?? null, null);
     assert.equal((await client.responses.retrieve(r.id)).status, 'cancelled');
     assert.equal((await client.responses.cancel(r.id)).status, 'cancelled', 'cancelling twice is harmless');
+    // Replayed, it begins queued as its live stream did, and ends with the response GET serves (its
+    // usage with the cost included).
+    const replay = (await readSse(server.url, 'GET', `/v1/responses/${r.id}?stream=true`, { key })).events.map(
+      (e) => JSON.parse(e.data) as Ev,
+    );
+    assert.deepEqual(
+      replay.slice(0, 3).map((e) => [e.type, (e as { response?: { status?: string } }).response?.status]),
+      [
+        ['response.created', 'queued'],
+        ['response.queued', 'queued'],
+        ['response.in_progress', 'in_progress'],
+      ],
+    );
+    assert.equal(replay.at(-1)!.type, 'response.incomplete');
+    assert.deepEqual(replay.at(-1)!.response, await http(server.url, 'GET', `/v1/responses/${r.id}`, { key }).then((g) => g.json));
 
     const quick = await client.responses.create({
       model: STORIES,

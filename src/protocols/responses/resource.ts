@@ -487,7 +487,8 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
       ...(r.completed_at !== null && { completedAt: r.completed_at }),
       ...(sealed.some(Boolean) && { seal: () => sealed[sealIndex++] ?? '' }),
     });
-    const events: WireEvent[] = [...builder.start()];
+    // A background response's stream began queued, as its live one did.
+    const events: WireEvent[] = [...(r.background ? builder.queued() : []), ...builder.start()];
     for (const ev of eventsOf(r)) events.push(...builder.apply(ev));
     if (r.status === 'failed') events.push(...builder.fail(r.error?.code ?? 'server_error', r.error?.message ?? ''));
     else if (r.status === 'cancelled') events.push(...builder.cancel());
@@ -496,7 +497,12 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
         ...builder.apply({ type: 'finish', reason: r.incomplete_details?.reason === 'content_filter' ? 'content_filter' : 'length' }),
       );
     else if (r.status === 'completed') events.push(...builder.apply({ type: 'finish', reason: 'stop' }));
-    return { events, finished: TERMINAL.includes(r.status) };
+    const finished = TERMINAL.includes(r.status);
+    // The terminal event carries the response exactly as stored (and as GET serves it): its usage
+    // with cost and the estimate flag, or null where a restart failed it before any was counted.
+    const last = events.at(-1);
+    if (finished && last !== undefined && TERMINAL_EVENTS.has(last.type)) events[events.length - 1] = { ...last, response: copy(r) };
+    return { events, finished };
   },
 
   end(stored, status, error) {
