@@ -25,6 +25,20 @@ interface Proc {
   nodeOptions: string;
 }
 
+/** A start expected to fail: its exit code and what it wrote on stderr. */
+async function failedStart(env: Record<string, string>, args = ['--port', '0']): Promise<{ code: number | null; err: string }> {
+  const child = spawn(process.execPath, [MAIN, ...args], {
+    env: { PATH: process.env['PATH'] ?? '', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let err = '';
+  child.stderr.on('data', (d: Buffer) => {
+    err += d.toString();
+  });
+  const code = await new Promise<number | null>((res) => child.on('exit', res));
+  return { code, err };
+}
+
 /** `pid` and its descendants, with their command lines and NODE_OPTIONS, from /proc (Linux). */
 function processTree(pid: number): Proc[] {
   const all = readdirSync('/proc')
@@ -552,15 +566,7 @@ describe('the server process', () => {
       await eventually(async () => assert.equal(await status(), 'in_progress'));
       // A second start on the same directory: its port is free (0), with workers and without.
       for (const workers of ['2', '1']) {
-        const second = spawn(process.execPath, [MAIN, '--port', '0'], {
-          env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_MODELS_DIR: join(dir, 'none'), SWITCHYARD_WORKERS: workers, ...env },
-          stdio: ['ignore', 'pipe', 'pipe'],
-        });
-        let err = '';
-        second.stderr.on('data', (d: Buffer) => {
-          err += d.toString();
-        });
-        const code = await new Promise<number | null>((res) => second.on('exit', res));
+        const { code, err } = await failedStart({ SWITCHYARD_MODELS_DIR: join(dir, 'none'), SWITCHYARD_WORKERS: workers, ...env });
         assert.equal(code, 78, err);
         assert.match(err, /another Switchyard instance is serving the SQLite database/);
       }
@@ -585,15 +591,7 @@ describe('the server process', () => {
       ],
     ];
     for (const [env, pattern] of cases) {
-      const child = spawn(process.execPath, [MAIN, '--port', '0'], {
-        env: { PATH: process.env['PATH'] ?? '', SWITCHYARD_WORKERS: '1', SWITCHYARD_DATA_DIR: tempDir(), ...env },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
-      let err = '';
-      child.stderr.on('data', (d: Buffer) => {
-        err += d.toString();
-      });
-      const code = await new Promise<number | null>((res) => child.on('exit', res));
+      const { code, err } = await failedStart({ SWITCHYARD_WORKERS: '1', SWITCHYARD_DATA_DIR: tempDir(), ...env });
       assert.equal(code, 78, err);
       assert.match(err, pattern);
       assert.doesNotMatch(err, /hunter2/);
@@ -601,15 +599,7 @@ describe('the server process', () => {
   });
 
   it('refuses to start on a bad setting, naming it', async () => {
-    const child = spawn(process.execPath, [MAIN], {
-      env: { PATH: process.env['PATH'] ?? '', PORT: 'eighty' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let err = '';
-    child.stderr.on('data', (d: Buffer) => {
-      err += d.toString();
-    });
-    const code = await new Promise<number | null>((res) => child.on('exit', res));
+    const { code, err } = await failedStart({ PORT: 'eighty' }, []);
     assert.equal(code, 2);
     assert.match(err, /PORT/);
   });
