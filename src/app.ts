@@ -292,9 +292,12 @@ export async function createService(
         await ledger.close();
         await counters.close();
         await bus.close();
-        for (const e of engines) await e.close();
-        await store.close();
-        lock?.release();
+        try {
+          for (const e of engines) await e.close();
+          await store.close();
+        } finally {
+          lock?.release();
+        }
       },
     };
   } catch (err) {

@@ -44,6 +44,8 @@ function redactedUrl(url: string): string {
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
+    // ioredis reads options from the query too (`?password=…`): none of it is shown.
+    u.search = '';
     return u.toString();
   } catch {
     return '(an unparseable URL)';

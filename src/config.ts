@@ -281,13 +281,23 @@ function readStructuredFile(path: string, label: string): Record<string, unknown
   return parsed as Record<string, unknown>;
 }
 
-/** `https://app.example.com` or `http://localhost:3000`: what a browser sends as its Origin. */
-function isOrigin(value: string): boolean {
+/**
+ * Why a value is not an origin as a browser sends it in `Origin` (undefined when it is one):
+ * `scheme://host[:port]` with nothing after it (`https://app.example.com`, `http://localhost:3000`,
+ * `chrome-extension://<id>`, `tauri://localhost`), or `null`. For http and https it must be written
+ * as browsers write it (lowercase, no default port), since CORS compares it exactly.
+ */
+function originProblem(value: string): string | undefined {
+  if (value === 'null') return undefined;
+  if (value === '*') return "'*' allows every origin and stands alone, not in a list";
+  const notOne = `'${value}' is not an origin (scheme://host[:port], no path or trailing slash)`;
+  if (!/^[a-z][a-z0-9+.-]*:\/\/[^/?#\s]+$/i.test(value)) return notOne;
+  if (!/^https?:/i.test(value)) return undefined;
   try {
-    const u = new URL(value);
-    return (u.protocol === 'http:' || u.protocol === 'https:') && u.origin === value;
+    const origin = new URL(value).origin;
+    return origin === value ? undefined : `'${value}' must be written as browsers send it: '${origin}'`;
   } catch {
-    return false;
+    return notOne;
   }
 }
 
@@ -375,14 +385,14 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
     const problem = allowEntryProblem(entry);
     if (problem) throw new ConfigError(`Invalid configuration: ${where('upstreamAllow')}: ${problem}`);
   }
-  for (const o of config.corsOrigin
-    .split(',')
-    .map((v) => v.trim())
-    .filter(Boolean)) {
-    if (o !== '*' && !isOrigin(o))
-      throw new ConfigError(
-        `Invalid configuration: ${where('corsOrigin')}: '${o}' is not an origin (scheme://host[:port], no path), nor '*'`,
-      );
+  if (config.corsOrigin.trim() !== '*') {
+    for (const o of config.corsOrigin
+      .split(',')
+      .map((v) => v.trim())
+      .filter(Boolean)) {
+      const problem = originProblem(o);
+      if (problem) throw new ConfigError(`Invalid configuration: ${where('corsOrigin')}: ${problem}`);
+    }
   }
   const ids = new Set<string>();
   for (const m of config.models) {

@@ -33,7 +33,7 @@ describe('configuration', () => {
     const c = loadConfig({
       env: {
         SWITCHYARD_UPSTREAM_ALLOW: '10.0.0.0/8, 192.168.1.7, fd00::/8, ::1, models.internal, vllm_1.lan, *',
-        SWITCHYARD_CORS_ORIGIN: 'https://app.example.com,http://localhost:3000',
+        SWITCHYARD_CORS_ORIGIN: 'https://app.example.com,http://localhost:3000,chrome-extension://abcdefghijklmnop,tauri://localhost,null',
       },
     });
     assert.deepEqual(c.upstreamAllow, ['10.0.0.0/8', '192.168.1.7', 'fd00::/8', '::1', 'models.internal', 'vllm_1.lan', '*']);
@@ -81,6 +81,8 @@ describe('configuration', () => {
       [{ SWITCHYARD_UPSTREAM_ALLOW: 'http://x' }, /SWITCHYARD_UPSTREAM_ALLOW/],
       [{ SWITCHYARD_CORS_ORIGIN: 'not-an-origin' }, /SWITCHYARD_CORS_ORIGIN: 'not-an-origin' is not an origin/],
       [{ SWITCHYARD_CORS_ORIGIN: 'https://app.example.com/' }, /SWITCHYARD_CORS_ORIGIN/],
+      [{ SWITCHYARD_CORS_ORIGIN: 'https://App.example.com:443' }, /written as browsers send it: 'https:\/\/app\.example\.com'/],
+      [{ SWITCHYARD_CORS_ORIGIN: 'https://app.example.com,*' }, /'\*' allows every origin and stands alone/],
     ];
     for (const [env, pattern] of cases) {
       assert.throws(

@@ -329,7 +329,7 @@ describe('limiter', () => {
   });
 
   it('refuses for now a budget held by requests in flight in another process sharing the counters, and for the period once spent', async (t) => {
-    t.mock.timers.enable({ apis: ['Date'], now: Date.UTC(2026, 10, 28, 12) });
+    t.mock.timers.enable({ apis: ['Date', 'setInterval'], now: Date.UTC(2026, 10, 28, 12) });
     // Two processes (a cluster's workers, or instances on one Redis): one set of counters, two limiters.
     const counters = new MemoryCounters();
     const here = new Limiter(counters, store, metrics);
@@ -347,12 +347,24 @@ describe('limiter', () => {
     await assert.rejects(async () => here.admit(k, 'm', worst), spent);
     await assert.rejects(async () => there.admit(k, 'm', worst), spent);
 
-    // A hold never taken back (its process died) is forgotten within two windows of ten minutes.
+    // A request that runs for longer than the windows still holds: its process moves its hold along.
+    const k3 = who({ budget: 1, budget_period: 'day' }, null, 'key_budget_long');
+    const long = await there.admit(k3, 'm', worst);
+    for (let minute = 0; minute < 45; minute++) t.mock.timers.tick(60_000);
+    await assert.rejects(async () => here.admit(k3, 'm', worst), temporary);
+    long.settle(10, 0.1);
+    (await here.admit(k3, 'm', worst)).settle(0, 0);
+
+    // A hold never taken back nor moved (its process died) is forgotten within two windows of ten minutes.
+    const orphans = new MemoryCounters();
+    const dead = new Limiter(orphans, store, metrics);
+    const alive = new Limiter(orphans, store, metrics);
     const k2 = who({ budget: 1, budget_period: 'day' }, null, 'key_budget_orphan');
-    await there.admit(k2, 'm', worst);
-    await assert.rejects(async () => here.admit(k2, 'm', worst), temporary);
-    t.mock.timers.tick(21 * 60_000);
-    await assert.rejects(async () => here.admit(k2, 'm', worst), spent);
+    await dead.admit(k2, 'm', worst);
+    (dead as unknown as { holding: Set<unknown> }).holding.clear();
+    await assert.rejects(async () => alive.admit(k2, 'm', worst), temporary);
+    for (let minute = 0; minute < 21; minute++) t.mock.timers.tick(60_000);
+    await assert.rejects(async () => alive.admit(k2, 'm', worst), spent);
   });
 });
 

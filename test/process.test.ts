@@ -585,6 +585,7 @@ describe('the server process', () => {
   it('says which setting a start that cannot reach its Redis or open its data directory failed on', async () => {
     const cases: Array<[Record<string, string>, RegExp]> = [
       [{ REDIS_URL: 'redis://:hunter2@127.0.0.1:1/0' }, /cannot reach Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:1\/0 \(REDIS_URL\)/],
+      [{ REDIS_URL: 'redis://127.0.0.1:1/0?password=hunter2' }, /cannot reach Redis at redis:\/\/127\.0\.0\.1:1\/0 \(REDIS_URL\)/],
       [
         { SWITCHYARD_DATA_DIR: '/etc/passwd/sub' },
         /cannot open the SQLite database \/etc\/passwd\/sub\/switchyard\.db \(set by SWITCHYARD_DATA_DIR/,

@@ -2,6 +2,7 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { request } from 'node:http';
+import { request as undiciRequest } from 'undici';
 import { createKey, http, readSse, startWithClient, type TestServer } from './helpers/server.js';
 import { checkStream, type Ev, type WireResponse } from './helpers/responses.js';
 import { eventually } from './helpers/wait.js';
@@ -416,14 +417,22 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.ok(resumedLive.done);
     // Resumed after more events than it comes to have: it ends with its terminal event all the same,
     // as a finished response's replay does.
-    const short = await client.responses.create({ model: RANDOM, input: 'hello', max_output_tokens: 30, background: true });
-    const past = await readSse(server.url, 'GET', `/v1/responses/${short.id}?stream=true&starting_after=100000`, { key });
-    const pastEvents = past.events.map((e) => JSON.parse(e.data) as Ev);
+    // (Still running when the resume starts, so the live log is what is followed; it ends by a cancel.)
+    const long = await client.responses.create({ model: RANDOM, input: 'hello', max_output_tokens: 4000, background: true });
+    await eventually(async () => assert.equal((await client.responses.retrieve(long.id)).status, 'in_progress'));
+    // Its head has come once the server follows the run's live log; then it is cancelled.
+    const following = await undiciRequest(`${server.url}/v1/responses/${long.id}?stream=true&starting_after=100000`, {
+      headers: { authorization: `Bearer ${key}` },
+    });
+    assert.equal(following.statusCode, 200);
+    await client.responses.cancel(long.id);
+    const body = await following.body.text();
+    const pastEvents = [...body.matchAll(/^data: (\{.*\})$/gm)].map((m) => JSON.parse(m[1]!) as Ev);
     assert.deepEqual(
-      pastEvents.map((e) => [e.type, e.sequence_number]),
-      [['response.incomplete', 100001]],
+      pastEvents.map((e) => [e.type, e.sequence_number, (e as { response?: { status?: string } }).response?.status]),
+      [['response.incomplete', 100001, 'cancelled']],
     );
-    assert.ok(past.done);
+    assert.match(body, /data: \[DONE\]\n\n$/);
     // So the openai SDK's stream helper follows a background response, live and resumed by id.
     const live = await client.responses
       .stream({ model: STORIES, input: 'Once upon a time', max_output_tokens: 5, background: true })

@@ -50,6 +50,9 @@ async function streamEvents(
   if (onClientGone) whenGone(gone, onClientGone);
   if (gone.aborted) return reply;
   openSse(reply);
+  // Following a run that may send nothing for a while (resumed past its last event, or queued):
+  // the head goes out now, so the client knows it is following.
+  if (startingAfter >= 0) reply.raw.flushHeaders();
   const raw = reply.raw;
   let sent = 0;
   /** The last event left out for coming at or before `startingAfter`. */

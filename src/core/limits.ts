@@ -171,11 +171,10 @@ interface Admitting {
   resetS: number;
   /** The worst-case cost reserved against each budget (0 without a budget or a price). */
   reserve: number;
-  /**
-   * Budget counters that hold the reservation, with their time to live, and the counter of what
-   * requests in flight hold of that budget that this one was added to (see `heldKey`).
-   */
-  reserved: Array<{ key: string; ttlMs: number; held: string }>;
+  /** Budget counters that hold the reservation, with their time to live. */
+  reserved: Array<{ key: string; ttlMs: number }>;
+  /** For each budget, the window's counter of what requests in flight hold that this one is in (see HELD_WINDOW_MS). */
+  holds: Array<{ key: string; held: string }>;
   /** The most tokens the request can use (its estimated input and largest output), reserved against each tpm limit. */
   tokenReserve: number;
   /** Token counters that hold that reservation. */
@@ -201,10 +200,11 @@ interface Admitting {
  * What requests in flight hold of each budget (their worst-case reservations) is counted beside the
  * budget's counter, shared as it is (Redis, or a cluster's primary), so that a budget refused only
  * for what they hold is refused for now (retry when they end) in every process, not for the rest of
- * the period. A request adds its hold to the counter of the window it was admitted in and takes it
- * from the same one; holds are read from the current and the last window, and a window's counter
- * expires after two, so a hold a crashed process never took back is forgotten within 20 minutes
- * (a request that holds longer reads as spent, as every hold did before).
+ * the period. Holds are counted by ten-minute window: a request adds its hold to the current
+ * window's counter, its process moves it into each new window while it runs (`moveHolds`, every
+ * minute), and it takes it back when it ends. Holds are read from the current and the last window,
+ * and a window's counter expires after two, so a hold whose process died (nobody moves it or takes
+ * it back) is forgotten within twenty minutes.
  */
 const HELD_WINDOW_MS = 10 * MINUTE;
 const HELD_TTL_MS = 2 * HELD_WINDOW_MS;
@@ -216,11 +216,16 @@ export class Limiter {
   private readonly names = { key: new Map<string, MinuteNames>(), org: new Map<string, MinuteNames>() };
   private namesMinute = 0;
 
+  /** This process's requests in flight that hold some of a budget (their holds move with the windows). */
+  private readonly holding = new Set<Admitting>();
+
   constructor(
     private readonly counters: Counters,
     private readonly store: Store,
     private readonly metrics: Metrics,
-  ) {}
+  ) {
+    setInterval(() => this.moveHolds(), MINUTE).unref();
+  }
 
   /**
    * The counter names of a scope's minute window, built once a minute rather than per request: a
@@ -274,6 +279,7 @@ export class Limiter {
       resetS: Math.max(1, Math.ceil(((minute + 1) * MINUTE - now) / 1000)),
       reserve: 0,
       reserved: [],
+      holds: [],
       tokenReserve: 0,
       tokensReserved: [],
       counted: [],
@@ -289,8 +295,9 @@ export class Limiter {
       }
     }
     const refused = (err: unknown): never => {
-      this.release(a);
+      // The reservation goes before the hold that explains it, so that no process reads a reservation without its hold.
       this.giveBack(a, -a.reserve);
+      this.release(a);
       this.giveBackTokens(a, -a.tokenReserve);
       for (const key of a.counted) background(this.counters.add(key, -1, 2 * MINUTE));
       throw err;
@@ -391,14 +398,40 @@ export class Limiter {
     };
     return when(spentSoFar, (spent) => {
       if (spent >= budget || a.reserve <= 0) return over(spent, 0);
+      // The hold first: a process that reads the reservation below finds the hold that explains it
+      // (one client's commands arrive in order, in Redis and through a cluster's primary).
+      this.hold(a, key);
       // The counter's value before this add is what was spent and reserved by others.
       return when(this.counters.add(key, a.reserve, ttlMs), (total) => {
-        const held = heldKey(key, a.now);
-        a.reserved.push({ key, ttlMs, held });
-        background(this.counters.add(held, a.reserve, HELD_TTL_MS));
+        a.reserved.push({ key, ttlMs });
         return over(total - a.reserve, a.reserve);
       });
     });
+  }
+
+  private hold(a: Admitting, key: string): void {
+    const held = heldKey(key, Date.now());
+    a.holds.push({ key, held });
+    this.holding.add(a);
+    background(this.counters.add(held, a.reserve, HELD_TTL_MS));
+  }
+
+  /**
+   * Moves the holds of this process's requests in flight into the current window once a window
+   * ends, so that a request holds for as long as it runs: only holds nobody moves (their process
+   * died) are left to expire with their window.
+   */
+  private moveHolds(): void {
+    const now = Date.now();
+    for (const a of this.holding) {
+      for (const h of a.holds) {
+        const current = heldKey(h.key, now);
+        if (current === h.held) continue;
+        background(this.counters.add(current, a.reserve, HELD_TTL_MS));
+        background(this.counters.add(h.held, -a.reserve, HELD_TTL_MS));
+        h.held = current;
+      }
+    }
   }
 
   /** What requests in flight hold of a budget counter, in every process sharing the counters (this window's and the last one's). */
@@ -411,8 +444,10 @@ export class Limiter {
 
   /** This request no longer holds its reservations (it ended, or was refused). */
   private release(a: Admitting): void {
-    if (a.reserve === 0) return;
-    for (const { held } of a.reserved) background(this.counters.add(held, -a.reserve, HELD_TTL_MS));
+    if (a.holds.length === 0) return;
+    this.holding.delete(a);
+    for (const { held } of a.holds) background(this.counters.add(held, -a.reserve, HELD_TTL_MS));
+    a.holds.length = 0;
   }
 
   /** Adds `amount` to every budget counter that holds this request's reservation. */
@@ -446,9 +481,10 @@ export class Limiter {
       settle: (tokens, cost) => {
         if (settled) return;
         settled = true;
-        // The reservations become what the request really used (an unpriced request costs nothing here).
-        this.release(a);
+        // The reservations become what the request really used (an unpriced request costs nothing
+        // here), and then it no longer holds them.
         this.giveBack(a, (cost ?? 0) - a.reserve);
+        this.release(a);
         this.giveBackTokens(a, tokens - a.tokenReserve);
         for (const { scope, id, limits } of a.scopes) {
           if (limits.tpm !== undefined && tokens > 0 && a.tokenReserve <= 0)

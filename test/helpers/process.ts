@@ -37,7 +37,8 @@ export async function startProcess(env: Record<string, string>, opts: { inspect?
   });
   const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
   const url = await new Promise<string>((res, rej) => {
-    const timer = setTimeout(() => rej(new Error(`server did not start:\n${out}`)), 20_000);
+    // Generous: two workers loading their catalogues beside a busy test runner on 2 cores took over 20 s.
+    const timer = setTimeout(() => rej(new Error(`server did not start:\n${out}`)), 60_000);
     // The service's own announcement: the primary's with several workers (after every worker
     // listens), the process's own otherwise; a single worker's line does not count.
     const check = () => {
