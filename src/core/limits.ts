@@ -189,14 +189,6 @@ interface Admitting {
 }
 
 /**
- * Per-key and per-organization limits: requests and tokens per minute (fixed one-minute windows),
- * a spend budget per day or month, and an allowed-models list. Requests are counted when admitted
- * (and not at all when a limit refuses them). Tokens and spend are reserved at admission at the
- * request's worst case and settled to what it really used when it ends, so that concurrent
- * requests see each other before they finish: 50 requests at once against a 100-token limit are
- * not all admitted because none has ended yet.
- */
-/**
  * What requests in flight hold of each budget (their worst-case reservations) is counted beside the
  * budget's counter, shared as it is (Redis, or a cluster's primary), so that a budget refused only
  * for what they hold is refused for now (retry when they end) in every process, not for the rest of
@@ -211,6 +203,14 @@ const HELD_TTL_MS = 2 * HELD_WINDOW_MS;
 const heldCounter = (key: string, window: number): string => `held:${key}:${window}`;
 const heldKey = (key: string, now: number): string => heldCounter(key, Math.floor(now / HELD_WINDOW_MS));
 
+/**
+ * Per-key and per-organization limits: requests and tokens per minute (fixed one-minute windows),
+ * a spend budget per day or month, and an allowed-models list. Requests are counted when admitted
+ * (and not at all when a limit refuses them). Tokens and spend are reserved at admission at the
+ * request's worst case and settled to what it really used when it ends, so that concurrent
+ * requests see each other before they finish: 50 requests at once against a 100-token limit are
+ * not all admitted because none has ended yet.
+ */
 export class Limiter {
   /** Counter names by scope and id, for the current minute window only (cleared when it ends). */
   private readonly names = { key: new Map<string, MinuteNames>(), org: new Map<string, MinuteNames>() };

@@ -259,7 +259,8 @@ export class KyselyStore implements Store {
 
   constructor(opts: StoreOptions) {
     const url = opts.databaseUrl;
-    if (url && /^postgres(ql)?:\/\//.test(url)) {
+    const file = sqliteFileOf(opts);
+    if (file === undefined) {
       this.dialect = 'postgres';
       const pool = new pg.Pool({
         connectionString: url,
@@ -273,7 +274,6 @@ export class KyselyStore implements Store {
       this.db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
     } else {
       this.dialect = 'sqlite';
-      const file = sqliteFileOf(opts)!;
       let database: SqliteDatabase.Database;
       try {
         if (file !== ':memory:') mkdirSync(dirname(resolve(file)), { recursive: true });
