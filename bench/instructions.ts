@@ -1,5 +1,5 @@
 /**
- * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N] [--non-stream-only] [--fastify] [--functions N] [--responses]`:
+ * `npm run bench:instructions [-- --old <dir>] [--warmup N] [--requests N] [--non-stream-only | --stream-only] [--fastify] [--functions N] [--responses]`:
  * instructions per request, counted by valgrind's callgrind, for the reference pass-through and
  * Switchyard (the same pass-through on Fastify too with `--fastify`, and an earlier build with
  * `--old`, built as for bench:compare). Time on this VM drifts by ±25% between
@@ -24,7 +24,7 @@
  * `callgrind_annotate` (native functions by name; V8's compiled JavaScript shows only as addresses).
  * `--functions N` runs the subjects with Node's `--perf-basic-prof`, which names V8's compiled
  * JavaScript for callgrind (bench/callgrind-functions.ts), and prints where a non-stream request's
- * main-thread instructions went: by layer (Switchyard's code, Fastify, undici, Node's modules, V8's
+ * (with `--stream-only`, a stream's) main-thread instructions went: by layer (Switchyard's code, Fastify, undici, Node's modules, V8's
  * builtins and runtime, SQLite, …) and the N functions Switchyard spends most above the reference on.
  * `--responses` counts stored `/v1/responses` requests instead (bench/gateway.ts's `responsesBody`),
  * for Switchyard alone: the reference only forwards chat completions.
@@ -48,6 +48,7 @@ const { values } = parseArgs({
     requests: { type: 'string', default: '1000' },
     keep: { type: 'boolean', default: false },
     'non-stream-only': { type: 'boolean', default: false },
+    'stream-only': { type: 'boolean', default: false },
     fastify: { type: 'boolean', default: false },
     functions: { type: 'string', default: '0' },
     responses: { type: 'boolean', default: false },
@@ -57,6 +58,9 @@ const FUNCTIONS = Number(values.functions);
 // Inherited by every subject; V8 then writes /tmp/perf-<pid>.map as it compiles.
 if (FUNCTIONS > 0) process.env['NODE_OPTIONS'] = `${process.env['NODE_OPTIONS'] ?? ''} --perf-basic-prof`.trim();
 const WARMUP = Number(values.warmup);
+/** What is counted: non-stream requests, streams, or both (the function profile is of streams only with --stream-only). */
+const KINDS = values['stream-only'] ? [true] : values['non-stream-only'] ? [false] : [false, true];
+const PROFILED_STREAM = values['stream-only'] === true;
 const REQUESTS = Number(values.requests);
 
 interface Count {
@@ -68,7 +72,7 @@ interface Counted {
   subject: string;
   non_stream: Count;
   stream: Count;
-  /** The non-stream count's main thread by function (`--functions`). */
+  /** The main thread by function (`--functions`): the non-stream count's, or the stream's with --stream-only. */
   functions?: FunctionCosts;
 }
 
@@ -137,7 +141,7 @@ async function count(
     const h = await headers(proc);
     const result: Counted = { subject, non_stream: { main: 0, all: 0 }, stream: { main: 0, all: 0 } };
     let dumps = 0;
-    for (const stream of values['non-stream-only'] ? [false] : [false, true]) {
+    for (const stream of KINDS) {
       await drive(client, h, stream, WARMUP);
       await run('callgrind_control', ['-i', 'on', String(pid)]);
       await run('callgrind_control', ['-z', String(pid)]);
@@ -145,7 +149,8 @@ async function count(
       const counted = await dump(pid, dir, ++dumps);
       await run('callgrind_control', ['-i', 'off', String(pid)]);
       result[stream ? 'stream' : 'non_stream'] = { main: Math.round(counted.main / REQUESTS), all: Math.round(counted.all / REQUESTS) };
-      if (FUNCTIONS > 0 && !stream) result.functions = functionCosts(join(dir, `callgrind.out.${dumps}-01`), perfMap(pid));
+      if (FUNCTIONS > 0 && stream === PROFILED_STREAM)
+        result.functions = functionCosts(join(dir, `callgrind.out.${dumps}-01`), perfMap(pid));
     }
     return result;
   } finally {
@@ -179,7 +184,7 @@ function printFunctions(results: Counted[]): void {
   const last = own.length - 1;
   const names = [...new Set(own.flatMap((m) => [...m.keys()]))].sort((a, b) => (own[last]!.get(b) ?? 0) - (own[last]!.get(a) ?? 0));
   console.log(
-    `\nA non-stream request's main-thread instructions by layer (thousands per request): its own, and with the V8 and native work its JavaScript called\n`,
+    `\nA ${PROFILED_STREAM ? 'stream' : 'non-stream request'}'s main-thread instructions by layer (thousands per request): its own, and with the V8 and native work its JavaScript called\n`,
   );
   console.log(`| layer | ${results.map((r) => `${r.subject}: own | with what it called`).join(' | ')} |`);
   console.log(`|---|${results.map(() => '---|---|').join('')}`);
@@ -248,16 +253,12 @@ try {
   console.log(
     `\nInstructions per ${values.responses ? 'stored /v1/responses ' : ''}request (callgrind, user space, ${REQUESTS} requests after ${WARMUP} warm-up ones, one connection)\n`,
   );
-  const streams = !values['non-stream-only'];
-  console.log(
-    `| subject | non-stream, main thread | vs ${ref.subject} | all threads |${streams ? ` stream (20 chunks), main thread | vs ${ref.subject} | all threads |` : ''}`,
-  );
-  console.log(`|---|---|---|---|${streams ? '---|---|---|' : ''}`);
+  const kinds = KINDS.map((stream) => (stream ? ('stream' as const) : ('non_stream' as const)));
+  const title = { non_stream: 'non-stream', stream: 'stream (20 chunks)' };
+  console.log(`| subject |${kinds.map((k) => ` ${title[k]}, main thread | vs ${ref.subject} | all threads |`).join('')}`);
+  console.log(`|---|${kinds.map(() => '---|---|---|').join('')}`);
   for (const r of results)
-    console.log(
-      `| ${r.subject} | ${n(r.non_stream.main)} | ${vs(ref.non_stream.main, r.non_stream.main)} | ${n(r.non_stream.all)} |` +
-        (streams ? ` ${n(r.stream.main)} | ${vs(ref.stream.main, r.stream.main)} | ${n(r.stream.all)} |` : ''),
-    );
+    console.log(`| ${r.subject} |${kinds.map((k) => ` ${n(r[k].main)} | ${vs(ref[k].main, r[k].main)} | ${n(r[k].all)} |`).join('')}`);
   if (FUNCTIONS > 0) printFunctions(results);
 } finally {
   await fake.stop();
