@@ -420,6 +420,36 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
     }
     assert.equal(await resampled(), before, 'no output needed a second sample');
   });
+
+  it('an output cut by max_tokens in the middle of a character ends before it, never with U+FFFD', async () => {
+    const messages = [{ role: 'user' as const, content: 'x' }];
+    const read = async (body: OpenAI.ChatCompletionCreateParamsNonStreaming): Promise<string[]> => {
+      let streamed = '';
+      for await (const chunk of await client.chat.completions.create({ ...body, stream: true }))
+        streamed += chunk.choices[0]?.delta.content ?? '';
+      const whole = await client.chat.completions.create(body);
+      assert.equal(whole.choices[0]!.finish_reason, 'length');
+      return [streamed, whole.choices[0]!.message.content!];
+    };
+    // Under a grammar: each emoji is four byte tokens, so most cuts fall inside one.
+    const document = '"😀😀😀😀"';
+    const response_format = { type: 'json_schema' as const, json_schema: { name: 'x', schema: { const: '😀😀😀😀' } } };
+    for (let max = 2; max <= 9; max++) {
+      for (const text of await read({ model: STORIES, max_tokens: max, messages, response_format })) {
+        assert.ok(!text.includes('\uFFFD') && document.startsWith(text), `max_tokens ${max}: ${JSON.stringify(text)}`);
+        assert.ok(
+          text.length >= 1 + 2 * Math.floor((max - 1) / 4),
+          `max_tokens ${max}: every whole emoji is kept: ${JSON.stringify(text)}`,
+        );
+      }
+    }
+    // Without one: this model and seed cut a Cyrillic character at 47 tokens (a U+FFFD at the end before).
+    for (let max = 44; max <= 50; max++) {
+      const texts = await read({ model: RANDOM, seed: 14, max_tokens: max, messages: [{ role: 'user', content: 'hello 14' }] });
+      for (const text of texts) assert.ok(!text.endsWith('\uFFFD'), `max_tokens ${max}: ${JSON.stringify(text.slice(-20))}`);
+      assert.equal(texts[0], texts[1], 'streamed as answered whole');
+    }
+  });
 });
 
 describe('structured output that cannot be met', () => {

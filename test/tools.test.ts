@@ -1,6 +1,10 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { Ajv } from 'ajv';
+import { Ajv2019 } from 'ajv/dist/2019.js';
+import { Ajv2020 } from 'ajv/dist/2020.js';
+import { z } from 'zod';
+import { zodResponseFormat } from 'openai/helpers/zod';
 import addFormatsModule from 'ajv-formats';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -372,6 +376,133 @@ describe('function calling and structured output on the local engine (stories260
     }
     for (const pair of results)
       for (const v of pair) assert.ok(checkBooking(v), `${JSON.stringify(v)}: ${JSON.stringify(checkBooking.errors)}`);
+  });
+
+  it('ranges between whole numbers, integers past 2^53 and minContains: valid at the first sample, resampled never', async () => {
+    const resampled = async (): Promise<number> =>
+      (
+        (await http(server.url, 'GET', '/admin/local/loaded', { key: server.adminKey })).json as unknown as {
+          schema_checks: { resampled: number };
+        }
+      ).schema_checks.resampled;
+    const before = await resampled();
+    // The openai SDK's zod helper, as its docs show it: a confidence between 0.1 and 0.9.
+    const Score = z.object({ confidence: z.number().min(0.1).max(0.9), temp: z.number().gt(37.2).lt(37.9) });
+    for (let seed = 0; seed < 6; seed++) {
+      const parsed = await client.chat.completions.parse({
+        model: STORIES,
+        seed,
+        temperature: 1,
+        messages: [{ role: 'user', content: 'Score it.' }],
+        response_format: zodResponseFormat(Score, 'score'),
+      });
+      const score = parsed.choices[0]!.message.parsed!;
+      assert.ok(score.confidence >= 0.1 && score.confidence <= 0.9 && score.temp > 37.2 && score.temp < 37.9, JSON.stringify(score));
+    }
+    const schemas: Array<[string, Record<string, unknown>]> = [
+      ['a range inside one whole part', { type: 'number', minimum: 0.5, maximum: 0.6 }],
+      [
+        'coordinates',
+        {
+          type: 'object',
+          properties: { lat: { type: 'number', minimum: 51.28, maximum: 51.69 }, lon: { type: 'number', minimum: -0.51, maximum: 0.33 } },
+          required: ['lat', 'lon'],
+          additionalProperties: false,
+        },
+      ],
+      ['a negative range', { type: 'number', exclusiveMinimum: -0.6, exclusiveMaximum: -0.5 }],
+      ['integers from 10^15', { type: 'integer', minimum: 1e15 }],
+      ['nanosecond timestamps', { type: 'integer', minimum: 1_700_000_000_000_000_000, maximum: 1_800_000_000_000_000_000 }],
+      ['past an exclusive 10^17', { type: 'integer', exclusiveMinimum: 1e17 }],
+      [
+        'two items that contain x (2020-12)',
+        { $schema: 'https://json-schema.org/draft/2020-12/schema', type: 'array', contains: { const: 'x' }, minContains: 2 },
+      ],
+      [
+        'exactly three fives (2019-09)',
+        { $schema: 'https://json-schema.org/draft/2019-09/schema', contains: { const: 5 }, minContains: 3, maxContains: 3, maxItems: 3 },
+      ],
+    ];
+    for (const [name, schema] of schemas) {
+      const uri = String(schema['$schema'] ?? '');
+      const validator = uri.includes('2020-12')
+        ? new Ajv2020({ strict: false })
+        : uri.includes('2019-09')
+          ? new Ajv2019({ strict: false })
+          : new Ajv({ strict: false });
+      const check = validator.compile(schema);
+      for (let seed = 0; seed < 3; seed++) {
+        const c = await client.chat.completions.create({
+          model: STORIES,
+          seed,
+          temperature: 1,
+          max_tokens: 100,
+          messages: [{ role: 'user', content: 'x' }],
+          response_format: { type: 'json_schema', json_schema: { name: 'x', strict: true, schema } },
+        });
+        const value: unknown = JSON.parse(c.choices[0]!.message.content!);
+        assert.ok(check(value), `${name}, seed ${seed}: ${c.choices[0]!.message.content} ${JSON.stringify(check.errors)}`);
+      }
+    }
+    assert.equal(await resampled(), before, 'the grammar alone kept every document valid');
+    // More items than maxItems allows is no array at all: a 400 at admission, as Ajv agrees.
+    const impossible = { $schema: 'https://json-schema.org/draft/2020-12/schema', contains: { const: 'x' }, minContains: 3, maxItems: 2 };
+    const res = await http(server.url, 'POST', '/v1/chat/completions', {
+      key: client.apiKey!,
+      body: {
+        model: STORIES,
+        max_tokens: 30,
+        messages: [{ role: 'user', content: 'x' }],
+        response_format: { type: 'json_schema', json_schema: { name: 'x', schema: impossible } },
+      },
+    });
+    assert.equal(res.status, 400, res.text);
+    assert.equal(res.json.error.code, 'invalid_value');
+  });
+
+  it('Responses: a function tool that does not say strict is strict (Open Responses: default true), as its echo says', async () => {
+    const parameters = {
+      type: 'object',
+      properties: { t: { type: 'number', minimum: 0.5, maximum: 0.6 }, unit: { type: 'string', enum: ['c', 'f'] } },
+      required: ['t', 'unit'],
+      additionalProperties: false,
+    };
+    const check = new Ajv({ strict: false }).compile(parameters);
+    for (let seed = 0; seed < 3; seed++) {
+      const r = await client.responses.create({
+        model: STORIES,
+        input: 'Set it.',
+        temperature: 1,
+        max_output_tokens: 100,
+        tool_choice: 'required',
+        tools: [{ type: 'function', name: 'set_temp', parameters } as unknown as OpenAI.Responses.FunctionTool],
+      });
+      assert.equal(r.status, 'completed');
+      assert.equal(r.tools[0]!.type === 'function' && r.tools[0]!.strict, true, 'echoed as strict');
+      const call = r.output.find((o) => o.type === 'function_call');
+      assert.ok(call && call.type === 'function_call', JSON.stringify(r.output));
+      const args: unknown = JSON.parse(call.arguments);
+      assert.ok(check(args), `seed ${seed}: ${call.arguments}`);
+    }
+    // Held as strict: a schema that cannot be compiled is refused, unless the tool says strict: false.
+    const broken = { type: 'object', properties: { a: { $ref: '#/$defs/missing' } }, required: ['a'] };
+    const ask = (strict: boolean | undefined) =>
+      http(server.url, 'POST', '/v1/responses', {
+        key: client.apiKey!,
+        body: {
+          model: STORIES,
+          input: 'x',
+          max_output_tokens: 40,
+          tool_choice: 'required',
+          tools: [{ type: 'function', name: 'f', parameters: broken, ...(strict !== undefined && { strict }) }],
+        },
+      });
+    const unsaid = await ask(undefined);
+    assert.equal(unsaid.status, 400, unsaid.text);
+    assert.equal((await ask(true)).status, 400);
+    const lenient = await ask(false);
+    assert.equal(lenient.status, 200, lenient.text);
+    assert.equal((lenient.json as unknown as { tools: Array<{ strict: boolean }> }).tools[0]!.strict, false);
   });
 
   it('a strict: false tool with a schema the grammar cannot hold whole is never refused (tool_choice auto and required)', async () => {

@@ -676,9 +676,15 @@ export class LocalEngine implements Engine {
           break;
         }
       }
-      if (pending.length > 0) await sink.text(model.detokenize(pending, false, lastTokens(prompt, generated, pending.length)));
-      const open = grammarText?.end();
-      if (open) await sink.text(open);
+      // Tokens still held at the end were held for a character whose last bytes never came (the
+      // output was cut by max_tokens in its middle): the text before it is sent, and of the
+      // character nothing, rather than the U+FFFD a decoder makes of its first bytes. The same
+      // for a sequence still open under a grammar.
+      if (pending.length > 0) {
+        const rest = model.detokenize(pending, false, lastTokens(prompt, generated, pending.length)).replace(/\uFFFD$/u, '');
+        if (rest !== '') await sink.text(rest);
+      }
+      grammarText?.end();
       return { finish, output: generated.length };
     } finally {
       await tokens?.return();

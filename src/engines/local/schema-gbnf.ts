@@ -15,7 +15,7 @@
  * no room to wander. Properties come in declared order, required ones first.
  */
 import { STRING_FORMATS, INTEGER_FORMATS } from './schema-formats.js';
-import { integerRange, multiplesIn, numberRange, type NumberBounds } from './schema-numbers.js';
+import { integerBounds, integerRange, multiplesIn, numberRange, type NumberBounds } from './schema-numbers.js';
 import { patternMatches, patternSpan, patternToGbnf } from './schema-regex.js';
 import type { Draft } from './schema-validator.js';
 
@@ -846,9 +846,7 @@ class Compiler {
     }
     const bounded = min !== -Infinity || max !== Infinity;
     if (!bounded) return this.base(integer ? 'integer' : 'number');
-    const lo = exclusiveMin ? (Number.isInteger(min) ? min + 1 : Math.ceil(min)) : Math.ceil(min);
-    const hi = exclusiveMax ? (Number.isInteger(max) ? max - 1 : Math.floor(max)) : Math.floor(max);
-    const body = integer ? integerRange(lo, hi) : numberRange(bounds);
+    const body = integer ? integerRange(...integerBounds(bounds)) : numberRange(bounds);
     if (body !== undefined) return this.rule(`${path}-range`, body);
     if (integer) throw new Unsatisfiable(`no integer lies in the range at '${path || '/'}'`);
     this.check('minimum/maximum', path);
@@ -920,32 +918,38 @@ class Compiler {
     const min = num(s['minItems']) ?? 0;
     let max = num(s['maxItems']) ?? Infinity;
     if (min > max) throw new Unsatisfiable(`minItems is above maxItems at '${path || '/'}'`);
+    // How many items `contains` asks for: minContains and maxContains are keywords from 2019-09 on
+    // (earlier drafts' validators ignore them, and so does the grammar).
+    const contains = s['contains'];
+    const containsAsked = contains !== undefined && contains !== true;
+    const counted = this.draft === '2019-09' || this.draft === '2020-12';
+    const minContains = !containsAsked ? 0 : counted ? (num(s['minContains']) ?? 1) : 1;
+    const maxContains = containsAsked && counted ? num(s['maxContains']) : undefined;
+    if (minContains > max) throw new Unsatisfiable(`contains needs ${minContains} items where maxItems allows ${max} at '${path || '/'}'`);
     // uniqueItems: one item cannot repeat; more are left to the check. More items than the items
     // have values can never be found (three unique booleans): refused here, not after sampling.
     if (s['uniqueItems'] === true) {
       const values = prefix.length === 0 ? valuesAtMost(rest) : undefined;
       if (values !== undefined && min > values)
         throw new Unsatisfiable(`uniqueItems at '${path || '/'}' asks for ${min} different items of at most ${values} values`);
-      if (min <= 1 && prefix.length <= 1) max = Math.min(max, 1);
+      if (Math.max(min, minContains) <= 1 && prefix.length <= 1) max = Math.min(max, 1);
       else this.check('uniqueItems', path);
     }
     let first: string | undefined;
-    const contains = s['contains'];
-    if (contains !== undefined && contains !== true) {
-      const minContains = num(s['minContains']) ?? 1;
-      if (prefix.length === 0 && minContains <= 1 && s['maxContains'] === undefined && minContains > 0) {
-        // The first item satisfies `contains` (and `items`).
+    let containing = 0;
+    if (containsAsked) {
+      // maxContains holds by itself where the array cannot be longer.
+      if (prefix.length === 0 && minContains > 0 && (maxContains === undefined || max <= maxContains)) {
+        // The first minContains items satisfy `contains` (and `items`).
         first = this.visit(
           rest === undefined || rest === true ? contains : isSchema(rest) && isSchema(contains) ? { allOf: [rest, contains] } : contains,
           `${path}/contains`,
           base,
         );
-      } else if (minContains > 0 || s['maxContains'] !== undefined) this.check('contains', path);
+        containing = minContains;
+      } else if (minContains > 0 || maxContains !== undefined) this.check('contains', path);
     }
-    if (max === 0) {
-      if (first !== undefined) throw new Unsatisfiable(`contains needs an item where maxItems allows none at '${path || '/'}'`);
-      return this.rule('empty-array', '"[" "]"');
-    }
+    if (max === 0) return this.rule('empty-array', '"[" "]"');
     // Items in order: the tuple (cut where an item is impossible), then repetitions of the rest.
     const slots: string[] = [];
     for (let i = 0; i < Math.min(prefix.length, max); i++) {
@@ -967,11 +971,16 @@ class Compiler {
         if (!(err instanceof Unsatisfiable)) throw err;
       }
     }
-    const fixed = first !== undefined ? [first] : slots;
-    const restMin = Math.max(0, min - fixed.length);
-    const restMax = max === Infinity ? Infinity : max - fixed.length;
+    const fixedCount = first !== undefined ? containing : slots.length;
+    const restMin = Math.max(0, min - fixedCount);
+    const restMax = max === Infinity ? Infinity : max - fixedCount;
     if (!restRule && restMin > 0) throw new Unsatisfiable(`minItems at '${path || '/'}' asks for more items than the schema allows`);
-    if (fixed.length === 0) {
+    if (first !== undefined) {
+      const tail = restRule && restMax > 0 ? ` ( "," ${restRule} )${repeat(restMin, restMax)}` : '';
+      const more = containing > 1 ? ` ( "," ${first} )${repeat(containing - 1, containing - 1)}` : '';
+      return this.rule(`${path}-array`, `"[" ${first}${more}${tail} "]"`);
+    }
+    if (slots.length === 0) {
       if (!restRule || restMax <= 0) return this.rule('empty-array', '"[" "]"');
       const body = restMin === 0 ? `( ${commaList(restRule, 1, restMax)} )?` : commaList(restRule, restMin, restMax);
       return this.rule(`${path}-array`, `"[" ${body} "]"`);
@@ -979,10 +988,10 @@ class Compiler {
     const tail = restRule && restMax > 0 ? `( "," ${restRule} )${repeat(restMin, restMax)}` : '';
     // Nest optional items: "[" A ( "," B ( "," C tail )? )? "]"
     let body = tail;
-    for (let i = fixed.length - 1; i >= 0; i--) {
+    for (let i = slots.length - 1; i >= 0; i--) {
       const sep = i === 0 ? '' : '"," ';
-      const inner = `${sep}${fixed[i]!}${body ? ` ${body}` : ''}`;
-      body = i < min || first !== undefined ? inner : `( ${inner} )?`;
+      const inner = `${sep}${slots[i]!}${body ? ` ${body}` : ''}`;
+      body = i < min ? inner : `( ${inner} )?`;
     }
     return this.rule(`${path}-array`, `"[" ${body} "]"`);
   }

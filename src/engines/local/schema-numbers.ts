@@ -1,29 +1,32 @@
 /**
  * Numeric ranges as GBNF. Integers in a range are matched exactly (the classic split of a decimal
- * range into digit patterns); numbers with fractions in a range are matched as a subset (whole
- * integer parts inside the range, each with any fraction). Every value these rules accept lies in
- * the range, which is what the grammar guarantee needs; where a range leaves no such value (the
- * caller checks `undefined`), the schema's own check has to do.
+ * range into digit patterns); numbers with fractions in a range are matched as a subset: whole
+ * integer parts inside the range, each with any fraction, and at the range's ends, where a bound
+ * cuts a whole part, that part with the fractions of a fixed number of digits that lie inside. Every
+ * value these rules accept lies in the range, which is what the grammar guarantee needs; where a
+ * range leaves no such value (the caller checks `undefined`), the schema's own check has to do.
  */
 
-/** Integers are written with at most this many digits (as the base `integer` rule): every one is a safe integer. */
+/** Integers open above are written with at most this many digits (as the base `integer` rule). */
 const MAX_DIGITS = 15;
-const LIMIT = 10 ** MAX_DIGITS - 1;
+const LIMIT = 10n ** BigInt(MAX_DIGITS) - 1n;
 /** Whole parts written before a fraction (see `numberRange`). */
 const FRACTION_LIMIT = 999_999_999;
+/** Significant digits a number with a fraction is written with at most: it then parses to the number written. */
+const MAX_SIGNIFICANT = 15;
 
 const digitClass = (lo: number, hi: number): string => (lo === hi ? `"${lo}"` : lo === 0 && hi === 9 ? '[0-9]' : `[${lo}-${hi}]`);
 const anyDigits = (n: number): string => (n === 0 ? '' : n === 1 ? '[0-9]' : `[0-9]{${n}}`);
+const alternatives = (alts: string[]): string => (alts.length === 1 ? alts[0]! : `( ${alts.join(' | ')} )`);
 
-/** Alternatives matching the decimal strings of every integer in [lo, hi], both with the same number of digits. */
+/** Alternatives matching every digit string from `lo` to `hi`, both of the same length (leading zeros kept). */
 function sameLength(lo: string, hi: string): string[] {
   if (lo.length === 1) return [digitClass(Number(lo), Number(hi))];
   const a = Number(lo[0]);
   const b = Number(hi[0]);
   const restLo = lo.slice(1);
   const restHi = hi.slice(1);
-  const tail = (rest: string[]): string => (rest.length === 1 ? rest[0]! : `( ${rest.join(' | ')} )`);
-  if (a === b) return [`"${a}" ${tail(sameLength(restLo, restHi))}`];
+  if (a === b) return [`"${a}" ${alternatives(sameLength(restLo, restHi))}`];
   const zeros = '0'.repeat(restLo.length);
   const nines = '9'.repeat(restLo.length);
   if (restLo === zeros && restHi === nines) return [`${digitClass(a, b)} ${anyDigits(restLo.length)}`];
@@ -31,50 +34,79 @@ function sameLength(lo: string, hi: string): string[] {
   let from = a;
   let to = b;
   if (restLo !== zeros) {
-    out.push(`"${a}" ${tail(sameLength(restLo, nines))}`);
+    out.push(`"${a}" ${alternatives(sameLength(restLo, nines))}`);
     from = a + 1;
   }
   if (restHi !== nines) to = b - 1;
   if (from <= to) out.push(`${digitClass(from, to)} ${anyDigits(restLo.length)}`);
-  if (restHi !== nines) out.push(`"${b}" ${tail(sameLength(zeros, restHi))}`);
+  if (restHi !== nines) out.push(`"${b}" ${alternatives(sameLength(zeros, restHi))}`);
   return out;
 }
 
-/** Alternatives for the non-negative integers in [lo, hi] (hi may be Infinity), without leading zeros. */
-function nonNegative(lo: number, hi: number): string[] {
+/**
+ * Alternatives for the non-negative integers in [lo, hi] (hi undefined: open above), without leading
+ * zeros. Above a bound of more than MAX_DIGITS digits, only numbers as long as the bound are written
+ * (a subset: a bound of 10^20 needs no 300-digit numbers).
+ */
+function nonNegative(lo: bigint, hi: bigint | undefined): string[] {
   const out: string[] = [];
-  const top = Math.min(hi, LIMIT);
+  const longest = (n: bigint): bigint => 10n ** BigInt(String(n).length) - 1n;
+  const cap = lo > LIMIT ? longest(lo) : LIMIT;
+  const top = hi === undefined || hi > cap ? cap : hi;
+  const open = hi === undefined || hi > cap;
   let start = lo;
   while (start <= top) {
     const digits = String(start).length;
-    const end = Math.min(top, 10 ** digits - 1);
-    if (hi === Infinity && end === 10 ** digits - 1 && digits < MAX_DIGITS) {
+    const end = longest(start) < top ? longest(start) : top;
+    if (open && end === longest(start) && digits < MAX_DIGITS && cap === LIMIT) {
       // Open above: every longer number, in one alternative.
       out.push(...sameLength(String(start), String(end)));
       out.push(`[1-9] [0-9]{${digits},${MAX_DIGITS - 1}}`);
       return out;
     }
     out.push(...sameLength(String(start), String(end)));
-    start = end + 1;
+    start = end + 1n;
   }
   return out;
 }
 
+/** The double after `x` (toward +Infinity), for an exclusive bound where x + 1 is x again. */
+function nextUp(x: number): number {
+  if (x === 0) return Number.MIN_VALUE;
+  const f = new Float64Array([x]);
+  const bits = new BigInt64Array(f.buffer);
+  bits[0] = bits[0]! + (x > 0 ? 1n : -1n);
+  return f[0]!;
+}
+
 /**
- * An expression matching exactly the integers in [lo, hi] (either may be infinite), written as JSON
- * writes them; `undefined` when there are none.
+ * The least and greatest integers a range holds, as doubles (either may be infinite): an exclusive
+ * bound that is an integer moves to the next integer, which beyond 2^53 is the next double (where
+ * `x + 1` is `x`, and a number written between the two would parse back to the bound).
+ */
+export function integerBounds(b: NumberBounds): [number, number] {
+  const lo = b.exclusiveMin && Number.isInteger(b.min) ? (Math.abs(b.min) < 2 ** 53 ? b.min + 1 : nextUp(b.min)) : Math.ceil(b.min);
+  const hi = b.exclusiveMax && Number.isInteger(b.max) ? (Math.abs(b.max) < 2 ** 53 ? b.max - 1 : -nextUp(-b.max)) : Math.floor(b.max);
+  return [lo, hi];
+}
+
+/**
+ * An expression matching the integers in [lo, hi] (either may be infinite), written as JSON writes
+ * them: exactly, up to MAX_DIGITS digits; past them, those with as many digits as the bound.
+ * `undefined` when there are none. Every digit string in the range parses to a double in the range
+ * (rounding to the nearest double is monotonic, and the bounds are doubles), so large bounds hold.
  */
 export function integerRange(lo: number, hi: number): string | undefined {
-  const min = Math.max(Math.ceil(lo), -LIMIT);
-  const max = Math.min(Math.floor(hi), LIMIT);
-  if (min > max) return undefined;
+  const min = Math.ceil(lo);
+  const max = Math.floor(hi);
+  if (min > max || Number.isNaN(min) || Number.isNaN(max)) return undefined;
   const alts: string[] = [];
-  if (max >= 0) alts.push(...nonNegative(Math.max(min, 0), max === LIMIT && hi === Infinity ? Infinity : max));
+  if (max >= 0) alts.push(...nonNegative(min > 0 ? BigInt(min) : 0n, max === Infinity ? undefined : BigInt(max)));
   if (min < 0) {
-    const neg = nonNegative(Math.max(1, -max), min === -LIMIT && lo === -Infinity ? Infinity : -min);
-    alts.push(`"-" ${neg.length === 1 ? neg[0] : `( ${neg.join(' | ')} )`}`);
+    const neg = nonNegative(max < -1 ? BigInt(-max) : 1n, min === -Infinity ? undefined : BigInt(-min));
+    alts.push(`"-" ${alternatives(neg)}`);
   }
-  return alts.length === 1 ? alts[0]! : `( ${alts.join(' | ')} )`;
+  return alternatives(alts);
 }
 
 export interface NumberBounds {
@@ -84,10 +116,61 @@ export interface NumberBounds {
   exclusiveMax: boolean;
 }
 
+/** Whether `v` lies inside the bounds. */
+const inside = (v: number, b: NumberBounds): boolean =>
+  (b.exclusiveMin ? v > b.min : v >= b.min) && (b.exclusiveMax ? v < b.max : v <= b.max);
+
 /**
- * An expression for decimal numbers inside the bounds: integers in range, and numbers with a
- * fraction whose whole part keeps every fraction in range. A subset of the range (0.5 to 0.9 has no
- * such number: `undefined`).
+ * The numbers `sign` `k` `.` f, with f of a fixed number of digits, that lie inside the bounds: a
+ * whole part the range cuts (0.5 to 0.6 gives `0.500` to `0.600`). The digits are enough for a
+ * hundred or so values over the part of the unit that is inside, and each value is tested as it
+ * parses, so a bound that is not a double's exact decimal is still kept. Undefined when none does.
+ */
+function cutWholePart(k: number, sign: '' | '-', b: NumberBounds): string | undefined {
+  // The part of [k, k+1) (in magnitude) inside the range.
+  const from = sign === '' ? Math.max(k, b.min) : Math.max(k, -b.max);
+  const to = sign === '' ? Math.min(k + 1, b.max) : Math.min(k + 1, -b.min);
+  if (!(to >= from)) return undefined;
+  // A whole number alone: the integer rule writes it.
+  if (to === from && Number.isInteger(from)) return undefined;
+  const room = MAX_SIGNIFICANT - String(k).length;
+  // A single value is written with its own digits (0.5, not 0.50000000000000).
+  const single = /^\d+\.(\d+)$/.exec(String(from))?.[1]?.length;
+  const digits = Math.min(
+    room,
+    to === from && single !== undefined ? single : Math.max(2, Math.ceil(-Math.log10(Math.max(to - from, Number.MIN_VALUE))) + 2),
+  );
+  if (digits < 1) return undefined;
+  const count = 10 ** digits;
+  const text = (f: number): string => `${sign}${k}.${String(f).padStart(digits, '0')}`;
+  const value = (f: number): number => Number(text(f));
+  // Values move one way with f: the ones inside are one run of f, found at both ends by bisection.
+  const rising = sign === '';
+  const aboveMin = (f: number): boolean => (b.exclusiveMin ? value(f) > b.min : value(f) >= b.min);
+  const belowMax = (f: number): boolean => (b.exclusiveMax ? value(f) < b.max : value(f) <= b.max);
+  // The first f for which `ok` holds, where it holds from some f on (count if never).
+  const first = (ok: (f: number) => boolean): number => {
+    let lo = 0;
+    let hi = count;
+    while (lo < hi) {
+      const mid = Math.floor((lo + hi) / 2);
+      if (ok(mid)) hi = mid;
+      else lo = mid + 1;
+    }
+    return lo;
+  };
+  const fa = first(rising ? aboveMin : belowMax);
+  const fb = first(rising ? (f) => !belowMax(f) : (f) => !aboveMin(f)) - 1;
+  if (fa > fb || !inside(value(fa), b) || !inside(value(fb), b)) return undefined;
+  const pad = (f: number): string => String(f).padStart(digits, '0');
+  return `${sign ? '"-" ' : ''}"${k}" "." ${alternatives(sameLength(pad(fa), pad(fb)))}`;
+}
+
+/**
+ * An expression for decimal numbers inside the bounds: integers in range, numbers with a fraction
+ * whose whole part keeps every fraction in range, and at each end of the range that cuts a whole
+ * part, that part's fractions of a fixed length that are inside. A subset of the range; undefined
+ * when it has no value the rules can write.
  */
 export function numberRange(b: NumberBounds): string | undefined {
   const { min, max, exclusiveMin, exclusiveMax } = b;
@@ -98,38 +181,51 @@ export function numberRange(b: NumberBounds): string | undefined {
   const nonZeroFrac = '[0-9]{0,5} [1-9]';
   const alts: string[] = [];
   // Whole numbers.
-  const whole = integerRange(exclusiveMin && Number.isInteger(min) ? min + 1 : min, exclusiveMax && Number.isInteger(max) ? max - 1 : max);
+  const [wholeLo, wholeHi] = integerBounds(b);
+  const whole = integerRange(wholeLo, wholeHi);
   if (whole) alts.push(whole);
-  {
-    // k.f with k ≥ 0: the value is in [k, k+1), inside the range when k ≥ min and k + 1 ≤ max.
-    const lo = Math.max(0, Math.ceil(min));
-    const hi = Math.min(Math.floor(max) - 1, FRACTION_LIMIT);
-    if (exclusiveMin && lo === min && lo <= hi) {
-      alts.push(`${integerRange(lo, lo)!} "." ${nonZeroFrac}`);
-      const rest = integerRange(lo + 1, hi);
-      if (rest) alts.push(`${rest} "." ${frac}`);
+  // k.f with k ≥ 0: the value is in [k, k+1), inside the range when k ≥ min and k + 1 ≤ max.
+  const lo = Math.max(0, Math.ceil(min));
+  const hi = Math.min(Math.floor(max) - 1, FRACTION_LIMIT);
+  if (exclusiveMin && lo === min && lo <= hi) {
+    alts.push(`${integerRange(lo, lo)!} "." ${nonZeroFrac}`);
+    const rest = integerRange(lo + 1, hi);
+    if (rest) alts.push(`${rest} "." ${frac}`);
+  } else {
+    const r = integerRange(lo, hi);
+    if (r) alts.push(`${r} "." ${frac}`);
+  }
+  // -k.f with k ≥ 0: the value is in (-(k+1), -k], inside when -k ≤ max (strictly, a zero fraction
+  // aside) and -(k+1) ≥ min.
+  const nlo = Math.max(0, Math.ceil(-max));
+  const nhi = Math.min(Math.floor(-min) - 1, FRACTION_LIMIT);
+  if (nlo <= nhi) {
+    // "-0.f" is negative only when f is not zero; "-k.0" equals -k, fine unless -k is an exclusive max.
+    const zeroFirst = nlo === 0 || (exclusiveMax && -nlo === max);
+    if (zeroFirst) {
+      alts.push(`"-" ${integerRange(nlo, nlo)!} "." ${nonZeroFrac}`);
+      const rest = integerRange(nlo + 1, nhi);
+      if (rest) alts.push(`"-" ${rest} "." ${frac}`);
     } else {
-      const r = integerRange(lo, hi);
-      if (r) alts.push(`${r} "." ${frac}`);
-    }
-    // -k.f with k ≥ 0: the value is in (-(k+1), -k], inside when -k ≤ max (strictly, a zero fraction
-    // aside) and -(k+1) ≥ min.
-    const nlo = Math.max(0, Math.ceil(-max));
-    const nhi = Math.min(Math.floor(-min) - 1, FRACTION_LIMIT);
-    if (nlo <= nhi) {
-      // "-0.f" is negative only when f is not zero; "-k.0" equals -k, fine unless -k is an exclusive max.
-      const zeroFirst = nlo === 0 || (exclusiveMax && -nlo === max);
-      if (zeroFirst) {
-        alts.push(`"-" ${integerRange(nlo, nlo)!} "." ${nonZeroFrac}`);
-        const rest = integerRange(nlo + 1, nhi);
-        if (rest) alts.push(`"-" ${rest} "." ${frac}`);
-      } else {
-        alts.push(`"-" ${integerRange(nlo, nhi)!} "." ${frac}`);
-      }
+      alts.push(`"-" ${integerRange(nlo, nhi)!} "." ${frac}`);
     }
   }
+  // The whole parts a bound cuts, which the rules above leave out (0.5 to 0.6 has no other value).
+  const cut = new Set<string>();
+  for (const bound of [min, max]) {
+    if (!Number.isFinite(bound)) continue;
+    const k = Math.floor(Math.abs(bound));
+    if (k > FRACTION_LIMIT) continue;
+    // A positive whole part the k.f rule does not cover, and likewise a negative one.
+    if (max >= 0 && (k < lo || k > hi)) cut.add(`+${k}`);
+    if (min < 0 && (k < nlo || k > nhi)) cut.add(`-${k}`);
+  }
+  for (const c of cut) {
+    const piece = cutWholePart(Number(c.slice(1)), c[0] === '-' ? '-' : '', b);
+    if (piece) alts.push(piece);
+  }
   if (alts.length === 0) return undefined;
-  return alts.length === 1 ? alts[0]! : `( ${alts.join(' | ')} )`;
+  return alternatives(alts);
 }
 
 /**
@@ -140,7 +236,7 @@ export function numberRange(b: NumberBounds): string | undefined {
  */
 export function multiplesIn(m: number, b: NumberBounds, integer: boolean, count = 64): string[] {
   const inRange = (v: number): boolean =>
-    (b.exclusiveMin ? v > b.min : v >= b.min) && (b.exclusiveMax ? v < b.max : v <= b.max) && Math.abs(v) <= LIMIT;
+    (b.exclusiveMin ? v > b.min : v >= b.min) && (b.exclusiveMax ? v < b.max : v <= b.max) && Math.abs(v) <= Number(LIMIT);
   const decimals = Math.min(15, Math.max(0, -Math.floor(Math.log10(m)) + 1));
   const out: string[] = [];
   const seen = new Set<string>();

@@ -184,7 +184,9 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
         name: t.name,
         ...(t.description != null && { description: t.description }),
         ...(t.parameters != null && { parameters: t.parameters }),
-        ...(t.strict != null && { strict: t.strict }),
+        // Open Responses: strict is "Default `true`" (the response echoes it so), and a tool that
+        // does not say is held to its schema as one that does (docs/decisions.md).
+        strict: t.strict ?? true,
       };
     });
     const choice = body.tool_choice;
