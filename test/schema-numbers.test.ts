@@ -158,6 +158,10 @@ describe('numeric ranges in the local grammar', () => {
       [51.28, 51.69, false, false],
       [0.5, 0.5, false, false],
       [1e-7, 2e-7, false, false],
+      // A single value that needs 17 digits, and a cut whole part past 10^9.
+      [0.30000000000000004, 0.30000000000000004, false, false],
+      [63.00000000000001, 63.00000000000001, false, false],
+      [61266907025, 61266907025.3, true, false],
     ] as const) {
       const b = { min, max, exclusiveMin: exMin, exclusiveMax: exMax };
       const expr = numberRange(b);
@@ -165,7 +169,7 @@ describe('numeric ranges in the local grammar', () => {
       const values = samples(expr, 90, 7).map((t) => JSON.parse(t) as number);
       for (const v of values) assert.ok(inside(v, b), `${v} outside ${JSON.stringify(b)}`);
       // Both ends of the range are reached, not one value.
-      if (min !== max) assert.ok(new Set(values).size > 2, `${JSON.stringify(b)}: ${[...new Set(values)].join(', ')}`);
+      if (max - min > 1e-6) assert.ok(new Set(values).size > 2, `${JSON.stringify(b)}: ${[...new Set(values)].join(', ')}`);
     }
   });
 
@@ -197,6 +201,19 @@ describe('numeric ranges in the local grammar', () => {
         const v = JSON.parse(text) as number;
         assert.ok(Number.isInteger(v) && inside(v, b), `${text} outside ${JSON.stringify(b)}`);
       }
+    }
+    // Past the largest double: nothing left (no exception), and an open range stops at it.
+    assert.equal(
+      integerRange(...integerBounds({ min: Number.MAX_VALUE, max: Infinity, exclusiveMin: true, exclusiveMax: false })),
+      undefined,
+    );
+    assert.equal(
+      integerRange(...integerBounds({ min: -Infinity, max: -Number.MAX_VALUE, exclusiveMin: false, exclusiveMax: true })),
+      undefined,
+    );
+    for (const text of samples(integerRange(1e308, Infinity)!, 90, 5)) {
+      const v = JSON.parse(text) as number;
+      assert.ok(Number.isFinite(v) && v >= 1e308, `${text.slice(0, 12)}… parses to ${v}`);
     }
     // Small ranges are matched exactly: every integer in them, and nothing else.
     fc.assert(

@@ -419,6 +419,29 @@ describe('function calling and structured output on the local engine (stories260
         { $schema: 'https://json-schema.org/draft/2020-12/schema', type: 'array', contains: { const: 'x' }, minContains: 2 },
       ],
       [
+        'contains: true, three items (2020-12)',
+        { $schema: 'https://json-schema.org/draft/2020-12/schema', type: 'array', contains: true, minContains: 3, maxItems: 4 },
+      ],
+      [
+        'contains evaluates its items, unevaluatedItems the others (2020-12)',
+        {
+          $schema: 'https://json-schema.org/draft/2020-12/schema',
+          type: 'array',
+          unevaluatedItems: { type: 'integer', minimum: 1, maximum: 3 },
+          contains: { type: 'string', maxLength: 3 },
+          minItems: 2,
+        },
+      ],
+      [
+        'an integer past the largest double, or a string',
+        {
+          anyOf: [
+            { type: 'integer', exclusiveMinimum: Number.MAX_VALUE },
+            { type: 'string', maxLength: 8 },
+          ],
+        },
+      ],
+      [
         'exactly three fives (2019-09)',
         { $schema: 'https://json-schema.org/draft/2019-09/schema', contains: { const: 5 }, minContains: 3, maxContains: 3, maxItems: 3 },
       ],
@@ -445,22 +468,29 @@ describe('function calling and structured output on the local engine (stories260
       }
     }
     assert.equal(await resampled(), before, 'the grammar alone kept every document valid');
-    // More items than maxItems allows is no array at all: a 400 at admission, as Ajv agrees.
-    const impossible = { $schema: 'https://json-schema.org/draft/2020-12/schema', contains: { const: 'x' }, minContains: 3, maxItems: 2 };
-    const res = await http(server.url, 'POST', '/v1/chat/completions', {
-      key: client.apiKey!,
-      body: {
-        model: STORIES,
-        max_tokens: 30,
-        messages: [{ role: 'user', content: 'x' }],
-        response_format: { type: 'json_schema', json_schema: { name: 'x', schema: impossible } },
-      },
-    });
-    assert.equal(res.status, 400, res.text);
-    assert.equal(res.json.error.code, 'invalid_value');
+    // Schemas no value satisfies (as Ajv agrees): a 400 at admission, not four samples and a 500.
+    const impossible = [
+      { $schema: 'https://json-schema.org/draft/2020-12/schema', contains: { const: 'x' }, minContains: 3, maxItems: 2 },
+      { $schema: 'https://json-schema.org/draft/2020-12/schema', type: 'array', items: false, contains: { type: 'integer' } },
+      { type: 'number', minimum: 0.6, maximum: 0.5 },
+      { type: 'number', exclusiveMinimum: 0.5, exclusiveMaximum: 0.5 },
+    ];
+    for (const schema of impossible) {
+      const res = await http(server.url, 'POST', '/v1/chat/completions', {
+        key: client.apiKey!,
+        body: {
+          model: STORIES,
+          max_tokens: 30,
+          messages: [{ role: 'user', content: 'x' }],
+          response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
+        },
+      });
+      assert.equal(res.status, 400, `${JSON.stringify(schema)}: ${res.text}`);
+      assert.equal(res.json.error.code, 'invalid_value');
+    }
   });
 
-  it('Responses: a function tool that does not say strict is strict (Open Responses: default true), as its echo says', async () => {
+  it('Responses: a function tool that leaves out strict is held to its schema where it can be, best effort where not (the default OpenAI documents)', async () => {
     const parameters = {
       type: 'object',
       properties: { t: { type: 'number', minimum: 0.5, maximum: 0.6 }, unit: { type: 'string', enum: ['c', 'f'] } },
@@ -484,7 +514,8 @@ describe('function calling and structured output on the local engine (stories260
       const args: unknown = JSON.parse(call.arguments);
       assert.ok(check(args), `seed ${seed}: ${call.arguments}`);
     }
-    // Held as strict: a schema that cannot be compiled is refused, unless the tool says strict: false.
+    // Where the schema cannot be held (it cannot be compiled), the default falls back to best effort,
+    // as strict: false does; only strict: true refuses it.
     const broken = { type: 'object', properties: { a: { $ref: '#/$defs/missing' } }, required: ['a'] };
     const ask = (strict: boolean | undefined) =>
       http(server.url, 'POST', '/v1/responses', {
@@ -497,12 +528,15 @@ describe('function calling and structured output on the local engine (stories260
           tools: [{ type: 'function', name: 'f', parameters: broken, ...(strict !== undefined && { strict }) }],
         },
       });
+    const tools = (res: { json: unknown }) => (res.json as { tools: Array<{ strict: boolean }> }).tools;
     const unsaid = await ask(undefined);
-    assert.equal(unsaid.status, 400, unsaid.text);
-    assert.equal((await ask(true)).status, 400);
+    assert.equal(unsaid.status, 200, unsaid.text);
+    assert.equal(tools(unsaid)[0]!.strict, true, 'the default, echoed as Open Responses states it');
+    const strict = await ask(true);
+    assert.equal(strict.status, 400, strict.text);
     const lenient = await ask(false);
     assert.equal(lenient.status, 200, lenient.text);
-    assert.equal((lenient.json as unknown as { tools: Array<{ strict: boolean }> }).tools[0]!.strict, false);
+    assert.equal(tools(lenient)[0]!.strict, false);
   });
 
   it('a strict: false tool with a schema the grammar cannot hold whole is never refused (tool_choice auto and required)', async () => {

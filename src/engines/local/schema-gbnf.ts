@@ -837,6 +837,8 @@ class Compiler {
       if (hi < max) [max, exclusiveMax] = [hi, false];
       integer = true;
     }
+    if (min > max || (min === max && (exclusiveMin || exclusiveMax)))
+      throw new Unsatisfiable(`no number lies between the bounds at '${path || '/'}'`);
     const bounds: NumberBounds = { min, max, exclusiveMin, exclusiveMax };
     const multipleOf = num(s['multipleOf']);
     if (multipleOf !== undefined && multipleOf > 0 && !(integer && multipleOf === 1)) {
@@ -913,19 +915,37 @@ class Compiler {
           ? (s['prefixItems'] as unknown[])
           : [];
     let rest: unknown = modern ? items : Array.isArray(items) ? s['additionalItems'] : Array.isArray(s['prefixItems']) ? items : items;
-    if (rest === undefined && s['unevaluatedItems'] !== undefined) rest = s['unevaluatedItems'];
+    // Items past the tuple are forbidden outright (an item `contains` matches is one of them); an
+    // unevaluatedItems schema applies only to items nothing else evaluated, and `contains` evaluates
+    // the items it matches (2019-09 on, and Ajv): they need not satisfy it.
+    const noMoreItems = rest === false;
+    const unevaluated = rest === undefined && s['unevaluatedItems'] !== undefined;
+    if (unevaluated) rest = s['unevaluatedItems'];
     if (Array.isArray(rest)) rest = undefined;
     const min = num(s['minItems']) ?? 0;
     let max = num(s['maxItems']) ?? Infinity;
     if (min > max) throw new Unsatisfiable(`minItems is above maxItems at '${path || '/'}'`);
     // How many items `contains` asks for: minContains and maxContains are keywords from 2019-09 on
     // (earlier drafts' validators ignore them, and so does the grammar).
-    const contains = s['contains'];
-    const containsAsked = contains !== undefined && contains !== true;
+    // `contains: true` asks for an item all the same (any item). (Draft-04 has no `contains`, but its
+    // validator, Ajv's, applies it: so does the grammar.)
+    const contains = s['contains'] === true ? {} : s['contains'];
+    const containsAsked = contains !== undefined;
     const counted = this.draft === '2019-09' || this.draft === '2020-12';
     const minContains = !containsAsked ? 0 : counted ? (num(s['minContains']) ?? 1) : 1;
     const maxContains = containsAsked && counted ? num(s['maxContains']) : undefined;
-    if (minContains > max) throw new Unsatisfiable(`contains needs ${minContains} items where maxItems allows ${max} at '${path || '/'}'`);
+    // (After a tuple, left to the check: Ajv, the validator, passes `[]` for some such schemas.)
+    if (prefix.length === 0 && minContains > max)
+      throw new Unsatisfiable(`contains needs ${minContains} items where maxItems allows ${max} at '${path || '/'}'`);
+    if (prefix.length === 0 && minContains > 0 && noMoreItems)
+      throw new Unsatisfiable(`contains needs ${minContains} items where items allows none at '${path || '/'}'`);
+    // Items after those `contains` matched, under unevaluatedItems: either kind. (With minContains 0
+    // Ajv skips `contains`, and marks nothing evaluated.)
+    if (unevaluated && minContains > 0 && rest !== true) {
+      rest = rest === false ? contains : isSchema(rest) && isSchema(contains) ? { anyOf: [rest, contains] } : rest;
+      // Ajv marks nothing evaluated for a `contains` every item satisfies: checked, not trusted.
+      if (isSchema(contains) && Object.keys(contains).length === 0) this.check('contains', path);
+    }
     // uniqueItems: one item cannot repeat; more are left to the check. More items than the items
     // have values can never be found (three unique booleans): refused here, not after sampling.
     if (s['uniqueItems'] === true) {
@@ -942,7 +962,11 @@ class Compiler {
       if (prefix.length === 0 && minContains > 0 && (maxContains === undefined || max <= maxContains)) {
         // The first minContains items satisfy `contains` (and `items`).
         first = this.visit(
-          rest === undefined || rest === true ? contains : isSchema(rest) && isSchema(contains) ? { allOf: [rest, contains] } : contains,
+          unevaluated || rest === undefined || rest === true
+            ? contains
+            : isSchema(rest) && isSchema(contains)
+              ? { allOf: [rest, contains] }
+              : contains,
           `${path}/contains`,
           base,
         );

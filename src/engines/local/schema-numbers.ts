@@ -12,8 +12,10 @@ const MAX_DIGITS = 15;
 const LIMIT = 10n ** BigInt(MAX_DIGITS) - 1n;
 /** Whole parts written before a fraction (see `numberRange`). */
 const FRACTION_LIMIT = 999_999_999;
-/** Significant digits a number with a fraction is written with at most: it then parses to the number written. */
-const MAX_SIGNIFICANT = 15;
+/** Significant digits a cut whole part's numbers are written with at most (a double needs up to 17 to be told apart). */
+const MAX_SIGNIFICANT = 17;
+/** The largest integer a double holds: open ranges stop there (a longer number parses to Infinity). */
+const LARGEST = BigInt(Number.MAX_VALUE);
 
 const digitClass = (lo: number, hi: number): string => (lo === hi ? `"${lo}"` : lo === 0 && hi === 9 ? '[0-9]' : `[${lo}-${hi}]`);
 const anyDigits = (n: number): string => (n === 0 ? '' : n === 1 ? '[0-9]' : `[0-9]{${n}}`);
@@ -50,7 +52,10 @@ function sameLength(lo: string, hi: string): string[] {
  */
 function nonNegative(lo: bigint, hi: bigint | undefined): string[] {
   const out: string[] = [];
-  const longest = (n: bigint): bigint => 10n ** BigInt(String(n).length) - 1n;
+  const longest = (n: bigint): bigint => {
+    const all = 10n ** BigInt(String(n).length) - 1n;
+    return all < LARGEST ? all : LARGEST;
+  };
   const cap = lo > LIMIT ? longest(lo) : LIMIT;
   const top = hi === undefined || hi > cap ? cap : hi;
   const open = hi === undefined || hi > cap;
@@ -99,7 +104,8 @@ export function integerBounds(b: NumberBounds): [number, number] {
 export function integerRange(lo: number, hi: number): string | undefined {
   const min = Math.ceil(lo);
   const max = Math.floor(hi);
-  if (min > max || Number.isNaN(min) || Number.isNaN(max)) return undefined;
+  // Past the largest double (an exclusive bound at Number.MAX_VALUE) no number is left.
+  if (!(min <= max) || min === Infinity || max === -Infinity) return undefined;
   const alts: string[] = [];
   if (max >= 0) alts.push(...nonNegative(min > 0 ? BigInt(min) : 0n, max === Infinity ? undefined : BigInt(max)));
   if (min < 0) {
@@ -133,36 +139,38 @@ function cutWholePart(k: number, sign: '' | '-', b: NumberBounds): string | unde
   if (!(to >= from)) return undefined;
   // A whole number alone: the integer rule writes it.
   if (to === from && Number.isInteger(from)) return undefined;
-  const room = MAX_SIGNIFICANT - String(k).length;
-  // A single value is written with its own digits (0.5, not 0.50000000000000).
+  // Fraction digits left once the whole part's are written (a zero whole part has none: 0.30000000000000004).
+  const room = k === 0 ? MAX_SIGNIFICANT + 3 : MAX_SIGNIFICANT - String(k).length;
+  // A single value is written with its own digits (0.5, not 0.500000).
   const single = /^\d+\.(\d+)$/.exec(String(from))?.[1]?.length;
   const digits = Math.min(
     room,
     to === from && single !== undefined ? single : Math.max(2, Math.ceil(-Math.log10(Math.max(to - from, Number.MIN_VALUE))) + 2),
   );
   if (digits < 1) return undefined;
-  const count = 10 ** digits;
-  const text = (f: number): string => `${sign}${k}.${String(f).padStart(digits, '0')}`;
-  const value = (f: number): number => Number(text(f));
-  // Values move one way with f: the ones inside are one run of f, found at both ends by bisection.
+  const count = 10n ** BigInt(digits);
+  const pad = (f: bigint): string => String(f).padStart(digits, '0');
+  const value = (f: bigint): number => Number(`${sign}${k}.${pad(f)}`);
+  // Values move one way with f (parsing rounds monotonically): the ones inside are one run of f,
+  // found at both ends by bisection, in BigInt since f may pass 2^53.
   const rising = sign === '';
-  const aboveMin = (f: number): boolean => (b.exclusiveMin ? value(f) > b.min : value(f) >= b.min);
-  const belowMax = (f: number): boolean => (b.exclusiveMax ? value(f) < b.max : value(f) <= b.max);
+  const aboveMin = (f: bigint): boolean => (b.exclusiveMin ? value(f) > b.min : value(f) >= b.min);
+  const belowMax = (f: bigint): boolean => (b.exclusiveMax ? value(f) < b.max : value(f) <= b.max);
   // The first f for which `ok` holds, where it holds from some f on (count if never).
-  const first = (ok: (f: number) => boolean): number => {
-    let lo = 0;
+  const first = (ok: (f: bigint) => boolean): bigint => {
+    let lo = 0n;
     let hi = count;
     while (lo < hi) {
-      const mid = Math.floor((lo + hi) / 2);
+      const mid = (lo + hi) / 2n;
       if (ok(mid)) hi = mid;
-      else lo = mid + 1;
+      else lo = mid + 1n;
     }
     return lo;
   };
   const fa = first(rising ? aboveMin : belowMax);
-  const fb = first(rising ? (f) => !belowMax(f) : (f) => !aboveMin(f)) - 1;
+  const fb = first(rising ? (f) => !belowMax(f) : (f) => !aboveMin(f)) - 1n;
+  // Every digit string from fa's to fb's parses between their values, so inside.
   if (fa > fb || !inside(value(fa), b) || !inside(value(fb), b)) return undefined;
-  const pad = (f: number): string => String(f).padStart(digits, '0');
   return `${sign ? '"-" ' : ''}"${k}" "." ${alternatives(sameLength(pad(fa), pad(fb)))}`;
 }
 
@@ -215,7 +223,6 @@ export function numberRange(b: NumberBounds): string | undefined {
   for (const bound of [min, max]) {
     if (!Number.isFinite(bound)) continue;
     const k = Math.floor(Math.abs(bound));
-    if (k > FRACTION_LIMIT) continue;
     // A positive whole part the k.f rule does not cover, and likewise a negative one.
     if (max >= 0 && (k < lo || k > hi)) cut.add(`+${k}`);
     if (min < 0 && (k < nlo || k > nhi)) cut.add(`-${k}`);

@@ -184,9 +184,9 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
         name: t.name,
         ...(t.description != null && { description: t.description }),
         ...(t.parameters != null && { parameters: t.parameters }),
-        // Open Responses: strict is "Default `true`" (the response echoes it so), and a tool that
-        // does not say is held to its schema as one that does (docs/decisions.md).
-        strict: t.strict ?? true,
+        // Left out, strict keeps its Responses meaning, which the engines give it as OpenAI
+        // documents: held to the schema where it can be, best effort where not (docs/decisions.md).
+        ...(t.strict != null && { strict: t.strict }),
       };
     });
     const choice = body.tool_choice;
