@@ -10,6 +10,7 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { integerBounds, integerRange, numberRange, type NumberBounds } from '../src/engines/local/schema-numbers.js';
+import { schemaToGbnf } from '../src/engines/local/schema-gbnf.js';
 
 type Node =
   | { kind: 'lit'; text: string }
@@ -215,6 +216,12 @@ describe('numeric ranges in the local grammar', () => {
       const v = JSON.parse(text) as number;
       assert.ok(Number.isFinite(v) && v >= 1e308, `${text.slice(0, 12)}… parses to ${v}`);
     }
+    // A bound written past the largest double parses to Infinity: as a lower bound it leaves no
+    // number (Ajv agrees), as an upper one it bounds nothing.
+    assert.throws(() => schemaToGbnf(JSON.parse('{"type":"number","minimum":1e400}')), /accepts no value/);
+    assert.throws(() => schemaToGbnf(JSON.parse('{"type":"integer","exclusiveMaximum":-1e400}')), /accepts no value/);
+    assert.match(schemaToGbnf(JSON.parse('{"anyOf":[{"type":"number","minimum":1e400},{"type":"boolean"}]}')).gbnf, /^root ::= boolean/);
+    assert.match(schemaToGbnf(JSON.parse('{"type":"number","maximum":1e400}')).gbnf, /^root ::= number/);
     // Small ranges are matched exactly: every integer in them, and nothing else.
     fc.assert(
       fc.property(fc.integer({ min: -1200, max: 1200 }), fc.integer({ min: 0, max: 600 }), (lo, width) => {

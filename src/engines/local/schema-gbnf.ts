@@ -821,6 +821,15 @@ class Compiler {
   }
 
   private numberRule(s: Schema, type: 'integer' | 'number', path: string): string {
+    // A bound written past the largest double (1e400) parses to Infinity, which `num` drops; as a
+    // lower bound (or -Infinity as an upper one) it leaves no number, as the validator finds.
+    if (
+      s['minimum'] === Infinity ||
+      s['exclusiveMinimum'] === Infinity ||
+      s['maximum'] === -Infinity ||
+      s['exclusiveMaximum'] === -Infinity
+    )
+      throw new Unsatisfiable(`a bound past the largest number leaves none at '${path || '/'}'`);
     let min = num(s['minimum']) ?? -Infinity;
     let max = num(s['maximum']) ?? Infinity;
     let exclusiveMin = false;
