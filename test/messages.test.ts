@@ -682,3 +682,198 @@ describe('Messages stop_sequences on a chat-completions upstream', () => {
     }
   });
 });
+
+describe('Messages requests checked as Anthropic checks them, and what a chat-completions upstream is sent', () => {
+  // An outside tester's pass (2026-11-28): each of these was a 500, a silent acceptance, or a turn
+  // an OpenAI upstream refuses.
+  const c = closers();
+  const MODEL = 'mistralai/tools';
+  const OVERLOADED = 'mistralai/overloaded';
+  const sent: Array<{
+    messages: Array<{ role: string; tool_calls?: Array<{ id: string }>; tool_call_id?: string }>;
+    response_format?: unknown;
+  }> = [];
+  let client: Anthropic;
+  let key: string;
+  let gw: TestServer;
+  const deepText = (levels: number): string => `${'['.repeat(levels)}${']'.repeat(levels)}`;
+
+  before(async () => {
+    const upstream = c.keep(
+      await fixture((req, res) => {
+        let body = '';
+        req.on('data', (d: Buffer) => (body += d.toString()));
+        req.on('end', () => {
+          const asked = JSON.parse(body) as (typeof sent)[number] & { model: string };
+          sent.push(asked);
+          if (asked.model === 'busy') {
+            res.writeHead(529, { 'content-type': 'application/json' });
+            res.end(JSON.stringify({ type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } }));
+            return;
+          }
+          const last = JSON.stringify(asked.messages.at(-1));
+          // Arguments nested 20,000 deep when asked for them: an answer JSON.stringify cannot write.
+          const args = last.includes('deep please') ? `{"x":${'['.repeat(20_000)}${']'.repeat(20_000)}}` : '{"city":"Oslo"}';
+          const message = {
+            role: 'assistant',
+            content: null,
+            tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'f', arguments: args } }],
+          };
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.end(
+            JSON.stringify({
+              id: 'x',
+              object: 'chat.completion',
+              created: 1,
+              model: 'm',
+              choices: [{ index: 0, message, finish_reason: 'tool_calls' }],
+            }),
+          );
+        });
+      }),
+    );
+    gw = c.keep(
+      await startServer({
+        modelsDir: tempDir(),
+        env: { SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' },
+        configFile: {
+          name: 'gw.json',
+          text: JSON.stringify({
+            defaultCatalogue: false,
+            models: [
+              { id: MODEL, context_length: 8192, capabilities: ['streaming', 'function_calling', 'structured_output', 'reasoning'] },
+              { id: OVERLOADED, context_length: 8192, capabilities: ['streaming'] },
+            ],
+            deployments: [
+              { model: MODEL, baseUrl: upstream.url, upstreamModel: 'tools' },
+              { model: OVERLOADED, baseUrl: upstream.url, upstreamModel: 'busy' },
+            ],
+          }),
+        },
+      }),
+    );
+    key = (await createKey(gw, 'acme')).key;
+    client = new Anthropic({ apiKey: key, baseURL: gw.url, maxRetries: 0 });
+  });
+  after(() => c.closeAll());
+
+  const tools = [{ name: 'f', input_schema: { type: 'object' as const } }];
+
+  it('sends two assistant turns in a row as one message, its calls followed by their results', async () => {
+    await client.messages.create({
+      model: MODEL,
+      max_tokens: 50,
+      tools,
+      messages: [
+        { role: 'user', content: 'x' },
+        { role: 'assistant', content: [{ type: 'tool_use', id: 't1', name: 'f', input: {} }] },
+        { role: 'assistant', content: [{ type: 'tool_use', id: 't2', name: 'f', input: { a: 1 } }] },
+        {
+          role: 'user',
+          content: [
+            { type: 'tool_result', tool_use_id: 't1', content: '1' },
+            { type: 'tool_result', tool_use_id: 't2', content: '2' },
+          ],
+        },
+      ],
+    });
+    const messages = sent.at(-1)!.messages;
+    assert.deepEqual(
+      messages.map((m) => [m.role, (m.tool_calls ?? []).map((t) => t.id).join(',') || m.tool_call_id || '']),
+      [
+        ['user', ''],
+        ['assistant', 't1,t2'],
+        ['tool', 't1'],
+        ['tool', 't2'],
+      ],
+    );
+  });
+
+  it('asks the upstream for strict structured output (output_config.format promises it)', async () => {
+    await http(gw.url, 'POST', '/v1/messages', {
+      headers: { 'x-api-key': key, 'anthropic-version': '2023-06-01' },
+      body: {
+        model: MODEL,
+        max_tokens: 50,
+        messages: [{ role: 'user', content: 'x' }],
+        output_config: { format: { type: 'json_schema', schema: { type: 'object', properties: { a: { type: 'string' } } } } },
+      },
+    });
+    assert.deepEqual((sent.at(-1)!.response_format as { json_schema: { strict?: boolean } }).json_schema.strict, true);
+  });
+
+  it('refuses what Anthropic refuses: deep tool input (not a 500), empty text, repeated tool_use ids, thinking without a budget', async () => {
+    const refused = async (body: Record<string, unknown> | string, path = '/v1/messages'): Promise<string> => {
+      const res = await http(gw.url, 'POST', path, { headers: { 'x-api-key': key, 'anthropic-version': '2023-06-01' }, body });
+      assert.equal(res.status, 400, res.text);
+      const e = res.json as unknown as { type: string; error: { type: string; message: string } };
+      assert.equal(e.type, 'error');
+      assert.equal(e.error.type, 'invalid_request_error');
+      assert.ok(res.headers['request-id'], 'request-id header');
+      return e.error.message;
+    };
+    const withCall = (input: unknown, id2 = 't2') => ({
+      model: MODEL,
+      max_tokens: 10,
+      messages: [
+        { role: 'user', content: 'x' },
+        {
+          role: 'assistant',
+          content: [
+            { type: 'tool_use', id: 't1', name: 'f', input },
+            { type: 'tool_use', id: id2, name: 'f', input: {} },
+          ],
+        },
+        {
+          role: 'user',
+          content: [
+            { type: 'tool_result', tool_use_id: 't1', content: 'ok' },
+            { type: 'tool_result', tool_use_id: id2, content: 'ok' },
+          ],
+        },
+      ],
+    });
+    // 5,000 levels in 10 KB (written as text: JSON.stringify, here as in the server, overflows the stack on it).
+    const deepCall = JSON.stringify(withCall({ x: 'DEEP' })).replace('"DEEP"', deepText(5000));
+    assert.match(await refused(deepCall), /nests deeper/);
+    assert.match(await refused(deepCall, '/v1/messages/count_tokens'), /nests deeper/);
+    assert.match(await refused(withCall({}, 't1')), /unique/);
+    assert.match(
+      await refused({ model: MODEL, max_tokens: 10, messages: [{ role: 'user', content: [{ type: 'text', text: '' }] }] }),
+      /non-empty/,
+    );
+    const thinking = (t: Record<string, unknown>) => ({
+      model: MODEL,
+      max_tokens: 4096,
+      thinking: t,
+      messages: [{ role: 'user', content: 'x' }],
+    });
+    assert.match(await refused(thinking({ type: 'enabled' })), /budget_tokens/);
+    assert.match(await refused(thinking({ type: 'enabled', budget_tokens: 512 })), /1024/);
+    // Within the bound, a nested input is taken.
+    const ok = await client.messages.create({
+      ...(withCall({ x: JSON.parse(deepText(100)) as unknown }) as Anthropic.MessageCreateParamsNonStreaming),
+      tools,
+    });
+    assert.equal(ok.stop_reason, 'tool_use');
+  });
+
+  it('answers tool arguments nested past the bound with an empty input, not a 500', async () => {
+    const m = await client.messages.create({ model: MODEL, max_tokens: 50, tools, messages: [{ role: 'user', content: 'deep please' }] });
+    const call = m.content.find((b) => b.type === 'tool_use');
+    assert.ok(call && call.type === 'tool_use');
+    assert.deepEqual(call.input, {});
+  });
+
+  it("passes on an upstream's overloaded answer as Anthropic's overloaded_error (529), not a generic 502", async () => {
+    await assert.rejects(
+      client.messages.create({ model: OVERLOADED, max_tokens: 10, messages: [{ role: 'user', content: 'x' }] }),
+      (err: unknown) => {
+        assert.ok(err instanceof Anthropic.APIError);
+        assert.equal(err.status, 529);
+        assert.equal((err.error as { error: { type: string } }).error.type, 'overloaded_error');
+        return true;
+      },
+    );
+  });
+});

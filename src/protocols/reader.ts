@@ -75,3 +75,23 @@ export function wireTool(t: FunctionTool): Record<string, unknown> {
   if (t.strict !== undefined) out['strict'] = t.strict;
   return out;
 }
+
+/**
+ * Levels of arrays and objects a client's or an upstream's JSON value may nest before Switchyard
+ * serializes it: JSON.parse reads any depth, but JSON.stringify recurses and overflows the stack
+ * somewhere past a few thousand, which would be a 500 for a 40 KB body.
+ */
+export const MAX_JSON_DEPTH = 512;
+
+/** Whether a parsed JSON value nests deeper than `limit` (walked without recursion). */
+export function nestsDeeper(value: unknown, limit = MAX_JSON_DEPTH): boolean {
+  const stack: Array<[unknown, number]> = [[value, 0]];
+  for (let next = stack.pop(); next !== undefined; next = stack.pop()) {
+    const [v, depth] = next;
+    if (typeof v !== 'object' || v === null) continue;
+    if (depth >= limit) return true;
+    for (const child of Array.isArray(v) ? v : Object.values(v))
+      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1]);
+  }
+  return false;
+}

@@ -90,6 +90,9 @@ function upstreamError(status: number, text: string, retryAfter: string | undefi
   // Another deployment may have room; this one is cooled for retry-after by the router.
   if (status === 429) return new ApiError('rate_limited', message, { retryAfterMs: retryAfterMs(retryAfter), failover: true });
   if (status === 413) return new ApiError('request_too_large', message);
+  // Anthropic's overloaded answer (529): another deployment may have room, and the client is told
+  // "overloaded" (Messages: 529 overloaded_error), not a generic upstream failure.
+  if (status === 529) return new ApiError('overloaded', message, { retryAfterMs: retryAfterMs(retryAfter), failover: true });
   if (status === 400 || status === 422) {
     return isErrorCode(code) && ERRORS[code].status === 400 ? new ApiError(code, message) : new ApiError('invalid_request', message);
   }

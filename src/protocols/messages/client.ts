@@ -232,8 +232,13 @@ export class MessagesReader implements StreamReader {
       }
       case 'message_stop':
         return true;
-      case 'error':
-        throw upstreamFailure(obj(ev['error'])?.['message'] ?? ev['message'], this.clean);
+      case 'error': {
+        const error = obj(ev['error']);
+        const failure = upstreamFailure(error?.['message'] ?? ev['message'], this.clean);
+        // Anthropic's "overloaded" is a signal clients back off on differently: it stays one.
+        if (error?.['type'] === 'overloaded_error') throw new ApiError('overloaded', failure.message);
+        throw failure;
+      }
       default:
         // ping, content_block_stop
         return false;

@@ -12,7 +12,7 @@ import {
   type ToolChoice,
 } from '../../core/canonical.js';
 import { COUNT_MAX, MAX_TOOLS, ModelField, nullable } from '../fields.js';
-import { obj, str } from '../reader.js';
+import { MAX_JSON_DEPTH, nestsDeeper, obj, str } from '../reader.js';
 
 /**
  * Anthropic's Messages API, server side: the request body as a schema and its decoding into the
@@ -123,6 +123,8 @@ function image(b: WireBlock, param: string): ContentPart {
 function text(b: WireBlock, param: string): ContentPart {
   const t = str(b['text']);
   if (t === undefined) throw bad('A text block needs a string `text`.', `${param}.text`);
+  // As Anthropic's API: an empty block is refused, not read as a prompt with nothing in it.
+  if (t === '') throw bad('text content blocks must be non-empty', `${param}.text`);
   return withCache<ContentPart>({ type: 'text', text: t }, b, param);
 }
 
@@ -198,6 +200,8 @@ function toMessages(
         const input = b['input'] ?? {};
         if (typeof input !== 'object' || input === null || Array.isArray(input))
           throw bad('tool_use `input` must be an object.', `${param}.input`);
+        if (nestsDeeper(input)) throw bad(`tool_use \`input\` nests deeper than ${MAX_JSON_DEPTH} levels.`, `${param}.input`);
+        if (assistant.toolCalls?.some((c) => c.id === id)) throw bad(`tool_use ids must be unique: '${id}' is used twice.`, `${param}.id`);
         (assistant.toolCalls ??= []).push(withCache<ToolCall>({ id, name, arguments: JSON.stringify(input) }, b, param));
         return;
       }
@@ -228,6 +232,27 @@ function toMessages(
     out.push(assistant);
   } else if (parts.length || out.length === 0) out.push({ role: 'user', content: joinText(parts) });
   return out;
+}
+
+/** Content as parts, for joining two turns' content. */
+const asParts = (c: string | ContentPart[]): ContentPart[] => (typeof c === 'string' ? (c === '' ? [] : [{ type: 'text', text: c }]) : c);
+
+/** An assistant turn folded into the one before it, as Anthropic reads two in a row: text, calls and thinking in order. */
+function mergeAssistant(prev: Message, next: Message): void {
+  if (next.content !== null && next.content !== '') {
+    const before = prev.content ?? '';
+    prev.content =
+      typeof before === 'string' && typeof next.content === 'string'
+        ? before + next.content
+        : joinText([...asParts(before), ...asParts(next.content)]);
+  }
+  if (next.toolCalls) (prev.toolCalls ??= []).push(...next.toolCalls);
+  if (next.reasoning !== undefined) {
+    // One upstream signature covers one block: two turns' thinking joined keeps none.
+    if (prev.reasoning !== undefined) delete prev.reasoningSignature;
+    else if (next.reasoningSignature !== undefined) prev.reasoningSignature = next.reasoningSignature;
+    prev.reasoning = (prev.reasoning ?? '') + next.reasoning;
+  }
 }
 
 /** System text: one string, or its blocks as parts when one carries a cache breakpoint. */
@@ -303,10 +328,20 @@ function decodeConversation(
       }
     }
     // Anthropic merges consecutive turns of one role: an assistant turn after an assistant turn adds
-    // its calls, and user turns in a row answer the same ones.
+    // its calls, and user turns in a row answer the same ones. Assistant turns are merged here too:
+    // two in a row would reach a chat-completions upstream as a call followed by a message rather
+    // than by its result, which OpenAI refuses.
     if (m.role === 'assistant') {
       const ids = converted.flatMap((c) => (c.toolCalls ?? []).map((t) => t.id));
-      calls = i > 0 && body.messages[i - 1]!.role === 'assistant' ? new Set([...calls, ...ids]) : new Set(ids);
+      const merged = i > 0 && body.messages[i - 1]!.role === 'assistant';
+      const repeated = merged ? ids.find((id) => calls.has(id)) : undefined;
+      if (repeated !== undefined) throw bad(`tool_use ids must be unique: '${repeated}' is used twice.`, `messages[${i}].content`);
+      calls = merged ? new Set([...calls, ...ids]) : new Set(ids);
+      const prev = messages.at(-1);
+      if (merged && prev?.role === 'assistant' && converted.length === 1) {
+        mergeAssistant(prev, converted[0]!);
+        return;
+      }
     }
     messages.push(...converted);
   });
@@ -365,6 +400,9 @@ function decodeConversation(
       type: 'json_schema',
       name: 'output',
       schema: format.schema as Record<string, unknown>,
+      // Anthropic's structured outputs promise output that matches the schema: an upstream is asked
+      // for the same (OpenAI's json_schema is best effort without strict).
+      strict: true,
       param: 'output_config.format',
     };
   return req;
@@ -378,8 +416,13 @@ export function decodeMessagesRequest(body: MessagesRequest, signal: CancelSigna
     });
   const req = decodeConversation(body, signal, signatures, body.stream === true);
   req.maxOutputTokens = body.max_tokens;
-  if (body.thinking?.type === 'enabled' && body.thinking.budget_tokens !== undefined && body.thinking.budget_tokens >= body.max_tokens)
-    throw bad('thinking.budget_tokens must be less than max_tokens.', 'thinking.budget_tokens');
+  // As Anthropic's API: enabled thinking names its budget, of at least 1,024 tokens and below max_tokens.
+  if (body.thinking?.type === 'enabled') {
+    const budget = body.thinking.budget_tokens;
+    if (budget === undefined) throw bad('thinking.enabled.budget_tokens: Field required', 'thinking.budget_tokens');
+    if (budget < 1024) throw bad('thinking.enabled.budget_tokens: Input should be greater than or equal to 1024', 'thinking.budget_tokens');
+    if (budget >= body.max_tokens) throw bad('thinking.budget_tokens must be less than max_tokens.', 'thinking.budget_tokens');
+  }
   const s = req.sampling;
   if (body.temperature !== undefined) s.temperature = body.temperature;
   if (body.top_p !== undefined) s.topP = body.top_p;

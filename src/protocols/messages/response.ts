@@ -1,7 +1,7 @@
 import { newId } from '../../core/ids.js';
 import type { ApiError } from '../../core/errors.js';
 import type { FinishReason, GenerationEvent, Usage } from '../../core/canonical.js';
-import { obj } from '../reader.js';
+import { nestsDeeper, obj } from '../reader.js';
 
 /**
  * Anthropic's Messages API, server side: canonical events as one `message` object, or as the named
@@ -48,10 +48,15 @@ export function renderUsage(u: Usage): Record<string, unknown> {
   return out;
 }
 
-/** A tool call's arguments as the `input` object; text that is not a JSON object (a `strict: false` slip) becomes `{}`. */
+/**
+ * A tool call's arguments as the `input` object; text that is not a JSON object (a `strict: false`
+ * slip) becomes `{}`, and so does one nested past MAX_JSON_DEPTH, which the answer could not be
+ * serialized with (a stream passes the text on as it came).
+ */
 export function toolInput(args: string): Record<string, unknown> {
   try {
-    return obj(JSON.parse(args || '{}')) ?? {};
+    const input = obj(JSON.parse(args || '{}'));
+    return input === undefined || nestsDeeper(input) ? {} : input;
   } catch {
     return {};
   }
