@@ -28,6 +28,38 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
   });
   after(() => c.closeAll());
 
+  it("lists and retrieves models in Anthropic's shape for Anthropic's SDK, paged, errors in its envelope; the OpenAI shape stays", async () => {
+    const m = await client.models.retrieve(STORIES);
+    assert.equal(m.type, 'model');
+    assert.equal(m.id, STORIES);
+    assert.equal(typeof m.display_name, 'string');
+    assert.ok(!Number.isNaN(Date.parse(m.created_at)) && /Z$/.test(m.created_at), m.created_at);
+    assert.equal(m.max_input_tokens, 512);
+    assert.ok(m._request_id, 'request-id header');
+    // Every page, as the SDK walks them (after_id), and the same list backwards (before_id).
+    const all: string[] = [];
+    for await (const x of client.models.list({ limit: 3 })) all.push(x.id);
+    assert.ok(all.length > 3 && all.includes(STORIES), all.join(' '));
+    assert.equal(new Set(all).size, all.length, 'no model twice');
+    const first = await client.models.list({ limit: 3 });
+    assert.deepEqual([first.has_more, first.first_id, first.last_id], [true, all[0], all[2]]);
+    const before = await client.models.list({ limit: 2, before_id: all[3]! });
+    assert.deepEqual(
+      before.data.map((x) => x.id),
+      all.slice(1, 3),
+    );
+    assert.equal(before.has_more, true);
+    await assert.rejects(client.models.retrieve('nope/nope'), (err: unknown) => {
+      assert.ok(err instanceof Anthropic.NotFoundError);
+      assert.equal((err.error as { type: string; error: { type: string } }).error.type, 'not_found_error');
+      assert.ok(err.requestID);
+      return true;
+    });
+    // Without anthropic-version (the OpenAI SDKs, curl), the catalogue's own shape.
+    const plain = await http(server.url, 'GET', `/v1/models/${STORIES}`, { key });
+    assert.equal((plain.json as unknown as { object: string }).object, 'model');
+  });
+
   it('creates a message: text block, stop reason, usage, ids', async () => {
     const m = await client.messages.create({ model: STORIES, max_tokens: 24, messages: [{ role: 'user', content: 'Once upon a time' }] });
     requests++;

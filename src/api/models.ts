@@ -1,8 +1,17 @@
 import Type from 'typebox';
+import type { FastifyRequest } from 'fastify';
 import type { App, RouteContext } from './context.js';
 import { modelNotFound } from '../core/errors.js';
 import type { Principal } from '../core/principal.js';
 import { MODEL_TYPES, type Model, type ModelType } from '../core/model-spec.js';
+import { anthropicModel, anthropicModelPage } from '../protocols/messages/models.js';
+
+/**
+ * Anthropic's SDKs call the same paths for their Models API, with an `anthropic-version` header
+ * (which the OpenAI SDKs never send): such a request is answered in Anthropic's shape, errors
+ * included (http/server.ts).
+ */
+export const asksAnthropic = (headers: Record<string, unknown>): boolean => headers['anthropic-version'] !== undefined;
 
 /** `text_to_text` is what usage guides send; it means text generation. */
 const TYPE_VALUES = [...MODEL_TYPES, 'text_to_text'] as const;
@@ -54,22 +63,35 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
   const ListQuery = Type.Object({
     type: TypeParam,
     author: Type.Optional(Type.Enum([...catalogue.authors])),
+    // Anthropic's page parameters (read for Anthropic's SDKs only; the OpenAI list is one page).
+    limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })),
+    after_id: Type.Optional(Type.String()),
+    before_id: Type.Optional(Type.String()),
   });
   const OneQuery = Type.Object({ type: TypeParam });
 
-  app.get('/v1/models', { onRequest: ctx.requireKey, schema: { querystring: ListQuery } }, async (req) => {
+  app.get('/v1/models', { onRequest: ctx.requireKey, schema: { querystring: ListQuery } }, async (req, reply) => {
     const type = normaliseType(req.query.type) ?? 'text_generation';
-    const data = catalogue.list({ type, author: req.query.author }, req.principal!).map((m) => renderModel(m, ctx.router.canServe(m)));
-    return { object: 'list', data };
+    const models = catalogue.list({ type, author: req.query.author }, req.principal!);
+    if (asksAnthropic(req.headers)) {
+      reply.header('request-id', req.id);
+      return anthropicModelPage(models, req.query);
+    }
+    return { object: 'list', data: models.map((m) => renderModel(m, ctx.router.canServe(m))) };
   });
 
-  const getOne = (params: { author?: string; slug?: string; id?: string }, typeParam: TypeValue | undefined, who: Principal) => {
+  const getOne = (
+    req: FastifyRequest,
+    params: { author?: string; slug?: string; id?: string },
+    typeParam: TypeValue | undefined,
+    who: Principal,
+  ) => {
     const id = modelIdFromParams(params);
     const model = catalogue.get(id, who);
     // The id is unique, so `type` only narrows when it is given explicitly.
     const type = normaliseType(typeParam);
     if (!model || (type !== undefined && model.model_type !== type)) throw modelNotFound(id);
-    return renderModel(model, ctx.router.canServe(model));
+    return asksAnthropic(req.headers) ? anthropicModel(model) : renderModel(model, ctx.router.canServe(model));
   };
   app.get(
     '/v1/models/:author/:slug',
@@ -77,7 +99,10 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
       onRequest: ctx.requireKey,
       schema: { querystring: OneQuery, params: Type.Object({ author: Type.String(), slug: Type.String() }) },
     },
-    async (req) => getOne(req.params, req.query.type, req.principal!),
+    async (req, reply) => {
+      if (asksAnthropic(req.headers)) reply.header('request-id', req.id);
+      return getOne(req, req.params, req.query.type, req.principal!);
+    },
   );
   app.get(
     '/v1/models/:id',
@@ -85,6 +110,9 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
       onRequest: ctx.requireKey,
       schema: { querystring: OneQuery, params: Type.Object({ id: Type.String() }) },
     },
-    async (req) => getOne(req.params, req.query.type, req.principal!),
+    async (req, reply) => {
+      if (asksAnthropic(req.headers)) reply.header('request-id', req.id);
+      return getOne(req, req.params, req.query.type, req.principal!);
+    },
   );
 }

@@ -23,7 +23,7 @@ import { accessLog } from './access-log.js';
 import { requestLogger } from './request-logger.js';
 import { extractToken } from '../protocols/api-key.js';
 import type { Principal } from '../core/principal.js';
-import { registerModelRoutes } from '../api/models.js';
+import { asksAnthropic, registerModelRoutes } from '../api/models.js';
 import { registerAdminRoutes } from '../api/admin.js';
 import { registerUsageRoutes } from '../api/usage.js';
 import { registerHealthRoutes } from '../api/health.js';
@@ -414,7 +414,12 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     });
   }
 
-  app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => sendError(reply, routeError(err, req)));
+  app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) =>
+    // Anthropic's SDKs read the catalogue's errors (an unknown model, a bad key) in their envelope.
+    req.url.startsWith('/v1/models') && asksAnthropic(req.headers)
+      ? sendAnthropicError(reply, req.id, routeError(err, req))
+      : sendError(reply, routeError(err, req)),
+  );
   // Remember which methods each path has, so the others answer 405 rather than 404.
   const methodsByPath = new Map<string, Set<string>>();
   app.addHook('onRoute', (route) => {
