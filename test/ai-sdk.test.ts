@@ -2,6 +2,7 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { createAnthropic } from '@ai-sdk/anthropic';
 import { createOpenAI } from '@ai-sdk/openai';
 import { generateObject, generateText, stepCountIs, streamText, tool } from 'ai';
 import { z } from 'zod';
@@ -187,5 +188,34 @@ describe('Vercel AI SDK: the chat provider against the real local model', () => 
       const { object } = await generateObject({ model, schema: person, prompt: 'A person', maxOutputTokens: 200 });
       assert.equal(person.safeParse(object).success, true, JSON.stringify(object));
     }
+  });
+  it('the Anthropic provider (@ai-sdk/anthropic) on the Messages endpoint: text, a tool loop, an object', async () => {
+    const anthropic = createAnthropic({ apiKey: key, baseURL: `${server.url}/v1` });
+    const model = anthropic('local/stories260k');
+    const text = await generateText({ model, prompt: 'Once upon a time', temperature: 0, maxOutputTokens: 12 });
+    assert.ok(text.text.length > 0);
+    assert.equal(text.finishReason, 'length');
+    assert.equal(text.usage.outputTokens, 12);
+    // Two steps: the forced call, its result sent back as a tool_result, then the answer.
+    const result = streamText({
+      model,
+      prompt: 'What is the weather in Paris?',
+      tools: { get_weather: weather },
+      toolChoice: { type: 'tool', toolName: 'get_weather' },
+      temperature: 0,
+      maxOutputTokens: 60,
+      stopWhen: stepCountIs(2),
+      prepareStep: ({ stepNumber }) => (stepNumber === 1 ? { toolChoice: 'none' } : {}),
+    });
+    for await (const part of result.fullStream) assert.notEqual(part.type, 'error', JSON.stringify(part));
+    const steps = await result.steps;
+    assert.equal(steps.length, 2);
+    assert.equal(steps[0]!.toolCalls[0]?.toolName, 'get_weather');
+    assert.equal(steps[0]!.toolResults.length, 1);
+    assert.ok(['stop', 'length'].includes(steps[1]!.finishReason), steps[1]!.finishReason);
+    // The provider's JSON mode is a forced tool whose input is the object.
+    const reading = z.object({ place: z.string().max(12), confidence: z.number().min(0.1).max(0.9) });
+    const { object } = await generateObject({ model, schema: reading, prompt: 'A reading', maxOutputTokens: 80 });
+    assert.equal(reading.safeParse(object).success, true, JSON.stringify(object));
   });
 });
