@@ -9,7 +9,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { integerBounds, integerRange, numberRange, type NumberBounds } from '../src/engines/local/schema-numbers.js';
+import { integerBounds, integerRange, multiplesIn, numberRange, type NumberBounds } from '../src/engines/local/schema-numbers.js';
 import { schemaToGbnf } from '../src/engines/local/schema-gbnf.js';
 
 type Node =
@@ -222,6 +222,9 @@ describe('numeric ranges in the local grammar', () => {
     assert.throws(() => schemaToGbnf(JSON.parse('{"type":"integer","exclusiveMaximum":-1e400}')), /accepts no value/);
     assert.match(schemaToGbnf(JSON.parse('{"anyOf":[{"type":"number","minimum":1e400},{"type":"boolean"}]}')).gbnf, /^root ::= boolean/);
     assert.match(schemaToGbnf(JSON.parse('{"type":"number","maximum":1e400}')).gbnf, /^root ::= number/);
+    // An integer with a fractional multipleOf: integers that are multiples, found by walking the integers.
+    assert.deepEqual(multiplesIn(0.001, { min: 0.338, max: 38.7, exclusiveMin: false, exclusiveMax: false }, true, 3), ['1', '2', '3']);
+    assert.deepEqual(multiplesIn(0.3, { min: 1, max: 10, exclusiveMin: false, exclusiveMax: false }, true), ['3', '6', '9']);
     // Small ranges are matched exactly: every integer in them, and nothing else.
     fc.assert(
       fc.property(fc.integer({ min: -1200, max: 1200 }), fc.integer({ min: 0, max: 600 }), (lo, width) => {

@@ -247,11 +247,15 @@ export function multiplesIn(m: number, b: NumberBounds, integer: boolean, count 
   const decimals = Math.min(15, Math.max(0, -Math.floor(Math.log10(m)) + 1));
   const out: string[] = [];
   const seen = new Set<string>();
-  // Start at the multiple nearest zero inside the range, then walk outwards in both directions.
-  const startK = b.min > 0 ? Math.ceil(b.min / m) : b.max < 0 ? Math.floor(b.max / m) : 0;
+  // Start at the multiple nearest zero inside the range, then walk outwards in both directions. An
+  // integer with a fractional multipleOf (0.001) walks the integers instead: the multiples between
+  // two integers are no use to it, and 256 steps of 0.001 from 0.339 never reach 1.
+  const byIntegers = integer && !Number.isInteger(m);
+  const unit = byIntegers ? 1 : m;
+  const startK = b.min > 0 ? Math.ceil(b.min / unit) : b.max < 0 ? Math.floor(b.max / unit) : 0;
   for (let step = 0; out.length < count && step < count * 4; step++) {
     for (const k of step === 0 ? [startK] : [startK + step, startK - step]) {
-      const v = Number((k * m).toFixed(decimals));
+      const v = byIntegers ? k : Number((k * m).toFixed(decimals));
       const text = JSON.stringify(v);
       if (seen.has(text) || !inRange(v) || (integer && !Number.isInteger(v))) continue;
       const q = v / m;
