@@ -40,6 +40,7 @@ const CORE_KERNEL = new Set([
   'errors.ts',
   'ids.ts',
   'items.ts',
+  'json-walk.ts',
   'estimate.ts',
   'stop-matcher.ts',
   'think-splitter.ts',

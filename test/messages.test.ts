@@ -6,9 +6,8 @@
  */
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import type { IncomingMessage, ServerResponse } from 'node:http';
 import Anthropic from '@anthropic-ai/sdk';
-import { closers, fixture } from './helpers/fixtures.js';
+import { closers, jsonFixture } from './helpers/fixtures.js';
 import { createKey, http, readSse, startServer, tempDir, type TestServer, type WireList } from './helpers/server.js';
 
 const STORIES = 'local/stories260k';
@@ -473,43 +472,36 @@ describe('Messages API thinking blocks through an upstream (@anthropic-ai/sdk)',
 
   before(async () => {
     const upstream = c.keep(
-      await fixture((req: IncomingMessage, res: ServerResponse) => {
-        let raw = '';
-        req.on('data', (d: Buffer) => (raw += d.toString()));
-        req.on('end', () => {
-          const body = JSON.parse(raw) as (typeof seen)[number] & { stream?: boolean };
-          seen.push(body);
-          const usage = { prompt_tokens: 12, completion_tokens: 9, total_tokens: 21, completion_tokens_details: { reasoning_tokens: 5 } };
-          if (body.stream !== true) {
-            res.writeHead(200, { 'content-type': 'application/json' });
-            const message = { role: 'assistant', content: 'Once upon a time.', reasoning_content: 'The user wants a story. A short one.' };
-            res.end(
-              JSON.stringify({
-                id: 'c',
-                object: 'chat.completion',
-                created: 1,
-                model: 'f',
-                choices: [{ index: 0, message, finish_reason: 'stop' }],
-                usage,
-              }),
-            );
-            return;
-          }
-          res.writeHead(200, { 'content-type': 'text/event-stream' });
-          const send = (delta: object, finish: string | null = null) =>
-            res.write(
-              `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'f', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`,
-            );
-          send({ role: 'assistant', content: '' });
-          send({ reasoning_content: 'The user wants a story. ' });
-          send({ reasoning_content: 'A short one.' });
-          send({ content: 'Once upon a time.' });
-          send({}, 'stop');
-          res.write(
-            `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'f', choices: [], usage })}\n\n`,
+      await jsonFixture<(typeof seen)[number] & { stream?: boolean }>((body, res) => {
+        seen.push(body);
+        const usage = { prompt_tokens: 12, completion_tokens: 9, total_tokens: 21, completion_tokens_details: { reasoning_tokens: 5 } };
+        if (body.stream !== true) {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          const message = { role: 'assistant', content: 'Once upon a time.', reasoning_content: 'The user wants a story. A short one.' };
+          res.end(
+            JSON.stringify({
+              id: 'c',
+              object: 'chat.completion',
+              created: 1,
+              model: 'f',
+              choices: [{ index: 0, message, finish_reason: 'stop' }],
+              usage,
+            }),
           );
-          res.end('data: [DONE]\n\n');
-        });
+          return;
+        }
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        const send = (delta: object, finish: string | null = null) =>
+          res.write(
+            `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'f', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`,
+          );
+        send({ role: 'assistant', content: '' });
+        send({ reasoning_content: 'The user wants a story. ' });
+        send({ reasoning_content: 'A short one.' });
+        send({ content: 'Once upon a time.' });
+        send({}, 'stop');
+        res.write(`data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'f', choices: [], usage })}\n\n`);
+        res.end('data: [DONE]\n\n');
       }),
     );
     const server = c.keep(
@@ -646,36 +638,31 @@ describe('Messages stop_sequences on a chat-completions upstream', () => {
   const sent: Array<{ stop?: string[] }> = [];
   before(async () => {
     const upstream = c.keep(
-      await fixture((req, res) => {
-        let body = '';
-        req.on('data', (d: Buffer) => (body += d.toString()));
-        req.on('end', () => {
-          const asked = JSON.parse(body) as { stop?: string[]; stream?: boolean };
-          sent.push(asked);
-          if (asked.stream !== true) {
-            const message = { role: 'assistant', content: 'Once upon a time, a fox.' };
-            res.writeHead(200, { 'content-type': 'application/json' }).end(
-              JSON.stringify({
-                id: 'x',
-                object: 'chat.completion',
-                created: 1,
-                model: 'm',
-                choices: [{ index: 0, message, finish_reason: 'stop' }],
-              }),
-            );
-            return;
-          }
-          const frame = (delta: object, finish: string | null = null) =>
-            `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
-          res
-            .writeHead(200, { 'content-type': 'text/event-stream' })
-            .end(
-              frame({ role: 'assistant', content: 'Once upon a ' }) +
-                frame({ content: 'time, a fox.' }) +
-                frame({}, 'stop') +
-                'data: [DONE]\n\n',
-            );
-        });
+      await jsonFixture<{ stop?: string[]; stream?: boolean }>((asked, res) => {
+        sent.push(asked);
+        if (asked.stream !== true) {
+          const message = { role: 'assistant', content: 'Once upon a time, a fox.' };
+          res.writeHead(200, { 'content-type': 'application/json' }).end(
+            JSON.stringify({
+              id: 'x',
+              object: 'chat.completion',
+              created: 1,
+              model: 'm',
+              choices: [{ index: 0, message, finish_reason: 'stop' }],
+            }),
+          );
+          return;
+        }
+        const frame = (delta: object, finish: string | null = null) =>
+          `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+        res
+          .writeHead(200, { 'content-type': 'text/event-stream' })
+          .end(
+            frame({ role: 'assistant', content: 'Once upon a ' }) +
+              frame({ content: 'time, a fox.' }) +
+              frame({}, 'stop') +
+              'data: [DONE]\n\n',
+          );
       }),
     );
     gw = c.keep(
@@ -732,36 +719,31 @@ describe('Messages requests checked as Anthropic checks them, and what a chat-co
 
   before(async () => {
     const upstream = c.keep(
-      await fixture((req, res) => {
-        let body = '';
-        req.on('data', (d: Buffer) => (body += d.toString()));
-        req.on('end', () => {
-          const asked = JSON.parse(body) as (typeof sent)[number] & { model: string };
-          sent.push(asked);
-          if (asked.model === 'busy') {
-            res.writeHead(529, { 'content-type': 'application/json' });
-            res.end(JSON.stringify({ type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } }));
-            return;
-          }
-          const last = JSON.stringify(asked.messages.at(-1));
-          // Arguments nested 20,000 deep when asked for them: an answer JSON.stringify cannot write.
-          const args = last.includes('deep please') ? `{"x":${'['.repeat(20_000)}${']'.repeat(20_000)}}` : '{"city":"Oslo"}';
-          const message = {
-            role: 'assistant',
-            content: null,
-            tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'f', arguments: args } }],
-          };
-          res.writeHead(200, { 'content-type': 'application/json' });
-          res.end(
-            JSON.stringify({
-              id: 'x',
-              object: 'chat.completion',
-              created: 1,
-              model: 'm',
-              choices: [{ index: 0, message, finish_reason: 'tool_calls' }],
-            }),
-          );
-        });
+      await jsonFixture<(typeof sent)[number] & { model: string }>((asked, res) => {
+        sent.push(asked);
+        if (asked.model === 'busy') {
+          res.writeHead(529, { 'content-type': 'application/json' });
+          res.end(JSON.stringify({ type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } }));
+          return;
+        }
+        const last = JSON.stringify(asked.messages.at(-1));
+        // Arguments nested 20,000 deep when asked for them: an answer JSON.stringify cannot write.
+        const args = last.includes('deep please') ? `{"x":${'['.repeat(20_000)}${']'.repeat(20_000)}}` : '{"city":"Oslo"}';
+        const message = {
+          role: 'assistant',
+          content: null,
+          tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'f', arguments: args } }],
+        };
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(
+          JSON.stringify({
+            id: 'x',
+            object: 'chat.completion',
+            created: 1,
+            model: 'm',
+            choices: [{ index: 0, message, finish_reason: 'tool_calls' }],
+          }),
+        );
       }),
     );
     gw = c.keep(

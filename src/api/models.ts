@@ -1,8 +1,7 @@
 import Type from 'typebox';
-import type { FastifyRequest } from 'fastify';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { App, RouteContext } from './context.js';
 import { modelNotFound } from '../core/errors.js';
-import type { Principal } from '../core/principal.js';
 import { MODEL_TYPES, type Model, type ModelType } from '../core/model-spec.js';
 import { anthropicModel, anthropicModelPage } from '../protocols/messages/models.js';
 
@@ -12,6 +11,13 @@ import { anthropicModel, anthropicModelPage } from '../protocols/messages/models
  * included (http/server.ts).
  */
 export const asksAnthropic = (headers: Record<string, unknown>): boolean => headers['anthropic-version'] !== undefined;
+
+/** Whether to answer in Anthropic's shape; if so, the reply carries Anthropic's `request-id` as well. */
+function answersAnthropic(req: FastifyRequest, reply: FastifyReply): boolean {
+  if (!asksAnthropic(req.headers)) return false;
+  reply.header('request-id', req.id);
+  return true;
+}
 
 /** `text_to_text` is what usage guides send; it means text generation. */
 const TYPE_VALUES = [...MODEL_TYPES, 'text_to_text'] as const;
@@ -73,25 +79,22 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
   app.get('/v1/models', { onRequest: ctx.requireKey, schema: { querystring: ListQuery } }, async (req, reply) => {
     const type = normaliseType(req.query.type) ?? 'text_generation';
     const models = catalogue.list({ type, author: req.query.author }, req.principal!);
-    if (asksAnthropic(req.headers)) {
-      reply.header('request-id', req.id);
-      return anthropicModelPage(models, req.query);
-    }
+    if (answersAnthropic(req, reply)) return anthropicModelPage(models, req.query);
     return { object: 'list', data: models.map((m) => renderModel(m, ctx.router.canServe(m))) };
   });
 
   const getOne = (
     req: FastifyRequest,
+    reply: FastifyReply,
     params: { author?: string; slug?: string; id?: string },
     typeParam: TypeValue | undefined,
-    who: Principal,
   ) => {
     const id = modelIdFromParams(params);
-    const model = catalogue.get(id, who);
+    const model = catalogue.get(id, req.principal!);
     // The id is unique, so `type` only narrows when it is given explicitly.
     const type = normaliseType(typeParam);
     if (!model || (type !== undefined && model.model_type !== type)) throw modelNotFound(id);
-    return asksAnthropic(req.headers) ? anthropicModel(model) : renderModel(model, ctx.router.canServe(model));
+    return answersAnthropic(req, reply) ? anthropicModel(model) : renderModel(model, ctx.router.canServe(model));
   };
   app.get(
     '/v1/models/:author/:slug',
@@ -99,10 +102,7 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
       onRequest: ctx.requireKey,
       schema: { querystring: OneQuery, params: Type.Object({ author: Type.String(), slug: Type.String() }) },
     },
-    async (req, reply) => {
-      if (asksAnthropic(req.headers)) reply.header('request-id', req.id);
-      return getOne(req, req.params, req.query.type, req.principal!);
-    },
+    async (req, reply) => getOne(req, reply, req.params, req.query.type),
   );
   app.get(
     '/v1/models/:id',
@@ -110,9 +110,6 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
       onRequest: ctx.requireKey,
       schema: { querystring: OneQuery, params: Type.Object({ id: Type.String() }) },
     },
-    async (req, reply) => {
-      if (asksAnthropic(req.headers)) reply.header('request-id', req.id);
-      return getOne(req, req.params, req.query.type, req.principal!);
-    },
+    async (req, reply) => getOne(req, reply, req.params, req.query.type),
   );
 }

@@ -1,4 +1,5 @@
 import { ApiError } from './errors.js';
+import { jsonPointer, walkJson } from './json-walk.js';
 
 /**
  * Bounds on a JSON schema a request carries (structured output, tool parameters). A schema is
@@ -39,43 +40,43 @@ function refuse(param: string, what: string, limit: keyof SchemaLimits, value: n
  * 400 at the first bound it passes; the walk stops there, so its cost is bounded by the limits too.
  */
 export function checkSchemaLimits(schema: unknown, limits: SchemaLimits, param: string): void {
-  const stack: Array<{ value: unknown; depth: number; path: string }> = [{ value: schema, depth: 0, path: '' }];
   let bytes = 0;
   let nodes = 0;
-  while (stack.length > 0) {
-    const { value, depth, path } = stack.pop()!;
+  walkJson(schema, (node) => {
+    const { value, depth } = node;
     if (typeof value === 'string') {
       bytes += value.length + 2;
       if (bytes > limits.maxBytes) refuse(param, `more than ${limits.maxBytes} bytes`, 'maxBytes', limits.maxBytes);
-      continue;
+      return;
     }
     if (value === null || typeof value !== 'object') {
       bytes += 8;
-      continue;
+      return;
     }
     if (depth > limits.maxDepth)
-      refuse(param, `it nests deeper than ${limits.maxDepth} levels (at '${path.slice(0, 200)}')`, 'maxDepth', limits.maxDepth);
+      refuse(
+        param,
+        `it nests deeper than ${limits.maxDepth} levels (at '${jsonPointer(node).slice(0, 200)}')`,
+        'maxDepth',
+        limits.maxDepth,
+      );
     if (++nodes > limits.maxNodes) refuse(param, `it has more than ${limits.maxNodes} objects and arrays`, 'maxNodes', limits.maxNodes);
     bytes += 2;
     if (Array.isArray(value)) {
-      for (let i = value.length - 1; i >= 0; i--) stack.push({ value: value[i], depth: depth + 1, path: `${path}/${i}` });
       bytes += value.length;
-      continue;
+      return;
     }
     const obj = value as Record<string, unknown>;
     const en = obj['enum'];
     if (Array.isArray(en) && en.length > limits.maxEnum) {
-      refuse(param, `the enum at '${path || '/'}' has ${en.length} values`, 'maxEnum', limits.maxEnum);
+      refuse(param, `the enum at '${jsonPointer(node) || '/'}' has ${en.length} values`, 'maxEnum', limits.maxEnum);
     }
     for (const k of MIN_COUNT_KEYWORDS) {
       const n = obj[k];
       if (typeof n === 'number' && n > limits.maxMinCount)
-        refuse(param, `${k} at '${path || '/'}' is ${n}`, 'maxMinCount', limits.maxMinCount);
+        refuse(param, `${k} at '${jsonPointer(node) || '/'}' is ${n}`, 'maxMinCount', limits.maxMinCount);
     }
-    for (const key in obj) {
-      bytes += key.length + 3;
-      stack.push({ value: obj[key], depth: depth + 1, path: `${path}/${key}` });
-    }
+    for (const key in obj) bytes += key.length + 3;
     if (bytes > limits.maxBytes) refuse(param, `more than ${limits.maxBytes} bytes`, 'maxBytes', limits.maxBytes);
-  }
+  });
 }

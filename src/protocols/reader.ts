@@ -1,4 +1,5 @@
 import { ApiError } from '../core/errors.js';
+import { walkJson } from '../core/json-walk.js';
 import type { FinishReason, FunctionTool, GenerationEvent } from '../core/canonical.js';
 
 /**
@@ -83,15 +84,7 @@ export function wireTool(t: FunctionTool): Record<string, unknown> {
  */
 export const MAX_JSON_DEPTH = 512;
 
-/** Whether a parsed JSON value nests deeper than `limit` (walked without recursion). */
+/** Whether a parsed JSON value has an object or array nested deeper than `limit`. */
 export function nestsDeeper(value: unknown, limit = MAX_JSON_DEPTH): boolean {
-  const stack: Array<[unknown, number]> = [[value, 0]];
-  for (let next = stack.pop(); next !== undefined; next = stack.pop()) {
-    const [v, depth] = next;
-    if (typeof v !== 'object' || v === null) continue;
-    if (depth >= limit) return true;
-    for (const child of Array.isArray(v) ? v : Object.values(v))
-      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1]);
-  }
-  return false;
+  return walkJson(value, ({ value: v, depth }) => depth >= limit && typeof v === 'object' && v !== null);
 }

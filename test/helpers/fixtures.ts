@@ -66,18 +66,25 @@ export async function fixture(
   };
 }
 
+/** A fixture upstream that reads each request's JSON body and hands it to `answer`, parsed. */
+export function jsonFixture<T = Record<string, unknown>>(
+  answer: (body: T, res: ServerResponse, req: IncomingMessage) => void,
+): ReturnType<typeof fixture> {
+  return fixture((req, res) => {
+    let raw = '';
+    req.on('data', (c: Buffer) => {
+      raw += c.toString();
+    });
+    req.on('end', () => answer(JSON.parse(raw) as T, res, req));
+  });
+}
+
 /**
  * A fixture chat-completions upstream: `answer` writes the reply to each request, told whether the
  * request asked for a stream.
  */
 export function chatFixture(answer: (stream: boolean, res: ServerResponse) => void): ReturnType<typeof fixture> {
-  return fixture((req, res) => {
-    let body = '';
-    req.on('data', (c: Buffer) => {
-      body += c.toString();
-    });
-    req.on('end', () => answer((JSON.parse(body) as { stream?: boolean }).stream === true, res));
-  });
+  return jsonFixture<{ stream?: boolean }>((body, res) => answer(body.stream === true, res));
 }
 
 /** A whole non-stream chat completion with this message, finish reason and usage, as JSON text. */
