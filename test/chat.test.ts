@@ -281,6 +281,8 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       // A refusal part is an assistant's: a user's is refused by its type.
       [{ ...base, messages: [{ role: 'user', content: [{ type: 'refusal', refusal: 'no' }] }] }, 'messages[0].content[0].type'],
       [{ ...base, tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) }, 'tools'],
+      // Ten thousand messages at most (MAX_INPUT_ITEMS: each is decoded on the event loop).
+      [{ ...base, messages: Array.from({ length: 10_001 }, () => ({ role: 'user', content: 'hi' })) }, 'messages'],
       // A tool message answers a tool call an earlier assistant message made (OpenAI's rule).
       [{ ...base, messages: [{ role: 'tool', content: 'x' }] }, 'messages[0].tool_call_id'],
       [{ ...base, messages: [{ role: 'tool', tool_call_id: 'call_zzz', content: 'x' }] }, 'messages[0].tool_call_id'],

@@ -864,6 +864,10 @@ describe('Messages requests checked as Anthropic checks them, and what a chat-co
     });
     assert.match(await refused(thinking({ type: 'enabled' })), /budget_tokens/);
     assert.match(await refused(thinking({ type: 'enabled', budget_tokens: 512 })), /1024/);
+    // Ten thousand messages at most: each is decoded on the event loop (MAX_INPUT_ITEMS).
+    const many = Array.from({ length: 10_001 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: 'hi' }));
+    assert.match(await refused({ model: MODEL, max_tokens: 10, messages: many }), /more than 10000 items/);
+    assert.match(await refused({ model: MODEL, messages: many }, '/v1/messages/count_tokens'), /more than 10000 items/);
     // Within the bound, a nested input is taken.
     const ok = await client.messages.create({
       ...(withCall({ x: JSON.parse(deepText(100)) as unknown }) as Anthropic.MessageCreateParamsNonStreaming),

@@ -495,6 +495,8 @@ describe('POST /v1/responses with TinyStories', () => {
       [{ ...base, tools: [{ type: 'web_search' }] }, 'tools[0].type'],
       [{ ...base, tools: [{ type: 'function' }] }, 'tools[0].name'],
       [{ ...base, tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', name: `f${i}` })) }, 'tools'],
+      // Ten thousand input items at most (MAX_INPUT_ITEMS: each is decoded on the event loop).
+      [{ ...base, input: Array.from({ length: 10_001 }, () => ({ role: 'user', content: 'hi' })) }, 'input'],
       // A schema that accepts no value, named by where the Responses API puts it.
       [{ ...base, text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', not: {} } } } }, 'text.format'],
       [{ model: STORIES }, 'input'],

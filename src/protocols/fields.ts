@@ -21,6 +21,14 @@ export const Penalty = nullable(Type.Number({ minimum: -2, maximum: 2 }));
 export const Seed = nullable(Type.Integer({ minimum: 0, maximum: 4_294_967_294 }));
 /** Tools in one request, at most (OpenAI's documented bound, on every protocol). */
 export const MAX_TOOLS = 128;
+/**
+ * Messages (chat, Messages) or input items (Responses) in one request, at most. Each is decoded,
+ * checked and converted on the event loop, a few microseconds apiece (a Responses item about ten):
+ * 50,000 small items in a 4 MB body held every other request on the worker for half a second. Ten
+ * thousand is far past any conversation a context window holds, and keeps one request's hold
+ * near a tenth of a second.
+ */
+export const MAX_INPUT_ITEMS = 10_000;
 
 export const Stop = nullable(Type.Union([Type.String(), Type.Array(Type.String(), { maxItems: 4 })]));
 export const NullableBoolean = nullable(Type.Boolean());

@@ -11,6 +11,7 @@ import {
   type ToolChoice,
 } from '../../core/canonical.js';
 import {
+  MAX_INPUT_ITEMS,
   MAX_TOOLS,
   MaxOutputTokens,
   Metadata,
@@ -48,7 +49,7 @@ const FunctionDef = Type.Object({
 /** Chat completions request (wire doc); unknown fields are accepted and ignored. */
 export const ChatRequest = Type.Object({
   model: ModelField,
-  messages: Type.Array(ChatMessage, { minItems: 1 }),
+  messages: Type.Array(ChatMessage, { minItems: 1, maxItems: MAX_INPUT_ITEMS }),
   temperature: Temperature,
   top_p: TopP,
   max_tokens: MaxOutputTokens,

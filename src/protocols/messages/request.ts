@@ -11,7 +11,7 @@ import {
   type ToolCall,
   type ToolChoice,
 } from '../../core/canonical.js';
-import { COUNT_MAX, MAX_TOOLS, ModelField, nullable } from '../fields.js';
+import { COUNT_MAX, MAX_INPUT_ITEMS, MAX_TOOLS, ModelField, nullable } from '../fields.js';
 import { MAX_JSON_DEPTH, nestsDeeper, obj, str } from '../reader.js';
 
 /**
@@ -56,7 +56,10 @@ const conversation = {
   model: ModelField,
   system: Type.Optional(Type.Union([Type.String(), Type.Array(Block)])),
   // The current API also takes system turns in the list (SystemMessageParam).
-  messages: Type.Array(Type.Object({ role: Type.Enum(['user', 'assistant', 'system']), content: Content }), { minItems: 1 }),
+  messages: Type.Array(Type.Object({ role: Type.Enum(['user', 'assistant', 'system']), content: Content }), {
+    minItems: 1,
+    maxItems: MAX_INPUT_ITEMS,
+  }),
   tools: Type.Optional(Type.Array(Tool, { maxItems: MAX_TOOLS })),
   tool_choice: Type.Optional(ToolChoiceWire),
   thinking: Type.Optional(Thinking),

@@ -6,6 +6,7 @@ import type { ResponsesCreate } from '../../core/responses/format.js';
 import {
   COUNT_MAX,
   Instructions,
+  MAX_INPUT_ITEMS,
   MAX_TOOLS,
   MaxOutputTokens,
   Metadata,
@@ -63,7 +64,7 @@ export function decodeIncludeQuery(query: Readonly<Record<string, unknown>>): st
 /** `POST /v1/responses` (spec §4.2 with the wire doc's extra fields); unknown fields are ignored. */
 export const ResponsesRequestSchema = Type.Object({
   model: ModelField,
-  input: Type.Union([Type.String(), Type.Array(Type.Record(Type.String(), Type.Unknown()))]),
+  input: Type.Union([Type.String(), Type.Array(Type.Record(Type.String(), Type.Unknown()), { maxItems: MAX_INPUT_ITEMS })]),
   instructions: Instructions,
   max_output_tokens: MaxOutputTokens,
   temperature: Temperature,
@@ -246,7 +247,7 @@ export function decodeResponsesRequest(body: ResponsesRequest): ResponsesCreate<
 /** `POST /v1/responses/compact` (Open Responses' CompactResponseMethodPublicBody); unknown fields are ignored. */
 export const CompactRequestSchema = Type.Object({
   model: ModelField,
-  input: nullable(Type.Union([Type.String(), Type.Array(Type.Record(Type.String(), Type.Unknown()))])),
+  input: nullable(Type.Union([Type.String(), Type.Array(Type.Record(Type.String(), Type.Unknown()), { maxItems: MAX_INPUT_ITEMS })])),
   previous_response_id: nullable(Type.String({ minLength: 1 })),
   instructions: Instructions,
   prompt_cache_key: nullable(Type.String({ maxLength: 64 })),
