@@ -15,8 +15,8 @@ import { ChatRelay } from '../src/protocols/chat/relay.js';
 const tooLarge = () => new ApiError('upstream_error', 'too large');
 /** One id and time for every relay of a test, so that two relays' frames can be compared. */
 const IDS = { id: 'chatcmpl-test0001', created: 1764115200 };
-const relay = (catalogue: string, cap = Number.MAX_SAFE_INTEGER) =>
-  new ChatRelay(catalogue, (t) => t, cap, 32, 1 << 20, tooLarge, undefined, IDS);
+const relay = (catalogue: string, cap = Number.MAX_SAFE_INTEGER, charsPerToken = 32) =>
+  new ChatRelay(catalogue, (t) => t, cap, charsPerToken, 1 << 20, tooLarge, undefined, IDS);
 
 /** Pieces of text: what JSON.stringify writes as it is, what it escapes, and what looks like the JSON around a text. */
 const ATOMS = [
@@ -311,10 +311,11 @@ describe('chat relay', () => {
     t.mock.timers.enable({ apis: ['Date'], now: 1_764_115_200_000 });
     // The same stream written with a space after each opening brace: valid JSON that JSON.stringify
     // does not write, so no template is ever learned from it; what the client parses must be the same.
+    // Two characters a token as well as 32: most streams are then cut inside a delta's text.
     fc.assert(
-      fc.property(streamArb, fc.nat({ max: 30 }), cutsArb, ({ catalogue, payloads }, cap, cuts) => {
+      fc.property(streamArb, fc.nat({ max: 30 }), fc.constantFrom(2, 32), cutsArb, ({ catalogue, payloads }, cap, perToken, cuts) => {
         const read = (ps: readonly string[]) => {
-          const r = relay(catalogue, cap);
+          const r = relay(catalogue, cap, perToken);
           let frames = '';
           for (const p of pieces(sse(ps), cuts)) frames += r.push(p);
           const parsed = frames
@@ -327,6 +328,77 @@ describe('chat relay', () => {
       }),
       { numRuns: 1000, seed: 20261126 },
     );
+  });
+
+  it('cuts a delta that goes past the character limit where the limit is, as the canonical lane does, and bills what passed', () => {
+    // Four tokens of at most 32 characters: 128 characters pass (the hostile pass's 129-character
+    // delta was dropped whole, an empty answer billed at no output).
+    const frame = (delta: object, finish: string | null = null) =>
+      `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+    type Parsed = { choices: Array<{ delta: Record<string, unknown>; finish_reason: string | null }>; usage?: unknown };
+    const run = (frames: string[]) => {
+      const r = relay('m', 4);
+      const out = frames.map((f) => r.push(f)).join('');
+      return {
+        r,
+        parsed: out
+          .split('\n\n')
+          .filter(Boolean)
+          .map((l) => JSON.parse(l.slice(6)) as Parsed),
+      };
+    };
+    const long = 'a'.repeat(129);
+    const one = run([frame({ role: 'assistant', content: long }, 'stop'), 'data: [DONE]\n\n']);
+    assert.deepEqual(
+      one.parsed.map((p) => [p.choices[0]!.delta['content'], p.choices[0]!.finish_reason]),
+      [
+        ['a'.repeat(128), null],
+        [undefined, 'length'],
+      ],
+    );
+    assert.equal(one.r.chars, 128);
+    assert.equal(one.r.deltas, 1);
+    assert.equal(one.r.capped, true);
+    // After a learned template: the matched chunk is cut the same way.
+    const templated = run([frame({ content: 'ab' }), frame({ content: 'cd' }), frame({ content: 'ef' }), frame({ content: long })]);
+    assert.deepEqual(
+      templated.parsed.map((p) => p.choices[0]!.delta['content'] ?? p.choices[0]!.finish_reason),
+      ['ab', 'cd', 'ef', 'a'.repeat(122), 'length'],
+    );
+    // A surrogate pair is not split: the cut falls before it.
+    const emoji = run([frame({ content: `${'a'.repeat(127)}\u{1F600}b` })]);
+    assert.equal(emoji.parsed[0]!.choices[0]!.delta['content'], 'a'.repeat(127));
+    // Reasoning, then content, in one delta: the reasoning passes, the content is cut, and a tool
+    // call after the limit, and the upstream's usage in that chunk, are taken out.
+    const mixed = run([
+      `data: ${JSON.stringify({
+        id: 'c',
+        object: 'chat.completion.chunk',
+        created: 1,
+        model: 'm',
+        choices: [
+          {
+            index: 0,
+            delta: {
+              reasoning_content: 'r'.repeat(100),
+              content: 'c'.repeat(100),
+              tool_calls: [{ index: 0, id: 'call_1', type: 'function', function: { name: 'f', arguments: '{}' } }],
+            },
+            finish_reason: 'stop',
+          },
+        ],
+        usage: { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3 },
+      })}\n\n`,
+    ]);
+    assert.deepEqual(mixed.parsed[0]!.choices[0], {
+      index: 0,
+      delta: { reasoning_content: 'r'.repeat(100), content: 'c'.repeat(28) },
+      finish_reason: null,
+    });
+    assert.equal(mixed.parsed[0]!.usage, null);
+    assert.equal(mixed.parsed[1]!.choices[0]!.finish_reason, 'length');
+    assert.equal(mixed.r.reasoningChars, 100);
+    assert.equal(mixed.r.chars, 128);
   });
 
   it('learns a template from a plain stream and still cuts it at the output limit', () => {

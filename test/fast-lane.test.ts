@@ -206,6 +206,13 @@ describe('the chat fast lane against upstreams that misbehave', () => {
           }
           res.end(`${frame(delta('', 'stop'))}data: [DONE]\n\n`);
           return;
+        case 'one-long':
+          // One delta far past a small max_tokens, then the upstream's own usage.
+          res.write(frame(delta('z'.repeat(1000))));
+          res.end(
+            `${frame(delta('', 'stop'))}${frame({ ...head, choices: [], usage: { prompt_tokens: 4, completion_tokens: 250, total_tokens: 254 } })}data: [DONE]\n\n`,
+          );
+          return;
         case 'spaced':
           // Python-style JSON, usage inside the finish chunk rather than a chunk of its own.
           res.write(frame(delta('Hello'), true));
@@ -345,6 +352,23 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     assert.equal(completion.choices[0]!.finish_reason, 'length');
     assert.ok(completion.choices[0]!.message.content!.length <= 5 * 32, 'cut to the limit');
     assert.ok(completion.usage!.completion_tokens <= 5);
+  });
+
+  it('cuts one delta longer than the whole limit at the limit, in both lanes, and bills it', async () => {
+    // It was dropped whole by the fast lane: an empty answer with finish `length`, billed no output.
+    const texts: string[] = [];
+    for (const store of [false, true]) {
+      const { frames, requestId, status } = await rawStream(gateway.url, key, ask('one-long', { max_tokens: 4, store }));
+      assert.equal(status, 200);
+      texts.push(contentOf(frames));
+      const finishes = frames.flatMap((f) => (f.json?.['choices'] as Array<{ finish_reason: string | null }> | undefined) ?? []);
+      assert.deepEqual(
+        finishes.filter((x) => x.finish_reason != null).map((x) => x.finish_reason),
+        ['length'],
+      );
+      assert.equal(usageRow(gateway, requestId)!['output_tokens'], 4);
+    }
+    assert.deepEqual(texts, ['z'.repeat(4 * 32), 'z'.repeat(4 * 32)]);
   });
 
   it('counts output however the JSON is written, so the limit and the bill hold', async () => {

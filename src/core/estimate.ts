@@ -15,6 +15,16 @@ export const MAX_CHARS_PER_TOKEN = 32;
 
 export const tokensForChars = (chars: number): number => Math.ceil(chars / CHARS_PER_TOKEN);
 
+/**
+ * The first `n` characters (UTF-16 units) of `text`, one fewer where the cut would split a surrogate
+ * pair: half a pair is no character, and a client's decoder would show U+FFFD for it.
+ */
+export function clipChars(text: string, n: number): string {
+  if (n >= text.length) return text;
+  const high = n > 0 ? text.charCodeAt(n - 1) : 0;
+  return text.slice(0, high >= 0xd800 && high <= 0xdbff ? n - 1 : n);
+}
+
 /** Input tokens of a request, estimated from its text (messages, tool definitions and their schemas). */
 export function estimateInputTokens(req: GenerationRequest): number {
   let chars = 0;

@@ -17,7 +17,7 @@ import { ChatRelay } from '../../protocols/chat/relay.js';
 import { SseInput } from '../../protocols/sse-input.js';
 import { ResponsesReader, encodeResponsesRequest } from '../../protocols/responses/client.js';
 import { MessagesReader, encodeMessagesRequest } from '../../protocols/messages/client.js';
-import { estimateInputTokens, MAX_CHARS_PER_TOKEN, tokensForChars } from '../../core/estimate.js';
+import { clipChars, estimateInputTokens, MAX_CHARS_PER_TOKEN, tokensForChars } from '../../core/estimate.js';
 import { Scrubber, type StreamScrubber } from './scrubber.js';
 import type { Attempt, DeploymentTarget, Engine } from '../engine.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
@@ -220,7 +220,7 @@ class OutputGuard {
     this.deltas++;
     let out = text;
     if (this.chars + text.length > this.maxChars) {
-      out = text.slice(0, Math.max(0, this.maxChars - this.chars));
+      out = clipChars(text, Math.max(0, this.maxChars - this.chars));
       this.capped = true;
     }
     this.chars += out.length;

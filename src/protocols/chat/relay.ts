@@ -4,6 +4,7 @@ import { obj, str, type Clean, type ReportedUsage } from '../reader.js';
 import { CallIndexes, FINISH, readChunk } from './client.js';
 import { SseInput } from '../sse-input.js';
 import { nowSeconds } from '../../core/ids.js';
+import { clipChars } from '../../core/estimate.js';
 import { newCompletionId } from './response.js';
 
 /**
@@ -367,9 +368,12 @@ export class ChatRelay {
     if (t !== undefined && end >= t.prefix.length && payload.slice(0, t.prefix.length) === t.prefix && payload.slice(end) === t.suffix) {
       const text = payload.slice(t.prefix.length, end);
       if (!ESCAPED.test(text)) {
-        // What read() counts for such a chunk: its text, nothing else.
-        if (!this.count(text.length, false)) return `data: ${this.finishFrame('length')}\n\n`;
-        return `data: ${t.outPrefix}${text}${t.outSuffix}\n\n`;
+        // What read() counts for such a chunk: its text, nothing else. Past the limit, what fits
+        // goes out, then the `length` finish.
+        const n = this.admit(text.length, false);
+        if (n === text.length) return `data: ${t.outPrefix}${text}${t.outSuffix}\n\n`;
+        const kept = clipChars(text, n);
+        return `${kept === '' ? '' : `data: ${t.outPrefix}${kept}${t.outSuffix}\n\n`}data: ${this.finishFrame('length')}\n\n`;
       }
     }
     let chunk: Record<string, unknown> | undefined;
@@ -380,6 +384,7 @@ export class ChatRelay {
     }
     // Calls to tools the request does not allow are taken out; the chunk is then written anew.
     let changed = false;
+    const charsBefore = this.chars;
     try {
       if (!chunk) throw new ApiError('upstream_error', 'The upstream sent a malformed stream event.');
       if (this.callable !== undefined) {
@@ -394,7 +399,14 @@ export class ChatRelay {
       this.failure = err instanceof ApiError ? err : new ApiError('upstream_error', 'The upstream sent a malformed stream event.');
       return '';
     }
-    if (this.capped) return `data: ${this.finishFrame('length')}\n\n`;
+    if (this.capped) {
+      // The chunk that reached the limit goes out with what of it fits (read() cut it there), as
+      // the canonical lane cuts a delta; its usage waits for the metered usage, as any usage does.
+      if (this.chars === charsBefore) return `data: ${this.finishFrame('length')}\n\n`;
+      if (obj(chunk['usage'])) chunk['usage'] = null;
+      this.ours(chunk);
+      return `data: ${JSON.stringify(chunk)}\n\ndata: ${this.finishFrame('length')}\n\n`;
+    }
     if (obj(chunk['usage'])) {
       const choices = chunk['choices'];
       // A usage chunk of its own (no choices) goes out as the upstream wrote it, with the metered
@@ -602,45 +614,81 @@ export class ChatRelay {
     return passed;
   }
 
-  /** Counts one content-bearing delta; false (and capped) when it goes past the limit. */
-  private count(chars: number, reasoning: boolean): boolean {
-    if (chars === 0) return true;
-    if (this.deltas + 1 > this.cap || this.chars + chars > this.maxChars) {
+  /**
+   * Counts one content-bearing delta of `chars` characters: how many of them may pass. All, within
+   * the limit. Past it the answer is capped: a stream passes the characters up to the limit (none
+   * past the number of deltas), as the canonical lane's guard cuts a delta; none pass once capped.
+   */
+  private admit(chars: number, reasoning: boolean): number {
+    if (chars === 0 || this.capped) return 0;
+    if (this.deltas + 1 > this.cap) {
       this.capped = true;
-      return false;
+      return 0;
     }
-    this.deltas++;
-    this.chars += chars;
-    if (reasoning) this.reasoningChars += chars;
-    return true;
+    let n = chars;
+    if (this.chars + chars > this.maxChars) {
+      n = Math.max(0, this.maxChars - this.chars);
+      this.capped = true;
+    }
+    if (n > 0) this.deltas++;
+    this.chars += n;
+    if (reasoning) this.reasoningChars += n;
+    return n;
+  }
+
+  /**
+   * Counts the output at `holder[key]` (a string, or any other value as its JSON text). Whatever of
+   * it does not pass is taken out of a stream's delta (`cut`): a string is cut to what passes,
+   * anything else removed. A whole answer is left as it is (it goes to the canonical lane).
+   */
+  private take(holder: Record<string, unknown>, key: string, cut: boolean, reasoning = false): void {
+    const v = holder[key];
+    const text = typeof v === 'string' ? v : JSON.stringify(v);
+    const n = this.admit(text.length, reasoning);
+    if (n === text.length || !cut) return;
+    // JSON.stringify leaves out a member set to undefined.
+    holder[key] = typeof v === 'string' && n > 0 ? clipChars(v, n) : undefined;
   }
 
   /**
    * A parsed chunk (`delta`) or answer (`message`): error, usage, and the output counted as the
    * canonical lane counts it (reasoning, content and each tool call's arguments are a delta each),
-   * plus whatever else the client would read there (a refusal, content parts, audio).
+   * plus whatever else the client would read there (a refusal, content parts, audio). A chunk that
+   * reaches the limit is cut there: what comes after it in the chunk is taken out, and so is its
+   * finish reason (the stream ends with `length`).
    */
   private read(chunk: Record<string, unknown>, field: 'delta' | 'message'): void {
     const { usage, choice } = readChunk(chunk, this.clean);
     if (usage) this.usage = usage;
     if (!choice) return;
     const d = obj(choice[field]);
+    const cut = field === 'delta';
     if (d) {
-      if (!this.count((str(d['reasoning_content']) ?? str(d['reasoning']) ?? '').length, true)) return;
-      const content = d['content'];
-      if (!this.count(typeof content === 'string' ? content.length : content == null ? 0 : JSON.stringify(content).length, false)) return;
-      if (!this.count((str(d['refusal']) ?? '').length, false)) return;
+      const reasoningKey =
+        str(d['reasoning_content']) !== undefined ? 'reasoning_content' : str(d['reasoning']) !== undefined ? 'reasoning' : undefined;
+      if (reasoningKey !== undefined) this.take(d, reasoningKey, cut, true);
+      if (d['content'] != null) this.take(d, 'content', cut);
+      if (str(d['refusal']) !== undefined) this.take(d, 'refusal', cut);
       const calls = d['tool_calls'];
       if (Array.isArray(calls)) {
-        for (const call of calls) {
-          // As in the canonical lane, a call's arguments are output; its start (id, name) is not.
-          if (!this.count((str(obj(obj(call)?.['function'])?.['arguments']) ?? '').length, false)) return;
-        }
+        // As in the canonical lane, a call's arguments are output; its start (id, name) is not, and
+        // no call starts once the limit is reached.
+        const kept = calls.filter((call) => {
+          if (this.capped) return false;
+          const fn = obj(obj(call)?.['function']);
+          if (fn && str(fn['arguments']) !== undefined) this.take(fn, 'arguments', cut);
+          return true;
+        });
+        if (cut && kept.length < calls.length) d['tool_calls'] = kept.length > 0 ? kept : undefined;
       }
       for (const key in d) {
         if (KNOWN_DELTA_FIELDS.has(key) || d[key] == null) continue;
-        if (!this.count(JSON.stringify(d[key]).length, false)) return;
+        this.take(d, key, cut);
       }
+    }
+    if (this.capped) {
+      if (cut) choice['finish_reason'] = null;
+      return;
     }
     const finish = str(choice['finish_reason']);
     if (finish) {
