@@ -557,6 +557,37 @@ describe('local engine concurrency', () => {
     );
   });
 
+  it('keeps background responses waiting for the sequence, however full the queue, and runs each', async () => {
+    // The queue (size 0 here) bounds the requests clients wait on; a background response was
+    // acknowledged as queued, and failing it as busy would lose it (a hostile pass saw 32 of 100 fail so).
+    const long = await openLongStream();
+    const c = new OpenAI({ apiKey: key, baseURL: server.baseURL, maxRetries: 0 });
+    const queued = await Promise.all(
+      Array.from({ length: 3 }, () =>
+        c.responses.create({ model: RANDOM, input: 'Once upon a time', max_output_tokens: 5, background: true }),
+      ),
+    );
+    assert.deepEqual(
+      queued.map((r) => r.status),
+      ['queued', 'queued', 'queued'],
+    );
+    // Requests a client waits on are still refused at once while the sequence is held.
+    const busy = await http(server.url, 'POST', '/v1/chat/completions', {
+      key,
+      body: { model: RANDOM, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
+    });
+    assert.equal(busy.status, 503, busy.text);
+    assert.equal((await c.responses.retrieve(queued[0]!.id)).status, 'queued');
+    long.body.destroy();
+    await eventually(async () => {
+      const now = await Promise.all(queued.map((r) => c.responses.retrieve(r.id)));
+      assert.deepEqual(
+        now.map((r) => [r.status, r.error]),
+        now.map(() => ['incomplete', null]),
+      );
+    }, 30_000);
+  });
+
   it('stops generating when the client disconnects and frees the slot', async () => {
     const long = await openLongStream();
     long.body.destroy();

@@ -112,6 +112,13 @@ export interface GenerationRequest {
    * organization's must never serve another's request.
    */
   cacheScope?: string;
+  /**
+   * A background response's: nobody waits on its answer, and it was acknowledged as queued. An
+   * engine with a queue of its own keeps it waiting for room however long that queue is, behind the
+   * requests clients wait on, rather than refusing it as busy (which would fail a response the
+   * client was told would run).
+   */
+  background?: boolean;
   /** Kept current by the engine serving the request (reset by the router for each attempt). */
   tally: UsageTally;
 }

@@ -709,6 +709,7 @@ export class ResponseService<Echo> {
       signal: run.abort,
       tally: newTally(),
     });
+    if (background) req.background = true;
 
     const { admission, open } = await this.pipeline.admit(model, req, who, {
       endpoint: 'responses',

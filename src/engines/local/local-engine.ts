@@ -57,7 +57,10 @@ interface Waiter {
 /** One loaded model: its context, its sequences and the queue in front of them. */
 class LoadedModel {
   readonly slots: Slot[];
+  /** Requests a client waits on, in order; bounded by the queue size. */
   readonly waiters: Waiter[] = [];
+  /** Background responses, in order: served when no request above waits, and not bounded by the queue size. */
+  readonly background: Waiter[] = [];
   lastUsed = Date.now();
   active = 0;
   /** Made at the first structured output (reading the vocabulary takes a while on large models). */
@@ -105,7 +108,7 @@ class LoadedModel {
   }
 
   release(slot: Slot): void {
-    const next = this.waiters.shift();
+    const next = this.waiters.shift() ?? this.background.shift();
     if (next) next.resolve(slot);
     else slot.busy = false;
   }
@@ -283,7 +286,10 @@ export class LocalEngine implements Engine {
     const { signal } = req;
     const slot = m.take(prompt, req.cacheScope);
     if (slot) return Promise.resolve(slot);
-    if (m.waiters.length >= this.opts.queueSize) {
+    // A background response waits however long its queue: it was acknowledged as queued, and
+    // failing it as busy would lose what the client was told would run.
+    const queue = req.background === true ? m.background : m.waiters;
+    if (queue === m.waiters && m.waiters.length >= this.opts.queueSize) {
       return Promise.reject(new ApiError('overloaded', 'The model is busy and its queue is full; retry shortly.', { retryAfterMs: 1000 }));
     }
     return new Promise<Slot>((resolve, reject) => {
@@ -295,11 +301,11 @@ export class LocalEngine implements Engine {
         reject,
       };
       const forget = onAbort(signal, () => {
-        const i = m.waiters.indexOf(waiter);
-        if (i >= 0) m.waiters.splice(i, 1);
+        const i = queue.indexOf(waiter);
+        if (i >= 0) queue.splice(i, 1);
         reject(new CancelledError('The request was cancelled while it waited.'));
       });
-      m.waiters.push(waiter);
+      queue.push(waiter);
     });
   }
 
@@ -697,7 +703,7 @@ export class LocalEngine implements Engine {
       file: m.file,
       bytes: m.bytes,
       active: m.active,
-      queued: m.waiters.length,
+      queued: m.waiters.length + m.background.length,
       sequences: m.slots.length,
       last_used: Math.floor(m.lastUsed / 1000),
     }));
