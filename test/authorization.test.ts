@@ -229,6 +229,25 @@ describe('authorization matrix: every endpoint × every kind of caller', () => {
     assert.equal(revoked.json.error.code, 'invalid_api_key');
     assert.ok(!revoked.text.includes(keys.revoked), 'the key is not echoed');
   });
+
+  it('refuses to revoke the last admin key (409), which would lock every operator out', async () => {
+    const second = await http<{ id: string }>(s.url, 'POST', '/admin/keys', {
+      key: s.adminKey,
+      body: { org: 'ops', name: 'b', role: 'admin' },
+    });
+    assert.equal(second.status, 201, second.text);
+    assert.equal((await http(s.url, 'DELETE', `/admin/keys/${second.json.id}`, { key: s.adminKey })).status, 200);
+    const listed = await http<{ data: Array<{ id: string; role: string; revoked_at: number | null }> }>(s.url, 'GET', '/admin/keys', {
+      key: s.adminKey,
+    });
+    const last = listed.json.data.filter((k) => k.role === 'admin' && k.revoked_at === null);
+    assert.equal(last.length, 1);
+    const refused = await http(s.url, 'DELETE', `/admin/keys/${last[0]!.id}`, { key: s.adminKey });
+    assert.equal(refused.status, 409, refused.text);
+    assert.equal(refused.json.error.code, 'conflict');
+    assert.match(refused.json.error.message, /last admin key/);
+    assert.equal((await as('admin', 'GET', '/admin/keys')).status, 200, 'the admin key still works');
+  });
 });
 
 describe("one organization's prompt cache never serves another's", () => {

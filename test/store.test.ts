@@ -257,6 +257,21 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.notEqual((await store.getKey(id))!.revoked_at, null, 'the previous configured key is revoked on rotation');
     });
 
+    it('never revokes the last admin key, even with two revocations at once', async () => {
+      await createKey(store, { org: 'ops', name: 'admin a', role: 'admin' });
+      await createKey(store, { org: 'ops', name: 'admin b', role: 'admin' });
+      const active = async () => (await store.listKeys()).filter((k) => k.role === 'admin' && k.revoked_at === null).map((k) => k.id);
+      const ids = await active();
+      assert.ok(ids.length >= 2);
+      for (const id of ids.slice(2)) assert.equal(await store.revokeKey(id, 1), true);
+      // The last two at once: one is revoked, the other is kept as the last.
+      const both = await Promise.all(ids.slice(0, 2).map((id) => store.revokeKey(id, 1)));
+      assert.deepEqual(both.slice().sort(), [true, 'last_admin'].sort());
+      assert.equal((await active()).length, 1);
+      assert.equal(await store.countActiveAdminKeys(), 1);
+      assert.equal(await store.revokeKey((await active())[0]!, 1), 'last_admin');
+    });
+
     it('upserts models, keeping created, and round-trips every field', async () => {
       const m = model('meta-llama/test-a', { pricing: [{ metric: 'input_tokens', rate: 0.15 }], capabilities: ['streaming', 'vision'] });
       await store.upsertModel(m);
@@ -536,6 +551,28 @@ describe('store: SQLite WAL checkpoints', () => {
         assert.ok(statSync(`${file}-wal`).size <= 40 * 1024 * 1024, `WAL ${statSync(`${file}-wal`).size} bytes`);
       });
       assert.equal((await store.usageTotals('key', { key: 'key_wal' })).find((t) => t.group === 'key_wal')?.requests, next);
+    } finally {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('store: the configured admin key rotated when it is the only admin key', () => {
+  it('revokes the previous configured key once the new one exists', async () => {
+    const dir = tempDir();
+    const store = new KyselyStore({ sqlitePath: join(dir, 'test.db') });
+    try {
+      await store.migrate();
+      await ensureAdminKey(store, 'operator-chosen-admin-key-0001');
+      assert.equal(await store.countActiveAdminKeys(), 1);
+      await ensureAdminKey(store, 'operator-chosen-admin-key-0002');
+      assert.notEqual((await store.getKey(parseKey('operator-chosen-admin-key-0001')!.id))!.revoked_at, null);
+      assert.equal((await store.getKey(parseKey('operator-chosen-admin-key-0002')!.id))!.revoked_at, null);
+      assert.equal(await store.countActiveAdminKeys(), 1);
+      // Back to the revoked value: refused, and the key in use stays.
+      await assert.rejects(ensureAdminKey(store, 'operator-chosen-admin-key-0001'), /revoked/);
+      assert.equal((await store.getKey(parseKey('operator-chosen-admin-key-0002')!.id))!.revoked_at, null);
     } finally {
       await store.close();
       rmSync(dir, { recursive: true, force: true });

@@ -88,7 +88,10 @@ export class AdminService {
   }
 
   async revokeKey(id: string): Promise<ApiKeyRecord> {
-    if (!(await this.store.revokeKey(id, nowSeconds()))) throw new ApiError('not_found', `No API key '${id}'.`);
+    const revoked = await this.store.revokeKey(id, nowSeconds());
+    if (!revoked) throw new ApiError('not_found', `No API key '${id}'.`);
+    if (revoked === 'last_admin')
+      throw new ApiError('conflict', `'${id}' is the last admin key: create another admin key before revoking it.`);
     this.hooks.keyChanged?.(id);
     return this.key(id);
   }

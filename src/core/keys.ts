@@ -100,8 +100,8 @@ export async function ensureAdminKey(store: Store, configured: string | undefine
     const parsed = parseKey(configured);
     if (!parsed) throw new Error('SWITCHYARD_ADMIN_KEY must be 16 to 512 printable characters without spaces');
     const existing = await store.getKey(parsed.id);
-    for (const k of await store.listKeys(ADMIN_ORG)) {
-      if (k.name === BOOTSTRAP_KEY_NAME && k.id !== parsed.id && k.revoked_at === null) await store.revokeKey(k.id, nowSeconds());
+    if (existing && (existing.revoked_at !== null || !secretMatches(parsed.secret, existing.hash))) {
+      throw new Error('SWITCHYARD_ADMIN_KEY names a key that was revoked; choose a new value');
     }
     if (!existing) {
       await store.createKey({
@@ -113,8 +113,11 @@ export async function ensureAdminKey(store: Store, configured: string | undefine
         created_at: nowSeconds(),
         revoked_at: null,
       });
-    } else if (existing.revoked_at !== null || !secretMatches(parsed.secret, existing.hash)) {
-      throw new Error('SWITCHYARD_ADMIN_KEY names a key that was revoked; choose a new value');
+    }
+    // The previous configured key is revoked once the new one exists: the store never revokes the
+    // last admin key, and nothing is revoked when the new value is refused above.
+    for (const k of await store.listKeys(ADMIN_ORG)) {
+      if (k.name === BOOTSTRAP_KEY_NAME && k.id !== parsed.id && k.revoked_at === null) await store.revokeKey(k.id, nowSeconds());
     }
     return {};
   }

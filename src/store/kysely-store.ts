@@ -394,13 +394,21 @@ export class KyselyStore implements Store {
     return rows.map(rowToKey);
   }
 
-  async revokeKey(id: string, at: number): Promise<boolean> {
-    const existing = await this.getKey(id);
-    if (!existing) return false;
-    if (existing.revoked_at === null) {
-      await this.db.updateTable('api_keys').set({ revoked_at: at }).where('id', '=', id).where('revoked_at', 'is', null).execute();
-    }
-    return true;
+  async revokeKey(id: string, at: number): Promise<boolean | 'last_admin'> {
+    return this.db.transaction().execute(async (tx) => {
+      const existing = await tx.selectFrom('api_keys').select(['role', 'revoked_at']).where('id', '=', id).executeTakeFirst();
+      if (!existing) return false;
+      if (existing.revoked_at !== null) return true;
+      if (existing.role === 'admin') {
+        // PostgreSQL: the active admin keys' rows are locked, so two revocations at once cannot each
+        // leave the other's key as the last one and revoke both. SQLite: transactions already do.
+        let q = tx.selectFrom('api_keys').select('id').where('role', '=', 'admin').where('revoked_at', 'is', null);
+        if (this.dialect === 'postgres') q = q.forUpdate();
+        if ((await q.execute()).length <= 1) return 'last_admin';
+      }
+      await tx.updateTable('api_keys').set({ revoked_at: at }).where('id', '=', id).where('revoked_at', 'is', null).execute();
+      return true;
+    });
   }
 
   async countActiveAdminKeys(): Promise<number> {

@@ -206,8 +206,12 @@ export interface Store {
   createKey(key: ApiKeyRecord): Promise<void>;
   getKey(id: string): Promise<ApiKeyRecord | undefined>;
   listKeys(orgId?: string): Promise<ApiKeyRecord[]>;
-  /** Returns false when no such key exists. Revoking twice keeps the first time. */
-  revokeKey(id: string, at: number): Promise<boolean>;
+  /**
+   * Revokes a key (revoking twice keeps the first time): false when there is none, 'last_admin'
+   * (and nothing revoked) when it is the last admin key not revoked, whose loss would lock every
+   * operator out of the admin API.
+   */
+  revokeKey(id: string, at: number): Promise<boolean | 'last_admin'>;
   countActiveAdminKeys(): Promise<number>;
   setKeyLimits(id: string, limits: Limits | null): Promise<boolean>;
   setOrgLimits(id: string, limits: Limits | null): Promise<boolean>;
