@@ -49,11 +49,17 @@ async function signOut(p: Page): Promise<void> {
 }
 
 /** The text of a `data-*` attribute, read repeatedly until `ok` accepts it. */
-async function attributeUntil(selector: string, name: string, ok: (v: string) => boolean, timeout = 10_000): Promise<string> {
+async function attributeUntil(
+  selector: string,
+  name: string,
+  ok: (v: string) => boolean,
+  timeout = 10_000,
+  on: Page = page,
+): Promise<string> {
   const deadline = Date.now() + timeout;
   let last = '';
   while (Date.now() < deadline) {
-    last = (await page.locator(selector).getAttribute(name)) ?? '';
+    last = (await on.locator(selector).getAttribute(name)) ?? '';
     if (ok(last)) return last;
     await new Promise((r) => setTimeout(r, 50));
   }
@@ -131,8 +137,13 @@ describe('web console', { timeout: 60_000 }, () => {
     await page.getByTestId('login-key').press('Enter');
     await page.getByRole('alert').waitFor();
     assert.match((await page.getByRole('alert').textContent()) ?? '', /not accepted/);
+    // A curly quote pasted with a key: said in the page, not the browser's own header error.
+    await page.getByTestId('login-key').fill(`\u201c${server.adminKey}\u201d`);
+    await page.getByTestId('login-key').press('Enter');
+    await page.getByText('That is not an API key').waitFor();
 
-    await page.getByTestId('login-key').fill(server.adminKey);
+    // A zero-width space a copy and paste brought along is dropped.
+    await page.getByTestId('login-key').fill(`${server.adminKey}\u200b`);
     await page.getByTestId('login-key').press('Enter');
     await page.getByTestId('session-role').waitFor();
     assert.equal(await page.getByTestId('session-role').textContent(), 'admin key');
@@ -432,6 +443,24 @@ describe('web console', { timeout: 60_000 }, () => {
 
     await signOut(page);
     assert.equal(await page.evaluate('sessionStorage.getItem("switchyard.console.key")'), null);
+  });
+
+  it("holds a multi-turn session within a small model's context: max tokens follow the model, and Responses truncate", async () => {
+    const p = await context.newPage();
+    await signIn(p, server.adminKey);
+    await p.getByTestId('nav-playground').click();
+    await p.getByTestId('playground-model').selectOption(LOCAL);
+    // A quarter of stories260K's 512 tokens: 256 left a second turn no room (context_length_exceeded).
+    await p.waitForFunction(`document.querySelector('[data-testid=playground-max-tokens]').value === '128'`);
+    await p.getByTestId('playground-mode-responses').click();
+    for (const text of ['Once upon a time', 'Then what happened?', 'And then?', 'How did it end?']) {
+      await p.getByTestId('playground-input').fill(text);
+      await p.getByTestId('playground-send').click();
+      await attributeUntil('[data-testid=playground-output]', 'data-streaming', (v) => v === 'false', 30_000, p);
+    }
+    assert.equal(await p.getByTestId('answer-text').count(), 4);
+    assert.equal(await p.getByRole('alert').count(), 0, (await p.getByRole('alert').allTextContents()).join(' | '));
+    await p.close();
   });
 
   it('is usable at a phone width', async () => {

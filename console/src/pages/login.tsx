@@ -9,9 +9,16 @@ export function Login({ notice, onSignedIn }: { notice: string | null; onSignedI
 
   const submit = (e: Event) => {
     e.preventDefault();
-    const trimmed = key.trim();
+    // A copy and paste can bring white space and invisible characters along (a zero-width space, a
+    // byte-order mark), which no key has; anything else outside printable ASCII cannot be in a key,
+    // and the browser would refuse to send it in a header with an error of its own.
+    const trimmed = key.replace(/[\s\u200b-\u200d\u2060\ufeff]/g, '');
     if (trimmed === '') {
       setError('Enter an API key.');
+      return;
+    }
+    if (/[^\x21-\x7e]/.test(trimmed)) {
+      setError('That is not an API key: keys have only letters, digits and ASCII punctuation. Copy it again.');
       return;
     }
     setBusy(true);

@@ -191,7 +191,15 @@ export function responsesBody(s: Settings, turns: readonly Turn[]): Record<strin
       for (const c of t.toolCalls) input.push({ type: 'function_call', call_id: c.id, name: c.name, arguments: c.arguments });
     }
   }
-  const body: Record<string, unknown> = { model: s.model, input, ...commonParams(s, { maxTokens: 'max_output_tokens' }), store: true };
+  // `truncation: auto`: a long session leaves out its oldest turns rather than failing once the
+  // model's context is full, as a chat window does (small local models have 512 tokens).
+  const body: Record<string, unknown> = {
+    model: s.model,
+    input,
+    ...commonParams(s, { maxTokens: 'max_output_tokens' }),
+    store: true,
+    truncation: 'auto',
+  };
   if (s.system.trim() !== '') body['instructions'] = s.system;
   if (s.conversationId !== null) body['conversation'] = s.conversationId;
   if (s.toolsOn && s.tools.length > 0) {

@@ -189,6 +189,8 @@ export function Playground({ api, params }: PageProps) {
   const [temperature, setTemperature] = useState('');
   const [topP, setTopP] = useState('');
   const [maxTokens, setMaxTokens] = useState('256');
+  /** Whether the user set max tokens; until then it follows the model (a quarter of its context, at most 256). */
+  const [maxTouched, setMaxTouched] = useState(false);
   const [stream, setStream] = useState(true);
   const [toolsOn, setToolsOn] = useState(false);
   const [toolsText, setToolsText] = useState(EXAMPLE_TOOLS);
@@ -214,6 +216,12 @@ export function Playground({ api, params }: PageProps) {
     const first = list.find((m) => m.available) ?? list[0];
     setModel((current) => (list.some((m) => m.id === current) ? current : (first?.id ?? '')));
   }, [models.data]);
+
+  // 256 tokens of a 512-token context left the second turn no room (context_length_exceeded).
+  useEffect(() => {
+    const ctx = models.data?.find((m) => m.id === model)?.context_length;
+    if (!maxTouched && ctx !== undefined) setMaxTokens(String(Math.max(16, Math.min(256, Math.floor(ctx / 4)))));
+  }, [model, models.data, maxTouched]);
 
   useEffect(() => () => abort.current?.abort(), []);
 
@@ -484,7 +492,10 @@ export function Playground({ api, params }: PageProps) {
                 inputMode="numeric"
                 value={maxTokens}
                 placeholder="default"
-                onInput={(e) => setMaxTokens(e.currentTarget.value)}
+                onInput={(e) => {
+                  setMaxTouched(true);
+                  setMaxTokens(e.currentTarget.value);
+                }}
                 data-testid="playground-max-tokens"
               />
             </div>

@@ -234,7 +234,16 @@ export function Usage({ api, session }: PageProps) {
           <>
             <div class="field">
               <label for="usage-org">Organization</label>
-              <select id="usage-org" value={org} onChange={(e) => setOrg(e.currentTarget.value)}>
+              <select
+                id="usage-org"
+                value={org}
+                onChange={(e) => {
+                  const next = e.currentTarget.value;
+                  setOrg(next);
+                  // A key of another organization would filter the new one to nothing, unseen (its option is gone).
+                  if (next !== '' && key !== '' && (names.data?.keys ?? []).find((k) => k.id === key)?.org !== next) setKey('');
+                }}
+              >
                 <option value="">All</option>
                 {(names.data?.orgs ?? []).map((o) => (
                   <option key={o.id} value={o.id}>
