@@ -361,8 +361,15 @@ describe('web console', { timeout: 60_000 }, () => {
     assert.equal(await page.getByTestId('session-role').textContent(), 'inference key');
     assert.equal(await page.getByTestId('nav-keys').count(), 0);
     assert.equal(await page.getByTestId('nav-deployments').count(), 0);
+    // A page load (here: by its address) does not ask the admin API for the role again: the 403
+    // it answers an inference key showed as an error in the browser's console on every load.
+    const asked = requested.length;
     await page.goto(`${server.url}/console/keys`);
     await page.getByRole('heading', { name: 'Admin key needed' }).waitFor();
+    assert.deepEqual(
+      requested.slice(asked).filter((u) => u.includes('/admin/')),
+      [],
+    );
 
     // Its usage: nothing yet, read from /v1/usage (the admin API would answer 403).
     const firstRead = page.waitForRequest((r) => r.url().includes('/v1/usage?'));

@@ -31,6 +31,8 @@ export function str(v: unknown): string | null {
   return typeof v === 'string' ? v : null;
 }
 
+const STORAGE_ROLE = 'switchyard.console.role';
+
 export function readStoredKey(): string | null {
   try {
     return sessionStorage.getItem(STORAGE_KEY);
@@ -39,10 +41,25 @@ export function readStoredKey(): string | null {
   }
 }
 
-export function writeStoredKey(key: string | null): void {
+/** The role found at sign-in (a key's role never changes), so a reload need not ask the admin API again. */
+export function readStoredRole(): Role | undefined {
   try {
-    if (key === null) sessionStorage.removeItem(STORAGE_KEY);
-    else sessionStorage.setItem(STORAGE_KEY, key);
+    const role = sessionStorage.getItem(STORAGE_ROLE);
+    return role === 'admin' || role === 'inference' ? role : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+export function writeStoredKey(session: Session | null): void {
+  try {
+    if (session === null) {
+      sessionStorage.removeItem(STORAGE_KEY);
+      sessionStorage.removeItem(STORAGE_ROLE);
+    } else {
+      sessionStorage.setItem(STORAGE_KEY, session.key);
+      sessionStorage.setItem(STORAGE_ROLE, session.role);
+    }
   } catch {
     // storage disabled: the session lasts as long as the page
   }
@@ -157,7 +174,12 @@ export class Api {
  * Checks a key and finds its role through the API itself: any key may list models; only an admin
  * key may list organizations (inference keys get 403).
  */
-export async function signIn(key: string): Promise<Session> {
+/**
+ * Checks a key and finds its role: any key may list models, only an admin key may list
+ * organizations (an inference key's 403 there is expected, once per sign-in). A role already known
+ * for the key (a reload) is not asked again.
+ */
+export async function signIn(key: string, knownRole?: Role): Promise<Session> {
   const api = new Api(key);
   try {
     await api.get('/v1/models');
@@ -166,6 +188,7 @@ export async function signIn(key: string): Promise<Session> {
       throw new ApiFailure(401, 'This key is not accepted: check it, or ask for a new one.');
     throw err;
   }
+  if (knownRole !== undefined) return { key, role: knownRole };
   try {
     await api.get('/admin/orgs');
     return { key, role: 'admin' };

@@ -1,6 +1,6 @@
 import { render, type JSX } from 'preact';
 import { useCallback, useEffect, useMemo, useRef, useState } from 'preact/hooks';
-import { Api, ApiFailure, readStoredKey, signIn, writeStoredKey, type Session } from './api.js';
+import { Api, ApiFailure, readStoredKey, readStoredRole, signIn, writeStoredKey, type Session } from './api.js';
 import { errorText, NeedsAdmin, type PageProps } from './components.js';
 import { Login } from './pages/login.js';
 import { Catalogue } from './pages/catalogue.js';
@@ -52,7 +52,7 @@ function App() {
   useEffect(() => {
     const key = readStoredKey();
     if (key === null) return;
-    signIn(key).then(
+    signIn(key, readStoredRole()).then(
       (s) => {
         setSession(s);
         setChecking(false);
@@ -94,7 +94,7 @@ function App() {
       <Login
         notice={notice}
         onSignedIn={(s) => {
-          writeStoredKey(s.key);
+          writeStoredKey(s);
           setNotice(null);
           setSession(s);
         }}
