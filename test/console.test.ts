@@ -470,6 +470,36 @@ describe('web console', { timeout: 60_000 }, () => {
     await p.close();
   });
 
+  it('sends a turn whose answer failed again with the next one, when the conversation is stored', async () => {
+    const p = await context.newPage();
+    await signIn(p, server.adminKey);
+    await p.getByTestId('nav-playground').click();
+    await p.getByTestId('playground-model').selectOption(LOCAL);
+    await p.getByTestId('playground-mode-responses').click();
+    await p.locator('#pg-conv').check();
+    const turn = async (text: string, maxTokens: string) => {
+      await p.getByTestId('playground-max-tokens').fill(maxTokens);
+      await p.getByTestId('playground-input').fill(text);
+      await p.getByTestId('playground-send').click();
+      await attributeUntil('[data-testid=playground-output]', 'data-streaming', (v) => v === 'false', 30_000, p);
+    };
+    await turn('Once upon a time', '20');
+    // More than the 512-token context: a 400, and the conversation does not get this turn.
+    await turn('A fox and a bear', '600');
+    await turn('The end', '20');
+    const conv = /conv_[0-9a-f]+/.exec((await p.locator('label[for=pg-conv]').textContent()) ?? '')?.[0];
+    assert.ok(conv);
+    const items = await http<{ data: Array<{ role?: string; content?: Array<{ text?: string }> }> }>(
+      server.url,
+      'GET',
+      `/v1/conversations/${conv}/items?order=asc`,
+      { key: server.adminKey },
+    );
+    const said = items.json.data.filter((i) => i.role === 'user').map((i) => i.content?.[0]?.text);
+    assert.deepEqual(said, ['Once upon a time', 'A fox and a bear', 'The end']);
+    await p.close();
+  });
+
   it('is usable at a phone width', async () => {
     const phone = await context.newPage();
     await phone.setViewportSize({ width: 390, height: 844 });

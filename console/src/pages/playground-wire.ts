@@ -174,10 +174,18 @@ export function chatBody(s: Settings, turns: readonly Turn[]): Record<string, un
   return body;
 }
 
-/** Turns since the last answer: what a stored conversation has not seen yet. */
+/**
+ * Turns since the last answer the conversation holds: what a stored conversation has not seen yet.
+ * An answer that failed was never added to it (the server appends a turn only when it completes),
+ * so the turns before it are sent again with the next one.
+ */
 function newTurns(turns: readonly Turn[]): readonly Turn[] {
   let i = turns.length;
-  while (i > 0 && turns[i - 1]?.role !== 'assistant') i--;
+  while (i > 0) {
+    const t = turns[i - 1]!;
+    if (t.role === 'assistant' && t.error === null) break;
+    i--;
+  }
   return turns.slice(i);
 }
 
