@@ -247,6 +247,8 @@ describe('web console', { timeout: 60_000 }, () => {
     const id = /resp_[0-9a-f]+/.exec(usage)?.[0];
     assert.ok(id, usage);
     const stored = (await page.getByTestId('answer-text').last().textContent()) ?? '';
+    const callId = /resp_[0-9a-f]+/.exec((await page.getByTestId('answer-usage').first().textContent()) ?? '')?.[0];
+    assert.ok(callId && callId !== id);
 
     await page.getByTestId('nav-stored').click();
     await page
@@ -258,6 +260,12 @@ describe('web console', { timeout: 60_000 }, () => {
     await attributeUntil('[data-testid=replay-output]', 'data-done', (v) => v === 'true');
     assert.equal(await page.getByTestId('replay-output').textContent(), stored);
     await shot('stored');
+    // The response that called the tool: its replay shows the call, as the stored view does.
+    await page.goto(`${server.url}/console/stored?response=${callId}`);
+    await page.getByTestId('replay-stream').click();
+    await attributeUntil('[data-testid=replay-output]', 'data-done', (v) => v === 'true');
+    assert.equal(await page.getByTestId('replay-output').getByTestId('output-tool-call').count(), 1);
+    assert.match((await page.getByTestId('replay-output').textContent()) ?? '', /get_weather/);
   });
 
   it('answers under a json_schema with a valid document', async () => {

@@ -173,19 +173,7 @@ function ResponseView({ api, id }: Pick<PageProps, 'api'> & { id: string }) {
         </>
       )}
       <h3>Output</h3>
-      {view.reasoning && (
-        <details class="reasoning">
-          <summary>Reasoning</summary>
-          <pre class="wrap">{view.reasoning}</pre>
-        </details>
-      )}
-      <div class="answer-text">{view.text || <span class="muted">(no text)</span>}</div>
-      {view.toolCalls.map((c) => (
-        <div class="tool-call" key={c.id}>
-          <Badge tone="info">tool call</Badge> <code>{c.name}</code>
-          <pre class="wrap">{c.arguments}</pre>
-        </div>
-      ))}
+      <OutputView turn={view} />
       <div class="row">
         <button type="button" onClick={() => void startReplay()} data-testid="replay-stream">
           Replay the stream
@@ -196,8 +184,8 @@ function ResponseView({ api, id }: Pick<PageProps, 'api'> & { id: string }) {
           <p class="small muted" aria-live="polite">
             {replay.done ? `Replayed ${replay.events} events.` : `Replaying… ${replay.events} events`}
           </p>
-          <div class="answer-text" data-testid="replay-output" data-done={String(replay.done)}>
-            {replay.turn.text}
+          <div data-testid="replay-output" data-done={String(replay.done)}>
+            <OutputView turn={replay.turn} />
           </div>
           {replay.error && (
             <p class="error" role="alert">
@@ -207,6 +195,27 @@ function ResponseView({ api, id }: Pick<PageProps, 'api'> & { id: string }) {
         </div>
       )}
     </div>
+  );
+}
+
+/** A response's output as the stored view and its replay show it: reasoning, text, tool calls. */
+function OutputView({ turn }: { turn: AssistantTurn }) {
+  return (
+    <>
+      {turn.reasoning && (
+        <details class="reasoning">
+          <summary>Reasoning</summary>
+          <pre class="wrap">{turn.reasoning}</pre>
+        </details>
+      )}
+      <div class="answer-text">{turn.text || (turn.streaming ? '' : <span class="muted">(no text)</span>)}</div>
+      {turn.toolCalls.map((c) => (
+        <div class="tool-call" key={c.id} data-testid="output-tool-call">
+          <Badge tone="info">tool call</Badge> <code>{c.name}</code>
+          <pre class="wrap">{c.arguments}</pre>
+        </div>
+      ))}
+    </>
   );
 }
 
