@@ -19,7 +19,8 @@ function showGeneratedKey(key: string | undefined): void {
   // Shown once: only its hash is stored.
   process.stdout.write(
     `\nNo admin key was configured, so one was generated. It is shown only this once:\n\n  ${key}\n\n` +
-      'Keep it somewhere safe, or set SWITCHYARD_ADMIN_KEY to use your own.\n\n',
+      'Keep it somewhere safe, or set SWITCHYARD_ADMIN_KEY to use your own. It is stored (as a hash) before\n' +
+      'the server listens, so it stays valid even if this start fails below (a port already taken, say).\n\n',
   );
 }
 

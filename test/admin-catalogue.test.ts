@@ -78,6 +78,13 @@ describe('administering the catalogue and deployments', () => {
     assert.equal((await move('active')).status, 200);
     assert.equal((await move('pending')).status, 400, 'active does not go back to pending');
     assert.equal((await move('deleted')).status, 200);
+    // A deleted model takes no deployment: it would serve nothing (a newcomer's README walk made one).
+    const onDeleted = await http(b.url, 'POST', '/admin/deployments', {
+      key: b.adminKey,
+      body: { model: 'qwen/lifecycle', base_url: 'https://upstream.example/v1' },
+    });
+    assert.equal(onDeleted.status, 400, onDeleted.text);
+    assert.match(onDeleted.text, /is deleted/);
     // Created again, it says how it comes back (it is not listed, but its id is kept).
     const again = await http(b.url, 'POST', '/admin/models', { key: b.adminKey, body: { id: 'qwen/lifecycle', context_length: 100 } });
     assert.equal(again.status, 409);

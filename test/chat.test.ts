@@ -229,6 +229,18 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       client.chat.completions.create({ model: 'meta-llama/nope', messages: [{ role: 'user', content: 'hi' }] }),
       (err: unknown) => err instanceof OpenAI.NotFoundError && err.code === 'model_not_found',
     );
+    // The file's own casing: a 404 that names the id to use (a newcomer's first try).
+    await assert.rejects(
+      client.chat.completions.create({ model: 'local/stories260K', messages: [{ role: 'user', content: 'hi' }] }),
+      (err: unknown) => err instanceof OpenAI.NotFoundError && /Did you mean 'local\/stories260k'\?/.test(err.message),
+    );
+    // A base URL without /v1, and one with /v1 where the SDK adds it again: the 404 says which to give.
+    const bare = await http(server.url, 'POST', '/chat/completions', { key, body: {} });
+    assert.equal(bare.status, 404);
+    assert.match(bare.json.error.message, /base URL ending in \/v1/);
+    const twice = await http(server.url, 'POST', '/v1/v1/messages', { key, body: {} });
+    assert.equal(twice.status, 404);
+    assert.match(twice.json.error.message, /\/v1 twice/);
     const res = await http(server.url, 'POST', '/v1/chat/completions', {
       key,
       body: { model: 'qwen/qwen3-8b', messages: [{ role: 'user', content: 'hi' }] },

@@ -198,6 +198,8 @@ describe('hardening', () => {
     const refused = await http(guarded.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { ...ask, max_tokens: 2 } });
     assert.equal(refused.status, 502, refused.text);
     assert.equal(refused.json.error.code, 'upstream_unreachable');
+    assert.match(refused.json.error.message, /SWITCHYARD_UPSTREAM_ALLOW/, 'the operator learns what to set');
+    assert.ok(!refused.text.includes('127.0.0.1'), 'the internal address is not named');
     assert.equal(hits, 0, 'no connection reached the internal address');
 
     const allowed = keep(

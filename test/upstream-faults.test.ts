@@ -134,6 +134,10 @@ describe('upstream faults', () => {
         },
       ),
     );
+    // Every deployment has its series from the start, before any ejection.
+    const before = (await http(s.url, 'GET', '/metrics')).text;
+    assert.match(before, /switchyard_deployment_up\{deployment="d0"\} 1/);
+    assert.match(before, /switchyard_deployment_up\{deployment="d1"\} 1/);
     for (let i = 0; i < 6; i++) {
       const r = await http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: ask });
       assert.equal(r.status, 200, r.text);

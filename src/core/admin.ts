@@ -136,7 +136,14 @@ export class AdminService {
   }
 
   async addDeployment(d: NewDeployment): Promise<Deployment> {
-    if (!this.catalogue.find(d.model)) throw new ApiError('model_not_found', `No model '${d.model}' in the catalogue.`, { param: 'model' });
+    const model = this.catalogue.find(d.model);
+    if (!model) throw new ApiError('model_not_found', `No model '${d.model}' in the catalogue.`, { param: 'model' });
+    // A deleted model answers 404 to every request: a deployment for it would serve nothing until
+    // it is moved back to inactive, and then active (an inactive one may get deployments ahead).
+    if (model.status === 'deleted')
+      throw new ApiError('invalid_value', `'${d.model}' is deleted: it serves no requests, so a deployment for it would serve none.`, {
+        param: 'model',
+      });
     if (this.catalogue.isLocal(d.model))
       throw new ApiError('invalid_value', `'${d.model}' is served from a local file.`, { param: 'model' });
     if (d.weight !== undefined && !(d.weight > 0))

@@ -177,6 +177,12 @@ export class Catalogue {
     );
   }
 
+  /** A model the principal may see whose id is `id` but for case (`local/stories260K` for the file stories260K.gguf). */
+  sameButCase(id: string, who: Principal): Model | undefined {
+    const lower = id.toLowerCase();
+    return this.sorted.find((m) => m.id.toLowerCase() === lower && m.id !== id && this.visible(m, who));
+  }
+
   get(id: string, who: Principal): Model | undefined {
     const m = this.byId.get(id);
     return m && this.visible(m, who) ? m : undefined;

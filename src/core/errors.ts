@@ -119,5 +119,10 @@ export class CancelledError extends ApiError {
   }
 }
 
-export const modelNotFound = (id: string): ApiError =>
-  new ApiError('model_not_found', `The model '${id}' does not exist or you do not have access to it.`, { param: 'model' });
+/** `suggestion`: a model the caller may use whose id differs only in case (ids are lower case; file names often are not). */
+export const modelNotFound = (id: string, suggestion?: string): ApiError =>
+  new ApiError(
+    'model_not_found',
+    `The model '${id}' does not exist or you do not have access to it.${suggestion === undefined ? '' : ` Did you mean '${suggestion}'?`}`,
+    { param: 'model' },
+  );

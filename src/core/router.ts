@@ -64,6 +64,8 @@ export class Router {
   private reported = new Set<string>();
   private readonly health: DeploymentHealth;
   private readonly budget: RetryBudget;
+  /** Deployments whose health has been reported once. */
+  private readonly announced = new Set<string>();
 
   constructor(
     private readonly catalogue: Catalogue,
@@ -133,6 +135,12 @@ export class Router {
     this.byId = byId;
     this.reported = problems;
     this.health.retain(new Set(byId.keys()));
+    // Each deployment's health series exists from the start (1), not only after a first ejection.
+    for (const id of byId.keys()) {
+      if (this.announced.has(id)) continue;
+      this.announced.add(id);
+      this.hooks.onHealthChange?.(id, this.health.standing(id) !== 'ejected');
+    }
   }
 
   close(): void {
@@ -155,7 +163,7 @@ export class Router {
   /** The model a principal may generate with, or the answer decided in docs/decisions.md. */
   resolve(id: string, who: Principal): Model {
     const model = this.catalogue.get(id, who);
-    if (!model) throw modelNotFound(id);
+    if (!model) throw modelNotFound(id, this.catalogue.sameButCase(id, who)?.id);
     if (model.status === 'inactive') throw new ApiError('model_inactive', `The model '${id}' is inactive.`, { param: 'model' });
     if (model.status === 'pending') {
       throw new ApiError('model_not_ready', `The model '${id}' is not ready yet.`, { param: 'model', retryAfterMs: 30_000 });

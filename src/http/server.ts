@@ -141,6 +141,18 @@ function routeError(err: FastifyError, req: FastifyRequest): ApiError {
 }
 
 /** An error on a Messages path: Anthropic's envelope, and the request id where Anthropic's SDKs read it. */
+/**
+ * For a path that would exist under `/v1` (a client whose base URL lacks it) or with one `/v1` fewer
+ * (one whose base URL has it where the SDK adds it again, as Anthropic's does): the base URL to give.
+ */
+function baseUrlHint(path: string, routes: ReadonlyMap<string, unknown>): string {
+  if (!path.startsWith('/v1/') && routes.has(`/v1${path}`))
+    return ' The API is under /v1: use a base URL ending in /v1 (http://host:port/v1).';
+  if (path.startsWith('/v1/v1/') && routes.has(path.slice(3)))
+    return ' The path has /v1 twice: give the SDK a base URL without /v1 (Anthropic SDKs add it themselves).';
+  return '';
+}
+
 function sendAnthropicError(reply: FastifyReply, id: string, e: ApiError): FastifyReply {
   reply.header('request-id', id);
   return sendError(reply, e, anthropicError(e, id));
@@ -439,7 +451,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     const allow = methods && ROUTABLE_METHODS.filter((m) => methods.has(m)).join(', ');
     const e = allow
       ? new ApiError('method_not_allowed', `Method ${req.method} is not allowed for ${path}; use ${allow}.`, { headers: { allow } })
-      : new ApiError('not_found', `Unknown request URL: ${req.method} ${path}.`);
+      : new ApiError('not_found', `Unknown request URL: ${req.method} ${path}.${baseUrlHint(path, methodsByPath)}`);
     // Under the Messages paths (`/v1/messages/batches`, which is not served) Anthropic's SDKs read Anthropic's envelope.
     return MESSAGES_PATH.test(path) ? sendAnthropicError(reply, req.id, e) : sendError(reply, e);
   });

@@ -200,7 +200,11 @@ export class AddressPolicy {
     return (opts, callback) => {
       const host = opts.hostname.replace(/^\[|\]$/g, '');
       if (isIP(host) && !this.hostAllowed(host) && this.refuses(host)) {
-        callback(new Error(`upstream address ${host} is internal, and SWITCHYARD_UPSTREAM_ALLOW does not permit it`), null);
+        const e: NodeJS.ErrnoException = new Error(
+          `upstream address ${host} is internal, and SWITCHYARD_UPSTREAM_ALLOW does not permit it`,
+        );
+        e.code = 'EADDRNOTPERMITTED';
+        callback(e, null);
         return;
       }
       inner(opts, callback);

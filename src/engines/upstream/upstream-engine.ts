@@ -184,6 +184,15 @@ function transportError(err: unknown, o: UpstreamOptions, early: boolean, header
       failover: early,
     });
   }
+  if (code === 'EADDRNOTPERMITTED') {
+    // Said so, since the fix is the operator's (a deployment added where the allowance was set, on
+    // a server started without it); the address itself is not named to the client.
+    return new ApiError(
+      'upstream_unreachable',
+      'The upstream could not be reached: its address is internal, and this server is not started with SWITCHYARD_UPSTREAM_ALLOW permitting it.',
+      { failover: early },
+    );
+  }
   return new ApiError(
     early ? 'upstream_unreachable' : 'upstream_error',
     early ? `The upstream could not be reached.` : `The upstream broke off mid-answer.`,
