@@ -7,7 +7,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
-import { closers, jsonFixture } from './helpers/fixtures.js';
+import { closers, jsonFixture, startCatalogueGateway } from './helpers/fixtures.js';
 import { createKey, http, readSse, startServer, tempDir, type TestServer, type WireList } from './helpers/server.js';
 
 const STORIES = 'local/stories260k';
@@ -666,18 +666,10 @@ describe('Messages stop_sequences on a chat-completions upstream', () => {
       }),
     );
     gw = c.keep(
-      await startServer({
-        modelsDir: tempDir(),
-        env: { SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' },
-        configFile: {
-          name: 'gw.json',
-          text: JSON.stringify({
-            defaultCatalogue: false,
-            models: [{ id: 'mistralai/stops', context_length: 4096, capabilities: ['streaming'] }],
-            deployments: [{ model: 'mistralai/stops', baseUrl: upstream.url }],
-          }),
-        },
-      }),
+      await startCatalogueGateway(
+        [{ id: 'mistralai/stops', context_length: 4096, capabilities: ['streaming'] }],
+        [{ model: 'mistralai/stops', baseUrl: upstream.url }],
+      ),
     );
   });
   after(() => c.closeAll());
@@ -747,24 +739,16 @@ describe('Messages requests checked as Anthropic checks them, and what a chat-co
       }),
     );
     gw = c.keep(
-      await startServer({
-        modelsDir: tempDir(),
-        env: { SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' },
-        configFile: {
-          name: 'gw.json',
-          text: JSON.stringify({
-            defaultCatalogue: false,
-            models: [
-              { id: MODEL, context_length: 8192, capabilities: ['streaming', 'function_calling', 'structured_output', 'reasoning'] },
-              { id: OVERLOADED, context_length: 8192, capabilities: ['streaming'] },
-            ],
-            deployments: [
-              { model: MODEL, baseUrl: upstream.url, upstreamModel: 'tools' },
-              { model: OVERLOADED, baseUrl: upstream.url, upstreamModel: 'busy' },
-            ],
-          }),
-        },
-      }),
+      await startCatalogueGateway(
+        [
+          { id: MODEL, context_length: 8192, capabilities: ['streaming', 'function_calling', 'structured_output', 'reasoning'] },
+          { id: OVERLOADED, context_length: 8192, capabilities: ['streaming'] },
+        ],
+        [
+          { model: MODEL, baseUrl: upstream.url, upstreamModel: 'tools' },
+          { model: OVERLOADED, baseUrl: upstream.url, upstreamModel: 'busy' },
+        ],
+      ),
     );
     key = (await createKey(gw, 'acme')).key;
     client = new Anthropic({ apiKey: key, baseURL: gw.url, maxRetries: 0 });

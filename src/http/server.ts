@@ -140,7 +140,6 @@ function routeError(err: FastifyError, req: FastifyRequest): ApiError {
   return toApiError(err, req.log);
 }
 
-/** An error on a Messages path: Anthropic's envelope, and the request id where Anthropic's SDKs read it. */
 /**
  * For a path that would exist under `/v1` (a client whose base URL lacks it) or with one `/v1` fewer
  * (one whose base URL has it where the SDK adds it again, as Anthropic's does): the base URL to give.
@@ -153,6 +152,7 @@ function baseUrlHint(path: string, routes: ReadonlyMap<string, unknown>): string
   return '';
 }
 
+/** An error on a Messages path: Anthropic's envelope, and the request id where Anthropic's SDKs read it. */
 function sendAnthropicError(reply: FastifyReply, id: string, e: ApiError): FastifyReply {
   reply.header('request-id', id);
   return sendError(reply, e, anthropicError(e, id));

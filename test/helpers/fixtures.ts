@@ -28,6 +28,18 @@ export function startGateway(
   });
 }
 
+/**
+ * A Switchyard whose catalogue is exactly `models`, served by `deployments` (fixture upstreams on
+ * loopback, which the address policy is told to allow).
+ */
+export function startCatalogueGateway(models: object[], deployments: object[]): Promise<TestServer> {
+  return startServer({
+    modelsDir: tempDir(),
+    env: { SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' },
+    configFile: { name: 'gw.json', text: JSON.stringify({ defaultCatalogue: false, models, deployments }) },
+  });
+}
+
 /** Things a suite opened, closed in reverse order by `closeAll` (in an after hook). */
 export function closers(): {
   keep<T extends { close(): Promise<void> }>(x: T): T;
