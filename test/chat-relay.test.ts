@@ -2,6 +2,7 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { ApiError } from '../src/core/errors.js';
+import { OutputLimit } from '../src/core/estimate.js';
 import { ChatRelay } from '../src/protocols/chat/relay.js';
 
 /**
@@ -16,7 +17,7 @@ const tooLarge = () => new ApiError('upstream_error', 'too large');
 /** One id and time for every relay of a test, so that two relays' frames can be compared. */
 const IDS = { id: 'chatcmpl-test0001', created: 1764115200 };
 const relay = (catalogue: string, cap = Number.MAX_SAFE_INTEGER, charsPerToken = 32) =>
-  new ChatRelay(catalogue, (t) => t, cap, charsPerToken, 1 << 20, tooLarge, undefined, IDS);
+  new ChatRelay(catalogue, (t) => t, new OutputLimit(cap, charsPerToken), 1 << 20, tooLarge, undefined, IDS);
 
 /** Pieces of text: what JSON.stringify writes as it is, what it escapes, and what looks like the JSON around a text. */
 const ATOMS = [
@@ -217,9 +218,9 @@ const eolArb = fc.constantFrom('\n', '\r\n', '\r');
 
 /** Everything a relay says about a stream it read, but its frames. */
 const state = (r: ChatRelay) => ({
-  deltas: r.deltas,
-  chars: r.chars,
-  reasoningChars: r.reasoningChars,
+  deltas: r.limit.deltas,
+  chars: r.limit.chars,
+  reasoningChars: r.limit.reasoningChars,
   finish: r.finish,
   usage: r.usage,
   capped: r.capped,
@@ -243,9 +244,9 @@ describe('chat relay', () => {
         for (const p of payloads) {
           const one = relay(catalogue);
           expected += one.push(`data: ${p}\n\n`);
-          deltas += one.deltas;
-          chars += one.chars;
-          reasoning += one.reasoningChars;
+          deltas += one.limit.deltas;
+          chars += one.limit.chars;
+          reasoning += one.limit.reasoningChars;
           // A failed chunk ends the stream: nothing after it is read.
           if (one.failure) {
             failed = true;
@@ -253,7 +254,7 @@ describe('chat relay', () => {
           }
         }
         assert.equal(frames.slice(0, expected.length), expected);
-        assert.deepEqual([r.deltas, r.chars, r.reasoningChars], [deltas, chars, reasoning]);
+        assert.deepEqual([r.limit.deltas, r.limit.chars, r.limit.reasoningChars], [deltas, chars, reasoning]);
         assert.equal(r.failure !== undefined, failed);
         // [DONE] adds a finish chunk only where no chunk carried a finish reason.
         assert.ok(
@@ -301,7 +302,7 @@ describe('chat relay', () => {
     const frames = r.push('') + r.push(`\ufeffdata: ${payload}\n\n`) + r.push('\ufeffdata: [DONE]\n\n');
     const reference = relay('m');
     assert.equal(frames, reference.push(`data: ${payload}\n\n`));
-    assert.equal(r.chars, 2);
+    assert.equal(r.limit.chars, 2);
     assert.equal(r.done, false, 'a BOM later in the stream is not dropped: that line is an unknown field');
   });
 
@@ -356,8 +357,8 @@ describe('chat relay', () => {
         [undefined, 'length'],
       ],
     );
-    assert.equal(one.r.chars, 128);
-    assert.equal(one.r.deltas, 1);
+    assert.equal(one.r.limit.chars, 128);
+    assert.equal(one.r.limit.deltas, 1);
     assert.equal(one.r.capped, true);
     // After a learned template: the matched chunk is cut the same way.
     const templated = run([frame({ content: 'ab' }), frame({ content: 'cd' }), frame({ content: 'ef' }), frame({ content: long })]);
@@ -397,8 +398,8 @@ describe('chat relay', () => {
     });
     assert.equal(mixed.parsed[0]!.usage, null);
     assert.equal(mixed.parsed[1]!.choices[0]!.finish_reason, 'length');
-    assert.equal(mixed.r.reasoningChars, 100);
-    assert.equal(mixed.r.chars, 128);
+    assert.equal(mixed.r.limit.reasoningChars, 100);
+    assert.equal(mixed.r.limit.chars, 128);
   });
 
   it('learns a template from a plain stream and still cuts it at the output limit', () => {
@@ -418,7 +419,7 @@ describe('chat relay', () => {
       [' w0', ' w1', ' w2', ' w3', ' w4', 'length'],
     );
     assert.equal(r.capped, true);
-    assert.equal(r.deltas, 5);
+    assert.equal(r.limit.deltas, 5);
     assert.ok(frames.every((f) => f.model === 'meta-llama/tiny-stories'));
   });
 
@@ -509,7 +510,7 @@ describe('chat relay', () => {
       'data: [DONE]\n\n',
     ].join('');
     const read = (callable: ReadonlySet<string> | undefined) => {
-      const r = new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, callable, IDS);
+      const r = new ChatRelay('cat/model', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, callable, IDS);
       const frames = r
         .push(stream)
         .split('\n\n')
@@ -531,7 +532,7 @@ describe('chat relay', () => {
     // Every call passes where the request allows any (the relay is given no set).
     const all = read(undefined);
     assert.deepEqual(new Set(all.calls.map((c) => c.index)), new Set([0, 1]));
-    assert.equal(all.r.chars, '{"all":true}{"city":"Paris"}'.length);
+    assert.equal(all.r.limit.chars, '{"all":true}{"city":"Paris"}'.length);
 
     // Only get_weather offered: the other call's start and arguments are gone, and not counted.
     const some = read(new Set(['get_weather']));
@@ -543,7 +544,7 @@ describe('chat relay', () => {
       ],
     );
     assert.equal(some.finish, 'tool_calls');
-    assert.equal(some.r.chars, '{"city":"Paris"}'.length);
+    assert.equal(some.r.limit.chars, '{"city":"Paris"}'.length);
     assert.equal(some.frames.length, 4, 'the chunks that carried only the suppressed call are not sent');
     assert.ok(some.frames.every((f) => f.model === 'cat/model'));
 
@@ -552,12 +553,12 @@ describe('chat relay', () => {
     assert.deepEqual(none.calls, []);
     assert.equal(none.finish, 'stop');
     assert.equal(none.r.finish, 'stop');
-    assert.equal(none.r.chars, 0);
+    assert.equal(none.r.limit.chars, 0);
 
     // Calls found as the canonical lane's reader finds them: a call without a name is not allowed,
     // a delta without an index belongs to the call with its id, and extra choices and a legacy
     // function_call of a tool not offered are taken out.
-    const r = new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, new Set(['get_weather']), IDS);
+    const r = new ChatRelay('cat/model', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, new Set(['get_weather']), IDS);
     const unindexed = (delta: object) => chunk({ tool_calls: [delta] });
     const out = r
       .push(
@@ -590,7 +591,7 @@ describe('chat relay', () => {
         [{}],
       ],
     );
-    assert.equal(r.chars, '{"city":"Oslo"}a'.length);
+    assert.equal(r.limit.chars, '{"city":"Oslo"}a'.length);
 
     // A whole answer that calls a tool not allowed goes to the canonical lane, which suppresses it.
     const answer = {
@@ -609,7 +610,8 @@ describe('chat relay', () => {
       ],
     };
     const text = JSON.stringify(answer);
-    const relayOf = (callable: ReadonlySet<string>) => new ChatRelay('cat/model', (t) => t, 1000, 32, 1 << 20, tooLarge, callable, IDS);
+    const relayOf = (callable: ReadonlySet<string>) =>
+      new ChatRelay('cat/model', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, callable, IDS);
     assert.equal(relayOf(new Set(['get_weather'])).answer(JSON.parse(text), text), false);
     assert.equal(relayOf(new Set(['delete_everything'])).answer(JSON.parse(text), text), true);
     // So does one with a second choice, a call without a name, or a legacy call not allowed.

@@ -12,6 +12,7 @@ import { newTally, type GenerationEvent, type GenerationRequest } from '../src/c
 import { RetryBudget } from '../src/core/deployment-health.js';
 import { fileDeployment } from '../src/core/deployments.js';
 import { ApiError } from '../src/core/errors.js';
+import { OutputLimit } from '../src/core/estimate.js';
 import { Cancellation, onAbort } from '../src/core/cancellation.js';
 import { orderedId } from '../src/core/ids.js';
 import { Ledger } from '../src/core/ledger.js';
@@ -203,6 +204,39 @@ describe('router', () => {
     );
     r.close();
     assert.equal(engine.calls.length, calls);
+  });
+});
+
+describe('output limit (both chat lanes count with it)', () => {
+  it('passes deltas up to the limit in tokens, one token at least per delta', () => {
+    const limit = new OutputLimit(3);
+    assert.deepEqual(
+      ['a', 'b', 'c', 'd'].map((t) => limit.clip(t, false)),
+      ['a', 'b', 'c', ''],
+    );
+    assert.equal(limit.capped, true);
+    assert.equal(limit.outputTokens, 3);
+  });
+
+  it('cuts the delta that crosses the character limit there, never inside a surrogate pair', () => {
+    // Two tokens at two characters a token: four characters pass.
+    const limit = new OutputLimit(2, 2);
+    assert.equal(limit.clip('abc😀d', false), 'abc', 'the pair at 3–4 would be split at 4: it is left out whole');
+    assert.equal(limit.capped, true);
+    assert.equal(limit.clip('e', false), '');
+    const exact = new OutputLimit(2, 2);
+    assert.equal(exact.clip('a😀', true), 'a😀');
+  });
+
+  it('counts nothing for a delta that passes nothing, and counts reasoning apart', () => {
+    const limit = new OutputLimit(4, 2);
+    assert.equal(limit.admit('', false), 0);
+    assert.equal(limit.admit('abcdefgh', true), 8, 'exactly the character limit');
+    assert.equal(limit.capped, false);
+    assert.equal(limit.admit('x', false), 0);
+    assert.equal(limit.capped, true);
+    assert.deepEqual([limit.deltas, limit.chars, limit.reasoningChars], [1, 8, 8]);
+    assert.deepEqual([limit.outputTokens, limit.reasoningTokens], [2, 2]);
   });
 });
 

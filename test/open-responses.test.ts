@@ -3,7 +3,9 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { PACKAGE_ROOT } from '../src/config.js';
-import { closers, fixture } from './helpers/fixtures.js';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+import { chunkFrame, closers, completionJson, fixture, jsonFixture, startCatalogueGateway } from './helpers/fixtures.js';
 import { createKey, http, readSse, startServer, tempDir, type TestServer } from './helpers/server.js';
 import { checkStream } from './helpers/responses.js';
 import { eventually } from './helpers/wait.js';
@@ -103,6 +105,7 @@ describe("Open Responses: what the server emits matches the specification's sche
     const input = [
       { type: 'message', role: 'user', content: 'What is the weather in Paris?' },
       { type: 'message', role: 'developer', content: [{ type: 'input_text', text: 'Be brief.' }] },
+      { type: 'reasoning', summary: [{ type: 'summary_text', text: 'Look it up.' }] },
       { type: 'function_call', call_id: 'call_1', name: 'weather', arguments: '{"city":"Paris"}' },
       { type: 'function_call_output', call_id: 'call_1', output: '{"temp":21}' },
     ];
@@ -599,5 +602,172 @@ describe('POST /v1/responses/compact', () => {
     assert.equal(lost.json.error.code, 'previous_response_not_found');
     const unauth = await http(server.url, 'POST', '/v1/responses/compact', { body: { model: MODEL, input: 'x' } });
     assert.equal(unauth.status, 401);
+  });
+});
+
+describe('Open Responses: a refusal is the message’s refusal part, never an empty success', () => {
+  const c = closers();
+  let server: TestServer;
+  let key: string;
+  const REFUSAL = 'I cannot help with that.';
+  before(async () => {
+    // An upstream that refuses, as OpenAI's models do: chat completions (a stream's `refusal`
+    // deltas, or a message with `refusal` and no content) and the Responses API's own events. A
+    // request saying "preamble" gets text first, then the refusal.
+    const upstream = c.keep(
+      await jsonFixture<{ stream?: boolean; input?: unknown; messages?: Array<{ content: unknown }> }>((body, res, req) => {
+        const preamble = JSON.stringify(body.messages ?? body.input).includes('preamble');
+        if (req.url?.endsWith('/responses')) {
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          const item = { id: 'msg_u', type: 'message', role: 'assistant', status: 'in_progress', content: [] };
+          const send = (e: object) => res.write(`data: ${JSON.stringify(e)}\n\n`);
+          send({ type: 'response.output_item.added', output_index: 0, item });
+          for (const delta of ['I cannot ', 'help with that.'])
+            send({ type: 'response.refusal.delta', item_id: 'msg_u', output_index: 0, content_index: 0, delta });
+          send({ type: 'response.refusal.done', item_id: 'msg_u', output_index: 0, content_index: 0, refusal: REFUSAL });
+          const usage = {
+            input_tokens: 4,
+            output_tokens: 5,
+            input_tokens_details: { cached_tokens: 0 },
+            output_tokens_details: { reasoning_tokens: 0 },
+          };
+          send({ type: 'response.completed', response: { status: 'completed', usage } });
+          res.end('data: [DONE]\n\n');
+          return;
+        }
+        const usage = { prompt_tokens: 4, completion_tokens: 5, total_tokens: 9 };
+        if (!body.stream) {
+          const message = { role: 'assistant', content: preamble ? 'Well. ' : null, refusal: REFUSAL };
+          res.writeHead(200, { 'content-type': 'application/json' }).end(completionJson(message, 'stop', usage));
+          return;
+        }
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chunkFrame({ role: 'assistant', content: '' }));
+        if (preamble) res.write(chunkFrame({ content: 'Well. ' }));
+        for (const refusal of ['I cannot ', 'help with that.']) res.write(chunkFrame({ refusal }));
+        res.write(chunkFrame({}, 'stop'));
+        res.end(
+          `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage })}\n\ndata: [DONE]\n\n`,
+        );
+      }),
+    );
+    const models = ['openai/refuser', 'openai/refuser-native'].map((id) => ({ id, context_length: 8192, capabilities: ['streaming'] }));
+    server = c.keep(
+      await startCatalogueGateway(models, [
+        { id: 'chat', model: 'openai/refuser', baseUrl: upstream.url },
+        { id: 'native', model: 'openai/refuser-native', baseUrl: upstream.url, api: 'responses' },
+      ]),
+    );
+    key = (await createKey(server, 'refusals')).key;
+  });
+  after(() => c.closeAll());
+
+  type Part = { type: string; text?: string; refusal?: string };
+  const contentOf = (r: { output: Array<{ type: string; content?: Part[] }> }) => r.output.find((o) => o.type === 'message')?.content;
+
+  for (const model of ['openai/refuser', 'openai/refuser-native']) {
+    it(`gives ${model}'s refusal as a refusal part, whole and streamed, in the specification's shapes`, async () => {
+      const whole = await http(server.url, 'POST', '/v1/responses', { key, body: { model, input: 'do something bad' } });
+      assert.equal(whole.status, 200, whole.text);
+      valid(responseResource, whole.json, 'response');
+      const r = whole.json as unknown as { status: string; output: Array<{ type: string; content?: Part[] }> };
+      assert.equal(r.status, 'completed');
+      assert.deepEqual(contentOf(r), [{ type: 'refusal', refusal: REFUSAL }]);
+
+      const { events } = await readSse(server.url, 'POST', '/v1/responses', {
+        key,
+        body: { model, input: 'do something bad', stream: true },
+      });
+      const parsed = checkStream(events);
+      for (const e of parsed) valid(eventSchemas.get(e.type)!, e, e.type);
+      const types = parsed.map((e) => e.type);
+      assert.deepEqual(types.slice(2), [
+        'response.output_item.added',
+        'response.content_part.added',
+        'response.refusal.delta',
+        'response.refusal.delta',
+        'response.refusal.done',
+        'response.content_part.done',
+        'response.output_item.done',
+        'response.completed',
+      ]);
+      const byType = (t: string) => parsed.filter((e) => e.type === t) as unknown as Array<Record<string, unknown>>;
+      assert.deepEqual(byType('response.content_part.added')[0]!['part'], { type: 'refusal', refusal: '' });
+      assert.equal(
+        byType('response.refusal.delta')
+          .map((e) => e['delta'])
+          .join(''),
+        REFUSAL,
+      );
+      assert.equal(byType('response.refusal.done')[0]!['refusal'], REFUSAL);
+      assert.deepEqual(contentOf(parsed.at(-1)!.response as never), [{ type: 'refusal', refusal: REFUSAL }]);
+    });
+  }
+
+  it('keeps text before a refusal as a part of its own, stored and replayed as it streamed', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: `${server.url}/v1`, maxRetries: 0 });
+    const stream = client.responses.stream({ model: 'openai/refuser', input: 'a preamble, then do something bad' });
+    const refusalDeltas: string[] = [];
+    stream.on('response.refusal.delta', (e) => refusalDeltas.push(e.delta));
+    const final = await stream.finalResponse();
+    assert.equal(refusalDeltas.join(''), REFUSAL);
+    const message = final.output[0]!;
+    assert.ok(message.type === 'message');
+    assert.deepEqual(
+      message.content.map((p) => [p.type, p.type === 'refusal' ? p.refusal : p.text]),
+      [
+        ['output_text', 'Well. '],
+        ['refusal', REFUSAL],
+      ],
+    );
+    assert.equal(final.output_text, 'Well. ', 'output_text is the text alone');
+
+    const { events } = await readSse(server.url, 'GET', `/v1/responses/${final.id}?stream=true`, { key });
+    const replayed = checkStream(events) as unknown as Array<Record<string, unknown>>;
+    for (const e of replayed) valid(eventSchemas.get(e['type'] as string)!, e, e['type'] as string);
+    assert.deepEqual(
+      replayed.filter((e) => e['type'] === 'response.content_part.added').map((e) => [e['content_index'], (e['part'] as Part).type]),
+      [
+        [0, 'output_text'],
+        [1, 'refusal'],
+      ],
+    );
+    assert.deepEqual(contentOf(replayed.at(-1)!['response'] as never), [
+      { type: 'output_text', text: 'Well. ', annotations: [] },
+      { type: 'refusal', refusal: REFUSAL },
+    ]);
+  });
+
+  it('gives it on chat completions in the canonical lane (refusal, content null) and as Messages text ending in `refusal`', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: `${server.url}/v1`, maxRetries: 0 });
+    // `store: true` folds the answer from canonical events (the fast lane passes the upstream's own).
+    const whole = await client.chat.completions.create({
+      model: 'openai/refuser',
+      messages: [{ role: 'user', content: 'x' }],
+      store: true,
+    });
+    assert.deepEqual([whole.choices[0]!.message.content, whole.choices[0]!.message.refusal], [null, REFUSAL]);
+    const stream = await client.chat.completions.create({
+      model: 'openai/refuser',
+      messages: [{ role: 'user', content: 'x' }],
+      store: true,
+      stream: true,
+    });
+    let refusal = '';
+    for await (const chunk of stream) refusal += chunk.choices[0]?.delta.refusal ?? '';
+    assert.equal(refusal, REFUSAL);
+
+    const anthropic = new Anthropic({ apiKey: key, baseURL: server.url, maxRetries: 0 });
+    for (const model of ['openai/refuser', 'openai/refuser-native']) {
+      const m = await anthropic.messages.create({ model, max_tokens: 64, messages: [{ role: 'user', content: 'x' }] });
+      assert.equal(m.stop_reason, 'refusal', model);
+      assert.deepEqual(
+        m.content.map((b) => [b.type, b.type === 'text' ? b.text : '']),
+        [['text', REFUSAL]],
+      );
+      const final = await anthropic.messages.stream({ model, max_tokens: 64, messages: [{ role: 'user', content: 'x' }] }).finalMessage();
+      assert.equal(final.stop_reason, 'refusal', model);
+      assert.equal(final.content.map((b) => (b.type === 'text' ? b.text : '')).join(''), REFUSAL);
+    }
   });
 });

@@ -200,7 +200,16 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
       key,
       body: { model: MODEL, input: 'Tell me a story.', reasoning: { summary: 'auto' }, stream: true },
     });
-    const types = checkStream(events).map((e) => e.type);
+    const parsed = checkStream(events);
+    // Every item has its status (and every field its zero value) from the event that adds it.
+    assert.deepEqual(parsed.find((e) => e.type === 'response.output_item.added')!.item, {
+      id: parsed.find((e) => e.type === 'response.output_item.added')!.item!.id,
+      type: 'reasoning',
+      summary: [],
+      content: [],
+      status: 'in_progress',
+    });
+    const types = parsed.map((e) => e.type);
     assert.deepEqual(types, [
       'response.created',
       'response.in_progress',

@@ -211,6 +211,11 @@ export const tallyUsage = (t: UsageTally): Usage => ({
 
 export type GenerationEvent =
   | { type: 'text.delta'; text: string }
+  /**
+   * The model declined, in words (an upstream's `refusal`): the answer's text for a refusal, which
+   * the client must be able to tell from an empty success. Counted as output as text is.
+   */
+  | { type: 'refusal.delta'; text: string }
   /** The model labelled the message its text belongs to (Responses-speaking upstreams do). */
   | { type: 'message.phase'; phase: MessagePhase }
   | { type: 'reasoning.delta'; text: string }

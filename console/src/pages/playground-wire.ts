@@ -279,6 +279,9 @@ export function applyChatChunk(turn: AssistantTurn, chunk: unknown, calls: Map<n
     const delta = isRecord(choice['delta']) ? choice['delta'] : {};
     const content = str(delta['content']);
     if (content) turn.text += content;
+    // A refusal shows as the answer's text, as in Responses mode.
+    const refusal = str(delta['refusal']);
+    if (refusal) turn.text += refusal;
     const reasoning = str(delta['reasoning_content']) ?? str(delta['reasoning']);
     if (reasoning) turn.reasoning += reasoning;
     if (Array.isArray(delta['tool_calls'])) {
@@ -308,7 +311,7 @@ export function applyChatCompletion(turn: AssistantTurn, completion: unknown): v
   const choice: unknown = choices[0];
   if (isRecord(choice) && isRecord(choice['message'])) {
     const m = choice['message'];
-    turn.text = str(m['content']) ?? '';
+    turn.text = (str(m['content']) ?? '') + (str(m['refusal']) ?? '');
     turn.reasoning = str(m['reasoning_content']) ?? '';
     turn.toolCalls = (Array.isArray(m['tool_calls']) ? (m['tool_calls'] as unknown[]) : []).filter(isRecord).map((c) => {
       const f = isRecord(c['function']) ? c['function'] : {};

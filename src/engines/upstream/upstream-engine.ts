@@ -17,7 +17,7 @@ import { ChatRelay } from '../../protocols/chat/relay.js';
 import { SseInput } from '../../protocols/sse-input.js';
 import { ResponsesReader, encodeResponsesRequest } from '../../protocols/responses/client.js';
 import { MessagesReader, encodeMessagesRequest } from '../../protocols/messages/client.js';
-import { clipChars, estimateInputTokens, MAX_CHARS_PER_TOKEN, tokensForChars } from '../../core/estimate.js';
+import { estimateInputTokens, OutputLimit } from '../../core/estimate.js';
 import { Scrubber, type StreamScrubber } from './scrubber.js';
 import type { Attempt, DeploymentTarget, Engine } from '../engine.js';
 import { StopMatcher } from '../../core/stop-matcher.js';
@@ -202,46 +202,6 @@ function transportError(err: unknown, o: UpstreamOptions, early: boolean, header
 
 /** Waits shorter than this are timed by Switchyard itself (see send). */
 const EXACT_TIMEOUT_BELOW_MS = 10_000;
-
-/**
- * Holds one answer to what the request allows: output past `cap` tokens (counted as content-bearing
- * deltas, each at least one token, or by characters at most MAX_CHARS_PER_TOKEN a token) is cut, and
- * the answer ends with `length`. Counts what it lets through, for the usage estimate.
- */
-class OutputGuard {
-  deltas = 0;
-  chars = 0;
-  reasoningChars = 0;
-  capped = false;
-  private readonly maxChars: number;
-
-  constructor(private readonly cap: number) {
-    this.maxChars = cap * MAX_CHARS_PER_TOKEN;
-  }
-
-  /** The text of a delta that may pass ('' once capped). */
-  admit(text: string, reasoning: boolean): string {
-    if (this.capped || text === '') return this.capped ? '' : text;
-    if (this.deltas + 1 > this.cap) {
-      this.capped = true;
-      return '';
-    }
-    this.deltas++;
-    let out = text;
-    if (this.chars + text.length > this.maxChars) {
-      out = clipChars(text, Math.max(0, this.maxChars - this.chars));
-      this.capped = true;
-    }
-    this.chars += out.length;
-    if (reasoning) this.reasoningChars += out.length;
-    return out;
-  }
-
-  /** Output tokens by estimate: at least one per delta, at least a token per CHARS_PER_TOKEN characters. */
-  get outputTokens(): number {
-    return Math.min(this.cap, Math.max(this.deltas, tokensForChars(this.chars)));
-  }
-}
 
 /**
  * Any OpenAI-compatible server (vLLM, SGLang, llama.cpp server, Ollama, LM Studio, hosted APIs, or
@@ -452,10 +412,12 @@ export class UpstreamEngine implements Engine {
     const stops =
       (api === 'responses' && stop.length > 0) || (chat && stop.length > MAX_UPSTREAM_STOPS) ? new StopMatcher(stop) : undefined;
     let stopped = false;
-    const guard = new OutputGuard(attempt?.outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER);
+    const guard = new OutputLimit(attempt?.outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER);
     // One scrubber per text channel (a key split across deltas is still found); none without a key.
     const textScrub = scrub.active ? scrub.stream() : undefined;
     const reasoningScrub = scrub.active ? scrub.stream() : undefined;
+    // Made with the first refusal: few answers have one.
+    let refusalScrub: StreamScrubber | undefined;
     const argScrubs = scrub.active ? new Map<number, StreamScrubber>() : undefined;
     // Until an event has gone out, a failure may still move to another deployment.
     let early = true;
@@ -477,7 +439,7 @@ export class UpstreamEngine implements Engine {
         switch (ev.type) {
           case 'text.delta': {
             // Counted even after a stop string, so an upstream that goes on is still cut at the limit.
-            let text = guard.admit(ev.text, false);
+            let text = guard.clip(ev.text, false);
             if (stopped) continue;
             if (stops && text) {
               const r = stops.push(text);
@@ -489,9 +451,16 @@ export class UpstreamEngine implements Engine {
             continue;
           }
           case 'reasoning.delta': {
-            let text = guard.admit(ev.text, true);
+            let text = guard.clip(ev.text, true);
             if (reasoningScrub) text = reasoningScrub.push(text);
             if (text) events[n++] = text === ev.text ? ev : { type: 'reasoning.delta', text };
+            continue;
+          }
+          case 'refusal.delta': {
+            let text = guard.clip(ev.text, false);
+            if (stopped) continue;
+            if (scrub.active) text = (refusalScrub ??= scrub.stream()).push(text);
+            if (text) events[n++] = text === ev.text ? ev : { type: 'refusal.delta', text };
             continue;
           }
           case 'tool_call.start':
@@ -508,7 +477,7 @@ export class UpstreamEngine implements Engine {
             continue;
           case 'tool_call.delta': {
             if (stopped || suppressed.has(ev.index)) continue;
-            let text = guard.admit(ev.arguments, false);
+            let text = guard.clip(ev.arguments, false);
             if (argScrubs) {
               let sc = argScrubs.get(ev.index);
               if (!sc) argScrubs.set(ev.index, (sc = scrub.stream()));
@@ -523,7 +492,7 @@ export class UpstreamEngine implements Engine {
       }
       events.length = n;
       tally.output = guard.outputTokens;
-      tally.reasoning = Math.min(tally.output, tokensForChars(guard.reasoningChars));
+      tally.reasoning = guard.reasoningTokens;
       if (n) early = false;
       return events;
     };
@@ -606,6 +575,8 @@ export class UpstreamEngine implements Engine {
     if (tailText) yield { type: 'text.delta', text: tailText };
     const tailReasoning = reasoningScrub?.flush();
     if (tailReasoning) yield { type: 'reasoning.delta', text: tailReasoning };
+    const tailRefusal = refusalScrub?.flush();
+    if (tailRefusal) yield { type: 'refusal.delta', text: tailRefusal };
     const tails: GenerationEvent[] = [];
     for (const [index, sc] of argScrubs ?? []) {
       const tail = sc.flush();
@@ -648,11 +619,11 @@ export class UpstreamEngine implements Engine {
     const cap = attempt?.outputCap ?? req.maxOutputTokens ?? Number.MAX_SAFE_INTEGER;
     let early = true;
     const callable = callableTools(req);
+    const limit = new OutputLimit(cap);
     const relay = new ChatRelay(
       req.model,
       clean,
-      cap,
-      MAX_CHARS_PER_TOKEN,
+      limit,
       this.o.maxLineBytes,
       () =>
         new ApiError('upstream_error', `The upstream sent a stream event larger than ${this.o.maxLineBytes} bytes.`, {
@@ -661,8 +632,8 @@ export class UpstreamEngine implements Engine {
       callable,
     );
     const count = () => {
-      tally.output = Math.min(cap, Math.max(relay.deltas, tokensForChars(relay.chars)));
-      tally.reasoning = Math.min(tally.output, tokensForChars(relay.reasoningChars));
+      tally.output = limit.outputTokens;
+      tally.reasoning = limit.reasoningTokens;
     };
     // Frames that carry no output yet (the role chunk) wait for the first that does: until then a
     // failure may still move to another deployment, as in the canonical lane.
@@ -683,12 +654,12 @@ export class UpstreamEngine implements Engine {
           const out: GenerationEvent[] = [];
           const reader = new ChatReader(clean);
           reader.read(answer, out);
-          const guard = new OutputGuard(cap);
+          const guard = new OutputLimit(cap);
           const suppressed = new Set<number>();
           let passed = 0;
           for (const ev of out) {
-            if (ev.type === 'text.delta' || ev.type === 'reasoning.delta') {
-              const kept = guard.admit(ev.text, ev.type === 'reasoning.delta');
+            if (ev.type === 'text.delta' || ev.type === 'reasoning.delta' || ev.type === 'refusal.delta') {
+              const kept = guard.clip(ev.text, ev.type === 'reasoning.delta');
               if (kept) yield { type: ev.type, text: kept };
             } else if (ev.type === 'tool_call.start') {
               if (!callable.has(ev.name)) {
@@ -702,12 +673,12 @@ export class UpstreamEngine implements Engine {
             } else if (ev.type === 'tool_call.delta') {
               // As in the canonical lane, a call's arguments are output: counted, and cut at the limit.
               if (suppressed.has(ev.index)) continue;
-              const kept = guard.admit(ev.arguments, false);
+              const kept = guard.clip(ev.arguments, false);
               if (kept) yield kept === ev.arguments ? ev : { type: 'tool_call.delta', index: ev.index, arguments: kept };
             } else if (!guard.capped) yield ev;
           }
           tally.output = guard.outputTokens;
-          tally.reasoning = Math.min(tally.output, tokensForChars(guard.reasoningChars));
+          tally.reasoning = guard.reasoningTokens;
           yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
           yield { type: 'finish', reason: guard.capped ? 'length' : callsFinish(reader.finish, passed, suppressed.size) };
           return;
@@ -720,7 +691,7 @@ export class UpstreamEngine implements Engine {
           const frames = relay.push(decoder.write(chunk));
           if (frames !== '') {
             count();
-            if (relay.deltas === 0 && !relay.done && !relay.capped) held += frames;
+            if (limit.deltas === 0 && !relay.done && !relay.capped) held += frames;
             else {
               early = false;
               yield { type: 'wire.frames', frames: held + frames };

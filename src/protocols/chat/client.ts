@@ -162,6 +162,8 @@ export class ChatReader implements StreamReader {
       if (reasoning) out.push({ type: 'reasoning.delta', text: reasoning });
       const content = str(d['content']);
       if (content) out.push({ type: 'text.delta', text: content });
+      const refusal = str(d['refusal']);
+      if (refusal) out.push({ type: 'refusal.delta', text: refusal });
       const calls = Array.isArray(d['tool_calls']) ? (d['tool_calls'] as unknown[]) : [];
       calls.forEach((raw, i) => {
         const c = obj(raw);

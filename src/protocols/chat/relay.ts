@@ -4,7 +4,7 @@ import { obj, str, type Clean, type ReportedUsage } from '../reader.js';
 import { CallIndexes, FINISH, readChunk } from './client.js';
 import { SseInput } from '../sse-input.js';
 import { nowSeconds } from '../../core/ids.js';
-import { clipChars } from '../../core/estimate.js';
+import type { OutputLimit } from '../../core/estimate.js';
 import { newCompletionId } from './response.js';
 
 /**
@@ -229,13 +229,8 @@ export class ChatRelay {
   answerText: WireText | undefined;
   /** The upstream's usage chunk's text, where it can be given as it came (see `usageFrame`). */
   usageText: WireText | undefined;
-  /** The output limit was reached: the frames stop there and a `length` finish was written. */
-  capped = false;
   /** The stream failed (an upstream error or a malformed event): thrown by the engine once the frames before it are out. */
   failure: ApiError | undefined;
-  deltas = 0;
-  chars = 0;
-  reasoningChars = 0;
   /** A chunk carried a finish reason (else one is written before the end). */
   private finished = false;
   /** Which call each tool-call entry belongs to, found as the canonical lane finds it. */
@@ -258,7 +253,6 @@ export class ChatRelay {
    */
   readonly id: string;
   readonly created: number;
-  private readonly maxChars: number;
   /** The catalogue id, the id and the time as JSON text. */
   private readonly own: OwnFields;
   private template: Template | undefined;
@@ -270,9 +264,8 @@ export class ChatRelay {
     /** The catalogue id the client asked for, which every chunk names. */
     private readonly model: string,
     private readonly clean: Clean,
-    /** Output tokens the answer may have; past them it is cut (the upstream should have stopped). */
-    private readonly cap: number,
-    maxCharsPerToken: number,
+    /** The output the answer may have, counted here; past it the answer is cut (the upstream should have stopped). */
+    readonly limit: OutputLimit,
     /** Largest event accepted from the upstream (characters held at once, which bounds its bytes too). */
     private readonly maxEventChars: number,
     /** The error for an event past it. */
@@ -288,9 +281,13 @@ export class ChatRelay {
   ) {
     this.id = ids.id;
     this.created = ids.created;
-    this.maxChars = cap * maxCharsPerToken;
     // An id is letters, digits and a dash: written as it is.
     this.own = { model: modelJsonOf(model), id: `"${this.id}"`, created: `${this.created}` };
+  }
+
+  /** The output limit was reached: the frames stop there and a `length` finish was written. */
+  get capped(): boolean {
+    return this.limit.capped;
   }
 
   /** The frames for the events completed by this text ('' while none is complete). */
@@ -370,9 +367,9 @@ export class ChatRelay {
       if (!ESCAPED.test(text)) {
         // What read() counts for such a chunk: its text, nothing else. Past the limit, what fits
         // goes out, then the `length` finish.
-        const n = this.admit(text.length, false);
+        const n = this.limit.admit(text, false);
         if (n === text.length) return `data: ${t.outPrefix}${text}${t.outSuffix}\n\n`;
-        const kept = clipChars(text, n);
+        const kept = text.slice(0, n);
         return `${kept === '' ? '' : `data: ${t.outPrefix}${kept}${t.outSuffix}\n\n`}data: ${this.finishFrame('length')}\n\n`;
       }
     }
@@ -384,7 +381,7 @@ export class ChatRelay {
     }
     // Calls to tools the request does not allow are taken out; the chunk is then written anew.
     let changed = false;
-    const charsBefore = this.chars;
+    const charsBefore = this.limit.chars;
     try {
       if (!chunk) throw new ApiError('upstream_error', 'The upstream sent a malformed stream event.');
       if (this.callable !== undefined) {
@@ -402,7 +399,7 @@ export class ChatRelay {
     if (this.capped) {
       // The chunk that reached the limit goes out with what of it fits (read() cut it there), as
       // the canonical lane cuts a delta; its usage waits for the metered usage, as any usage does.
-      if (this.chars === charsBefore) return `data: ${this.finishFrame('length')}\n\n`;
+      if (this.limit.chars === charsBefore) return `data: ${this.finishFrame('length')}\n\n`;
       if (obj(chunk['usage'])) chunk['usage'] = null;
       this.ours(chunk);
       return `data: ${JSON.stringify(chunk)}\n\ndata: ${this.finishFrame('length')}\n\n`;
@@ -615,28 +612,6 @@ export class ChatRelay {
   }
 
   /**
-   * Counts one content-bearing delta of `chars` characters: how many of them may pass. All, within
-   * the limit. Past it the answer is capped: a stream passes the characters up to the limit (none
-   * past the number of deltas), as the canonical lane's guard cuts a delta; none pass once capped.
-   */
-  private admit(chars: number, reasoning: boolean): number {
-    if (chars === 0 || this.capped) return 0;
-    if (this.deltas + 1 > this.cap) {
-      this.capped = true;
-      return 0;
-    }
-    let n = chars;
-    if (this.chars + chars > this.maxChars) {
-      n = Math.max(0, this.maxChars - this.chars);
-      this.capped = true;
-    }
-    if (n > 0) this.deltas++;
-    this.chars += n;
-    if (reasoning) this.reasoningChars += n;
-    return n;
-  }
-
-  /**
    * Counts the output at `holder[key]` (a string, or any other value as its JSON text). Whatever of
    * it does not pass is taken out of a stream's delta (`cut`): a string is cut to what passes,
    * anything else removed. A whole answer is left as it is (it goes to the canonical lane).
@@ -644,10 +619,10 @@ export class ChatRelay {
   private take(holder: Record<string, unknown>, key: string, cut: boolean, reasoning = false): void {
     const v = holder[key];
     const text = typeof v === 'string' ? v : JSON.stringify(v);
-    const n = this.admit(text.length, reasoning);
+    const n = this.limit.admit(text, reasoning);
     if (n === text.length || !cut) return;
     // JSON.stringify leaves out a member set to undefined.
-    holder[key] = typeof v === 'string' && n > 0 ? clipChars(v, n) : undefined;
+    holder[key] = typeof v === 'string' && n > 0 ? v.slice(0, n) : undefined;
   }
 
   /**

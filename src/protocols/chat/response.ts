@@ -49,6 +49,7 @@ export type ChatCompletionObject = Record<string, unknown> & { id: string; model
 export class CompletionFold {
   private text = '';
   private reasoning = '';
+  private refusal = '';
   private readonly calls: Array<{ id: string; type: 'function'; function: { name: string; arguments: string } }> = [];
   private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
   private finish: FinishReason = 'stop';
@@ -66,6 +67,9 @@ export class CompletionFold {
         break;
       case 'reasoning.delta':
         this.reasoning += ev.text;
+        break;
+      case 'refusal.delta':
+        this.refusal += ev.text;
         break;
       case 'tool_call.start':
         this.calls[ev.index] = { id: ev.id, type: 'function', function: { name: ev.name, arguments: '' } };
@@ -107,7 +111,12 @@ export class CompletionFold {
       return this.relayed as ChatCompletionObject;
     }
     const calls = this.calls.filter(Boolean);
-    const message: Record<string, unknown> = { role: 'assistant', content: calls.length && !this.text ? null : this.text, refusal: null };
+    // OpenAI's content is null for an answer that is only a refusal or only tool calls.
+    const message: Record<string, unknown> = {
+      role: 'assistant',
+      content: (calls.length || this.refusal) && !this.text ? null : this.text,
+      refusal: this.refusal || null,
+    };
     if (this.reasoning) message['reasoning_content'] = this.reasoning;
     if (calls.length) message['tool_calls'] = calls;
     return {
@@ -198,6 +207,8 @@ export class ChunkRenderer {
         return this.choice(`{"content":${JSON.stringify(ev.text)}}`);
       case 'reasoning.delta':
         return this.choice(`{"reasoning_content":${JSON.stringify(ev.text)}}`);
+      case 'refusal.delta':
+        return this.choice(`{"refusal":${JSON.stringify(ev.text)}}`);
       case 'tool_call.start':
         return this.choice(`{${toolCallStart(ev)}}`);
       case 'tool_call.delta':

@@ -13,7 +13,13 @@ export const newMessageId = (): string => newId('msg');
 
 export type StopReason = 'end_turn' | 'max_tokens' | 'stop_sequence' | 'tool_use' | 'refusal';
 
-function stopReason(reason: FinishReason, stopSequence: string | undefined): StopReason {
+/**
+ * Anthropic's stop reason. `refused`: the answer holds a refusal (an upstream's `refusal` text),
+ * which Messages gives as text, so an answer that otherwise ended normally stops with `refusal`:
+ * the one place a client can tell it from an answer.
+ */
+function stopReason(reason: FinishReason, stopSequence: string | undefined, refused: boolean): StopReason {
+  if (refused && reason === 'stop' && stopSequence === undefined) return 'refusal';
   switch (reason) {
     case 'length':
       return 'max_tokens';
@@ -84,6 +90,7 @@ export class MessageFold {
   private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
   private stop: StopReason | null = null;
   private stopSequence: string | null = null;
+  private refused = false;
   finished = false;
 
   constructor(
@@ -96,6 +103,9 @@ export class MessageFold {
     const last = this.blocks.at(-1);
     switch (ev.type) {
       case 'text.delta':
+      case 'refusal.delta':
+        // Messages has no refusal block: its refusals are text (and the stop reason says so).
+        if (ev.type === 'refusal.delta') this.refused = true;
         if (last?.type === 'text') last.text += ev.text;
         else this.blocks.push({ type: 'text', text: ev.text });
         break;
@@ -122,7 +132,7 @@ export class MessageFold {
         this.usage = ev.usage;
         break;
       case 'finish':
-        this.stop = stopReason(ev.reason, ev.stopSequence);
+        this.stop = stopReason(ev.reason, ev.stopSequence, this.refused);
         this.stopSequence = ev.stopSequence ?? null;
         this.finished = true;
         break;
@@ -169,6 +179,7 @@ export class MessageStreamRenderer {
   private usage: Usage | undefined;
   private stop: StopReason = 'end_turn';
   private stopSequence: string | null = null;
+  private refused = false;
 
   constructor(
     private readonly model: string,
@@ -229,7 +240,10 @@ export class MessageStreamRenderer {
   /** The frames for one event ('' when it adds nothing the client sees yet). */
   event(ev: GenerationEvent): string {
     switch (ev.type) {
-      case 'text.delta': {
+      case 'text.delta':
+      case 'refusal.delta': {
+        // As in MessageFold.
+        if (ev.type === 'refusal.delta') this.refused = true;
         const head = this.open?.kind === 'text' ? '' : this.begin('text', { type: 'text', text: '' });
         return head + this.delta(`{"type":"text_delta","text":${JSON.stringify(ev.text)}}`);
       }
@@ -251,7 +265,7 @@ export class MessageStreamRenderer {
         this.usage = ev.usage;
         return '';
       case 'finish':
-        this.stop = stopReason(ev.reason, ev.stopSequence);
+        this.stop = stopReason(ev.reason, ev.stopSequence, this.refused);
         this.stopSequence = ev.stopSequence ?? null;
         return '';
       case 'message.phase':

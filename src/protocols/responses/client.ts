@@ -88,6 +88,9 @@ export class ResponsesReader implements StreamReader {
       case 'response.output_text.delta':
         if (delta) out.push({ type: 'text.delta', text: delta });
         return false;
+      case 'response.refusal.delta':
+        if (delta) out.push({ type: 'refusal.delta', text: delta });
+        return false;
       case 'response.reasoning_text.delta':
       case 'response.reasoning.delta':
         this.rawReasoning.add(itemId);

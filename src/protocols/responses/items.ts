@@ -198,7 +198,7 @@ export function decodeInput(input: string | readonly Raw[], field = 'input'): In
           type: 'summary_text' as const,
           text,
         }));
-        const item: ReasoningItem = { id: itemId(raw, where, 'rs'), type: 'reasoning', summary };
+        const item: ReasoningItem = { id: itemId(raw, where, 'rs'), type: 'reasoning', summary, status: itemStatus(raw, where) };
         if (raw['content'] !== undefined && raw['content'] !== null)
           item.content = textParts(raw['content'], `${where}.content`, 'reasoning_text').map((text) => ({ type: 'reasoning_text', text }));
         const sealed = raw['encrypted_content'];

@@ -112,8 +112,12 @@ export function renderResponseUsage(u: Usage): Record<string, unknown> {
   return out;
 }
 
+/** An assistant message's content part: its text, or the model's refusal. */
+type MessagePart = { type: 'output_text'; text: string; annotations: [] } | { type: 'refusal'; refusal: string };
+
 type Open =
-  | { kind: 'message'; index: number; id: string; text: string; phase?: MessagePhase }
+  /** `text` is the open part's (of type `part`); `parts` are those before it, done. */
+  | { kind: 'message'; index: number; id: string; text: string; part: MessagePart['type']; parts: MessagePart[]; phase?: MessagePhase }
   | { kind: 'reasoning'; index: number; id: string; text: string }
   | { kind: 'function_call'; index: number; id: string; callId: string; name: string; args: string };
 
@@ -195,16 +199,22 @@ export class ResponseBuilder implements ResponseFold {
         break;
       }
       case 'text.delta': {
-        const o = this.ensure('message', out);
+        const o = this.message('output_text', out);
         o.text += ev.text;
         out.push({
           type: 'response.output_text.delta',
           item_id: o.id,
           output_index: o.index,
-          content_index: 0,
+          content_index: o.parts.length,
           delta: ev.text,
           logprobs: [],
         });
+        break;
+      }
+      case 'refusal.delta': {
+        const o = this.message('refusal', out);
+        o.text += ev.text;
+        out.push({ type: 'response.refusal.delta', item_id: o.id, output_index: o.index, content_index: o.parts.length, delta: ev.text });
         break;
       }
       case 'tool_call.start': {
@@ -239,7 +249,7 @@ export class ResponseBuilder implements ResponseFold {
         break;
       case 'message.phase':
         // A label starts the next message; one that already has text is finished (it had its own).
-        if (this.open?.kind === 'message' && this.open.text === '') this.open.phase = ev.phase;
+        if (this.open?.kind === 'message' && this.open.text === '' && this.open.parts.length === 0) this.open.phase = ev.phase;
         else {
           if (this.open?.kind === 'message') this.close(out, 'completed');
           this.phase = ev.phase;
@@ -293,23 +303,64 @@ export class ResponseBuilder implements ResponseFold {
     return out;
   }
 
-  private ensure<K extends 'message' | 'reasoning'>(kind: K, out: WireEvent[]): Extract<Open, { kind: K }> {
-    if (this.open?.kind === kind) return this.open as Extract<Open, { kind: K }>;
+  /** The open reasoning item, opened (after closing whatever else was open) where there is none. */
+  private ensure(kind: 'reasoning', out: WireEvent[]): Extract<Open, { kind: 'reasoning' }> {
+    if (this.open?.kind === kind) return this.open;
     this.close(out, 'completed');
     const index = this.response.output.length;
-    const id = this.id(kind === 'message' ? 'msg' : 'rs');
-    const phase = kind === 'message' ? this.phase : undefined;
-    this.phase = undefined;
-    const item: Item =
-      kind === 'message'
-        ? { id, type: 'message', status: 'in_progress', role: 'assistant', content: [], ...(phase && { phase }) }
-        : { id, type: 'reasoning', summary: [] };
-    const part = kind === 'message' ? { type: 'output_text', text: '', annotations: [] } : { type: 'reasoning_text', text: '' };
+    const id = this.id('rs');
+    // Every item has its status from the first event that shows it (Open Responses, "Items").
+    const item: Item = { id, type: 'reasoning', summary: [], content: [], status: 'in_progress' };
     this.response.output.push(item);
     out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
+    const part = { type: 'reasoning_text', text: '' };
     out.push({ type: 'response.content_part.added', item_id: id, output_index: index, content_index: 0, part });
-    this.open = { kind, index, id, text: '', ...(phase && { phase }) } as Extract<Open, { kind: K }>;
-    return this.open as Extract<Open, { kind: K }>;
+    const open: Extract<Open, { kind: 'reasoning' }> = { kind, index, id, text: '' };
+    this.open = open;
+    return open;
+  }
+
+  /**
+   * The open message with an open part of type `type`: a message is opened where none is, and a
+   * part of the other type is done first (text and a refusal are parts of one message, as OpenAI's).
+   */
+  private message(type: MessagePart['type'], out: WireEvent[]): Extract<Open, { kind: 'message' }> {
+    let o = this.open;
+    if (o?.kind !== 'message') {
+      this.close(out, 'completed');
+      const index = this.response.output.length;
+      const id = this.id('msg');
+      const phase = this.phase;
+      this.phase = undefined;
+      const item: Item = { id, type: 'message', status: 'in_progress', role: 'assistant', content: [], ...(phase && { phase }) };
+      this.response.output.push(item);
+      out.push({ type: 'response.output_item.added', output_index: index, item: copy(item) });
+      o = { kind: 'message', index, id, text: '', part: type, parts: [], ...(phase && { phase }) };
+      this.open = o;
+    } else if (o.part === type) return o;
+    else {
+      o.parts.push(this.partDone(o, out));
+      o.part = type;
+      o.text = '';
+    }
+    const part = type === 'output_text' ? { type, text: '', annotations: [] } : { type, refusal: '' };
+    out.push({ type: 'response.content_part.added', item_id: o.id, output_index: o.index, content_index: o.parts.length, part });
+    return o;
+  }
+
+  /** The done events of a message's open part, and the part. */
+  private partDone(o: Extract<Open, { kind: 'message' }>, out: WireEvent[]): MessagePart {
+    const base = { item_id: o.id, output_index: o.index, content_index: o.parts.length };
+    let part: MessagePart;
+    if (o.part === 'output_text') {
+      part = { type: 'output_text', text: o.text, annotations: [] };
+      out.push({ type: 'response.output_text.done', ...base, text: o.text, logprobs: [] });
+    } else {
+      part = { type: 'refusal', refusal: o.text };
+      out.push({ type: 'response.refusal.done', ...base, refusal: o.text });
+    }
+    out.push({ type: 'response.content_part.done', ...base, part });
+    return part;
   }
 
   private close(out: WireEvent[], status: 'completed' | 'incomplete'): void {
@@ -319,10 +370,8 @@ export class ResponseBuilder implements ResponseFold {
     const base = { item_id: o.id, output_index: o.index };
     let item: Item;
     if (o.kind === 'message') {
-      const part = { type: 'output_text' as const, text: o.text, annotations: [] };
-      out.push({ type: 'response.output_text.done', ...base, content_index: 0, text: o.text, logprobs: [] });
-      out.push({ type: 'response.content_part.done', ...base, content_index: 0, part });
-      item = { id: o.id, type: 'message', status, role: 'assistant', content: [part], ...(o.phase && { phase: o.phase }) };
+      const content = [...o.parts, this.partDone(o, out)];
+      item = { id: o.id, type: 'message', status, role: 'assistant', content, ...(o.phase && { phase: o.phase }) };
     } else if (o.kind === 'reasoning') {
       const part = { type: 'reasoning_text' as const, text: o.text };
       out.push({ type: 'response.reasoning_text.done', ...base, content_index: 0, text: o.text });
@@ -355,7 +404,12 @@ export function eventsOf(r: ResponseObject): GenerationEvent[] {
     if (item.type === 'reasoning') events.push({ type: 'reasoning.delta', text: (item.content ?? []).map((c) => c.text).join('') });
     else if (item.type === 'message') {
       if (item.phase) events.push({ type: 'message.phase', phase: item.phase });
-      events.push({ type: 'text.delta', text: item.content.map((c) => (c.type === 'output_text' ? c.text : '')).join('') });
+      // Each part as it came: text and refusal parts alternate as the events that made them did.
+      for (const c of item.content) {
+        if (c.type === 'refusal') events.push({ type: 'refusal.delta', text: c.refusal });
+        else if (c.type === 'output_text' || c.type === 'input_text') events.push({ type: 'text.delta', text: c.text });
+      }
+      if (item.content.length === 0) events.push({ type: 'text.delta', text: '' });
     } else if (item.type === 'function_call') {
       events.push({ type: 'tool_call.start', index: call, id: item.call_id, name: item.name });
       events.push({ type: 'tool_call.delta', index: call++, arguments: item.arguments });
