@@ -378,6 +378,25 @@ describe('function calling and structured output on the local engine (stories260
       for (const v of pair) assert.ok(checkBooking(v), `${JSON.stringify(v)}: ${JSON.stringify(checkBooking.errors)}`);
   });
 
+  it("zod's formats, which it writes with a pattern beside: 20 of 20 documents valid at temperature 1", async () => {
+    // z.uuid() narrows the version and variant digits, z.iso.datetime() wants `Z` and allows any
+    // number of fraction digits: the format's grammar alone missed the pattern on nearly every try.
+    const Booking = z.object({ id: z.uuid(), at: z.iso.datetime(), day: z.iso.date(), mail: z.email(), ip: z.ipv4() });
+    // Held to the JSON schema the SDK sent (formats by ajv-formats) as well as to zod's own parse.
+    const check = validBooking.compile(zodResponseFormat(Booking, 'booking').json_schema.schema!);
+    for (let i = 0; i < 20; i++) {
+      const parsed = await client.chat.completions.parse({
+        model: STORIES,
+        temperature: 1,
+        messages: [{ role: 'user', content: 'Book a stay.' }],
+        response_format: zodResponseFormat(Booking, 'booking'),
+      });
+      const booking = parsed.choices[0]!.message.parsed;
+      assert.ok(Booking.safeParse(booking).success, JSON.stringify(booking));
+      assert.ok(check(booking), `${JSON.stringify(booking)}: ${JSON.stringify(check.errors)}`);
+    }
+  });
+
   it('ranges between whole numbers, integers past 2^53 and minContains: valid at the first sample, resampled never', async () => {
     const resampled = async (): Promise<number> =>
       (

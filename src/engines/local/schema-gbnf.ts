@@ -118,6 +118,8 @@ const BASE_RULES: Record<string, string> = {
   'object-value': '"{" ( string ":" value ( "," string ":" value )* )? "}"',
   'array-value': '"[" ( value ( "," value )* )? "]"',
 };
+/** Repetitions past their minimum that an open quantifier of a pattern beside a format is written with (see stringRule). */
+const FORMAT_OPEN_REPEAT = 16;
 /** Rules made beyond this are a schema too complex to compile (the compile time limit is the other bound). */
 const MAX_RULES = 50_000;
 /** Where relative `$id`s and `$ref`s of a schema without an absolute `$id` resolve. */
@@ -870,15 +872,22 @@ class Compiler {
     if (min > max) throw new Unsatisfiable(`minLength is above maxLength at '${path || '/'}'`);
     const format = typeof s['format'] === 'string' ? STRING_FORMATS[s['format']] : undefined;
     const pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
-    const patternBody = pattern !== undefined ? patternToGbnf(pattern) : undefined;
+    // With both, the pattern shapes the text and the format is checked: a pattern beside a format
+    // is its author's narrower word (zod writes one for each format it knows: a UUID's version and
+    // variant digits, a date-time ending in `Z`), which the format's grammar (our own plain subset)
+    // would miss on nearly every try; a pattern's text is nearly always of the format. Its open
+    // repetitions are bounded as the format grammars' are (a format's text is short), so that
+    // one of them (a date-time's fraction digits) cannot run a document out of tokens.
+    const patternBody = pattern !== undefined ? patternToGbnf(pattern, format !== undefined ? FORMAT_OPEN_REPEAT : Infinity) : undefined;
     if (pattern !== undefined && patternBody === undefined) this.check('pattern', path);
-    let shaped = format ?? patternBody;
-    if (format === undefined && pattern !== undefined && patternBody !== undefined)
+    let shaped = format;
+    if (pattern !== undefined && patternBody !== undefined) {
       shaped = this.sized(pattern, patternBody, min, max, path);
+      if (format !== undefined) this.check('format', path);
+    }
     if (shaped !== undefined) {
-      if (format !== undefined && pattern !== undefined) this.check('pattern', path);
       if (min > 0 || max !== Infinity) this.check('minLength/maxLength', path);
-      return this.rule(`${path}-${format !== undefined ? 'format' : 'pattern'}`, `"\\"" ${shaped} "\\""`);
+      return this.rule(`${path}-${patternBody !== undefined ? 'pattern' : 'format'}`, `"\\"" ${shaped} "\\""`);
     }
     if (min === 0 && max === Infinity) return this.base('string');
     this.base('char');

@@ -142,6 +142,8 @@ function classRanges(node: AST.CharacterClass): Ranges {
 interface Position {
   atStart: boolean;
   atEnd: boolean;
+  /** The most repetitions past its minimum an unbounded quantifier is written with (Infinity: unbounded). */
+  open: number;
 }
 
 function alternatives(alts: AST.Alternative[], pos: Position): string {
@@ -158,7 +160,7 @@ function sequence(alt: AST.Alternative, pos: Position): string {
   let lastReal = n - 1;
   while (lastReal >= 0 && alt.elements[lastReal]!.type === 'Assertion') lastReal--;
   alt.elements.forEach((e, i) => {
-    const expr = element(e, { atStart: pos.atStart && i <= firstReal, atEnd: pos.atEnd && i >= lastReal });
+    const expr = element(e, { atStart: pos.atStart && i <= firstReal, atEnd: pos.atEnd && i >= lastReal, open: pos.open });
     if (expr) out.push(expr);
   });
   return out.length === 0 ? '""' : out.join(' ');
@@ -182,8 +184,8 @@ function element(e: AST.Element, pos: Position): string | undefined {
     case 'Quantifier': {
       if (e.max === 0) return undefined;
       if (e.min > MAX_REPEAT) throw new Unsupported(`a repetition of more than ${MAX_REPEAT}`);
-      const inner = element(e.element, { atStart: false, atEnd: false }) ?? '""';
-      const max = e.max === Infinity ? Infinity : Math.min(e.max, MAX_REPEAT);
+      const inner = element(e.element, { atStart: false, atEnd: false, open: pos.open }) ?? '""';
+      const max = e.max === Infinity ? e.min + pos.open : Math.min(e.max, MAX_REPEAT);
       const q =
         e.min === 0 && max === Infinity
           ? '*'
@@ -205,9 +207,12 @@ function element(e: AST.Element, pos: Position): string | undefined {
 
 /**
  * GBNF for the text between the quotes of JSON strings that match `pattern` in full; undefined
- * when the pattern uses what a grammar cannot express.
+ * when the pattern uses what a grammar cannot express. `open` bounds unbounded repetitions (`+`,
+ * `*`, `{n,}`) to that many past their minimum: a subset, for text that must end with something
+ * other than the closing quote (a `Z` after `\d+`), which a model that writes on inside a string
+ * would otherwise never reach.
  */
-export function patternToGbnf(pattern: string): string | undefined {
+export function patternToGbnf(pattern: string, open = Infinity): string | undefined {
   let ast: AST.Pattern;
   const parser = new RegExpParser();
   try {
@@ -220,7 +225,7 @@ export function patternToGbnf(pattern: string): string | undefined {
     }
   }
   try {
-    return alternatives(ast.alternatives, { atStart: true, atEnd: true });
+    return alternatives(ast.alternatives, { atStart: true, atEnd: true, open });
   } catch (err) {
     if (err instanceof Unsupported) return undefined;
     throw err;
