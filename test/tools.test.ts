@@ -640,6 +640,61 @@ describe('function calling and structured output on the local engine (stories260
     assert.ok((await resampled()) > before, 'some outputs failed the check and were sampled again');
   });
 
+  it('minProperties past the declared properties: members under names of their own, every document valid', async () => {
+    const schemas = [
+      { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'], minProperties: 2 },
+      { type: 'object', properties: { a: { type: 'integer' }, b: { type: 'string' } }, minProperties: 3 },
+      // A map: keys the model makes up could repeat, and JSON counts a repeated key once.
+      { type: 'object', additionalProperties: { type: 'integer' }, minProperties: 4, maxProperties: 6 },
+    ];
+    for (const schema of schemas) {
+      const check = new Ajv({ strict: false }).compile(schema);
+      for (let i = 0; i < 5; i++) {
+        const c = await client.chat.completions.create({
+          model: STORIES,
+          messages: [{ role: 'user', content: 'x' }],
+          temperature: 1,
+          response_format: { type: 'json_schema', json_schema: { name: 'x', schema, strict: true } },
+        });
+        const doc = JSON.parse(c.choices[0]!.message.content!) as Record<string, unknown>;
+        assert.ok(check(doc), `${c.choices[0]!.message.content}: ${JSON.stringify(check.errors)}`);
+      }
+    }
+    // Anthropic's strict tool use, which Messages took without `strict` (a lenient tool, returned invalid).
+    const anthropic = new Anthropic({ apiKey: server.adminKey, baseURL: server.url, maxRetries: 0 });
+    const tool = {
+      name: 't',
+      strict: true,
+      input_schema: { type: 'object' as const, additionalProperties: { type: 'integer' }, minProperties: 4 },
+    };
+    const check = new Ajv({ strict: false }).compile(tool.input_schema);
+    for (let i = 0; i < 5; i++) {
+      const m = await anthropic.messages.create({
+        model: STORIES,
+        max_tokens: 120,
+        tools: [tool],
+        tool_choice: { type: 'tool', name: 't' },
+        messages: [{ role: 'user', content: 'x' }],
+      });
+      const use = m.content.find((b) => b.type === 'tool_use');
+      assert.ok(use && check(use.input), JSON.stringify(m.content));
+    }
+    // No more properties than declared, and no others allowed: no value at all.
+    const closed = await http(server.url, 'POST', '/v1/chat/completions', {
+      key: server.adminKey,
+      body: {
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        response_format: {
+          type: 'json_schema',
+          json_schema: { name: 'x', schema: { type: 'object', properties: { a: {} }, additionalProperties: false, minProperties: 2 } },
+        },
+      },
+    });
+    assert.equal(closed.status, 400, closed.text);
+    assert.match(closed.json.error.message, /1 property at most but needs 2/);
+  });
+
   it('refuses a schema that accepts no value (400 invalid_value) and one with an unresolvable reference', async () => {
     const res = await http(server.url, 'POST', '/v1/responses', {
       key: server.adminKey,

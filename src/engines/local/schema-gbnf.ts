@@ -118,6 +118,8 @@ const BASE_RULES: Record<string, string> = {
   'object-value': '"{" ( string ":" value ( "," string ":" value )* )? "}"',
   'array-value': '"[" ( value ( "," value )* )? "]"',
 };
+/** Members a minProperties may need under names of their own (namedPairs); past it the check judges. */
+const MAX_NAMED_KEYS = 64;
 /** Repetitions past their minimum that an open quantifier of a pattern beside a format is written with (see stringRule). */
 const FORMAT_OPEN_REPEAT = 16;
 /** Rules made beyond this are a schema too complex to compile (the compile time limit is the other bound). */
@@ -1142,7 +1144,14 @@ class Compiler {
     if (declared.length === 0) return this.mapRule(s, path, base, additional, patterns, names, minProps, maxProps);
 
     if (required.size > maxProps) throw new Unsatisfiable(`maxProperties at '${path || '/'}' is below the required properties`);
-    if (minProps > declared.length) this.check('minProperties', path);
+    // More properties than are declared: every declared one, then other ones under names of their
+    // own where any name may be (else the check judges keys made to fit patterns or propertyNames).
+    const freeNames = patterns.length === 0 && (names === undefined || names === true) && minProps <= MAX_NAMED_KEYS;
+    if (minProps > declared.length && additional === false && patterns.length === 0)
+      throw new Unsatisfiable(
+        `the object at '${path || '/'}' may have ${declared.length} propert${declared.length === 1 ? 'y' : 'ies'} at most but needs ${minProps}`,
+      );
+    if (minProps > declared.length && !freeNames) this.check('minProperties', path);
     const optional = declared.filter((n) => !required.has(n));
     // minProperties: the first optional properties become required; maxProperties: the last ones go.
     const promoted = optional.slice(0, Math.max(0, minProps - required.size));
@@ -1168,6 +1177,8 @@ class Compiler {
       const next = tails[i + 1];
       tails[i] = this.rule(`${path}-tail`, `( "," ${opt[i]!} )?${next ? ` ${next}` : ''}`);
     }
+    if (minProps > declared.length && freeNames && req.length === declared.length)
+      req.push(...this.namedPairs(minProps - declared.length, new Set(declared), additional ?? true, path, base));
     let body: string;
     if (req.length > 0) {
       body = `${req.join(' "," ')}${tails[0] ? ` ${tails[0]}` : ''}`;
@@ -1179,6 +1190,21 @@ class Compiler {
       body = `( ${this.rule(`${path}-first`, alts.join(' | '))} )?`;
     }
     return this.rule(`${path}-object`, `"{" ${body} "}"`);
+  }
+
+  /**
+   * `n` members under names of their own (`key1`, `key2`, …, skipping `taken`), each with a value of
+   * `value`: what a minProperties needs beyond the declared properties, which free keys could not
+   * give (a model writes the same key twice, and JSON counts it once).
+   */
+  private namedPairs(n: number, taken: ReadonlySet<string>, value: unknown, path: string, base: string): string[] {
+    const v = this.visit(value, `${path}/additionalProperties`, base);
+    const out: string[] = [];
+    for (let i = 1; out.length < n; i++) {
+      const name = `key${i}`;
+      if (!taken.has(name)) out.push(`${gbnfLiteral(JSON.stringify(name))} ":" ${v}`);
+    }
+    return out;
   }
 
   /** An object with no declared properties: keys by patternProperties or propertyNames, values by their schema. */
@@ -1220,9 +1246,18 @@ class Compiler {
         key = this.visit(n, `${path}/propertyNames`, base);
       }
     }
+    const free = key === undefined;
     key ??= this.base('string');
     if (maxProps === 0) return this.rule('empty-object', '"{" "}"');
-    // The same key twice would count once: more than one required entry is left to the check.
+    // The same key twice would count once. Where any name may be, the entries minProperties needs
+    // have names of their own; where keys must fit a pattern or propertyNames, the check judges.
+    if (minProps > 1 && free && minProps <= MAX_NAMED_KEYS) {
+      const needed = this.namedPairs(minProps, new Set(), value, path, base);
+      const more = maxProps - minProps;
+      const pairRule = more > 0 ? this.rule(`${path}-pair`, `${key} ":" ${this.visit(value, `${path}/additionalProperties`, base)}`) : '';
+      const rest = more > 0 ? ` ( "," ${pairRule} )${repeat(0, more)}` : '';
+      return this.rule(`${path}-object`, `"{" ${needed.join(' "," ')}${rest} "}"`);
+    }
     if (minProps > 1) this.check('minProperties', path);
     let pair: string;
     try {

@@ -104,6 +104,8 @@ export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: str
           name: t.name,
           ...(t.description !== undefined && { description: t.description }),
           input_schema: t.parameters ?? { type: 'object' },
+          // Only where the client set it: an upstream without strict tool use refuses the field.
+          ...(t.strict !== undefined && { strict: t.strict }),
         },
         t.cache,
       ),

@@ -31,6 +31,9 @@ const Tool = Type.Object({
   description: Type.Optional(Type.String()),
   // Required of client tools only (checked in decodeMessagesRequest): a server tool has none, and is refused by its type.
   input_schema: Type.Optional(Type.Object({})),
+  // Anthropic's strict tool use: the call's input must match input_schema (the local engine checks
+  // it and samples again, as for chat's `strict` functions).
+  strict: Type.Optional(Type.Boolean()),
   cache_control: CacheControl,
 });
 
@@ -375,6 +378,7 @@ function decodeConversation(
           name: t.name,
           ...(t.description !== undefined && { description: t.description }),
           parameters: t.input_schema as Record<string, unknown>,
+          ...(t.strict !== undefined && { strict: t.strict }),
         },
         t,
         `tools[${i}]`,
