@@ -1,5 +1,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { connect } from 'node:net';
 import { Readable } from 'node:stream';
 import { gzipSync } from 'node:zlib';
 import { request } from 'undici';
@@ -158,6 +160,28 @@ describe('error contract', () => {
   it('answers bodies over the configured limit with 413', async () => {
     const big = JSON.stringify({ org: 'acme', name: 'x'.repeat(8000) });
     assertEnvelope(await http(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: big }), 413, 'request_too_large');
+  });
+
+  it('reads the rest of a body over the limit, so a client still sending gets the 413 and keeps its connection', async () => {
+    // Answered before the body has arrived: closing then, with the client's bytes unread, made the
+    // kernel reset the connection and the SDKs report a connection error instead of the 413.
+    const total = 4 << 20;
+    const socket = connect(Number(new URL(server.url).port), '127.0.0.1');
+    let received = '';
+    socket.on('data', (d: Buffer) => {
+      received += d.toString();
+    });
+    const head = `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${key}\r\ncontent-type: application/json\r\ncontent-length: ${total}\r\n\r\n`;
+    socket.write(head);
+    const chunk = Buffer.alloc(64 << 10, 'x');
+    for (let sent = 0; sent < total; sent += chunk.length) if (!socket.write(chunk)) await once(socket, 'drain');
+    // Then a second request on the same connection.
+    socket.write(`GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n`);
+    while (!/HTTP\/1\.1 200[\s\S]*\r\n\r\n/.test(received)) await once(socket, 'data');
+    socket.destroy();
+    assert.match(received, /^HTTP\/1\.1 413 /);
+    assert.match(received, /"code":"request_too_large"/);
+    assert.doesNotMatch(received.split('\r\n\r\n')[0]!, /connection: close/i);
   });
 
   it('answers a malformed URL with 400', async () => {

@@ -124,8 +124,15 @@ function toApiError(err: FastifyError, log: FastifyBaseLogger): ApiError {
   return new ApiError('internal_error', 'The server had an error while processing your request.');
 }
 
-/** An error a route's request raised, as one from the registry. */
-function routeError(err: FastifyError, req: FastifyRequest): ApiError {
+/**
+ * An error a route's request raised, as one from the registry. A body over the limit is answered
+ * before it has all arrived, and Fastify then closes the connection: the client is still sending,
+ * so closing with its bytes unread makes the kernel reset the connection, and the SDKs lost the 413
+ * to a connection error (EPIPE) about half the time. The connection stays open instead, and Node
+ * reads the rest of the body and drops it (within the request timeout, SWITCHYARD_BODY_TIMEOUT_MS).
+ */
+function routeError(err: FastifyError, req: FastifyRequest, reply: FastifyReply): ApiError {
+  if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') reply.removeHeader('connection');
   // A route that needs a body got none: say so, rather than "body must be object".
   if (err.validation && err.validationContext === 'body' && req.body === undefined)
     return new ApiError('invalid_json', 'The request body is empty; send a JSON object.');
@@ -429,8 +436,8 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   app.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) =>
     // Anthropic's SDKs read the catalogue's errors (an unknown model, a bad key) in their envelope.
     req.url.startsWith('/v1/models') && asksAnthropic(req.headers)
-      ? sendAnthropicError(reply, req.id, routeError(err, req))
-      : sendError(reply, routeError(err, req)),
+      ? sendAnthropicError(reply, req.id, routeError(err, req, reply))
+      : sendError(reply, routeError(err, req, reply)),
   );
   // Remember which methods each path has, so the others answer 405 rather than 404.
   const methodsByPath = new Map<string, Set<string>>();
@@ -487,7 +494,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   void app.register(async (scope) => {
     scope.setErrorHandler((err: FastifyError, req: FastifyRequest, reply: FastifyReply) => {
       // The request id also here: an error in a root hook (load shedding) comes before the scope's own hook.
-      return sendAnthropicError(reply, req.id, routeError(err, req));
+      return sendAnthropicError(reply, req.id, routeError(err, req, reply));
     });
     // Anthropic's SDKs read the request id from `request-id`.
     scope.addHook('onRequest', (req, reply, done) => {
