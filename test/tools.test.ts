@@ -681,6 +681,53 @@ describe('function calling and structured output on the local engine (stories260
     }
   });
 
+  it('writes no key twice in an object whose keys the model makes up (json_object, maps): 0 of 60 documents', async () => {
+    // JSON.parse keeps the last of a repeated key, so the repeat must be found in the text itself.
+    const repeatedKeys = (text: string): string[] => {
+      const repeated: string[] = [];
+      const open: Array<Set<string> | undefined> = [];
+      let expectKey = false;
+      for (let i = 0; i < text.length; i++) {
+        const c = text[i];
+        if (c === '"') {
+          let end = i + 1;
+          while (text[end] !== '"') end += text[end] === '\\' ? 2 : 1;
+          const keys = open.at(-1);
+          if (keys && expectKey) {
+            const key = text.slice(i + 1, end);
+            if (keys.has(key)) repeated.push(key);
+            keys.add(key);
+          }
+          expectKey = false;
+          i = end;
+        } else if (c === '{' || c === '[') {
+          open.push(c === '{' ? new Set() : undefined);
+          expectKey = c === '{';
+        } else if (c === '}' || c === ']') open.pop();
+        else if (c === ',') expectKey = open.at(-1) !== undefined;
+      }
+      return repeated;
+    };
+    assert.deepEqual(repeatedKeys('{"a":1,"b":{"a":2},"a":3}'), ['a'], 'the scanner finds a repeat, and only in the same object');
+    const formats = [
+      { type: 'json_object' as const },
+      { type: 'json_schema' as const, json_schema: { name: 'map', schema: { type: 'object', additionalProperties: { type: 'integer' } } } },
+    ];
+    for (const response_format of formats) {
+      for (let i = 0; i < 30; i++) {
+        const c = await client.chat.completions.create({
+          model: STORIES,
+          messages: [{ role: 'user', content: 'x' }],
+          temperature: 1,
+          max_tokens: 200,
+          response_format,
+        });
+        const text = c.choices[0]!.message.content!;
+        assert.deepEqual(repeatedKeys(text), [], text);
+      }
+    }
+  });
+
   it('refuses a schema that accepts no value (400 invalid_value) and one with an unresolvable reference', async () => {
     const res = await http(server.url, 'POST', '/v1/responses', {
       key: server.adminKey,
