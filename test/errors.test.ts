@@ -177,8 +177,14 @@ describe('error contract', () => {
     for (let sent = 0; sent < total; sent += chunk.length) if (!socket.write(chunk)) await once(socket, 'drain');
     // Then a second request on the same connection.
     socket.write(`GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n`);
-    while (!/HTTP\/1\.1 200[\s\S]*\r\n\r\n/.test(received)) await once(socket, 'data');
+    let finished = false;
+    const closed = once(socket, 'close').then(() => {
+      if (!finished) assert.fail(`the connection was closed; it read: ${received.slice(0, 300)}`);
+    });
+    while (!/HTTP\/1\.1 200[\s\S]*\r\n\r\n/.test(received)) await Promise.race([once(socket, 'data'), closed]);
+    finished = true;
     socket.destroy();
+    await closed;
     assert.match(received, /^HTTP\/1\.1 413 /);
     assert.match(received, /"code":"request_too_large"/);
     assert.doesNotMatch(received.split('\r\n\r\n')[0]!, /connection: close/i);

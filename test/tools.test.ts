@@ -57,6 +57,13 @@ describe('function calling and structured output on the local engine (stories260
     client = new OpenAI({ apiKey: (await createKey(server, 'acme')).key, baseURL: server.baseURL, maxRetries: 0 });
   });
   after(() => server.close());
+  /** Outputs the local engine sampled again after they failed their schema check, so far. */
+  const resampled = async (): Promise<number> =>
+    (
+      (await http(server.url, 'GET', '/admin/local/loaded', { key: server.adminKey })).json as unknown as {
+        schema_checks: { resampled: number };
+      }
+    ).schema_checks.resampled;
 
   it('advertises function_calling and structured_output for local models', async () => {
     const m = (await client.models.retrieve(STORIES)) as unknown as { capabilities: string[] };
@@ -398,12 +405,6 @@ describe('function calling and structured output on the local engine (stories260
   });
 
   it('ranges between whole numbers, integers past 2^53 and minContains: valid at the first sample, resampled never', async () => {
-    const resampled = async (): Promise<number> =>
-      (
-        (await http(server.url, 'GET', '/admin/local/loaded', { key: server.adminKey })).json as unknown as {
-          schema_checks: { resampled: number };
-        }
-      ).schema_checks.resampled;
     const before = await resampled();
     // The openai SDK's zod helper, as its docs show it: a confidence between 0.1 and 0.9.
     const Score = z.object({ confidence: z.number().min(0.1).max(0.9), temp: z.number().gt(37.2).lt(37.9) });
@@ -598,12 +599,6 @@ describe('function calling and structured output on the local engine (stories260
       additionalProperties: false,
     };
     const check = new Ajv({ strict: false }).compile(schema);
-    const resampled = async (): Promise<number> =>
-      (
-        (await http(server.url, 'GET', '/admin/local/loaded', { key: server.adminKey })).json as unknown as {
-          schema_checks: { resampled: number };
-        }
-      ).schema_checks.resampled;
     const before = await resampled();
     let valid = 0;
     for (let i = 0; i < 20; i++) {
@@ -646,7 +641,11 @@ describe('function calling and structured output on the local engine (stories260
       { type: 'object', properties: { a: { type: 'integer' }, b: { type: 'string' } }, minProperties: 3 },
       // A map: keys the model makes up could repeat, and JSON counts a repeated key once.
       { type: 'object', additionalProperties: { type: 'integer' }, minProperties: 4, maxProperties: 6 },
+      // A name the schema forbids is never one of the names made up.
+      { type: 'object', properties: { a: { type: 'integer' }, key1: false }, required: ['a'], minProperties: 2 },
     ];
+    // The grammar holds these exactly: nothing is sampled again (a stream could not be).
+    const before = await resampled();
     for (const schema of schemas) {
       const check = new Ajv({ strict: false }).compile(schema);
       for (let i = 0; i < 5; i++) {
@@ -660,6 +659,7 @@ describe('function calling and structured output on the local engine (stories260
         assert.ok(check(doc), `${c.choices[0]!.message.content}: ${JSON.stringify(check.errors)}`);
       }
     }
+    assert.equal(await resampled(), before);
     // Anthropic's strict tool use, which Messages took without `strict` (a lenient tool, returned invalid).
     const anthropic = new Anthropic({ apiKey: server.adminKey, baseURL: server.url, maxRetries: 0 });
     const tool = {

@@ -184,6 +184,13 @@ function sendError(reply: FastifyReply, e: ApiError, as?: { status: number; body
  * closing with unread bytes makes the kernel reset the connection and the client lose the answer.
  */
 const answeredSockets = new WeakSet<Duplex>();
+/**
+ * Sockets whose request was answered (an error: a body over the limit, a key refused) before its
+ * body had all arrived: Node reads the rest and drops it. Where that outlasts the request timeout,
+ * the connection is closed without a word: the request has had its answer, and a 408 after it
+ * would be a second one.
+ */
+const drainingSockets = new WeakSet<Duplex>();
 
 /** Ends a socket with its last bytes (if any), and destroys it if its client has not closed its side within 2 s. */
 function closeAnswered(socket: Duplex, last?: string): void {
@@ -194,6 +201,10 @@ function closeAnswered(socket: Duplex, last?: string): void {
 function clientError(err: NodeJS.ErrnoException, socket: Duplex): void {
   if (err.code === 'ECONNRESET' || socket.destroyed || answeredSockets.has(socket)) return;
   answeredSockets.add(socket);
+  if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT' && drainingSockets.has(socket)) {
+    closeAnswered(socket);
+    return;
+  }
   if (!socket.writable) {
     socket.destroy();
     return;
@@ -357,6 +368,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   });
   const accessLine = accessLog(log);
   app.addHook('onResponse', (req, reply, done) => {
+    if (reply.statusCode >= 400 && !req.raw.complete) drainingSockets.add(req.raw.socket);
     const route = req.routeOptions.url;
     metrics.countRequest(route ?? 'unmatched', req.metricsModel ?? '', reply.statusCode, reply.elapsedTime / 1000);
     // A URL that is exactly one of our routes' own paths (no parameter, no query) holds nothing to

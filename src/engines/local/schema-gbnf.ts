@@ -874,17 +874,25 @@ class Compiler {
     if (min > max) throw new Unsatisfiable(`minLength is above maxLength at '${path || '/'}'`);
     const format = typeof s['format'] === 'string' ? STRING_FORMATS[s['format']] : undefined;
     const pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
-    // With both, the pattern shapes the text and the format is checked: a pattern beside a format
-    // is its author's narrower word (zod writes one for each format it knows: a UUID's version and
-    // variant digits, a date-time ending in `Z`), which the format's grammar (our own plain subset)
-    // would miss on nearly every try; a pattern's text is nearly always of the format. Its open
-    // repetitions are bounded as the format grammars' are (a format's text is short), so that
-    // one of them (a date-time's fraction digits) cannot run a document out of tokens.
-    const patternBody = pattern !== undefined ? patternToGbnf(pattern, format !== undefined ? FORMAT_OPEN_REPEAT : Infinity) : undefined;
-    if (pattern !== undefined && patternBody === undefined) this.check('pattern', path);
+    // With both, a pattern that describes the whole string (anchored at both ends) shapes it and the
+    // format is checked: such a pattern beside a format is its author's narrower word (zod writes
+    // one for each format it knows: a UUID's version and variant digits, a date-time ending in
+    // `Z`), which the format's grammar (our own plain subset) would miss on nearly every try, and
+    // its text is nearly always of the format. Its open repetitions are bounded as the format
+    // grammars' are (a format's text is short), so that one of them (a date-time's fraction digits)
+    // cannot run a document out of tokens. A pattern that matches only part of the string (`^https://`),
+    // or whose bounded grammar cannot reach the length bounds, is checked instead, as before.
+    const open = format !== undefined ? FORMAT_OPEN_REPEAT : Infinity;
+    let patternBody: string | undefined;
+    if (pattern !== undefined) {
+      const span = format !== undefined ? patternSpan(pattern, open) : undefined;
+      const whole = span !== undefined && span.anchoredStart && span.anchoredEnd && span.max >= min && span.min <= max;
+      if (format === undefined || whole) patternBody = patternToGbnf(pattern, open);
+      if (patternBody === undefined) this.check('pattern', path);
+    }
     let shaped = format;
     if (pattern !== undefined && patternBody !== undefined) {
-      shaped = this.sized(pattern, patternBody, min, max, path);
+      shaped = this.sized(pattern, patternBody, min, max, path, open);
       if (format !== undefined) this.check('format', path);
     }
     if (shaped !== undefined) {
@@ -902,8 +910,8 @@ class Compiler {
    * leaves open, and refused where it is anchored at both ends; a `maxLength` below its shortest is
    * refused. Lengths that overlap stay with the check.
    */
-  private sized(pattern: string, body: string, min: number, max: number, path: string): string {
-    const span = patternSpan(pattern);
+  private sized(pattern: string, body: string, min: number, max: number, path: string, open: number): string {
+    const span = patternSpan(pattern, open);
     if (span === undefined) return body;
     const where = path || '/';
     if (span.min > max) throw new Unsatisfiable(`the pattern at '${where}' matches no string of at most ${max} characters (maxLength)`);
@@ -1141,17 +1149,20 @@ class Compiler {
       (additional !== false || patterns.length > 0)
     )
       this.check('properties', path);
-    if (declared.length === 0) return this.mapRule(s, path, base, additional, patterns, names, minProps, maxProps);
+    const reserved = reservedNames(s, required, deps, minProps);
+    if (declared.length === 0) return this.mapRule(s, path, base, additional, patterns, names, minProps, maxProps, reserved);
 
     if (required.size > maxProps) throw new Unsatisfiable(`maxProperties at '${path || '/'}' is below the required properties`);
     // More properties than are declared: every declared one, then other ones under names of their
-    // own where any name may be (else the check judges keys made to fit patterns or propertyNames).
-    const freeNames = patterns.length === 0 && (names === undefined || names === true) && minProps <= MAX_NAMED_KEYS;
-    if (minProps > declared.length && additional === false && patterns.length === 0)
-      throw new Unsatisfiable(
-        `the object at '${path || '/'}' may have ${declared.length} propert${declared.length === 1 ? 'y' : 'ies'} at most but needs ${minProps}`,
-      );
-    if (minProps > declared.length && !freeNames) this.check('minProperties', path);
+    // own where any name may be (else the check judges).
+    if (minProps > declared.length && additional === false && patterns.length === 0) {
+      // Counting those left out for their dependencies, which may yet be present together.
+      const possible = Object.values(isSchema(s['properties']) ? s['properties'] : {}).filter((v) => v !== false).length;
+      if (possible < minProps)
+        throw new Unsatisfiable(
+          `the object at '${path || '/'}' may have ${possible} propert${possible === 1 ? 'y' : 'ies'} at most but needs ${minProps}`,
+        );
+    }
     const optional = declared.filter((n) => !required.has(n));
     // minProperties: the first optional properties become required; maxProperties: the last ones go.
     const promoted = optional.slice(0, Math.max(0, minProps - required.size));
@@ -1177,8 +1188,16 @@ class Compiler {
       const next = tails[i + 1];
       tails[i] = this.rule(`${path}-tail`, `( "," ${opt[i]!} )?${next ? ` ${next}` : ''}`);
     }
-    if (minProps > declared.length && freeNames && req.length === declared.length)
-      req.push(...this.namedPairs(minProps - declared.length, new Set(declared), additional ?? true, path, base));
+    let named = false;
+    if (minProps > declared.length && reserved !== undefined && additional !== false && req.length === declared.length) {
+      try {
+        req.push(...this.namedPairs(minProps - declared.length, reserved, additional ?? true, path, base));
+        named = true;
+      } catch (err) {
+        if (!(err instanceof Unsatisfiable)) throw err;
+      }
+    }
+    if (minProps > declared.length && !named) this.check('minProperties', path);
     let body: string;
     if (req.length > 0) {
       body = `${req.join(' "," ')}${tails[0] ? ` ${tails[0]}` : ''}`;
@@ -1217,6 +1236,7 @@ class Compiler {
     names: unknown,
     minProps: number,
     maxProps: number,
+    reserved: ReadonlySet<string> | undefined,
   ): string {
     let key: string | undefined;
     let value: unknown;
@@ -1246,13 +1266,12 @@ class Compiler {
         key = this.visit(n, `${path}/propertyNames`, base);
       }
     }
-    const free = key === undefined;
     key ??= this.base('string');
     if (maxProps === 0) return this.rule('empty-object', '"{" "}"');
     // The same key twice would count once. Where any name may be, the entries minProperties needs
     // have names of their own; where keys must fit a pattern or propertyNames, the check judges.
-    if (minProps > 1 && free && minProps <= MAX_NAMED_KEYS) {
-      const needed = this.namedPairs(minProps, new Set(), value, path, base);
+    if (minProps > 1 && reserved !== undefined && patterns.length === 0) {
+      const needed = this.namedPairs(minProps, reserved, value, path, base);
       const more = maxProps - minProps;
       const pairRule = more > 0 ? this.rule(`${path}-pair`, `${key} ":" ${this.visit(value, `${path}/additionalProperties`, base)}`) : '';
       const rest = more > 0 ? ` ( "," ${pairRule} )${repeat(0, more)}` : '';
@@ -1279,6 +1298,31 @@ export function schemaToGbnf(schema: unknown, draft: Draft = '07'): CompiledGram
 /** Any JSON object (`json_object`). */
 export function anyObjectGbnf(): string {
   return new Compiler({ type: 'object' }, '07').compile().gbnf;
+}
+
+/**
+ * The names members an object needs beyond its declared properties may not take (every name the
+ * schema says anything about: properties, even forbidden or left out, required ones, and
+ * dependencies either way); undefined where they cannot have names of their own at all: keys must
+ * fit patternProperties or propertyNames, a `not` or `if` could rule a name out, or more are
+ * needed than MAX_NAMED_KEYS.
+ */
+function reservedNames(
+  s: Schema,
+  required: ReadonlySet<string>,
+  deps: ReadonlyMap<string, unknown>,
+  minProps: number,
+): Set<string> | undefined {
+  const names = s['propertyNames'];
+  if (minProps > MAX_NAMED_KEYS || isSchema(s['patternProperties']) || (names !== undefined && names !== true)) return undefined;
+  if (s['not'] !== undefined || s['if'] !== undefined) return undefined;
+  const out = new Set<string>([...Object.keys(isSchema(s['properties']) ? s['properties'] : {}), ...required]);
+  for (const [name, d] of deps) {
+    out.add(name);
+    const needs = Array.isArray(d) ? d : isSchema(d) && Array.isArray(d['required']) ? d['required'] : [];
+    for (const n of needs as unknown[]) out.add(String(n));
+  }
+  return out;
 }
 
 /** How many values a schema allows at most, where that is a small known number (enum, const, boolean, null). */

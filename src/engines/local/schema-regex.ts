@@ -247,14 +247,15 @@ export interface PatternSpan {
   openEnd: boolean;
 }
 
-function span(alts: readonly AST.Alternative[], capped: boolean): [number, number] {
+/** `open`: the grammar's bound on open repetitions (as `patternToGbnf` got it); undefined: the pattern's own lengths, uncapped. */
+function span(alts: readonly AST.Alternative[], open: number | undefined): [number, number] {
   let lo = Infinity;
   let hi = 0;
   for (const alt of alts) {
     let a = 0;
     let b = 0;
     for (const e of alt.elements) {
-      const [x, y] = elementSpan(e, capped);
+      const [x, y] = elementSpan(e, open);
       a += x;
       b += y;
     }
@@ -264,7 +265,7 @@ function span(alts: readonly AST.Alternative[], capped: boolean): [number, numbe
   return [lo === Infinity ? 0 : lo, hi];
 }
 
-function elementSpan(e: AST.Element, capped: boolean): [number, number] {
+function elementSpan(e: AST.Element, open: number | undefined): [number, number] {
   switch (e.type) {
     case 'Character':
     case 'CharacterSet':
@@ -272,12 +273,12 @@ function elementSpan(e: AST.Element, capped: boolean): [number, number] {
       return [1, 1];
     case 'Group':
     case 'CapturingGroup':
-      return span(e.alternatives, capped);
+      return span(e.alternatives, open);
     case 'Quantifier': {
       if (e.max === 0) return [0, 0];
-      // As the grammar writes it: at most MAX_REPEAT repetitions.
-      const [x, y] = elementSpan(e.element, capped);
-      const max = e.max === Infinity || !capped ? e.max : Math.min(e.max, MAX_REPEAT);
+      // As the grammar writes it: at most MAX_REPEAT repetitions, and `open` past the minimum of an open one.
+      const [x, y] = elementSpan(e.element, open);
+      const max = open === undefined ? e.max : e.max === Infinity ? e.min + open : Math.min(e.max, MAX_REPEAT);
       return [x * e.min, y === 0 ? 0 : y * max];
     }
     default:
@@ -302,9 +303,9 @@ function anchoring(alts: readonly AST.Alternative[], side: 'start' | 'end'): Anc
  * What `patternToGbnf` makes of `pattern`, by length: the grammar allows only strings that match
  * the whole pattern, so a `minLength` above its longest needs text the pattern leaves open (before
  * an unanchored start, after an unanchored end), and is unsatisfiable where it is anchored at both.
- * Undefined where `patternToGbnf` is.
+ * Undefined where `patternToGbnf` is. `open` as given to `patternToGbnf`.
  */
-export function patternSpan(pattern: string): PatternSpan | undefined {
+export function patternSpan(pattern: string, open = Infinity): PatternSpan | undefined {
   if (patternToGbnf(pattern) === undefined) return undefined;
   const parser = new RegExpParser();
   let ast: AST.Pattern;
@@ -313,8 +314,8 @@ export function patternSpan(pattern: string): PatternSpan | undefined {
   } catch {
     ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: false });
   }
-  const [min, max] = span(ast.alternatives, true);
-  const [, matchMax] = span(ast.alternatives, false);
+  const [min, max] = span(ast.alternatives, open);
+  const [, matchMax] = span(ast.alternatives, undefined);
   const start = anchoring(ast.alternatives, 'start');
   const end = anchoring(ast.alternatives, 'end');
   return {
