@@ -173,7 +173,15 @@ export async function createService(
       onWritable: (ok) => metrics.ledgerWritable.set(ok ? 1 : 0),
     });
     ledger.start();
-    const counters = config.redisUrl ? new RedisCounters(config.redisUrl) : (opts.counters ?? new MemoryCounters());
+    // ioredis reports each failed reconnection (every second or two while Redis is down): one line
+    // in 30 s says it.
+    let redisWarned = 0;
+    const onRedisError = (err: Error): void => {
+      if (Date.now() - redisWarned < 30_000) return;
+      redisWarned = Date.now();
+      log.warn({ reason: err.message }, 'Redis (limit counters) is unreachable: requests of keys with limits get 503 until it answers');
+    };
+    const counters = config.redisUrl ? new RedisCounters(config.redisUrl, onRedisError) : (opts.counters ?? new MemoryCounters());
     const limiter = new Limiter(counters, store, metrics);
     const router = new Router(catalogue, local, upstream, config.deployments.map(fileDeployment), env, log, routingPolicy(config), {
       onDeploymentError: (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }),

@@ -1,9 +1,13 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { once } from 'node:events';
+import { createServer, type AddressInfo } from 'node:net';
 import { Redis } from 'ioredis';
 import { http, pgSchema, startServer, tempDir, type TestServer, type WireKey } from './helpers/server.js';
 import { closers, fixture } from './helpers/fixtures.js';
+import { eventually } from './helpers/wait.js';
 
 const REDIS_URL = process.env['SWITCHYARD_TEST_REDIS_URL'] ?? 'redis://127.0.0.1:6379';
 const MODEL = 'meta-llama/priced-stories';
@@ -337,5 +341,59 @@ describe('limits shared by two instances on Redis', () => {
     const again = await keyWith(a, `flushed-${prefixDb}`, { rpm: 1 });
     assert.equal((await chat(b, again)).status, 200);
     assert.equal((await chat(a, again)).status, 429);
+  });
+});
+
+describe('limits when Redis cannot be reached', () => {
+  let redis: ChildProcess;
+  let port: number;
+  let server: TestServer;
+  const startRedis = async (): Promise<ChildProcess> => {
+    const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
+      stdio: 'ignore',
+    });
+    await eventually(async () => {
+      const probe = new Redis({ port, host: '127.0.0.1', lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+      probe.on('error', () => undefined);
+      try {
+        await probe.connect();
+        assert.equal(await probe.ping(), 'PONG');
+      } finally {
+        probe.disconnect();
+      }
+    });
+    return child;
+  };
+  before(async () => {
+    // A Redis of its own, which the test stops (the shared one is never touched).
+    const probe = createServer();
+    await new Promise<void>((r) => probe.listen(0, '127.0.0.1', () => r()));
+    port = (probe.address() as AddressInfo).port;
+    await new Promise<void>((r) => probe.close(() => r()));
+    redis = await startRedis();
+    server = await startServer({ env: { REDIS_URL: `redis://127.0.0.1:${port}` }, configFile: { name: 'r.json', text: config } });
+  });
+  after(async () => {
+    await server?.close();
+    redis?.kill('SIGKILL');
+  });
+
+  it('refuses a limited key with 503 and retry-after at once, serves unlimited keys, and recovers with Redis', async () => {
+    const limited = await keyWith(server, 'redis-down', { rpm: 1000 });
+    const free = (
+      await http<WireKey>(server.url, 'POST', '/admin/keys', { key: server.adminKey, body: { org: 'redis-down', name: 'free' } })
+    ).json.key!;
+    assert.equal((await chat(server, limited)).status, 200);
+    redis.kill('SIGKILL');
+    await once(redis, 'exit');
+    const started = Date.now();
+    const refused = await chat(server, limited);
+    assert.equal(refused.status, 503, refused.text);
+    assert.equal(refused.json.error.code, 'service_unavailable');
+    assert.ok(Number(refused.headers['retry-after']) > 0, 'retry-after');
+    assert.ok(Date.now() - started < 2500, `answered in ${Date.now() - started} ms`);
+    assert.equal((await chat(server, free)).status, 200, 'a key without limits never needs Redis');
+    redis = await startRedis();
+    await eventually(async () => assert.equal((await chat(server, limited)).status, 200), 15_000);
   });
 });

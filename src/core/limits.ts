@@ -80,30 +80,52 @@ interface CounterScripts {
   switchyardInit(key: string, value: number, ttlMs: number): Promise<string | null>;
 }
 
+/**
+ * Redis did not answer: the request of a key or organization with limits is refused with a 503 and
+ * a retry-after, not admitted uncounted (limits and budgets are promises to whoever set them) and
+ * not a 500. Keys without limits never reach Redis and are served as usual.
+ */
+function unreachable(): never {
+  throw new ApiError('service_unavailable', 'The shared limits store (Redis) cannot be reached; try again shortly.', {
+    retryAfterMs: 5000,
+  });
+}
+
 export class RedisCounters implements Counters {
   private readonly redis: Redis & CounterScripts;
 
-  constructor(url: string) {
+  /** `onError`: ioredis's connection errors (it reconnects by itself), for the log. */
+  constructor(url: string, onError: (err: Error) => void = () => undefined) {
     // Auto-pipelining sends the commands of one event-loop turn in one write: under load a turn
     // admits several requests, each with two or three counter operations. The scripts go by their
     // SHA, not their text, on every call.
-    const redis = new Redis(url, { maxRetriesPerRequest: 2, enableOfflineQueue: true, lazyConnect: false, enableAutoPipelining: true });
+    // A command waits at most a second (a blip in the connection is retried within it): past that,
+    // Redis is taken to be down and the request is refused at once (see `unreachable`), rather than
+    // each request of a limited key waiting out ioredis's reconnection (3–5 s) and then failing.
+    const redis = new Redis(url, {
+      maxRetriesPerRequest: 2,
+      commandTimeout: 1000,
+      enableOfflineQueue: true,
+      lazyConnect: false,
+      enableAutoPipelining: true,
+    });
+    redis.on('error', onError);
     redis.defineCommand('switchyardAdd', { numberOfKeys: 1, lua: ADD });
     redis.defineCommand('switchyardInit', { numberOfKeys: 1, lua: INIT });
     this.redis = redis as Redis & CounterScripts;
   }
 
   async add(key: string, amount: number, ttlMs: number): Promise<number> {
-    return Number(await this.redis.switchyardAdd(`switchyard:${key}`, amount, ttlMs));
+    return Number(await this.redis.switchyardAdd(`switchyard:${key}`, amount, ttlMs).catch(unreachable));
   }
 
   async get(key: string): Promise<number | undefined> {
-    const v = await this.redis.get(`switchyard:${key}`);
+    const v = await this.redis.get(`switchyard:${key}`).catch(unreachable);
     return v === null ? undefined : Number(v);
   }
 
   async init(key: string, value: number, ttlMs: number): Promise<number> {
-    return Number((await this.redis.switchyardInit(`switchyard:${key}`, value, ttlMs)) ?? value);
+    return Number((await this.redis.switchyardInit(`switchyard:${key}`, value, ttlMs).catch(unreachable)) ?? value);
   }
 
   async close(): Promise<void> {
