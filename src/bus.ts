@@ -33,10 +33,36 @@ interface Transport {
   close(): Promise<void>;
 }
 
-/** Instances share a bus when they share a database: the channel is named after it. */
-function channelFor(config: Config): string {
-  const db = config.databaseUrl ?? resolve(config.dataDir, 'switchyard.db');
-  return createHash('sha256').update(db).digest('hex').slice(0, 16);
+/**
+ * Instances share a bus when they share a database: the channel is named after it. A PostgreSQL
+ * database is known by what it says of itself (its cluster's system identifier, its name and the
+ * schema in use), not by how a URL spells it: `localhost` against `127.0.0.1`, a `?sslmode=`, or a
+ * rotated password gave two instances on one database two channels, and a cancel sent to one never
+ * reached the other. Where the server will not say (pg_control_system() revoked), the URL as
+ * written, with a warning.
+ */
+async function channelFor(config: Config, log: Logger): Promise<string> {
+  let identity = config.databaseUrl ?? resolve(config.dataDir, 'switchyard.db');
+  if (config.databaseUrl !== undefined) {
+    const client = new pg.Client({ connectionString: config.databaseUrl });
+    client.on('error', () => undefined);
+    try {
+      await client.connect();
+      const { rows } = await client.query<{ id: string; db: string; schema: string | null }>(
+        'select (select system_identifier::text from pg_control_system()) as id, current_database() as db, current_schema() as schema',
+      );
+      const row = rows[0];
+      if (row) identity = `postgres:${row.id}/${row.db}/${row.schema ?? ''}`;
+    } catch (err) {
+      log.warn(
+        { reason: err instanceof Error ? err.message : String(err) },
+        'cluster bus: the database did not say which it is; instances must then spell DATABASE_URL the same to share a bus',
+      );
+    } finally {
+      await client.end().catch(() => undefined);
+    }
+  }
+  return createHash('sha256').update(identity).digest('hex').slice(0, 16);
 }
 
 /** A connection URL without its password, for messages. */
@@ -139,7 +165,8 @@ async function pgTransport(url: string, channel: string, receive: (e: Envelope) 
 
 /** The link to other instances, if the database is shared: Redis, else PostgreSQL, else none. */
 async function remoteTransport(config: Config, receive: (e: Envelope) => void, log: Logger): Promise<Transport | undefined> {
-  const channel = channelFor(config);
+  if (!config.redisUrl && !config.databaseUrl) return undefined;
+  const channel = await channelFor(config, log);
   if (config.redisUrl) return redisTransport(config.redisUrl, channel, receive, log);
   if (config.databaseUrl) return pgTransport(config.databaseUrl, channel, receive, log);
   return undefined;

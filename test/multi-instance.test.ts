@@ -360,7 +360,9 @@ describe('several instances behind HAProxy (issue 18)', { timeout: 150_000 }, ()
       // A first (it migrates the schema), then B, as a rolling start would.
       A = await startInstance('A', await freePort(), env('a'));
       cleanup.push(() => A.destroy());
-      B = await startInstance('B', await freePort(), env('b'));
+      // B spells the database's URL otherwise (as a host name against an address, or an added
+      // parameter, would): it is the same database, so the same bus.
+      B = await startInstance('B', await freePort(), { ...env('b'), DATABASE_URL: `${schema.url}&application_name=switchyard-b` });
       cleanup.push(() => B.destroy());
       proxy = await startHaproxy([`127.0.0.1:${A.port}`, `127.0.0.1:${B.port}`], join(dir, 'haproxy.cfg'));
       cleanup.push(() => proxy.destroy());
@@ -694,5 +696,79 @@ describe('several instances behind HAProxy (issue 18)', { timeout: 150_000 }, ()
           .join(', ')}`,
     );
     noProblems(problems, `${outcomes.length} requests, ${ok} answered: `);
+  });
+});
+
+describe('a cancel that the running instance never hears (no shared bus)', { timeout: 90_000 }, () => {
+  const calls: UpstreamCall[] = [];
+  const cleanup: Array<() => Promise<void>> = [];
+  let A: Instance;
+  let B: Instance;
+
+  before(async () => {
+    const upstream = await fixture(slowUpstream(calls));
+    cleanup.push(() => upstream.close());
+    const schema = await pgSchema();
+    cleanup.push(() => schema.drop());
+    const dir = tempDir('switchyard-lost-cancel-');
+    cleanup.push(async () => rmSync(dir, { recursive: true, force: true }));
+    const configPath = join(dir, 'switchyard.json');
+    writeFileSync(
+      configPath,
+      JSON.stringify({
+        authors: ['fixture'],
+        defaultCatalogue: false,
+        models: [{ id: SLOW, name: 'Slow fixture', context_length: 100_000, capabilities: ['streaming'] }],
+        deployments: [{ model: SLOW, baseUrl: upstream.url, upstreamModel: 'slow', api: 'chat' }],
+      }),
+    );
+    const env = (name: string): Record<string, string> => ({
+      HOST: '127.0.0.1',
+      DATABASE_URL: schema.url,
+      SWITCHYARD_WORKERS: '1',
+      SWITCHYARD_ADMIN_KEY: ADMIN,
+      SWITCHYARD_MODELS_DIR: tempDir(),
+      SWITCHYARD_CONFIG: configPath,
+      SWITCHYARD_DATA_DIR: join(dir, name),
+      SWITCHYARD_LEDGER_FLUSH_MS: '20',
+      // A heartbeat a second: the running instance reads the cancellation from the row then.
+      SWITCHYARD_RESPONSE_STALE_MS: '3000',
+    });
+    // A talks over Redis, B over PostgreSQL: one database, two buses, so no message of B reaches A
+    // (as when a bus message is lost).
+    A = await startInstance('A', await freePort(), { ...env('a'), REDIS_URL });
+    cleanup.push(() => A.destroy());
+    B = await startInstance('B', await freePort(), env('b'));
+    cleanup.push(() => B.destroy());
+  });
+  after(async () => {
+    for (const c of cleanup.splice(0).reverse()) await c().catch((err: unknown) => console.error('cleanup:', err));
+  });
+
+  it('stops the run at its next heartbeat, and the stored response keeps what was made and billed', async () => {
+    const made = await fresh(A.url, 'POST', '/admin/keys', { key: ADMIN, body: { org: 'lost-cancel', name: 'k' } });
+    const { key, id: keyId } = made.json as WireKey & { key: string };
+    const tag = `lost-${randomBytes(4).toString('hex')}`;
+    const onA = new OpenAI({ apiKey: key, baseURL: `${A.url}/v1`, maxRetries: 0 });
+    const onB = new OpenAI({ apiKey: key, baseURL: `${B.url}/v1`, maxRetries: 0 });
+    const created = await onA.responses.create({ model: SLOW, input: `tag=${tag} chunks=1200`, background: true });
+    await eventually(() => assert.ok((calls.find((c) => c.tag === tag)?.sent ?? 0) >= 5), 5000);
+    // Nobody answers B's cancel over its bus: it records the cancellation itself.
+    assert.equal((await onB.responses.cancel(created.id)).status, 'cancelled');
+    const call = calls.find((c) => c.tag === tag)!;
+    await eventually(() => assert.ok(call.closedAt !== undefined, `${call.sent} deltas sent, still streaming`), 5000);
+    assert.equal(call.finished, false);
+    let stored: WireResponse | undefined;
+    await eventually(async () => {
+      stored = (await fresh(B.url, 'GET', `/v1/responses/${created.id}`, { key })).json as WireResponse;
+      assert.equal(stored.status, 'cancelled');
+      assert.notEqual(outputText(stored), '', 'the text made before the run stopped');
+      assert.ok((stored.usage?.output_tokens ?? 0) > 0, JSON.stringify(stored.usage));
+    }, 5000);
+    await eventually(async () => {
+      const r = await fresh(B.url, 'GET', `/admin/usage?group_by=key&key=${keyId}`, { key: ADMIN });
+      const billed = (r.json as { data: UsageRow[] }).data[0];
+      assert.equal(billed?.output_tokens, stored!.usage!.output_tokens, 'billed what the stored response says');
+    }, 5000);
   });
 });

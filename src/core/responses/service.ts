@@ -833,6 +833,14 @@ export class ResponseService<Echo> {
         run.settledJson = settledJson;
         await attempt('response', async () => {
           kept = await persist(['queued', 'in_progress'], settledJson);
+          // Cancelled through another instance that heard nothing from this one (a bus message
+          // lost): it stored the cancellation with nothing in it, and this run stopped at its next
+          // heartbeat (or ended first). The row takes what the run made and was billed for, still
+          // cancelled, as a cancel heard here would have stored it.
+          if (!kept && store && background && fold.status !== 'failed') {
+            const body = this.format.end(settledJson ?? this.format.serialize(fold), 'cancelled');
+            await this.store.updateResponse(id, ['cancelled'], { status: 'cancelled', body, updated_at: Date.now() });
+          }
         });
         // Only while the response is still this run's: one deleted or cancelled elsewhere keeps no items.
         if (kept) {

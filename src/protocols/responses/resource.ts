@@ -562,6 +562,8 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
   end(stored, status, error) {
     const r = parseStored(stored);
     r.status = status;
+    // Only a completed response has completed_at (a run that finished is then stored cancelled: see ResponseService).
+    r.completed_at = null;
     if (error) r.error = error;
     return JSON.stringify(r);
   },
