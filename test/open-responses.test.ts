@@ -769,5 +769,14 @@ describe('Open Responses: a refusal is the message’s refusal part, never an em
       assert.equal(final.stop_reason, 'refusal', model);
       assert.equal(final.content.map((b) => (b.type === 'text' ? b.text : '')).join(''), REFUSAL);
     }
+    // Text that stop strings held back (its end could start one: more than a chat upstream takes,
+    // so Switchyard applies them) comes before the refusal that followed it, not after.
+    const held = await anthropic.messages.create({
+      model: 'openai/refuser',
+      max_tokens: 64,
+      stop_sequences: ['. x', 'one', 'two', 'three', 'four'],
+      messages: [{ role: 'user', content: 'a preamble, then do something bad' }],
+    });
+    assert.equal(held.content.map((b) => (b.type === 'text' ? b.text : '')).join(''), `Well. ${REFUSAL}`);
   });
 });

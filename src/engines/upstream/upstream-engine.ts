@@ -435,7 +435,8 @@ export class UpstreamEngine implements Engine {
      */
     const see = (events: GenerationEvent[]): GenerationEvent[] => {
       let n = 0;
-      for (const ev of events) {
+      for (let i = 0; i < events.length; i++) {
+        const ev = events[i]!;
         switch (ev.type) {
           case 'text.delta': {
             // Counted even after a stop string, so an upstream that goes on is still cut at the limit.
@@ -460,7 +461,22 @@ export class UpstreamEngine implements Engine {
             let text = guard.clip(ev.text, false);
             if (stopped) continue;
             if (scrub.active) text = (refusalScrub ??= scrub.stream()).push(text);
-            if (text) events[n++] = text === ev.text ? ev : { type: 'refusal.delta', text };
+            if (!text) continue;
+            const refusal: GenerationEvent = text === ev.text ? ev : { type: 'refusal.delta', text };
+            // Text held back (a stop string's or a key's possible start) came before the refusal, and
+            // goes out before it. Rare: the batch is then rebuilt, the events not yet seen after them.
+            let held = stops && !stopped ? stops.flush() : '';
+            if (textScrub) held = textScrub.push(held) + textScrub.flush();
+            if (!held) {
+              events[n++] = refusal;
+              continue;
+            }
+            const rest = events.slice(i + 1);
+            events.length = n;
+            events.push({ type: 'text.delta', text: held }, refusal);
+            n = events.length;
+            i = n - 1;
+            events.push(...rest);
             continue;
           }
           case 'tool_call.start':
