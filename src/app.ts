@@ -181,7 +181,16 @@ export async function createService(
       redisWarned = Date.now();
       log.warn({ reason: err.message }, 'Redis (limit counters) is unreachable: requests of keys with limits get 503 until it answers');
     };
-    const counters = config.redisUrl ? new RedisCounters(config.redisUrl, onRedisError) : (opts.counters ?? new MemoryCounters());
+    let counters: Counters;
+    if (config.redisUrl) {
+      const redis = new RedisCounters(config.redisUrl, onRedisError);
+      // Closed with the service (below); here only if the service never starts.
+      await redis.ready().catch(async (err: unknown) => {
+        await redis.close();
+        throw err;
+      });
+      counters = redis;
+    } else counters = opts.counters ?? new MemoryCounters();
     const limiter = new Limiter(counters, store, metrics);
     const router = new Router(catalogue, local, upstream, config.deployments.map(fileDeployment), env, log, routingPolicy(config), {
       onDeploymentError: (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }),

@@ -44,7 +44,7 @@ interface Transport {
 async function channelFor(config: Config, log: Logger): Promise<string> {
   let identity = config.databaseUrl ?? resolve(config.dataDir, 'switchyard.db');
   if (config.databaseUrl !== undefined) {
-    const client = new pg.Client({ connectionString: config.databaseUrl });
+    const client = new pg.Client({ connectionString: config.databaseUrl, connectionTimeoutMillis: 10_000, query_timeout: 10_000 });
     client.on('error', () => undefined);
     try {
       await client.connect();
@@ -54,9 +54,13 @@ async function channelFor(config: Config, log: Logger): Promise<string> {
       const row = rows[0];
       if (row) identity = `postgres:${row.id}/${row.db}/${row.schema ?? ''}`;
     } catch (err) {
+      // Only a server that will not say (the function revoked, or missing on a managed service's
+      // fork) falls back; one that cannot be reached fails the start, as the store would next.
+      const code = (err as { code?: unknown }).code;
+      if (code !== '42501' && code !== '42883') throw err;
       log.warn(
         { reason: err instanceof Error ? err.message : String(err) },
-        'cluster bus: the database did not say which it is; instances must then spell DATABASE_URL the same to share a bus',
+        'cluster bus: the database does not say which it is (pg_control_system()); instances must spell DATABASE_URL the same to share a bus',
       );
     } finally {
       await client.end().catch(() => undefined);

@@ -691,7 +691,7 @@ describe('function calling and structured output on the local engine (stories260
         const c = text[i];
         if (c === '"') {
           let end = i + 1;
-          while (text[end] !== '"') end += text[end] === '\\' ? 2 : 1;
+          while (end < text.length && text[end] !== '"') end += text[end] === '\\' ? 2 : 1;
           const keys = open.at(-1);
           if (keys && expectKey) {
             const key = text.slice(i + 1, end);

@@ -80,32 +80,24 @@ interface CounterScripts {
   switchyardInit(key: string, value: number, ttlMs: number): Promise<string | null>;
 }
 
-/**
- * Redis did not answer: the request of a key or organization with limits is refused with a 503 and
- * a retry-after, not admitted uncounted (limits and budgets are promises to whoever set them) and
- * not a 500. Keys without limits never reach Redis and are served as usual.
- */
-function unreachable(): never {
-  throw new ApiError('service_unavailable', 'The shared limits store (Redis) cannot be reached; try again shortly.', {
-    retryAfterMs: 5000,
-  });
-}
-
 export class RedisCounters implements Counters {
   private readonly redis: Redis & CounterScripts;
 
-  /** `onError`: ioredis's connection errors (it reconnects by itself), for the log. */
-  constructor(url: string, onError: (err: Error) => void = () => undefined) {
+  /** `onError`: ioredis's connection errors (it reconnects by itself) and commands Redis refused, for the log. */
+  constructor(
+    url: string,
+    private readonly onError: (err: Error) => void = () => undefined,
+  ) {
     // Auto-pipelining sends the commands of one event-loop turn in one write: under load a turn
     // admits several requests, each with two or three counter operations. The scripts go by their
-    // SHA, not their text, on every call.
-    // A command waits at most a second (a blip in the connection is retried within it): past that,
-    // Redis is taken to be down and the request is refused at once (see `unreachable`), rather than
-    // each request of a limited key waiting out ioredis's reconnection (3–5 s) and then failing.
+    // SHA, not their text, on every call. No offline queue: while the connection is down a command
+    // fails at once (see `failed`), rather than each request of a limited key waiting out
+    // ioredis's reconnection (3–5 s) and then failing, or, queued and given up on, being applied
+    // once Redis is back (a counter raised for a request that was refused). No command timeout,
+    // for the same reason: a command sent may have been applied, and only its answer says so.
     const redis = new Redis(url, {
       maxRetriesPerRequest: 2,
-      commandTimeout: 1000,
-      enableOfflineQueue: true,
+      enableOfflineQueue: false,
       lazyConnect: false,
       enableAutoPipelining: true,
     });
@@ -115,17 +107,46 @@ export class RedisCounters implements Counters {
     this.redis = redis as Redis & CounterScripts;
   }
 
+  /** Resolves once connected (commands before that would fail: there is no offline queue). */
+  ready(timeoutMs = 10_000): Promise<void> {
+    if (this.redis.status === 'ready') return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error('cannot reach Redis for the limit counters (REDIS_URL)')), timeoutMs);
+      this.redis.once('ready', () => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  }
+
+  /**
+   * Redis did not answer, or refused the command: the request of a key or organization with limits
+   * is refused with a 503 and a retry-after, not admitted uncounted (limits and budgets are promises
+   * to whoever set them) and not a 500. Keys without limits never reach Redis and are served as usual.
+   */
+  private readonly failed = (err: unknown): never => {
+    const down = this.redis.status !== 'ready';
+    if (!down && err instanceof Error) this.onError(err);
+    throw new ApiError(
+      'service_unavailable',
+      down
+        ? 'The shared limits store (Redis) cannot be reached; try again shortly.'
+        : 'The shared limits store (Redis) failed; try again shortly.',
+      { retryAfterMs: 5000 },
+    );
+  };
+
   async add(key: string, amount: number, ttlMs: number): Promise<number> {
-    return Number(await this.redis.switchyardAdd(`switchyard:${key}`, amount, ttlMs).catch(unreachable));
+    return Number(await this.redis.switchyardAdd(`switchyard:${key}`, amount, ttlMs).catch(this.failed));
   }
 
   async get(key: string): Promise<number | undefined> {
-    const v = await this.redis.get(`switchyard:${key}`).catch(unreachable);
+    const v = await this.redis.get(`switchyard:${key}`).catch(this.failed);
     return v === null ? undefined : Number(v);
   }
 
   async init(key: string, value: number, ttlMs: number): Promise<number> {
-    return Number((await this.redis.switchyardInit(`switchyard:${key}`, value, ttlMs).catch(unreachable)) ?? value);
+    return Number((await this.redis.switchyardInit(`switchyard:${key}`, value, ttlMs).catch(this.failed)) ?? value);
   }
 
   async close(): Promise<void> {

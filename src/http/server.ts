@@ -368,7 +368,12 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   });
   const accessLine = accessLog(log);
   app.addHook('onResponse', (req, reply, done) => {
-    if (reply.statusCode >= 400 && !req.raw.complete) drainingSockets.add(req.raw.socket);
+    if (reply.statusCode >= 400 && !req.raw.complete) {
+      // Until its body has all been read: a later request on the connection times out as any does.
+      const socket = req.raw.socket;
+      drainingSockets.add(socket);
+      req.raw.once('end', () => drainingSockets.delete(socket));
+    }
     const route = req.routeOptions.url;
     metrics.countRequest(route ?? 'unmatched', req.metricsModel ?? '', reply.statusCode, reply.elapsedTime / 1000);
     // A URL that is exactly one of our routes' own paths (no parameter, no query) holds nothing to

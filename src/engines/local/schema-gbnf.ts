@@ -1156,8 +1156,9 @@ class Compiler {
     // More properties than are declared: every declared one, then other ones under names of their
     // own where any name may be (else the check judges).
     if (minProps > declared.length && additional === false && patterns.length === 0) {
-      // Counting those left out for their dependencies, which may yet be present together.
-      const possible = Object.values(isSchema(s['properties']) ? s['properties'] : {}).filter((v) => v !== false).length;
+      // Counting those left out for their dependencies, which may yet be present together where
+      // their dependencies may be.
+      const possible = possibleProperties(s, deps).size;
       if (possible < minProps)
         throw new Unsatisfiable(
           `the object at '${path || '/'}' may have ${possible} propert${possible === 1 ? 'y' : 'ies'} at most but needs ${minProps}`,
@@ -1188,16 +1189,11 @@ class Compiler {
       const next = tails[i + 1];
       tails[i] = this.rule(`${path}-tail`, `( "," ${opt[i]!} )?${next ? ` ${next}` : ''}`);
     }
-    let named = false;
-    if (minProps > declared.length && reserved !== undefined && additional !== false && req.length === declared.length) {
-      try {
-        req.push(...this.namedPairs(minProps - declared.length, reserved, additional ?? true, path, base));
-        named = true;
-      } catch (err) {
-        if (!(err instanceof Unsatisfiable)) throw err;
-      }
-    }
-    if (minProps > declared.length && !named) this.check('minProperties', path);
+    // Where no property was left out for its dependencies, the others are the only way to more:
+    // a value schema they cannot meet makes the object unsatisfiable (the visit throws).
+    const named = minProps > declared.length && reserved !== undefined && additional !== false && dropped.size === 0;
+    if (named) req.push(...this.namedPairs(minProps - declared.length, reserved, additional ?? true, path, base));
+    else if (minProps > declared.length) this.check('minProperties', path);
     let body: string;
     if (req.length > 0) {
       body = `${req.join(' "," ')}${tails[0] ? ` ${tails[0]}` : ''}`;
@@ -1298,6 +1294,27 @@ export function schemaToGbnf(schema: unknown, draft: Draft = '07'): CompiledGram
 /** Any JSON object (`json_object`). */
 export function anyObjectGbnf(): string {
   return new Compiler({ type: 'object' }, '07').compile().gbnf;
+}
+
+/**
+ * The declared properties that may be present: not `false`, and (to a fixed point) with every
+ * property they depend on possible too.
+ */
+function possibleProperties(s: Schema, deps: ReadonlyMap<string, unknown>): Set<string> {
+  const props = isSchema(s['properties']) ? s['properties'] : {};
+  const possible = new Set(Object.keys(props).filter((n) => props[n] !== false));
+  for (let changed = true; changed;) {
+    changed = false;
+    for (const name of possible) {
+      const d = deps.get(name);
+      const needs = Array.isArray(d) ? d : isSchema(d) && Array.isArray(d['required']) ? d['required'] : [];
+      if ((needs as unknown[]).some((n) => !possible.has(String(n)))) {
+        possible.delete(name);
+        changed = true;
+      }
+    }
+  }
+  return possible;
 }
 
 /**
