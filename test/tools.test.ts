@@ -726,6 +726,63 @@ describe('function calling and structured output on the local engine (stories260
         assert.deepEqual(repeatedKeys(text), [], text);
       }
     }
+    // Keys from propertyNames or patternProperties, where the grammar used to force one key again
+    // and again (`{"only":1,"only":2}`); and minProperties met through patternProperties.
+    const keyed = [
+      { type: 'object', propertyNames: { const: 'only' }, additionalProperties: { type: 'integer' } },
+      { type: 'object', propertyNames: { enum: ['x', 'y', 'z'] }, additionalProperties: { type: 'integer' }, minProperties: 2 },
+      { type: 'object', patternProperties: { '^k[0-9]$': { type: 'integer' } }, additionalProperties: false, minProperties: 2 },
+      { type: 'object', patternProperties: { '^k': { type: 'integer' } }, additionalProperties: false, minProperties: 2 },
+      {
+        type: 'object',
+        properties: { a: { type: 'integer' } },
+        patternProperties: { '^x[0-9]$': { type: 'integer' } },
+        additionalProperties: false,
+        minProperties: 3,
+      },
+    ];
+    for (const schema of keyed) {
+      const check = new Ajv({ strict: false }).compile(schema);
+      for (let i = 0; i < 6; i++) {
+        const c = await client.chat.completions.create({
+          model: STORIES,
+          messages: [{ role: 'user', content: 'x' }],
+          temperature: 1,
+          max_tokens: 200,
+          response_format: { type: 'json_schema', json_schema: { name: 'keyed', schema, strict: true } },
+        });
+        const text = c.choices[0]!.message.content!;
+        assert.deepEqual(repeatedKeys(text), [], text);
+        assert.ok(check(JSON.parse(text)), `${text}: ${JSON.stringify(check.errors)}`);
+      }
+    }
+  });
+
+  it('a pattern of one repeated character with length bounds: the bounds go into the repetition, every string valid', async () => {
+    // zod's z.string().regex(/^[a-z]*$/).min(4).max(4): 0 of 20 valid before, the lengths left to the check.
+    const before = await resampled();
+    for (const [pattern, minLength, maxLength] of [
+      ['^[a-z]*$', 4, 4],
+      ['^[0-9]+$', 3, 6],
+    ] as const) {
+      const schema = {
+        type: 'object',
+        properties: { s: { type: 'string', pattern, minLength, maxLength } },
+        required: ['s'],
+        additionalProperties: false,
+      };
+      for (let i = 0; i < 5; i++) {
+        const c = await client.chat.completions.create({
+          model: STORIES,
+          messages: [{ role: 'user', content: 'x' }],
+          temperature: 1,
+          response_format: { type: 'json_schema', json_schema: { name: 'x', schema, strict: true } },
+        });
+        const s = (JSON.parse(c.choices[0]!.message.content!) as { s: string }).s;
+        assert.ok(new RegExp(pattern).test(s) && s.length >= minLength && s.length <= maxLength, JSON.stringify(s));
+      }
+    }
+    assert.equal(await resampled(), before, 'exact: nothing sampled again');
   });
 
   it('refuses a schema that accepts no value (400 invalid_value) and one with an unresolvable reference', async () => {

@@ -54,6 +54,8 @@ export class ClosingBias {
      * starts a new member first (a `,` before its quote): taken from an object holding that key.
      */
     private readonly wholeKeys: ReadonlyMap<string, ReadonlyArray<readonly [Token, boolean]>>,
+    /** Every token by its text: the ones that would complete a key the object has, inside that key. */
+    private readonly byText: ReadonlyMap<string, readonly Token[]>,
   ) {
     this.none = new TokenBias(model.tokenizer);
     const steps = (kind: 'quotes' | 'brackets'): TokenBias[] =>
@@ -73,12 +75,16 @@ export class ClosingBias {
     const quoteHeads: Array<readonly [Token, string]> = [];
     const brackets: Token[] = [];
     const wholeKeys = new Map<string, Array<readonly [Token, boolean]>>();
+    const byText = new Map<string, Token[]>();
     // Decoded after a word, as in the middle of an output: alone, a SentencePiece token loses its
     // leading space (stories260K's ` "` reads as `"`), and a key it ends would be misread.
     const after = model.tokenize('a');
     await scanVocabulary(vocab, (token) => {
       if (model.isSpecialToken(token)) return;
       const text = model.detokenize([token], false, after);
+      const same = byText.get(text);
+      if (same) same.push(token);
+      else byText.set(text, [token]);
       const quote = text.indexOf('"');
       if (quote >= 0) {
         quoteHeads.push([token, text.slice(0, quote)]);
@@ -95,7 +101,9 @@ export class ClosingBias {
       if (/[\]}]/.test(text)) brackets.push(token);
     });
     const quotes = quoteHeads.map(([t]) => t);
-    return quotes.length > 0 || brackets.length > 0 ? new ClosingBias(model, { quotes, brackets }, quoteHeads, wholeKeys) : undefined;
+    return quotes.length > 0 || brackets.length > 0
+      ? new ClosingBias(model, { quotes, brackets }, quoteHeads, wholeKeys, byText)
+      : undefined;
   }
 
   /** A tracker for one output of at most `budget` tokens. */
@@ -131,6 +139,12 @@ export class ClosingBias {
     let banned: Set<Token> | undefined;
     if (key !== undefined) {
       for (const [token, head] of this.quoteHeads) if (taken.has(key + head)) (banned ??= new Set()).add(token);
+      // And a token that writes the rest of such a key: where the key's grammar allows nothing
+      // after it (`^k[0-9]$`), its closing quote would be the only token left.
+      for (const k of taken) {
+        if (k.length <= key.length || !k.startsWith(key)) continue;
+        for (const token of this.byText.get(k.slice(key.length)) ?? []) (banned ??= new Set()).add(token);
+      }
     } else {
       for (const k of taken)
         for (const [token, comma] of this.wholeKeys.get(k) ?? []) if (starting || comma) (banned ??= new Set()).add(token);

@@ -16,7 +16,7 @@
  */
 import { STRING_FORMATS, INTEGER_FORMATS } from './schema-formats.js';
 import { integerBounds, integerRange, multiplesIn, numberRange, type NumberBounds } from './schema-numbers.js';
-import { patternMatches, patternSpan, patternToGbnf } from './schema-regex.js';
+import { patternMatches, patternSpan, patternToGbnf, singleRepeat } from './schema-regex.js';
 import type { Draft } from './schema-validator.js';
 
 /** The schema cannot be compiled (the request is refused with this message): unsupported, or invalid (it accepts nothing). */
@@ -896,7 +896,9 @@ class Compiler {
       if (format !== undefined) this.check('format', path);
     }
     if (shaped !== undefined) {
-      if (min > 0 || max !== Infinity) this.check('minLength/maxLength', path);
+      // Exact where the lengths went into the pattern's one repetition (see sized).
+      const exact = patternBody !== undefined && singleRepeat(pattern!) !== undefined;
+      if ((min > 0 || max !== Infinity) && !exact) this.check('minLength/maxLength', path);
       return this.rule(`${path}-${patternBody !== undefined ? 'pattern' : 'format'}`, `"\\"" ${shaped} "\\""`);
     }
     if (min === 0 && max === Infinity) return this.base('string');
@@ -911,6 +913,14 @@ class Compiler {
    * refused. Lengths that overlap stay with the check.
    */
   private sized(pattern: string, body: string, min: number, max: number, path: string, open: number): string {
+    // One repeated character between anchors: the length bounds go into the repetition, exactly.
+    const single = min > 0 || max !== Infinity ? singleRepeat(pattern) : undefined;
+    if (single !== undefined) {
+      const lo = Math.max(single.min, min);
+      const hi = Math.min(single.max, max, open === Infinity ? Infinity : Math.max(lo, single.min + open));
+      if (lo > hi) throw new Unsatisfiable(`the pattern at '${path || '/'}' matches no string within minLength and maxLength`);
+      return `( ${single.element} )${repeat(lo, hi)}`;
+    }
     const span = patternSpan(pattern, open);
     if (span === undefined) return body;
     const where = path || '/';
@@ -1193,7 +1203,21 @@ class Compiler {
     // a value schema they cannot meet makes the object unsatisfiable (the visit throws).
     const named = minProps > declared.length && reserved !== undefined && additional !== false && dropped.size === 0;
     if (named) req.push(...this.namedPairs(minProps - declared.length, reserved, additional ?? true, path, base));
-    else if (minProps > declared.length) this.check('minProperties', path);
+    else if (minProps > declared.length) {
+      this.check('minProperties', path);
+      // The rest by the first patternProperties pattern the grammar can write (their keys could
+      // repeat, or be a declared name: the check judges, and the closing bias keeps keys apart).
+      const [pattern, schema] = patterns[0] ?? [];
+      const body = pattern !== undefined && dropped.size === 0 ? patternToGbnf(pattern) : undefined;
+      if (pattern !== undefined && body !== undefined && req.length === declared.length) {
+        if (patterns.length > 1) this.check('patternProperties', path);
+        const pair = this.rule(
+          `${path}-pattern-pair`,
+          `${this.patternKey(pattern, body, path)} ":" ${this.visit(schema, `${path}/patternProperties`, base)}`,
+        );
+        for (let i = declared.length; i < minProps; i++) req.push(pair);
+      }
+    }
     let body: string;
     if (req.length > 0) {
       body = `${req.join(' "," ')}${tails[0] ? ` ${tails[0]}` : ''}`;
@@ -1205,6 +1229,18 @@ class Compiler {
       body = `( ${this.rule(`${path}-first`, alts.join(' | '))} )?`;
     }
     return this.rule(`${path}-object`, `"{" ${body} "}"`);
+  }
+
+  /**
+   * The grammar of a key written by a patternProperties pattern. A pattern open at an end (`^k`)
+   * leaves text there free: keys can then differ (the closing bias keeps them apart), where the
+   * match alone would be the one key `k`, repeated.
+   */
+  private patternKey(pattern: string, body: string, path: string): string {
+    const span = patternSpan(pattern);
+    const free = span?.openEnd || span?.openStart ? this.base('char') : '';
+    const padded = span?.openEnd ? `${body} ${free}*` : span?.openStart ? `${free}* ${body}` : body;
+    return this.rule(`${path}-key`, `"\\"" ${padded} "\\""`);
   }
 
   /**
@@ -1242,7 +1278,7 @@ class Compiler {
       // A key that also matches another pattern must satisfy that one's schema as well.
       if (patterns.length > 1) this.check('patternProperties', path);
       if (body !== undefined) {
-        key = this.rule(`${path}-key`, `"\\"" ${body} "\\""`);
+        key = this.patternKey(pattern, body, path);
         value = schema;
       } else {
         this.check('patternProperties', path);
@@ -1254,6 +1290,21 @@ class Compiler {
         return this.rule('empty-object', '"{" "}"');
       }
       value = additional ?? true;
+    }
+    // A few names only (propertyNames `const` or `enum`): each is a property of its own, at most
+    // once, as declared ones are (a map's keys would be free to repeat the one name allowed).
+    const few = isSchema(names)
+      ? Array.isArray(names['enum'])
+        ? names['enum']
+        : 'const' in names
+          ? [names['const']]
+          : undefined
+      : undefined;
+    if (key === undefined && few !== undefined && few.every((n) => typeof n === 'string') && few.length <= MAX_NAMED_KEYS) {
+      const only: Schema = { ...s, properties: Object.fromEntries(few.map((n) => [n, value])), additionalProperties: false };
+      delete only['propertyNames'];
+      delete only['unevaluatedProperties'];
+      return this.objectRule(only, path, base);
     }
     if (names !== undefined && names !== true) {
       if (key !== undefined) this.check('propertyNames', path);

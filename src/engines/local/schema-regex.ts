@@ -329,6 +329,35 @@ export function patternSpan(pattern: string, open = Infinity): PatternSpan | und
   };
 }
 
+/**
+ * A pattern that is one repetition of one character (class) between `^` and `$` (`^[a-z]+$`,
+ * `^\d{2,}$`): that character's grammar and the repetition's bounds, so that a string's length
+ * bounds can be written into the repetition itself (zod's `.regex(/^[a-z]+$/).min(3).max(6)`).
+ */
+export function singleRepeat(pattern: string): { element: string; min: number; max: number } | undefined {
+  const parser = new RegExpParser();
+  let ast: AST.Pattern;
+  try {
+    ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: true });
+  } catch {
+    return undefined;
+  }
+  const only = ast.alternatives.length === 1 ? ast.alternatives[0]!.elements : [];
+  const [start, q, end] = only;
+  if (only.length !== 3 || start?.type !== 'Assertion' || start.kind !== 'start' || end?.type !== 'Assertion' || end.kind !== 'end')
+    return undefined;
+  if (q?.type !== 'Quantifier' || !['Character', 'CharacterSet', 'CharacterClass'].includes(q.element.type)) return undefined;
+  try {
+    const element = alternativesOf(q.element);
+    return element === undefined ? undefined : { element, min: q.min, max: q.max };
+  } catch (err) {
+    if (err instanceof Unsupported) return undefined;
+    throw err;
+  }
+}
+
+const alternativesOf = (e: AST.Element): string | undefined => element(e, { atStart: false, atEnd: false, open: Infinity });
+
 /** Whether `name` matches `pattern` as the validator reads it (u flag, or without where it must). */
 export function patternMatches(pattern: string, name: string): boolean {
   let re: RegExp;
