@@ -190,7 +190,10 @@ describe('the chat fast lane against upstreams that misbehave', () => {
                 ? { index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }
                 : { index: 0, message: { role: 'assistant', content: text, refusal: null }, logprobs: null, finish_reason: 'stop' },
             ],
-            usage: { prompt_tokens: 4, completion_tokens: kind === 'ignores-max' ? 2000 : 3, total_tokens: 7 },
+            usage:
+              kind === 'ignores-max'
+                ? { prompt_tokens: 37, completion_tokens: 2000, total_tokens: 2037 }
+                : { prompt_tokens: 4, completion_tokens: 3, total_tokens: 7 },
           }),
         );
         return;
@@ -352,6 +355,8 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     assert.equal(completion.choices[0]!.finish_reason, 'length');
     assert.ok(completion.choices[0]!.message.content!.length <= 5 * 32, 'cut to the limit');
     assert.ok(completion.usage!.completion_tokens <= 5);
+    // Its output count is past what was passed on; its count of the prompt still holds.
+    assert.equal(completion.usage!.prompt_tokens, 37);
   });
 
   it('cuts one delta longer than the whole limit at the limit, in both lanes, and bills it', async () => {

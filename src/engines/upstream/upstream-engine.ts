@@ -797,12 +797,15 @@ export class UpstreamEngine implements Engine {
       this.log.warn({ deployment }, 'upstream reported usage that is not a count of tokens; using an estimate');
     }
     const use = capped ? undefined : r;
-    const input = use?.input ?? tally.input;
+    // Cut at the limit, the upstream's output count is past what was passed on, but its count of
+    // the prompt still holds (the estimate billed less than a reported 10 tokens as 4).
+    const prompt = capped && r !== undefined && !r.invalid ? r : use;
+    const input = prompt?.input ?? tally.input;
     const output = use?.output ?? tally.output;
     const estimated = use === undefined || use.invalid || use.input === undefined || use.output === undefined;
     const usage: Usage = {
       input,
-      cached: Math.min(input, use?.cached ?? 0),
+      cached: Math.min(input, prompt?.cached ?? 0),
       output,
       reasoning: Math.min(output, use?.reasoning ?? (use?.output === undefined ? tally.reasoning : 0)),
     };
