@@ -57,6 +57,22 @@ describe('function calling and structured output on the local engine (stories260
     client = new OpenAI({ apiKey: (await createKey(server, 'acme')).key, baseURL: server.baseURL, maxRetries: 0 });
   });
   after(() => server.close());
+  /** `n` documents the local model writes under `schema` (strict json_schema, temperature 1), as text. */
+  const documents = async (schema: Record<string, unknown>, n: number, maxTokens?: number): Promise<string[]> => {
+    const out: string[] = [];
+    for (let i = 0; i < n; i++) {
+      const c = await client.chat.completions.create({
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        temperature: 1,
+        ...(maxTokens !== undefined && { max_tokens: maxTokens }),
+        response_format: { type: 'json_schema', json_schema: { name: 'x', schema, strict: true } },
+      });
+      out.push(c.choices[0]!.message.content!);
+    }
+    return out;
+  };
+
   /** Outputs the local engine sampled again after they failed their schema check, so far. */
   const resampled = async (): Promise<number> =>
     (
@@ -648,16 +664,7 @@ describe('function calling and structured output on the local engine (stories260
     const before = await resampled();
     for (const schema of schemas) {
       const check = new Ajv({ strict: false }).compile(schema);
-      for (let i = 0; i < 5; i++) {
-        const c = await client.chat.completions.create({
-          model: STORIES,
-          messages: [{ role: 'user', content: 'x' }],
-          temperature: 1,
-          response_format: { type: 'json_schema', json_schema: { name: 'x', schema, strict: true } },
-        });
-        const doc = JSON.parse(c.choices[0]!.message.content!) as Record<string, unknown>;
-        assert.ok(check(doc), `${c.choices[0]!.message.content}: ${JSON.stringify(check.errors)}`);
-      }
+      for (const text of await documents(schema, 5)) assert.ok(check(JSON.parse(text)), `${text}: ${JSON.stringify(check.errors)}`);
     }
     assert.equal(await resampled(), before);
     // Anthropic's strict tool use, which Messages took without `strict` (a lenient tool, returned invalid).
@@ -743,15 +750,7 @@ describe('function calling and structured output on the local engine (stories260
     ];
     for (const schema of keyed) {
       const check = new Ajv({ strict: false }).compile(schema);
-      for (let i = 0; i < 6; i++) {
-        const c = await client.chat.completions.create({
-          model: STORIES,
-          messages: [{ role: 'user', content: 'x' }],
-          temperature: 1,
-          max_tokens: 200,
-          response_format: { type: 'json_schema', json_schema: { name: 'keyed', schema, strict: true } },
-        });
-        const text = c.choices[0]!.message.content!;
+      for (const text of await documents(schema, 6, 200)) {
         assert.deepEqual(repeatedKeys(text), [], text);
         assert.ok(check(JSON.parse(text)), `${text}: ${JSON.stringify(check.errors)}`);
       }
@@ -771,14 +770,8 @@ describe('function calling and structured output on the local engine (stories260
         required: ['s'],
         additionalProperties: false,
       };
-      for (let i = 0; i < 5; i++) {
-        const c = await client.chat.completions.create({
-          model: STORIES,
-          messages: [{ role: 'user', content: 'x' }],
-          temperature: 1,
-          response_format: { type: 'json_schema', json_schema: { name: 'x', schema, strict: true } },
-        });
-        const s = (JSON.parse(c.choices[0]!.message.content!) as { s: string }).s;
+      for (const text of await documents(schema, 5)) {
+        const s = (JSON.parse(text) as { s: string }).s;
         assert.ok(new RegExp(pattern).test(s) && s.length >= minLength && s.length <= maxLength, JSON.stringify(s));
       }
     }
