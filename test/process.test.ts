@@ -555,12 +555,34 @@ describe('the server process', () => {
   it("refuses a second instance on the same data directory and leaves the first one's running response alone", async () => {
     const dir = tempDir();
     const admin = 'sk-sy-second-instance-test-key-0001';
-    const env = { SWITCHYARD_DATA_DIR: dir, SWITCHYARD_ADMIN_KEY: admin };
+    // An upstream that starts an answer and never ends it: the response runs until cancelled,
+    // however fast this machine is (a local model's 4,000 tokens sometimes ended first).
+    const upstream = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(
+          `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { role: 'assistant', content: 'Once' }, finish_reason: null }] })}\n\n`,
+        );
+      });
+    });
+    await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
+    const configFile = join(dir, 'config.json');
+    writeFileSync(
+      configFile,
+      JSON.stringify({
+        models: [{ id: 'mistralai/endless', context_length: 8192, capabilities: ['streaming'] }],
+        deployments: [
+          { model: 'mistralai/endless', baseUrl: `http://127.0.0.1:${(upstream.address() as AddressInfo).port}/v1`, upstreamModel: 'm' },
+        ],
+      }),
+    );
+    const env = { SWITCHYARD_DATA_DIR: dir, SWITCHYARD_ADMIN_KEY: admin, SWITCHYARD_CONFIG: configFile };
     const p = await startProcess(env);
     try {
       const bg = await http<{ id: string }>(p.url, 'POST', '/v1/responses', {
         key: admin,
-        body: { model: 'local/llama-2-tiny-random', input: 'hello', max_output_tokens: 4000, background: true },
+        body: { model: 'mistralai/endless', input: 'hello', background: true },
       });
       const status = async () => (await http<{ status: string }>(p.url, 'GET', `/v1/responses/${bg.json.id}`, { key: admin })).json.status;
       await eventually(async () => assert.equal(await status(), 'in_progress'));
@@ -578,6 +600,8 @@ describe('the server process', () => {
     } finally {
       p.child.kill('SIGTERM');
       await p.exited;
+      upstream.closeAllConnections();
+      upstream.close();
       rmSync(dir, { recursive: true, force: true });
     }
   });
