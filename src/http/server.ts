@@ -369,7 +369,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   const accessLine = accessLog(log);
   app.addHook('onResponse', (req, reply, done) => {
     if (reply.statusCode >= 400 && !req.raw.complete) {
-      // Until its body has all been read: a later request on the connection times out as any does.
+      // Until its body has all been read: a later request on the connection times out like every other.
       const socket = req.raw.socket;
       drainingSockets.add(socket);
       req.raw.once('end', () => drainingSockets.delete(socket));

@@ -891,14 +891,14 @@ class Compiler {
       if (patternBody === undefined) this.check('pattern', path);
     }
     let shaped = format;
+    // One repeated character between anchors: the length bounds go into the repetition, exactly (see sized).
+    const single = patternBody !== undefined && (min > 0 || max !== Infinity) ? singleRepeat(pattern!) : undefined;
     if (pattern !== undefined && patternBody !== undefined) {
-      shaped = this.sized(pattern, patternBody, min, max, path, open);
+      shaped = this.sized(pattern, patternBody, min, max, path, open, single);
       if (format !== undefined) this.check('format', path);
     }
     if (shaped !== undefined) {
-      // Exact where the lengths went into the pattern's one repetition (see sized).
-      const exact = patternBody !== undefined && singleRepeat(pattern!) !== undefined;
-      if ((min > 0 || max !== Infinity) && !exact) this.check('minLength/maxLength', path);
+      if ((min > 0 || max !== Infinity) && single === undefined) this.check('minLength/maxLength', path);
       return this.rule(`${path}-${patternBody !== undefined ? 'pattern' : 'format'}`, `"\\"" ${shaped} "\\""`);
     }
     if (min === 0 && max === Infinity) return this.base('string');
@@ -912,9 +912,15 @@ class Compiler {
    * leaves open, and refused where it is anchored at both ends; a `maxLength` below its shortest is
    * refused. Lengths that overlap stay with the check.
    */
-  private sized(pattern: string, body: string, min: number, max: number, path: string, open: number): string {
-    // One repeated character between anchors: the length bounds go into the repetition, exactly.
-    const single = min > 0 || max !== Infinity ? singleRepeat(pattern) : undefined;
+  private sized(
+    pattern: string,
+    body: string,
+    min: number,
+    max: number,
+    path: string,
+    open: number,
+    single: ReturnType<typeof singleRepeat>,
+  ): string {
     if (single !== undefined) {
       const lo = Math.max(single.min, min);
       const hi = Math.min(single.max, max, open === Infinity ? Infinity : Math.max(lo, single.min + open));
@@ -1103,11 +1109,7 @@ class Compiler {
     for (let changed = true; changed;) {
       changed = false;
       for (const [name, d] of deps) {
-        const needs = Array.isArray(d)
-          ? d.map(String)
-          : isSchema(d) && Array.isArray(d['required'])
-            ? (d['required'] as unknown[]).map(String)
-            : [];
+        const needs = dependencyNeeds(d);
         const schemaDep =
           !Array.isArray(d) && d !== true && !(isSchema(d) && Object.keys(d).every((k) => k === 'required' || !CONSTRAINTS.has(k)));
         if (required.has(name)) {
@@ -1202,7 +1204,10 @@ class Compiler {
     // Where no property was left out for its dependencies, the others are the only way to more:
     // a value schema they cannot meet makes the object unsatisfiable (the visit throws).
     const named = minProps > declared.length && reserved !== undefined && additional !== false && dropped.size === 0;
-    if (named) req.push(...this.namedPairs(minProps - declared.length, reserved, additional ?? true, path, base));
+    if (named)
+      req.push(
+        ...this.namedPairs(minProps - declared.length, reserved, this.visit(additional ?? true, `${path}/additionalProperties`, base)),
+      );
     else if (minProps > declared.length) {
       this.check('minProperties', path);
       // The rest by the first patternProperties pattern the grammar can write (their keys could
@@ -1245,11 +1250,10 @@ class Compiler {
 
   /**
    * `n` members under names of their own (`key1`, `key2`, …, skipping `taken`), each with a value of
-   * `value`: what a minProperties needs beyond the declared properties, which free keys could not
+   * the grammar `v`: what a minProperties needs beyond the declared properties, which free keys could not
    * give (a model writes the same key twice, and JSON counts it once).
    */
-  private namedPairs(n: number, taken: ReadonlySet<string>, value: unknown, path: string, base: string): string[] {
-    const v = this.visit(value, `${path}/additionalProperties`, base);
+  private namedPairs(n: number, taken: ReadonlySet<string>, v: string): string[] {
     const out: string[] = [];
     for (let i = 1; out.length < n; i++) {
       const name = `key${i}`;
@@ -1318,9 +1322,10 @@ class Compiler {
     // The same key twice would count once. Where any name may be, the entries minProperties needs
     // have names of their own; where keys must fit a pattern or propertyNames, the check judges.
     if (minProps > 1 && reserved !== undefined && patterns.length === 0) {
-      const needed = this.namedPairs(minProps, reserved, value, path, base);
+      const v = this.visit(value, `${path}/additionalProperties`, base);
+      const needed = this.namedPairs(minProps, reserved, v);
       const more = maxProps - minProps;
-      const pairRule = more > 0 ? this.rule(`${path}-pair`, `${key} ":" ${this.visit(value, `${path}/additionalProperties`, base)}`) : '';
+      const pairRule = more > 0 ? this.rule(`${path}-pair`, `${key} ":" ${v}`) : '';
       const rest = more > 0 ? ` ( "," ${pairRule} )${repeat(0, more)}` : '';
       return this.rule(`${path}-object`, `"{" ${needed.join(' "," ')}${rest} "}"`);
     }
@@ -1347,6 +1352,12 @@ export function anyObjectGbnf(): string {
   return new Compiler({ type: 'object' }, '07').compile().gbnf;
 }
 
+/** The properties a dependency (`dependentRequired`'s list, or a schema's `required`) needs present. */
+function dependencyNeeds(d: unknown): string[] {
+  const needs = Array.isArray(d) ? d : isSchema(d) && Array.isArray(d['required']) ? (d['required'] as unknown[]) : [];
+  return needs.map(String);
+}
+
 /**
  * The declared properties that may be present: not `false`, and (to a fixed point) with every
  * property they depend on possible too.
@@ -1357,9 +1368,7 @@ function possibleProperties(s: Schema, deps: ReadonlyMap<string, unknown>): Set<
   for (let changed = true; changed;) {
     changed = false;
     for (const name of possible) {
-      const d = deps.get(name);
-      const needs = Array.isArray(d) ? d : isSchema(d) && Array.isArray(d['required']) ? d['required'] : [];
-      if ((needs as unknown[]).some((n) => !possible.has(String(n)))) {
+      if (dependencyNeeds(deps.get(name)).some((n) => !possible.has(n))) {
         possible.delete(name);
         changed = true;
       }
@@ -1387,8 +1396,7 @@ function reservedNames(
   const out = new Set<string>([...Object.keys(isSchema(s['properties']) ? s['properties'] : {}), ...required]);
   for (const [name, d] of deps) {
     out.add(name);
-    const needs = Array.isArray(d) ? d : isSchema(d) && Array.isArray(d['required']) ? d['required'] : [];
-    for (const n of needs as unknown[]) out.add(String(n));
+    for (const n of dependencyNeeds(d)) out.add(n);
   }
   return out;
 }

@@ -205,6 +205,19 @@ function element(e: AST.Element, pos: Position): string | undefined {
   }
 }
 
+/** The pattern's syntax tree, read as the validator compiles it: with the `u` flag, or without where it must. */
+function parse(pattern: string): AST.Pattern | undefined {
+  const parser = new RegExpParser();
+  for (const unicode of [true, false]) {
+    try {
+      return parser.parsePattern(pattern, 0, pattern.length, { unicode });
+    } catch {
+      // Not a pattern with this flag.
+    }
+  }
+  return undefined;
+}
+
 /**
  * GBNF for the text between the quotes of JSON strings that match `pattern` in full; undefined
  * when the pattern uses what a grammar cannot express. `open` bounds unbounded repetitions (`+`,
@@ -213,17 +226,8 @@ function element(e: AST.Element, pos: Position): string | undefined {
  * would otherwise never reach.
  */
 export function patternToGbnf(pattern: string, open = Infinity): string | undefined {
-  let ast: AST.Pattern;
-  const parser = new RegExpParser();
-  try {
-    ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: true });
-  } catch {
-    try {
-      ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: false });
-    } catch {
-      return undefined;
-    }
-  }
+  const ast = parse(pattern);
+  if (ast === undefined) return undefined;
   try {
     return alternatives(ast.alternatives, { atStart: true, atEnd: true, open });
   } catch (err) {
@@ -306,14 +310,8 @@ function anchoring(alts: readonly AST.Alternative[], side: 'start' | 'end'): Anc
  * Undefined where `patternToGbnf` is. `open` as given to `patternToGbnf`.
  */
 export function patternSpan(pattern: string, open = Infinity): PatternSpan | undefined {
-  if (patternToGbnf(pattern) === undefined) return undefined;
-  const parser = new RegExpParser();
-  let ast: AST.Pattern;
-  try {
-    ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: true });
-  } catch {
-    ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: false });
-  }
+  const ast = parse(pattern);
+  if (ast === undefined || patternToGbnf(pattern) === undefined) return undefined;
   const [min, max] = span(ast.alternatives, open);
   const [, matchMax] = span(ast.alternatives, undefined);
   const start = anchoring(ast.alternatives, 'start');
@@ -335,28 +333,20 @@ export function patternSpan(pattern: string, open = Infinity): PatternSpan | und
  * bounds can be written into the repetition itself (zod's `.regex(/^[a-z]+$/).min(3).max(6)`).
  */
 export function singleRepeat(pattern: string): { element: string; min: number; max: number } | undefined {
-  const parser = new RegExpParser();
-  let ast: AST.Pattern;
-  try {
-    ast = parser.parsePattern(pattern, 0, pattern.length, { unicode: true });
-  } catch {
-    return undefined;
-  }
-  const only = ast.alternatives.length === 1 ? ast.alternatives[0]!.elements : [];
+  const ast = parse(pattern);
+  const only = ast?.alternatives.length === 1 ? ast.alternatives[0]!.elements : [];
   const [start, q, end] = only;
   if (only.length !== 3 || start?.type !== 'Assertion' || start.kind !== 'start' || end?.type !== 'Assertion' || end.kind !== 'end')
     return undefined;
   if (q?.type !== 'Quantifier' || !['Character', 'CharacterSet', 'CharacterClass'].includes(q.element.type)) return undefined;
   try {
-    const element = alternativesOf(q.element);
-    return element === undefined ? undefined : { element, min: q.min, max: q.max };
+    const grammar = element(q.element, { atStart: false, atEnd: false, open: Infinity });
+    return grammar === undefined ? undefined : { element: grammar, min: q.min, max: q.max };
   } catch (err) {
     if (err instanceof Unsupported) return undefined;
     throw err;
   }
 }
-
-const alternativesOf = (e: AST.Element): string | undefined => element(e, { atStart: false, atEnd: false, open: Infinity });
 
 /** Whether `name` matches `pattern` as the validator reads it (u flag, or without where it must). */
 export function patternMatches(pattern: string, name: string): boolean {

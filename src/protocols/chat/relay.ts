@@ -398,7 +398,7 @@ export class ChatRelay {
     }
     if (this.capped) {
       // The chunk that reached the limit goes out with what of it fits (read() cut it there), as
-      // the canonical lane cuts a delta; its usage waits for the metered usage, as any usage does.
+      // the canonical lane cuts a delta; its usage waits for the metered usage, like every usage chunk.
       if (this.limit.chars === charsBefore) return `data: ${this.finishFrame('length')}\n\n`;
       if (obj(chunk['usage'])) chunk['usage'] = null;
       this.ours(chunk);
