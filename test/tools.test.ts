@@ -778,6 +778,26 @@ describe('function calling and structured output on the local engine (stories260
     assert.equal(await resampled(), before, 'exact: nothing sampled again');
   });
 
+  it('keywords beside a $ref apply in draft-07, as the validator applies them: every document valid, nothing sampled again', async () => {
+    // JSON Schema Store's github-funding.json: a nullable string by reference, with a pattern or a
+    // minLength beside it. The grammar ignored them (as drafts before 2019-09 say) and Ajv did not.
+    const before = await resampled();
+    const schema = {
+      $schema: 'http://json-schema.org/draft-07/schema#',
+      definitions: { nullable_string: { type: ['string', 'null'] } },
+      type: 'object',
+      properties: {
+        tidelift: { $ref: '#/definitions/nullable_string', pattern: '^(npm|pypi)/.+$' },
+        ko_fi: { $ref: '#/definitions/nullable_string', minLength: 3 },
+      },
+      required: ['tidelift', 'ko_fi'],
+      additionalProperties: false,
+    };
+    const check = new Ajv({ strict: false }).compile(schema);
+    for (const text of await documents(schema, 10)) assert.ok(check(JSON.parse(text)), `${text}: ${JSON.stringify(check.errors)}`);
+    assert.equal(await resampled(), before, 'exact: nothing sampled again');
+  });
+
   it('refuses a schema that accepts no value (400 invalid_value) and one with an unresolvable reference', async () => {
     const res = await http(server.url, 'POST', '/v1/responses', {
       key: server.adminKey,

@@ -390,8 +390,8 @@ class Compiler {
       if (seen.has(ref) || seen.size > 64) return { schema: cur, base: b };
       seen.add(ref);
       const r = this.resolve(ref, b, path);
-      // From 2019-09 on, keywords beside $ref apply too; before, they are ignored.
-      const keep = (this.draft === '2019-09' || this.draft === '2020-12') && hasConstraints(siblings);
+      // Keywords beside $ref apply too (see visit).
+      const keep = hasConstraints(siblings);
       cur = keep && isSchema(r.target) ? { ...siblings, allOf: [r.target] } : r.target;
       b = keep ? b : r.base;
     }
@@ -415,8 +415,10 @@ class Compiler {
     }
     if (typeof s['$ref'] === 'string') {
       const { $ref, ...siblings } = s;
-      const modern = this.draft === '2019-09' || this.draft === '2020-12';
-      if (!modern || !hasConstraints(siblings)) return this.refRule($ref as string, base, path);
+      // Keywords beside $ref apply, in every draft: the drafts before 2019-09 say to ignore them,
+      // but Ajv, the validator, applies them (a `pattern` beside a `$ref` was a grammar the check
+      // then failed, as a bug), and a document that meets both meets either reading.
+      if (!hasConstraints(siblings)) return this.refRule($ref as string, base, path);
       s = { ...siblings, allOf: [...(Array.isArray(siblings['allOf']) ? siblings['allOf'] : []), { $ref }] };
     }
     if (Array.isArray(s['allOf'])) return this.visit(this.mergeAllOf(s, path, base), path, base);
@@ -682,7 +684,7 @@ class Compiler {
    * properties, types, enums); where they do not, the first is kept and the keyword left to the check.
    */
   private merge(a: Schema, b: Schema, path: string): Schema {
-    // A reference cannot sit beside other keywords (before 2019-09 they would be ignored): it becomes an allOf member.
+    // A reference cannot sit beside other keywords: it becomes an allOf member.
     const refsOf = (x: Schema): unknown[] => (typeof x['$ref'] === 'string' ? [{ $ref: x['$ref'] }] : []);
     const out: Schema = { ...a };
     delete out['$ref'];
