@@ -89,6 +89,7 @@ describe('structured output on 320 real-world JSON schemas (JSONSchemaBench) on 
   const refusals: string[] = [];
   const invalids: string[] = [];
   const truncated: string[] = [];
+  const failures: string[] = [];
 
   before(async () => {
     server = await startServer();
@@ -117,6 +118,7 @@ describe('structured output on 320 real-world JSON schemas (JSONSchemaBench) on 
     if (outcome === 'refused') refusals.push(`${api} ${category}/${file}: ${detail}`);
     if (outcome === 'invalid') invalids.push(`${api} ${category}/${file}: ${detail}`);
     if (outcome === 'truncated') truncated.push(`${api} ${category}/${file}: ${detail}`);
+    if (outcome === 'failed') failures.push(`${api} ${category}/${file}: ${detail}`);
   }
 
   function classify(err: unknown): { outcome: Outcome; detail: string } {
@@ -226,6 +228,7 @@ describe('structured output on 320 real-world JSON schemas (JSONSchemaBench) on 
     console.log(`\n${lines.join('\n')}\n`);
     if (refusals.length) console.log(`Refused:\n${refusals.join('\n')}\n`);
     if (truncated.length) console.log(`Cut at max_tokens:\n${truncated.join('\n')}\n`);
+    if (failures.length) console.log(`Failed the check on every sample:\n${failures.join('\n')}\n`);
     if (invalids.length) console.log(`INVALID:\n${invalids.join('\n')}\n`);
     assert.equal(invalid, 0, `documents that fail their schema:\n${invalids.join('\n')}`);
     // The two refusals: a schema whose required property is forbidden, and one whose $ref cannot resolve.

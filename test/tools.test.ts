@@ -778,6 +778,70 @@ describe('function calling and structured output on the local engine (stories260
     assert.equal(await resampled(), before, 'exact: nothing sampled again');
   });
 
+  it("lookaround, \\b and Unicode properties (zod's z.emoji(), a password rule, a length lookahead): every document valid, nothing sampled again", async () => {
+    // These were left to the check: an unconstrained string, and a 500 after four samples for the
+    // emoji and the password (stories260K writes neither a pictograph nor a digit of its own).
+    const before = await resampled();
+    const Account = z.object({
+      badge: z.emoji(),
+      password: z.string().regex(/^(?=.*[A-Z])(?=.*\d).{8,}$/),
+      handle: z.string().regex(/^(?=.{3,12}$)(?!admin$)[a-z]+(?:-[a-z]+)*$/),
+      word: z.string().regex(/\bcat\b/),
+      name: z.string().regex(/^\p{Lu}\p{Ll}+$/u),
+    });
+    const schema = zodResponseFormat(Account, 'account').json_schema.schema!;
+    const check = addFormats(new Ajv({ strict: false })).compile(schema);
+    for (let i = 0; i < 8; i++) {
+      const parsed = await client.chat.completions.parse({
+        model: STORIES,
+        temperature: 1,
+        messages: [{ role: 'user', content: 'Sign me up.' }],
+        response_format: zodResponseFormat(Account, 'account'),
+      });
+      const account = parsed.choices[0]!.message.parsed;
+      assert.ok(Account.safeParse(account).success, JSON.stringify(account));
+      assert.ok(check(account), `${JSON.stringify(account)}: ${JSON.stringify(check.errors)}`);
+    }
+    // Several patterns (zod writes `.endsWith()` and `.startsWith()` beside a format's pattern as an
+    // allOf of the two; the second was left to the check and failed every sample), and a pattern
+    // open at its end with a minLength ("sk-" on every try, the lengths left to the check).
+    const Signup = z.object({
+      mail: z.email().endsWith('@example.com'),
+      day: z.iso.date().startsWith('2024-'),
+      key: z.string().startsWith('sk-').min(10),
+      tag: z
+        .string()
+        .regex(/^[a-z]+$/)
+        .regex(/x/),
+    });
+    const signupSchema = z.toJSONSchema(Signup);
+    const checkSignup = addFormats(new Ajv2020({ strict: false })).compile(signupSchema);
+    for (const text of await documents(signupSchema, 6)) {
+      const signup = JSON.parse(text) as unknown;
+      assert.ok(Signup.safeParse(signup).success, text);
+      assert.ok(checkSignup(signup), `${text}: ${JSON.stringify(checkSignup.errors)}`);
+    }
+    assert.equal(await resampled(), before, 'exact: nothing sampled again');
+    // A lookahead no string can meet (a digit among letters only), anchored: refused, not sampled.
+    const res = await http(server.url, 'POST', '/v1/chat/completions', {
+      key: server.adminKey,
+      body: {
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        response_format: {
+          type: 'json_schema',
+          json_schema: {
+            name: 'x',
+            schema: { type: 'object', properties: { s: { type: 'string', pattern: '^(?=.*\\d)[a-z]+$' } }, required: ['s'] },
+          },
+        },
+      },
+    });
+    assert.equal(res.status, 400, JSON.stringify(res.json));
+    assert.equal(res.json.error.code, 'invalid_value');
+    assert.match(res.json.error.message, /pattern at '\/properties\/s' matches no string/);
+  });
+
   it('keywords beside a $ref apply in draft-07, as the validator applies them: every document valid, nothing sampled again', async () => {
     // JSON Schema Store's github-funding.json: a nullable string by reference, with a pattern or a
     // minLength beside it. The grammar ignored them (as drafts before 2019-09 say) and Ajv did not.

@@ -16,7 +16,7 @@
  */
 import { STRING_FORMATS, INTEGER_FORMATS } from './schema-formats.js';
 import { integerBounds, integerRange, multiplesIn, numberRange, type NumberBounds } from './schema-numbers.js';
-import { patternMatches, patternSpan, patternToGbnf, singleRepeat } from './schema-regex.js';
+import { patternAutomatonGbnf, patternMatches, patternSpan, patternToGbnf, singleRepeat, type RuleSink } from './schema-regex.js';
 import type { Draft } from './schema-validator.js';
 
 /** The schema cannot be compiled (the request is refused with this message): unsupported, or invalid (it accepts nothing). */
@@ -317,6 +317,14 @@ class Compiler {
   private rule(hint: string, body: string): string {
     const known = this.byBody.get(body);
     if (known) return known;
+    const name = this.reserve(hint);
+    this.rules.set(name, body);
+    this.byBody.set(body, name);
+    return name;
+  }
+
+  /** A new rule's name, its body to be set (an automaton's states refer to each other). */
+  private reserve(hint: string): string {
     if (this.rules.size >= MAX_RULES) throw new SchemaCompileError('the schema is too complex to compile');
     const name = `${
       hint
@@ -326,10 +334,19 @@ class Compiler {
         .slice(-40)
         .replace(/^-+/, '') || 'r'
     }-${this.counter++}`;
-    this.rules.set(name, body);
-    this.byBody.set(body, name);
+    this.rules.set(name, '""');
     return name;
   }
+
+  /** Patterns merged from an allOf, by the one pattern that stands for them in the merged schema. */
+  private readonly mergedPatterns = new Map<string, readonly string[]>();
+
+  /** Rules for a pattern's automaton (schema-regex.ts), kept in this grammar. */
+  private readonly sink: RuleSink = {
+    reserve: (hint) => this.reserve(hint),
+    define: (name, body) => void this.rules.set(name, body),
+    rule: (hint, body) => this.rule(hint, body),
+  };
 
   private base(name: string): string {
     this.used.add(name);
@@ -801,8 +818,18 @@ class Compiler {
         case 'allOf':
           out[k] = [...(prev as unknown[]), ...(v as unknown[])];
           break;
+        case 'pattern':
+          // Strings that match both in full, as one pattern the grammar reads as their automaton
+          // (zod writes `.endsWith()` beside an email's pattern as an allOf of the two).
+          if (typeof prev === 'string' && typeof v === 'string') {
+            // (The one pattern is what the parts mean together, matched in full; it keys them.)
+            const both = `^(?=(?:${prev})$)(?:${v})$`;
+            this.mergedPatterns.set(both, [...(this.mergedPatterns.get(prev) ?? [prev]), v]);
+            out[k] = both;
+          } else this.check(k, path);
+          break;
         default:
-          // pattern, format, multipleOf, not, if/then/else, $ref: two of them cannot become one.
+          // format, multipleOf, not, if/then/else, $ref: two of them cannot become one.
           this.check(k, path);
       }
     }
@@ -875,7 +902,9 @@ class Compiler {
     const max = num(s['maxLength']) ?? Infinity;
     if (min > max) throw new Unsatisfiable(`minLength is above maxLength at '${path || '/'}'`);
     const format = typeof s['format'] === 'string' ? STRING_FORMATS[s['format']] : undefined;
-    const pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
+    let pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
+    // Several (an allOf's): their automaton; without one, the first pattern and the others checked.
+    const parts = pattern !== undefined ? this.mergedPatterns.get(pattern) : undefined;
     // With both, a pattern that describes the whole string (anchored at both ends) shapes it and the
     // format is checked: such a pattern beside a format is its author's narrower word (zod writes
     // one for each format it knows: a UUID's version and variant digits, a date-time ending in
@@ -886,21 +915,48 @@ class Compiler {
     // or whose bounded grammar cannot reach the length bounds, is checked instead, as before.
     const open = format !== undefined ? FORMAT_OPEN_REPEAT : Infinity;
     let patternBody: string | undefined;
-    if (pattern !== undefined) {
+    // The lengths are in the pattern's automaton (a pattern read through one), exactly.
+    let lengthsHeld = false;
+    // Lookaround, `\b`, `\p{…}`, several patterns: their automaton (not beside a format: there its
+    // bounded repetitions are the element-by-element grammar's).
+    const automaton = (p: string | readonly string[]): void => {
+      const made = patternAutomatonGbnf(p, this.sink, min, max);
+      if (made !== undefined && 'unsatisfiable' in made)
+        throw new Unsatisfiable(`the pattern${typeof p === 'string' ? '' : 's'} at '${path || '/'}' ${made.unsatisfiable}`);
+      if (made !== undefined) ({ body: patternBody, lengthsHeld } = made);
+    };
+    if (parts !== undefined) {
+      if (format === undefined) automaton(parts);
+      // Without their automaton: the first one, and the others checked.
+      if (patternBody === undefined) {
+        this.check('pattern', path);
+        pattern = parts[0];
+      }
+    }
+    if (pattern !== undefined && patternBody === undefined) {
       const span = format !== undefined ? patternSpan(pattern, open) : undefined;
       const whole = span !== undefined && span.anchoredStart && span.anchoredEnd && span.max >= min && span.min <= max;
       if (format === undefined || whole) patternBody = patternToGbnf(pattern, open);
+      // The automaton also where the element-by-element grammar would leave the lengths to the
+      // check (`^sk-.*` with minLength 10 was "sk-" on every try): it holds them exactly.
+      const lengths = (min > 0 || max !== Infinity) && singleRepeat(pattern) === undefined;
+      if (format === undefined && (patternBody === undefined || lengths)) {
+        const plain = patternBody;
+        patternBody = undefined;
+        automaton(pattern);
+        patternBody ??= plain;
+      }
       if (patternBody === undefined) this.check('pattern', path);
     }
     let shaped = format;
     // One repeated character between anchors: the length bounds go into the repetition, exactly (see sized).
-    const single = patternBody !== undefined && (min > 0 || max !== Infinity) ? singleRepeat(pattern!) : undefined;
+    const single = patternBody !== undefined && !lengthsHeld && (min > 0 || max !== Infinity) ? singleRepeat(pattern!) : undefined;
     if (pattern !== undefined && patternBody !== undefined) {
-      shaped = this.sized(pattern, patternBody, min, max, path, open, single);
+      shaped = lengthsHeld ? patternBody : this.sized(pattern, patternBody, min, max, path, open, single);
       if (format !== undefined) this.check('format', path);
     }
     if (shaped !== undefined) {
-      if ((min > 0 || max !== Infinity) && single === undefined) this.check('minLength/maxLength', path);
+      if ((min > 0 || max !== Infinity) && single === undefined && !lengthsHeld) this.check('minLength/maxLength', path);
       return this.rule(`${path}-${patternBody !== undefined ? 'pattern' : 'format'}`, `"\\"" ${shaped} "\\""`);
     }
     if (min === 0 && max === Infinity) return this.base('string');
@@ -1215,7 +1271,7 @@ class Compiler {
       // The rest by the first patternProperties pattern the grammar can write (their keys could
       // repeat, or be a declared name: the check judges, and the closing bias keeps keys apart).
       const [pattern, schema] = patterns[0] ?? [];
-      const body = pattern !== undefined && dropped.size === 0 ? patternToGbnf(pattern) : undefined;
+      const body = pattern !== undefined && dropped.size === 0 ? this.keyPattern(pattern) : undefined;
       if (pattern !== undefined && body !== undefined && req.length === declared.length) {
         if (patterns.length > 1) this.check('patternProperties', path);
         const pair = this.rule(
@@ -1236,6 +1292,12 @@ class Compiler {
       body = `( ${this.rule(`${path}-first`, alts.join(' | '))} )?`;
     }
     return this.rule(`${path}-object`, `"{" ${body} "}"`);
+  }
+
+  /** A key pattern's grammar: element by element, or as its automaton. */
+  private keyPattern(pattern: string): string | undefined {
+    const made = patternToGbnf(pattern) ?? patternAutomatonGbnf(pattern, this.sink);
+    return typeof made === 'string' ? made : made !== undefined && 'body' in made ? made.body : undefined;
   }
 
   /**
@@ -1280,7 +1342,7 @@ class Compiler {
     let value: unknown;
     if (patterns.length > 0) {
       const [pattern, schema] = patterns[0]!;
-      const body = patternToGbnf(pattern);
+      const body = this.keyPattern(pattern);
       // A key that also matches another pattern must satisfy that one's schema as well.
       if (patterns.length > 1) this.check('patternProperties', path);
       if (body !== undefined) {

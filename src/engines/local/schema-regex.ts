@@ -2,14 +2,16 @@
  * JSON Schema `pattern` (an ECMA-262 regex) → GBNF for the text of a JSON string. The grammar
  * accepts strings that match the whole pattern: a subset of what the pattern accepts (it is not
  * anchored), and every one of them valid. Characters that JSON must escape are written escaped.
- * Features with no grammar equivalent (lookaround, back-references, word boundaries, anchors in the
- * middle, Unicode properties) make it return undefined: the caller then leaves the pattern to the
- * schema check.
+ * Lookaround, word boundaries and Unicode properties, which have no element-by-element equivalent,
+ * go through a finite automaton instead (schema-automaton.ts), where the caller can take the rules
+ * an automaton needs; what neither can express (back-references, a lookbehind at the start) makes it
+ * return undefined: the caller then leaves the pattern to the schema check.
  *
  * Parsed with regexpp (the ESLint project's ECMAScript regex parser), so the syntax accepted is
  * exactly JavaScript's, with or without the `u` flag as the validator compiles it.
  */
 import { RegExpParser, type AST } from '@eslint-community/regexpp';
+import { patternAutomaton, type Automaton } from './schema-automaton.js';
 
 class Unsupported extends Error {}
 
@@ -218,6 +220,18 @@ function parse(pattern: string): AST.Pattern | undefined {
   return undefined;
 }
 
+/** Where an automaton's grammar puts its rules: one per state, and they refer to each other. */
+export interface RuleSink {
+  /** A rule name to define later (a state's rule is referred to before it is written). */
+  reserve(hint: string): string;
+  define(name: string, body: string): void;
+  /** A rule with this body, shared with any other of the same body. */
+  rule(hint: string, body: string): string;
+}
+
+/** The most grammar text one automaton may write (its character classes are written out). */
+const MAX_AUTOMATON_TEXT = 256 * 1024;
+
 /**
  * GBNF for the text between the quotes of JSON strings that match `pattern` in full; undefined
  * when the pattern uses what a grammar cannot express. `open` bounds unbounded repetitions (`+`,
@@ -234,6 +248,41 @@ export function patternToGbnf(pattern: string, open = Infinity): string | undefi
     if (err instanceof Unsupported) return undefined;
     throw err;
   }
+}
+
+/**
+ * GBNF for a pattern that `patternToGbnf` cannot read element by element (lookaround, `\b`,
+ * `\p{…}`), or for several patterns at once: their automaton (schema-automaton.ts), one rule per
+ * state, in `rules`. Undefined where there is none; `unsatisfiable` where no string within the
+ * lengths matches.
+ */
+export function patternAutomatonGbnf(
+  pattern: string | readonly string[],
+  rules: RuleSink,
+  minLength = 0,
+  maxLength = Infinity,
+): { body: string; lengthsHeld: boolean } | { unsatisfiable: string } | undefined {
+  const made = patternAutomaton(pattern, minLength, maxLength);
+  if (made === undefined || 'unsatisfiable' in made) return made;
+  const body = automatonGbnf(made.automaton, rules);
+  return body === undefined ? undefined : { body, lengthsHeld: made.lengthsHeld };
+}
+
+/** One rule per state: each transition's characters and the state it leads to, and `""` where the string may end. */
+function automatonGbnf(a: Automaton, rules: RuleSink): string | undefined {
+  const classes = a.states.map((state) => state.out.map(({ chars }) => charSet(chars)));
+  if (classes.flat().reduce((n, text) => n + text.length, 0) > MAX_AUTOMATON_TEXT) return undefined;
+  const names = a.states.map(() => rules.reserve('pattern-state'));
+  a.states.forEach((state, i) => {
+    const alts = state.out.map(({ to }, j) => {
+      const chars = classes[i]![j]!;
+      // A long character class (a Unicode property's ranges) is written once and shared.
+      return `${chars.length > 64 ? rules.rule('pattern-chars', chars) : chars} ${names[to]!}`;
+    });
+    if (state.final) alts.push('""');
+    rules.define(names[i]!, alts.join(' | '));
+  });
+  return names[0];
 }
 
 /** The lengths of the strings `patternToGbnf` allows, and whether the pattern itself is anchored. */

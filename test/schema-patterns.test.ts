@@ -1,0 +1,113 @@
+/**
+ * Patterns the grammar reads through a finite automaton (engines/local/schema-automaton.ts):
+ * lookaround, word boundaries and Unicode property escapes. Held to JavaScript's own RegExp, the
+ * one the validator uses: every string the automaton allows matches the pattern and its lengths,
+ * and, up to the automaton's length bound, every string that matches the pattern in full is one it
+ * allows (exact, not a guess). Strings are drawn at random by fast-check.
+ */
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import fc from 'fast-check';
+import { patternAutomaton, type Automaton } from '../src/engines/local/schema-automaton.js';
+
+function accepts(a: Automaton, s: string): boolean {
+  let state = 0;
+  for (const ch of s) {
+    const c = ch.codePointAt(0)!;
+    const next = a.states[state]!.out.find(({ chars }) => chars.some(([lo, hi]) => lo <= c && c <= hi));
+    if (next === undefined) return false;
+    state = next.to;
+  }
+  return a.states[state]!.final;
+}
+
+/** A string the automaton allows, by a walk with the given choices. */
+function walk(a: Automaton, choices: number[]): string {
+  let state = 0;
+  let out = '';
+  for (const pick of choices) {
+    const s = a.states[state]!;
+    if (s.final && (s.out.length === 0 || pick % 5 === 0)) return out;
+    const t = s.out[pick % s.out.length]!;
+    const [lo, hi] = t.chars[pick % t.chars.length]!;
+    out += String.fromCodePoint(lo + (pick % (hi - lo + 1)));
+    state = t.to;
+  }
+  // Out of choices: the shortest way to an end, by the first transition that gets nearer.
+  for (let guard = 0; !a.states[state]!.final && guard < 10_000; guard++) {
+    const t = a.states[state]!.out[0]!;
+    out += String.fromCodePoint(t.chars[0]![0]);
+    state = t.to;
+  }
+  return out;
+}
+
+const cases: Array<{ pattern: string; alphabet: string; minLength?: number; maxLength?: number }> = [
+  { pattern: '^(?=.*[a-z])(?=.*[A-Z])(?=.*\\d)[A-Za-z\\d]{8,}$', alphabet: 'aZ09x' },
+  { pattern: '^(?=.{3,8}$)[a-z]+(?:-[a-z]+)*$', alphabet: 'ab-' },
+  { pattern: '^(?!admin$)[a-z]+$', alphabet: 'admin' },
+  { pattern: '^(?!\\.)(?!.*\\.\\.)[a-z.]+@[a-z]+\\.[a-z]{2,}$', alphabet: 'a.@z' },
+  { pattern: '\\bcat\\b', alphabet: 'cat ' },
+  { pattern: '^\\p{Lu}\\p{Ll}+$', alphabet: 'AaÉé1' },
+  {
+    // zod's z.emoji(): at least one pictograph among emoji components.
+    pattern: '^(?=[\\s\\S]*[\\p{Extended_Pictographic}\\p{Regional_Indicator}\\u20E3])[\\p{Extended_Pictographic}\\p{Emoji_Component}]+$',
+    alphabet: '1#‼☀a',
+  },
+  { pattern: '^(?=.*\\d)\\w+$', alphabet: 'a1_', minLength: 4, maxLength: 6 },
+  { pattern: '^[a-z]+(?=\\d)\\d+$|^x$', alphabet: 'ax1' },
+];
+
+describe('patterns through an automaton (lookaround, \\b, \\p{…})', () => {
+  for (const c of cases) {
+    it(`${c.pattern}${c.minLength !== undefined ? ` (lengths ${c.minLength}–${c.maxLength})` : ''}`, () => {
+      const made = patternAutomaton(c.pattern, c.minLength, c.maxLength);
+      assert.ok(made !== undefined && 'automaton' in made, `no automaton: ${JSON.stringify(made)}`);
+      assert.equal(made.lengthsHeld, true);
+      const a = made.automaton;
+      const re = new RegExp(c.pattern, 'u');
+      const full = new RegExp(`^(?:${c.pattern})$`, 'u');
+      const lo = c.minLength ?? 0;
+      const hi = c.maxLength ?? Infinity;
+      // Everything it allows is valid.
+      fc.assert(
+        fc.property(fc.array(fc.nat(1_000), { maxLength: 40 }), (choices) => {
+          const s = walk(a, choices);
+          const n = [...s].length;
+          return re.test(s) && n >= lo && n <= hi;
+        }),
+        { numRuns: 500 },
+      );
+      // Everything valid (matched in full, up to 12 characters) it allows.
+      fc.assert(
+        fc.property(fc.array(fc.constantFrom(...c.alphabet), { maxLength: 12 }), (chars) => {
+          const s = chars.join('');
+          const n = chars.length;
+          return accepts(a, s) === (full.test(s) && n >= lo && n <= hi);
+        }),
+        { numRuns: 2_000 },
+      );
+    });
+  }
+
+  it('bounds open-ended strings a little past the shortest, so that a model is led to the end', () => {
+    const made = patternAutomaton('^(?=.*\\d)[a-z\\d]+$');
+    assert.ok(made !== undefined && 'automaton' in made);
+    // The longest string: a path of at most the states' count through an acyclic automaton.
+    const longest = (state: number, seen: Set<number>): number => {
+      assert.ok(!seen.has(state), 'the automaton has a cycle');
+      const next = new Set(seen).add(state);
+      return Math.max(0, ...made.automaton.states[state]!.out.map(({ to }) => 1 + longest(to, next)));
+    };
+    assert.equal(longest(0, new Set()), 33);
+  });
+
+  it('says when no string matches, where the pattern is anchored, and leaves it to the check where it is not', () => {
+    assert.deepEqual(patternAutomaton('^(?=.*\\d)[a-z]+$'), { unsatisfiable: 'matches no string' });
+    assert.deepEqual(patternAutomaton('^(?=\\w)[a-z]{3}$', 4, 10), { unsatisfiable: 'matches no string within minLength and maxLength' });
+    // `x(?=a)` matches "xa": nothing matches it in full, but the pattern is not anchored.
+    assert.equal(patternAutomaton('x(?=a)'), undefined);
+    // Back-references are not regular.
+    assert.equal(patternAutomaton('^(a)\\1(?=b)'), undefined);
+  });
+});
