@@ -73,6 +73,25 @@ describe('function calling and structured output on the local engine (stories260
     return out;
   };
 
+  /**
+   * `n` answers of chat.completions.parse() under a zod schema (temperature 1), each held to zod's
+   * own parse and to the JSON schema the SDK sent, compiled by `ajv` (formats by ajv-formats).
+   */
+  const parsedValid = async (shape: z.ZodType, name: string, n: number, ajv: Ajv): Promise<void> => {
+    const check = ajv.compile(zodResponseFormat(shape, name).json_schema.schema!);
+    for (let i = 0; i < n; i++) {
+      const parsed = await client.chat.completions.parse({
+        model: STORIES,
+        temperature: 1,
+        messages: [{ role: 'user', content: 'x' }],
+        response_format: zodResponseFormat(shape, name),
+      });
+      const value = parsed.choices[0]!.message.parsed;
+      assert.ok(shape.safeParse(value).success, JSON.stringify(value));
+      assert.ok(check(value), `${JSON.stringify(value)}: ${JSON.stringify(check.errors)}`);
+    }
+  };
+
   /** Outputs the local engine sampled again after they failed their schema check, so far. */
   const resampled = async (): Promise<number> =>
     (
@@ -405,19 +424,7 @@ describe('function calling and structured output on the local engine (stories260
     // z.uuid() narrows the version and variant digits, z.iso.datetime() wants `Z` and allows any
     // number of fraction digits: the format's grammar alone missed the pattern on nearly every try.
     const Booking = z.object({ id: z.uuid(), at: z.iso.datetime(), day: z.iso.date(), mail: z.email(), ip: z.ipv4() });
-    // Held to the JSON schema the SDK sent (formats by ajv-formats) as well as to zod's own parse.
-    const check = validBooking.compile(zodResponseFormat(Booking, 'booking').json_schema.schema!);
-    for (let i = 0; i < 20; i++) {
-      const parsed = await client.chat.completions.parse({
-        model: STORIES,
-        temperature: 1,
-        messages: [{ role: 'user', content: 'Book a stay.' }],
-        response_format: zodResponseFormat(Booking, 'booking'),
-      });
-      const booking = parsed.choices[0]!.message.parsed;
-      assert.ok(Booking.safeParse(booking).success, JSON.stringify(booking));
-      assert.ok(check(booking), `${JSON.stringify(booking)}: ${JSON.stringify(check.errors)}`);
-    }
+    await parsedValid(Booking, 'booking', 20, validBooking);
   });
 
   it('ranges between whole numbers, integers past 2^53 and minContains: valid at the first sample, resampled never', async () => {
@@ -789,19 +796,7 @@ describe('function calling and structured output on the local engine (stories260
       word: z.string().regex(/\bcat\b/),
       name: z.string().regex(/^\p{Lu}\p{Ll}+$/u),
     });
-    const schema = zodResponseFormat(Account, 'account').json_schema.schema!;
-    const check = addFormats(new Ajv({ strict: false })).compile(schema);
-    for (let i = 0; i < 8; i++) {
-      const parsed = await client.chat.completions.parse({
-        model: STORIES,
-        temperature: 1,
-        messages: [{ role: 'user', content: 'Sign me up.' }],
-        response_format: zodResponseFormat(Account, 'account'),
-      });
-      const account = parsed.choices[0]!.message.parsed;
-      assert.ok(Account.safeParse(account).success, JSON.stringify(account));
-      assert.ok(check(account), `${JSON.stringify(account)}: ${JSON.stringify(check.errors)}`);
-    }
+    await parsedValid(Account, 'account', 8, addFormats(new Ajv({ strict: false })));
     // Several patterns (zod writes `.endsWith()` and `.startsWith()` beside a format's pattern as an
     // allOf of the two; the second was left to the check and failed every sample), and a pattern
     // open at its end with a minLength ("sk-" on every try, the lengths left to the check).
