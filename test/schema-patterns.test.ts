@@ -8,7 +8,12 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
+import { Ajv } from 'ajv';
+import addFormatsModule from 'ajv-formats';
 import { patternAutomaton, type Automaton } from '../src/engines/local/schema-automaton.js';
+import { FORMAT_PATTERNS } from '../src/engines/local/schema-formats.js';
+
+const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ?? addFormatsModule) as (a: Ajv) => Ajv;
 
 function accepts(a: Automaton, s: string): boolean {
   let state = 0;
@@ -102,12 +107,53 @@ describe('patterns through an automaton (lookaround, \\b, \\p{…})', () => {
     assert.equal(longest(0, new Set()), 33);
   });
 
+  it("a pattern beside a format: strings of the format's grammar that the pattern matches anywhere, valid for ajv-formats", () => {
+    const ajv = addFormats(new Ajv({ strict: false }));
+    for (const [format, pattern] of [
+      ['email', '@example\\.com$'],
+      ['uri', '^https://'],
+      ['date', '^2024-'],
+      ['date-time', '^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}(?:\\.\\d+)?Z$'],
+      ['uuid', '^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$'],
+      ['ipv4', '^10\\.'],
+    ] as const) {
+      const made = patternAutomaton(pattern, 0, Infinity, FORMAT_PATTERNS[format]);
+      assert.ok(made !== undefined && 'automaton' in made, `${format} ${pattern}: ${JSON.stringify(made)}`);
+      const check = ajv.compile({ type: 'string', format, pattern });
+      fc.assert(
+        fc.property(fc.array(fc.nat(1_000), { maxLength: 60 }), (choices) => {
+          const s = walk(made.automaton, choices);
+          return check(s) || assert.fail(`${format} ${pattern}: ${JSON.stringify(s)} ${JSON.stringify(check.errors)}`);
+        }),
+        { numRuns: 300 },
+      );
+    }
+  });
+
+  it('past the state limit, fewer repetitions (a subset): every string still valid', () => {
+    // Four lookaheads over `.{8,64}`: about 16 × 57 states, past the 1,000 of the limit.
+    const pattern = '^(?=.*[A-Z])(?=.*[a-z])(?=.*\\d)(?=.*[^A-Za-z0-9]).{8,64}$';
+    const made = patternAutomaton(pattern, 8, 64);
+    assert.ok(made !== undefined && 'automaton' in made, JSON.stringify(made));
+    assert.equal(made.lengthsHeld, true);
+    const re = new RegExp(pattern, 'u');
+    fc.assert(
+      fc.property(fc.array(fc.nat(1_000), { maxLength: 80 }), (choices) => {
+        const s = walk(made.automaton, choices);
+        return re.test(s) && s.length >= 8 && s.length <= 64;
+      }),
+      { numRuns: 500 },
+    );
+  });
+
   it('says when no string matches, where the pattern is anchored, and leaves it to the check where it is not', () => {
     assert.deepEqual(patternAutomaton('^(?=.*\\d)[a-z]+$'), { unsatisfiable: 'matches no string' });
     assert.deepEqual(patternAutomaton('^(?=\\w)[a-z]{3}$', 4, 10), { unsatisfiable: 'matches no string within minLength and maxLength' });
-    // `x(?=a)` matches "xa": nothing matches it in full, but the pattern is not anchored.
-    assert.equal(patternAutomaton('x(?=a)'), undefined);
+    // `x(?=a)` matches nothing in full, but the pattern is not anchored: strings that contain "xa".
+    const around = patternAutomaton('x(?=a)');
+    assert.ok(around !== undefined && 'automaton' in around, JSON.stringify(around));
+    fc.assert(fc.property(fc.array(fc.nat(1_000), { maxLength: 40 }), (choices) => /x(?=a)/u.test(walk(around.automaton, choices))));
     // Back-references are not regular.
-    assert.equal(patternAutomaton('^(a)\\1(?=b)'), undefined);
+    assert.equal(patternAutomaton('^(\\w+) \\1$'), undefined);
   });
 });

@@ -816,6 +816,33 @@ describe('function calling and structured output on the local engine (stories260
       assert.ok(Signup.safeParse(signup).success, text);
       assert.ok(checkSignup(signup), `${text}: ${JSON.stringify(checkSignup.errors)}`);
     }
+    // The web's common password rule (four lookaheads over `.{8,64}`: past the automaton's state limit,
+    // so the pattern was checked, and failed every sample), and a pattern whose letters run open
+    // before a `/` (the model wrote letters to the end of its context).
+    const Login = z.object({
+      password: z
+        .string()
+        .min(8)
+        .max(64)
+        .regex(/^(?=.*[A-Z])(?=.*[a-z])(?=.*\d)(?=.*[^A-Za-z0-9]).{8,64}$/),
+      timezone: z.string().regex(/^[A-Za-z]+\/[A-Za-z_]+$/),
+    });
+    await parsedValid(Login, 'login', 6, new Ajv({ strict: false }));
+    // A pattern for part of the string beside a format, as schemas are written by hand: the format's
+    // grammar with the pattern checked failed every sample for the email.
+    const contact = {
+      type: 'object',
+      properties: {
+        mail: { type: 'string', format: 'email', pattern: '@example\\.com$' },
+        site: { type: 'string', format: 'uri', pattern: '^https://' },
+        since: { type: 'string', format: 'date', pattern: '^2024-' },
+      },
+      required: ['mail', 'site', 'since'],
+      additionalProperties: false,
+    };
+    const checkContact = addFormats(new Ajv({ strict: false })).compile(contact);
+    for (const text of await documents(contact, 6))
+      assert.ok(checkContact(JSON.parse(text)), `${text}: ${JSON.stringify(checkContact.errors)}`);
     assert.equal(await resampled(), before, 'exact: nothing sampled again');
     // A lookahead no string can meet (a digit among letters only), anchored: refused, not sampled.
     const res = await http(server.url, 'POST', '/v1/chat/completions', {
@@ -855,6 +882,23 @@ describe('function calling and structured output on the local engine (stories260
     const check = new Ajv({ strict: false }).compile(schema);
     for (const text of await documents(schema, 10)) assert.ok(check(JSON.parse(text)), `${text}: ${JSON.stringify(check.errors)}`);
     assert.equal(await resampled(), before, 'exact: nothing sampled again');
+  });
+
+  it("a format named like an object's built-in property (constructor, toString) is an unknown format, an annotation", async () => {
+    // The format tables were read as plain objects: `format: "constructor"` wrote Object's source
+    // into the grammar (a 400 unsupported_schema for a valid schema), and on a number it was a 500.
+    const schema = {
+      type: 'object',
+      properties: {
+        a: { type: 'string', format: 'constructor' },
+        b: { type: 'integer', format: 'toString' },
+        c: { type: 'string', format: '__proto__' },
+      },
+      required: ['a', 'b', 'c'],
+      additionalProperties: false,
+    };
+    const check = new Ajv({ strict: false }).compile(schema);
+    for (const text of await documents(schema, 3)) assert.ok(check(JSON.parse(text)), text);
   });
 
   it('refuses a schema that accepts no value (400 invalid_value) and one with an unresolvable reference', async () => {

@@ -153,23 +153,27 @@ function leadingLookaheads(pattern: string, alt: AST.Alternative): { looks: AST.
 /**
  * The automaton of the strings that match `pattern` in full, and whether those are all the strings
  * the pattern matches anywhere (every alternative is anchored at both ends): only then does an
- * empty automaton mean that no string is valid.
+ * empty automaton mean that no string is valid. With `search`, of the strings that match it
+ * anywhere (text before an alternative not anchored at its start, after one not anchored at its
+ * end), as the validator reads a pattern; undefined where such an alternative has a lookahead.
  */
-function automatonOf(original: string): { fa: NFA; anchored: boolean } | undefined {
+function automatonOf(original: string, search = false): { fa: NFA; anchored: boolean } | undefined {
   const first = parse(original);
   if (first === undefined) return undefined;
   const pattern = propertiesAsRanges(original, first.ast);
   const parsed = pattern === original ? first : parse(pattern);
   if (parsed === undefined) return undefined;
   const { flags, ast } = parsed;
-  const anchored = ast.alternatives.every((alt) => {
+  const ends = ast.alternatives.map((alt) => {
     const [first, last] = [alt.elements[0], alt.elements[alt.elements.length - 1]];
-    return first?.type === 'Assertion' && first.kind === 'start' && last?.type === 'Assertion' && last.kind === 'end';
+    return { start: first?.type === 'Assertion' && first.kind === 'start', end: last?.type === 'Assertion' && last.kind === 'end' };
   });
   let union: NFA | undefined;
-  for (const alt of ast.alternatives) {
+  for (const [i, alt] of ast.alternatives.entries()) {
     const { looks, rest } = leadingLookaheads(pattern, alt);
-    let dfa = whole(rest, flags);
+    const open = { start: search && !ends[i]!.start, end: search && !ends[i]!.end };
+    if (open.start && looks.length > 0) return undefined;
+    let dfa = whole(`${open.start ? '[^]*' : ''}(?:${rest})${open.end ? '[^]*' : ''}`, flags);
     if (dfa === undefined) return undefined;
     // A lookahead at position 0 of a whole match sees the whole string: `(?=X)` asks that the string
     // start with a match of X (X may end with `$`), `(?!X)` that it not.
@@ -183,7 +187,31 @@ function automatonOf(original: string): { fa: NFA; anchored: boolean } | undefin
     if (union === undefined) union = NFA.fromFA(dfa, new NFA.LimitedNodeFactory(MAX_STATES));
     else union.union(dfa, new NFA.LimitedNodeFactory(MAX_STATES));
   }
-  return union === undefined ? undefined : { fa: union, anchored };
+  return union === undefined ? undefined : { fa: union, anchored: ends.every((e) => e.start && e.end) };
+}
+
+/**
+ * Strings that match every pattern (in full, or with `search` anywhere), and `within` in full if
+ * given; whether each pattern is anchored at both ends.
+ */
+function intersection(
+  patterns: readonly string[],
+  search: boolean,
+  within: string | undefined,
+): { fa: DFA; anchored: boolean } | undefined {
+  let fa: DFA | undefined;
+  let anchored = true;
+  for (const [pattern, mode] of [
+    ...patterns.map((p) => [p, search] as const),
+    ...(within !== undefined ? [[within, false] as const] : []),
+  ]) {
+    const of = automatonOf(pattern, mode);
+    if (of === undefined) return undefined;
+    const factory = new DFA.LimitedNodeFactory(MAX_STATES);
+    fa = fa === undefined ? DFA.fromFA(of.fa, factory) : DFA.fromIntersection(fa, of.fa, factory);
+    if (pattern !== within) anchored &&= of.anchored;
+  }
+  return fa === undefined ? undefined : { fa, anchored };
 }
 
 /** How many characters an automaton's strings may run past their shortest (or minLength) by default. */
@@ -198,7 +226,8 @@ export type PatternAutomaton =
   | { unsatisfiable: string };
 
 /**
- * The automaton of the strings of JSON text that match `patterns` in full, within `minLength` and
+ * The automaton of the strings of JSON text that match `patterns` in full (anywhere, where no string
+ * matches them all in full), and `within` in full if given (a format's text), within `minLength` and
  * `maxLength`; undefined where the pattern is not regular as refa reads it (back-references,
  * assertions it cannot remove), or is too large (more than 1,000 states).
  *
@@ -207,21 +236,52 @@ export type PatternAutomaton =
  * end. A password rule's `[a-z]` loop, until an uppercase letter and a digit come, is one a small
  * model never leaves; with the bound the grammar brings them in before the string runs out.
  */
-export function patternAutomaton(patterns: string | readonly string[], minLength = 0, maxLength = Infinity): PatternAutomaton | undefined {
+export function patternAutomaton(
+  patterns: string | readonly string[],
+  minLength = 0,
+  maxLength = Infinity,
+  within?: string,
+): PatternAutomaton | undefined {
+  const list = typeof patterns === 'string' ? [patterns] : patterns;
   try {
-    // Several patterns (an allOf's): strings that match each in full.
-    let fa: DFA | undefined;
-    let anchored = true;
-    for (const pattern of typeof patterns === 'string' ? [patterns] : patterns) {
-      const of = automatonOf(pattern);
-      if (of === undefined) return undefined;
-      const factory = new DFA.LimitedNodeFactory(MAX_STATES);
-      fa = fa === undefined ? DFA.fromFA(of.fa, factory) : DFA.fromIntersection(fa, of.fa, factory);
-      anchored &&= of.anchored;
-    }
-    if (fa === undefined) return undefined;
-    // Nothing matches in full: no string at all where the pattern is anchored; elsewhere one with
-    // text around a match may (`x(?=a)` matches "xa"), and the check judges.
+    const exact = attempt(list, minLength, maxLength, within, true);
+    if (exact !== TOO_LARGE) return exact;
+    // Too many states (a password rule's four lookaheads over `.{8,64}`): the patterns with fewer
+    // repetitions, a subset (and then no definite "matches nothing").
+    const narrow = list.map(narrowed);
+    if (narrow.some((p) => p === undefined)) return undefined;
+    const subset = attempt(narrow as string[], minLength, maxLength, within, false);
+    return subset === TOO_LARGE ? undefined : subset;
+  } catch {
+    // refa's errors: a back-reference, a feature it does not know.
+    return undefined;
+  }
+}
+
+const TOO_LARGE = Symbol('too large');
+
+/**
+ * patternAutomaton for these patterns; TOO_LARGE where the automaton passes the state limit before
+ * its strings are bounded (with `definite`; without, the unbounded automaton is the answer then).
+ * `definite`: the patterns are the schema's own, so that "matches nothing" is a definite answer.
+ */
+function attempt(
+  list: readonly string[],
+  minLength: number,
+  maxLength: number,
+  within: string | undefined,
+  definite: boolean,
+): PatternAutomaton | undefined | typeof TOO_LARGE {
+  try {
+    // Several patterns (an allOf's): strings that match each in full. Where none does, strings that
+    // match each anywhere (`^a` and `b$`: "ab"; a format's text with `^https://` at its start).
+    let made = intersection(list, false, within);
+    if (made?.fa.isEmpty && !made.anchored) made = intersection(list, true, within);
+    if (made === undefined) return undefined;
+    const { fa } = made;
+    // "Matches nothing" is definite only where the patterns are anchored, are the schema's own, and
+    // no format's subset of its text was asked for; elsewhere the check judges.
+    const anchored = made.anchored && definite && within === undefined;
     if (fa.isEmpty) return anchored ? { unsatisfiable: 'matches no string' } : undefined;
     const max = fa.maxCharacter;
     // Strings of JSON text only: a character class beyond it (an emoji outside the BMP) is left out.
@@ -230,6 +290,7 @@ export function patternAutomaton(patterns: string | readonly string[], minLength
     const fewest = shortest(text);
     // No string of the characters the grammar writes (only characters beyond the BMP): the check's.
     if (fewest === undefined) return undefined;
+    let overflowed = false;
     for (const open of OPEN_LENGTH) {
       const hi = Math.min(maxLength, Math.max(minLength, fewest) + open);
       try {
@@ -238,26 +299,53 @@ export function patternAutomaton(patterns: string | readonly string[], minLength
         const automaton = live(bounded);
         if (automaton !== undefined) return { automaton, lengthsHeld: true };
         // Nothing within these bounds: maybe beyond them (below, a definite answer or the check).
+        overflowed = false;
         break;
       } catch (err) {
         if (!(err instanceof TooManyNodesError)) throw err;
+        overflowed = true;
       }
     }
+    if (overflowed && definite) return TOO_LARGE;
     // Nothing the grammar can write within the lengths: a 400 if no string at all is (any character).
     const any = CharSet.all(max);
-    const within = DFA.fromIntersection(
+    const inLengths = DFA.fromIntersection(
       fa,
       lengths(any, max, minLength, maxLength > MAX_STATES ? Infinity : maxLength),
       new DFA.LimitedNodeFactory(MAX_STATES),
     );
-    if (within.isEmpty) return anchored ? { unsatisfiable: 'matches no string within minLength and maxLength' } : undefined;
+    if (inLengths.isEmpty) return anchored ? { unsatisfiable: 'matches no string within minLength and maxLength' } : undefined;
     text.minimize();
     const automaton = live(text);
     return automaton === undefined ? undefined : { automaton, lengthsHeld: minLength === 0 && maxLength === Infinity };
-  } catch {
-    // refa's errors: a back-reference, too many nodes, a feature it does not know.
-    return undefined;
+  } catch (err) {
+    if (err instanceof TooManyNodesError) return TOO_LARGE;
+    throw err;
   }
+}
+
+/** Repetitions a narrowed pattern keeps past each quantifier's minimum. */
+const NARROW_REPEAT = 16;
+
+/**
+ * The pattern with each quantifier's maximum brought down to its minimum and NARROW_REPEAT,
+ * except inside a negative lookaround, where fewer repetitions would allow more strings: a pattern
+ * whose strings are among the original's.
+ */
+function narrowed(pattern: string): string | undefined {
+  const parsed = parse(pattern);
+  if (parsed === undefined) return undefined;
+  const edits: Array<{ start: number; end: number; text: string }> = [];
+  visitRegExpAST(parsed.ast, {
+    onQuantifierEnter: (q) => {
+      if (q.max <= q.min + NARROW_REPEAT) return;
+      for (let n: AST.Node | null = q.parent; n !== null; n = n.parent) if (n.type === 'Assertion' && 'negate' in n && n.negate) return;
+      edits.push({ start: q.element.end, end: q.end, text: `{${q.min},${q.min + NARROW_REPEAT}}${q.greedy ? '' : '?'}` });
+    },
+  });
+  let out = pattern;
+  for (const e of edits.sort((x, y) => y.start - x.start)) out = out.slice(0, e.start) + e.text + out.slice(e.end);
+  return out;
 }
 
 /** A DFA of the strings of `chars` from `min` to `max` characters long. */

@@ -14,7 +14,7 @@
  * The output is compact JSON (no whitespace), which costs a model the fewest tokens and leaves it
  * no room to wander. Properties come in declared order, required ones first.
  */
-import { STRING_FORMATS, INTEGER_FORMATS } from './schema-formats.js';
+import { FORMAT_PATTERNS, STRING_FORMATS, INTEGER_FORMATS } from './schema-formats.js';
 import { integerBounds, integerRange, multiplesIn, numberRange, type NumberBounds } from './schema-numbers.js';
 import { patternAutomatonGbnf, patternMatches, patternSpan, patternToGbnf, singleRepeat, type RuleSink } from './schema-regex.js';
 import type { Draft } from './schema-validator.js';
@@ -122,6 +122,12 @@ const BASE_RULES: Record<string, string> = {
 const MAX_NAMED_KEYS = 64;
 /** Repetitions past their minimum that an open quantifier of a pattern beside a format is written with (see stringRule). */
 const FORMAT_OPEN_REPEAT = 16;
+/**
+ * The same for a pattern alone: `^[A-Za-z]+\/[A-Za-z_]+$` ran to the end of the context on every try,
+ * letters and never the `/`, where a small model is free to write on (as the automaton's strings are
+ * bounded, schema-automaton.ts).
+ */
+const PATTERN_OPEN_REPEAT = 32;
 /** Rules made beyond this are a schema too complex to compile (the compile time limit is the other bound). */
 const MAX_RULES = 50_000;
 /** Where relative `$id`s and `$ref`s of a schema without an absolute `$id` resolve. */
@@ -873,7 +879,7 @@ class Compiler {
     if (exMax !== undefined && exMax <= max) [max, exclusiveMax] = [exMax, true];
     let integer = type === 'integer';
     const format = s['format'];
-    if (typeof format === 'string' && format in INTEGER_FORMATS) {
+    if (typeof format === 'string' && Object.hasOwn(INTEGER_FORMATS, format)) {
       const [lo, hi] = INTEGER_FORMATS[format]!;
       if (lo > min) [min, exclusiveMin] = [lo, false];
       if (hi < max) [max, exclusiveMax] = [hi, false];
@@ -901,11 +907,22 @@ class Compiler {
     const min = num(s['minLength']) ?? 0;
     const max = num(s['maxLength']) ?? Infinity;
     if (min > max) throw new Unsatisfiable(`minLength is above maxLength at '${path || '/'}'`);
-    const format = typeof s['format'] === 'string' ? STRING_FORMATS[s['format']] : undefined;
+    const formatName = typeof s['format'] === 'string' && Object.hasOwn(FORMAT_PATTERNS, s['format']) ? s['format'] : undefined;
+    const format = formatName !== undefined ? STRING_FORMATS[formatName] : undefined;
     let pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
     // Several (an allOf's): their automaton; without one, the first pattern and the others checked.
     const parts = pattern !== undefined ? this.mergedPatterns.get(pattern) : undefined;
-    // With both, a pattern that describes the whole string (anchored at both ends) shapes it and the
+    // A pattern beside a format: the strings of both, where their automata meet. The format's text
+    // is our subset of the format, so neither is left to the check (`format: email` with
+    // `pattern: "@example\\.com$"` failed every sample, the format's grammar with the pattern checked).
+    if (formatName !== undefined && pattern !== undefined) {
+      const made = patternAutomatonGbnf(parts ?? [pattern], this.sink, min, max, FORMAT_PATTERNS[formatName]);
+      if (made !== undefined && 'body' in made) {
+        if (!made.lengthsHeld && (min > 0 || max !== Infinity)) this.check('minLength/maxLength', path);
+        return this.rule(`${path}-pattern`, `"\\"" ${made.body} "\\""`);
+      }
+    }
+    // Where they do not meet, a pattern that describes the whole string (anchored at both ends) shapes it and the
     // format is checked: such a pattern beside a format is its author's narrower word (zod writes
     // one for each format it knows: a UUID's version and variant digits, a date-time ending in
     // `Z`), which the format's grammar (our own plain subset) would miss on nearly every try, and
@@ -913,7 +930,7 @@ class Compiler {
     // grammars' are (a format's text is short), so that one of them (a date-time's fraction digits)
     // cannot run a document out of tokens. A pattern that matches only part of the string (`^https://`),
     // or whose bounded grammar cannot reach the length bounds, is checked instead, as before.
-    const open = format !== undefined ? FORMAT_OPEN_REPEAT : Infinity;
+    const open = format !== undefined ? FORMAT_OPEN_REPEAT : PATTERN_OPEN_REPEAT;
     let patternBody: string | undefined;
     // The lengths are in the pattern's automaton (a pattern read through one), exactly.
     let lengthsHeld = false;
@@ -1296,7 +1313,7 @@ class Compiler {
 
   /** A key pattern's grammar: element by element, or as its automaton. */
   private keyPattern(pattern: string): string | undefined {
-    const made = patternToGbnf(pattern) ?? patternAutomatonGbnf(pattern, this.sink);
+    const made = patternToGbnf(pattern, PATTERN_OPEN_REPEAT) ?? patternAutomatonGbnf(pattern, this.sink);
     return typeof made === 'string' ? made : made !== undefined && 'body' in made ? made.body : undefined;
   }
 

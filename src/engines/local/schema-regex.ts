@@ -168,6 +168,31 @@ function sequence(alt: AST.Alternative, pos: Position): string {
   return out.length === 0 ? '""' : out.join(' ');
 }
 
+/**
+ * How many repetitions past its minimum an open quantifier is written with: `open`, unless a
+ * repetition is nested in it. llama.cpp expands a bounded repetition by copying its body, and
+ * refuses a bounded one inside another (a semver pattern's `(\.[0-9a-z-]+)*`) past a few thousand
+ * copies; the inner ones stay bounded, the outer one open.
+ */
+function openPast(q: AST.Quantifier, open: number): number {
+  return repeats(q.element) ? Infinity : open;
+}
+
+/** Whether a repetition (of more than one) is in the node. */
+function repeats(e: AST.Node): boolean {
+  switch (e.type) {
+    case 'Quantifier':
+      return e.max > 1 || repeats(e.element);
+    case 'Group':
+    case 'CapturingGroup':
+      return e.alternatives.some(repeats);
+    case 'Alternative':
+      return e.elements.some(repeats);
+    default:
+      return false;
+  }
+}
+
 function element(e: AST.Element, pos: Position): string | undefined {
   switch (e.type) {
     case 'Assertion':
@@ -187,7 +212,7 @@ function element(e: AST.Element, pos: Position): string | undefined {
       if (e.max === 0) return undefined;
       if (e.min > MAX_REPEAT) throw new Unsupported(`a repetition of more than ${MAX_REPEAT}`);
       const inner = element(e.element, { atStart: false, atEnd: false, open: pos.open }) ?? '""';
-      const max = e.max === Infinity ? e.min + pos.open : Math.min(e.max, MAX_REPEAT);
+      const max = e.max === Infinity ? e.min + openPast(e, pos.open) : Math.min(e.max, MAX_REPEAT);
       const q =
         e.min === 0 && max === Infinity
           ? '*'
@@ -253,16 +278,17 @@ export function patternToGbnf(pattern: string, open = Infinity): string | undefi
 /**
  * GBNF for a pattern that `patternToGbnf` cannot read element by element (lookaround, `\b`,
  * `\p{…}`), or for several patterns at once: their automaton (schema-automaton.ts), one rule per
- * state, in `rules`. Undefined where there is none; `unsatisfiable` where no string within the
- * lengths matches.
+ * state, in `rules`; `within`, a pattern (a format's) the strings must match in full as well.
+ * Undefined where there is none; `unsatisfiable` where no string within the lengths matches.
  */
 export function patternAutomatonGbnf(
   pattern: string | readonly string[],
   rules: RuleSink,
   minLength = 0,
   maxLength = Infinity,
+  within?: string,
 ): { body: string; lengthsHeld: boolean } | { unsatisfiable: string } | undefined {
-  const made = patternAutomaton(pattern, minLength, maxLength);
+  const made = patternAutomaton(pattern, minLength, maxLength, within);
   if (made === undefined || 'unsatisfiable' in made) return made;
   const body = automatonGbnf(made.automaton, rules);
   return body === undefined ? undefined : { body, lengthsHeld: made.lengthsHeld };
@@ -331,7 +357,7 @@ function elementSpan(e: AST.Element, open: number | undefined): [number, number]
       if (e.max === 0) return [0, 0];
       // As the grammar writes it: at most MAX_REPEAT repetitions, and `open` past the minimum of an open one.
       const [x, y] = elementSpan(e.element, open);
-      const max = open === undefined ? e.max : e.max === Infinity ? e.min + open : Math.min(e.max, MAX_REPEAT);
+      const max = open === undefined ? e.max : e.max === Infinity ? e.min + openPast(e, open) : Math.min(e.max, MAX_REPEAT);
       return [x * e.min, y === 0 ? 0 : y * max];
     }
     default:
