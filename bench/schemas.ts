@@ -60,8 +60,8 @@ export async function schemaScenario(opts: { quick: boolean; log: (m: string) =>
     let gbnf: string;
     const t0 = performance.now();
     try {
-      const { draft } = compileValidator(schema);
-      gbnf = schemaToGbnf(schema, draft).gbnf;
+      const { draft, unicode } = compileValidator(schema);
+      gbnf = schemaToGbnf(schema, draft, unicode).gbnf;
     } catch {
       continue;
     }

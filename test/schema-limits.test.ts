@@ -146,7 +146,9 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     const s = open.keep(await startServer());
     // The grammar can only write the enum's value; checking it against the pattern backtracks
     // through 2^41 ways of splitting the a's (hours), in the schema worker every schema shares.
-    const redos = { type: 'string', pattern: '^(a+)+$', enum: [`${'a'.repeat(41)}!`] };
+    // (The back-reference keeps the pattern from having an automaton: `^(a+)+$` alone is tested by
+    // its automaton at compile time, below, and the enum's value refused at once.)
+    const redos = { type: 'string', pattern: '^(?:(a+)+|(c+)d\\2)$', enum: [`${'a'.repeat(41)}!`] };
     // Room for the whole value (a document cut at the limit is not checked).
     const first = http(s.url, 'POST', '/v1/chat/completions', { key: s.adminKey, body: { ...chat(redos), max_tokens: 200 } });
     // Another client's schema, sent while that check runs: answered once the worker is replaced.
@@ -175,6 +177,14 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     assert.equal(again.status, 400, again.text.slice(0, 300));
     assert.equal(again.json.error.code, 'unsupported_schema');
     assert.equal(again.json.error.param, 'text.format');
+    // With an automaton, the value is tested without backtracking: no value of the enum matches.
+    const regular = await http(s.url, 'POST', '/v1/chat/completions', {
+      key: s.adminKey,
+      body: chat({ type: 'string', pattern: '^(a+)+$', enum: [`${'a'.repeat(41)}!`] }),
+    });
+    assert.equal(regular.status, 400, regular.text.slice(0, 300));
+    assert.equal(regular.json.error.code, 'invalid_value');
+    assert.match(regular.json.error.message, /no value of the enum/);
     // The server is whole: health and a plain request.
     assert.equal((await http(s.url, 'GET', '/healthz')).status, 200);
   });

@@ -61,6 +61,13 @@ const cases: Array<{ pattern: string; alphabet: string; minLength?: number; maxL
   },
   { pattern: '^(?=.*\\d)\\w+$', alphabet: 'a1_', minLength: 4, maxLength: 6 },
   { pattern: '^[a-z]+(?=\\d)\\d+$|^x$', alphabet: 'ax1' },
+  // A lookbehind at the end, lookaheads inside the one group between the anchors, in one branch only.
+  { pattern: '^[a-z]+(?<!ing)$', alphabet: 'ing' },
+  { pattern: '^(?:(?=.*[A-Z])(?=.*\\d)[A-Za-z\\d]{3,})$', alphabet: 'aA1' },
+  { pattern: '^((?=.*\\d)\\w+|x)$', alphabet: 'ax1' },
+  // Intermediate automata minimised: three lookaheads over 40 characters stay under the state limit.
+  { pattern: '^(?=.*[A-Z])(?=.*\\d)(?=.*[!-/])[!-~]{40}$', alphabet: 'aA1!' },
+  { pattern: '^\\p{L}+$', alphabet: 'aé1', minLength: 30 },
 ];
 
 describe('patterns through an automaton (lookaround, \\b, \\p{…})', () => {
@@ -153,6 +160,20 @@ describe('patterns through an automaton (lookaround, \\b, \\p{…})', () => {
     const around = patternAutomaton('x(?=a)');
     assert.ok(around !== undefined && 'automaton' in around, JSON.stringify(around));
     fc.assert(fc.property(fc.array(fc.nat(1_000), { maxLength: 40 }), (choices) => /x(?=a)/u.test(walk(around.automaton, choices))));
+    // A property with no character in the BMP (Gothic letters): the grammar cannot write one, but a
+    // string of them is valid; left to the check, not refused.
+    assert.equal(patternAutomaton('^\\p{Script=Gothic}+$'), undefined);
+    // Nothing matches anywhere within the lengths, anchored or not: refused.
+    assert.deepEqual(patternAutomaton('^abc\\b', 0, 2), { unsatisfiable: 'matches no string within minLength and maxLength' });
+    // Nothing matches in full within the lengths, but text after a match may: `^a(?=b)` is "ab…".
+    const ab = patternAutomaton('^a(?=b)', 3);
+    assert.ok(ab !== undefined && 'automaton' in ab, JSON.stringify(ab));
+    fc.assert(
+      fc.property(fc.array(fc.nat(1_000), { maxLength: 40 }), (choices) => {
+        const s = walk(ab.automaton, choices);
+        return /^a(?=b)/u.test(s) && s.length >= 3;
+      }),
+    );
     // Back-references are not regular.
     assert.equal(patternAutomaton('^(\\w+) \\1$'), undefined);
   });

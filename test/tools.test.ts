@@ -100,6 +100,14 @@ describe('function calling and structured output on the local engine (stories260
       }
     ).schema_checks.resampled;
 
+  /** `n` documents under `schema`, each valid for `ajv`'s compile of it, with nothing sampled again: the grammar was exact. */
+  const exactDocuments = async (schema: Record<string, unknown>, n: number, ajv = new Ajv({ strict: false })): Promise<void> => {
+    const before = await resampled();
+    const check = ajv.compile(schema);
+    for (const text of await documents(schema, n)) assert.ok(check(JSON.parse(text)), `${text}: ${JSON.stringify(check.errors)}`);
+    assert.equal(await resampled(), before, 'exact: nothing sampled again');
+  };
+
   it('advertises function_calling and structured_output for local models', async () => {
     const m = (await client.models.retrieve(STORIES)) as unknown as { capabilities: string[] };
     assert.ok(m.capabilities.includes('function_calling'));
@@ -867,7 +875,6 @@ describe('function calling and structured output on the local engine (stories260
   it('keywords beside a $ref apply in draft-07, as the validator applies them: every document valid, nothing sampled again', async () => {
     // JSON Schema Store's github-funding.json: a nullable string by reference, with a pattern or a
     // minLength beside it. The grammar ignored them (as drafts before 2019-09 say) and Ajv did not.
-    const before = await resampled();
     const schema = {
       $schema: 'http://json-schema.org/draft-07/schema#',
       definitions: { nullable_string: { type: ['string', 'null'] } },
@@ -879,9 +886,47 @@ describe('function calling and structured output on the local engine (stories260
       required: ['tidelift', 'ko_fi'],
       additionalProperties: false,
     };
-    const check = new Ajv({ strict: false }).compile(schema);
-    for (const text of await documents(schema, 10)) assert.ok(check(JSON.parse(text)), `${text}: ${JSON.stringify(check.errors)}`);
-    assert.equal(await resampled(), before, 'exact: nothing sampled again');
+    await exactDocuments(schema, 10);
+  });
+
+  it('patterns are read with the flag the validator compiled them with, and a control token is its text under a grammar', async () => {
+    // Ajv drops the `u` flag for every pattern of a schema where one needs it dropped (`\-`): the
+    // grammar read `\p{Lu}` as a letter class where Ajv read a `p` and braces, and every document
+    // failed the check ("despite the grammar (bug)"). And stories260K's `<s>` token is "<s>" to the
+    // grammar, but was decoded without special tokens: `const: "<s>"` came back as "".
+    const schema = {
+      type: 'object',
+      properties: {
+        a: { type: 'string', pattern: '^\\p{Lu}{2}$' },
+        b: { type: 'string', pattern: '^a\\-b$' },
+        c: { const: '<s>' },
+        d: { type: 'string', pattern: '^(?=.*<)[<s>]{3}$' },
+      },
+      required: ['a', 'b', 'c', 'd'],
+      additionalProperties: false,
+    };
+    // Compiled as the server does: with `u`, and without once a pattern refuses it.
+    await exactDocuments(schema, 6, new Ajv({ strict: false, unicodeRegExp: false }));
+  });
+
+  it('an enum beside a pattern or lengths offers only the values they allow; none is a 400', async () => {
+    const schema = {
+      type: 'object',
+      properties: { v: { enum: ['alpha', 'beta', 'gamma'], pattern: '^(?!b)' }, w: { enum: ['a', 'bb', 'ccc'], minLength: 3 } },
+      required: ['v', 'w'],
+      additionalProperties: false,
+    };
+    await exactDocuments(schema, 6);
+    const res = await http(server.url, 'POST', '/v1/chat/completions', {
+      key: server.adminKey,
+      body: {
+        model: STORIES,
+        messages: [{ role: 'user', content: 'x' }],
+        response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { const: 'beta', pattern: '^(?!b)' } } },
+      },
+    });
+    assert.equal(res.status, 400, JSON.stringify(res.json));
+    assert.equal(res.json.error.code, 'invalid_value');
   });
 
   it("a format named like an object's built-in property (constructor, toString) is an unknown format, an annotation", async () => {

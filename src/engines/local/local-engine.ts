@@ -658,9 +658,12 @@ export class LocalEngine implements Engine {
             pending.length > 0 ? model.detokenize(pending, false, lastTokens(prompt, generated.slice(0, -1), pending.length)) : '';
           pending = [];
           const bytes = byteTokens!.of(token);
+          // A control token (`<s>`) is its text to the grammar, which llama.cpp matches against
+          // "<s>"; decoded without special tokens it would vanish from a string the grammar counted
+          // (`const: "<s>"` came back as "", failing the check the grammar had passed).
           text =
             before +
-            (bytes ? grammarText.push(bytes) : grammarText.end() + model.detokenize([token], false, lastTokens(prompt, generated, 1)));
+            (bytes ? grammarText.push(bytes) : grammarText.end() + model.detokenize([token], true, lastTokens(prompt, generated, 1)));
           whole = text !== '';
         } else {
           pending.push(token);

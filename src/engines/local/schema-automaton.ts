@@ -45,9 +45,9 @@ const JSON_TEXT: Ranges = [
 type Flags = '' | 'u';
 
 /** The pattern's flags as the validator compiles it (with `u`, or without where it must), and its tree. */
-function parse(pattern: string): { flags: Flags; ast: AST.Pattern } | undefined {
+function parse(pattern: string, unicode?: boolean): { flags: Flags; ast: AST.Pattern } | undefined {
   const parser = new RegExpParser();
-  for (const flags of ['u', ''] as const) {
+  for (const flags of unicode === undefined ? (['u', ''] as const) : unicode ? (['u'] as const) : ([''] as const)) {
     try {
       return { flags, ast: parser.parsePattern(pattern, 0, pattern.length, { unicode: flags === 'u' }) };
     } catch {
@@ -137,81 +137,135 @@ function whole(source: string, flags: Flags): DFA | undefined {
   }
   if (hasAssertion(simple.alternatives)) return undefined;
   const nfa = NFA.fromRegex(simple, { maxCharacter }, {}, new NFA.LimitedNodeFactory(MAX_STATES));
-  return DFA.fromFA(nfa, new DFA.LimitedNodeFactory(MAX_STATES));
-}
-
-/** The alternative's lookaheads right at its start (after any `^`), and the source of the rest. */
-function leadingLookaheads(pattern: string, alt: AST.Alternative): { looks: AST.LookaheadAssertion[]; rest: string } {
-  let i = 0;
-  while (alt.elements[i]?.type === 'Assertion' && (alt.elements[i] as AST.Assertion).kind === 'start') i++;
-  const looks: AST.LookaheadAssertion[] = [];
-  for (let e = alt.elements[i]; e?.type === 'Assertion' && e.kind === 'lookahead'; e = alt.elements[++i]) looks.push(e);
-  const first = alt.elements[i];
-  return { looks, rest: first === undefined ? '' : pattern.slice(first.start, alt.end) };
+  return minimal(DFA.fromFA(nfa, new DFA.LimitedNodeFactory(MAX_STATES)));
 }
 
 /**
- * The automaton of the strings that match `pattern` in full, and whether those are all the strings
- * the pattern matches anywhere (every alternative is anchored at both ends): only then does an
- * empty automaton mean that no string is valid. With `search`, of the strings that match it
- * anywhere (text before an alternative not anchored at its start, after one not anchored at its
- * end), as the validator reads a pattern; undefined where such an alternative has a lookahead.
+ * An alternative's parts as the automaton reads them: its lookaheads right at its start (after a
+ * `^`), its lookbehinds right at its end (before a `$`), and the source in between. An alternative
+ * that is one group between its anchors (`^(?:(?=.*\d)\w+|x)$`) is read as the group's own
+ * alternatives, each with those anchors.
  */
-function automatonOf(original: string, search = false): { fa: NFA; anchored: boolean } | undefined {
-  const first = parse(original);
+interface Part {
+  start: boolean;
+  end: boolean;
+  ahead: AST.LookaheadAssertion[];
+  behind: AST.LookbehindAssertion[];
+  body: string;
+}
+
+function partsOf(pattern: string, alt: AST.Alternative, start = false, end = false): Part[] {
+  const els = alt.elements;
+  let i = 0;
+  let j = els.length;
+  while (els[i]?.type === 'Assertion' && (els[i] as AST.Assertion).kind === 'start') (i++, (start = true));
+  while (j > i && els[j - 1]?.type === 'Assertion' && (els[j - 1] as AST.Assertion).kind === 'end') (j--, (end = true));
+  const only = els[i];
+  if (j === i + 1 && (only?.type === 'Group' || only?.type === 'CapturingGroup'))
+    return only.alternatives.flatMap((a) => partsOf(pattern, a, start, end));
+  const ahead: AST.LookaheadAssertion[] = [];
+  for (let e = els[i]; i < j && e?.type === 'Assertion' && e.kind === 'lookahead'; e = els[++i]) ahead.push(e);
+  const behind: AST.LookbehindAssertion[] = [];
+  for (let e = els[j - 1]; j > i && e?.type === 'Assertion' && e.kind === 'lookbehind'; e = els[j - 1]) (behind.unshift(e), j--);
+  const body = j > i ? pattern.slice(els[i]!.start, els[j - 1]!.end) : '';
+  return [{ start, end, ahead, behind, body }];
+}
+
+/** Minimised in place (and returned): intermediate automata stay small enough to intersect. */
+function minimal(dfa: DFA): DFA {
+  dfa.minimize();
+  return dfa;
+}
+
+/**
+ * The automaton of the strings that match `pattern` in full, whether those are all the strings the
+ * pattern matches anywhere (every alternative is anchored at both ends), and whether a Unicode
+ * property was read as its BMP characters only (an empty automaton then proves nothing). With
+ * `search`, of the strings that match it anywhere (text before an alternative not anchored at its
+ * start, after one not anchored at its end), as the validator reads a pattern; undefined where
+ * such an alternative has a lookaround at its open end.
+ */
+function automatonOf(
+  original: string,
+  search: boolean,
+  unicode: boolean | undefined,
+): { fa: NFA; anchored: boolean; restricted: boolean; flags: Flags } | undefined {
+  const first = parse(original, unicode);
   if (first === undefined) return undefined;
   const pattern = propertiesAsRanges(original, first.ast);
-  const parsed = pattern === original ? first : parse(pattern);
+  const parsed = pattern === original ? first : parse(pattern, unicode);
   if (parsed === undefined) return undefined;
   const { flags, ast } = parsed;
-  const ends = ast.alternatives.map((alt) => {
-    const [first, last] = [alt.elements[0], alt.elements[alt.elements.length - 1]];
-    return { start: first?.type === 'Assertion' && first.kind === 'start', end: last?.type === 'Assertion' && last.kind === 'end' };
-  });
+  const parts = ast.alternatives.flatMap((alt) => partsOf(pattern, alt));
   let union: NFA | undefined;
-  for (const [i, alt] of ast.alternatives.entries()) {
-    const { looks, rest } = leadingLookaheads(pattern, alt);
-    const open = { start: search && !ends[i]!.start, end: search && !ends[i]!.end };
-    if (open.start && looks.length > 0) return undefined;
-    let dfa = whole(`${open.start ? '[^]*' : ''}(?:${rest})${open.end ? '[^]*' : ''}`, flags);
+  for (const part of parts) {
+    const open = { start: search && !part.start, end: search && !part.end };
+    if ((open.start && part.ahead.length > 0) || (open.end && part.behind.length > 0)) return undefined;
+    let dfa = whole(`${open.start ? '[^]*' : ''}(?:${part.body})${open.end ? '[^]*' : ''}`, flags);
     if (dfa === undefined) return undefined;
     // A lookahead at position 0 of a whole match sees the whole string: `(?=X)` asks that the string
-    // start with a match of X (X may end with `$`), `(?!X)` that it not.
-    for (const look of looks) {
+    // start with a match of X (X may end with `$`), `(?!X)` that it not; a lookbehind at its end,
+    // that the string end with one (`(?<!ing)$`).
+    for (const look of [...part.ahead, ...part.behind]) {
       const inner = look.alternatives.map((a) => a.raw).join('|');
-      const ahead = whole(`(?:${inner})[^]*`, flags);
-      if (ahead === undefined) return undefined;
-      if (look.negate) ahead.complement();
-      dfa = DFA.fromIntersection(dfa, ahead, new DFA.LimitedNodeFactory(MAX_STATES));
+      const seen = whole(look.kind === 'lookahead' ? `(?:${inner})[^]*` : `[^]*(?:${inner})`, flags);
+      if (seen === undefined) return undefined;
+      if (look.negate) seen.complement();
+      dfa = minimal(DFA.fromIntersection(dfa, seen, new DFA.LimitedNodeFactory(MAX_STATES)));
     }
     if (union === undefined) union = NFA.fromFA(dfa, new NFA.LimitedNodeFactory(MAX_STATES));
     else union.union(dfa, new NFA.LimitedNodeFactory(MAX_STATES));
   }
-  return union === undefined ? undefined : { fa: union, anchored: ends.every((e) => e.start && e.end) };
+  if (union === undefined) return undefined;
+  return { fa: union, anchored: parts.every((p) => p.start && p.end), restricted: pattern !== original, flags };
 }
 
 /**
  * Strings that match every pattern (in full, or with `search` anywhere), and `within` in full if
- * given; whether each pattern is anchored at both ends.
+ * given; whether each pattern is anchored at both ends, and whether any was read restricted.
  */
 function intersection(
   patterns: readonly string[],
   search: boolean,
   within: string | undefined,
-): { fa: DFA; anchored: boolean } | undefined {
+  unicode: boolean | undefined,
+): { fa: DFA; anchored: boolean; restricted: boolean } | undefined {
   let fa: DFA | undefined;
   let anchored = true;
+  let restricted = false;
   for (const [pattern, mode] of [
     ...patterns.map((p) => [p, search] as const),
     ...(within !== undefined ? [[within, false] as const] : []),
   ]) {
-    const of = automatonOf(pattern, mode);
+    const of = automatonOf(pattern, mode, unicode);
     if (of === undefined) return undefined;
     const factory = new DFA.LimitedNodeFactory(MAX_STATES);
-    fa = fa === undefined ? DFA.fromFA(of.fa, factory) : DFA.fromIntersection(fa, of.fa, factory);
+    fa = minimal(fa === undefined ? DFA.fromFA(of.fa, factory) : DFA.fromIntersection(fa, of.fa, factory));
     if (pattern !== within) anchored &&= of.anchored;
+    restricted ||= of.restricted;
   }
-  return fa === undefined ? undefined : { fa, anchored };
+  return fa === undefined ? undefined : { fa, anchored, restricted };
+}
+
+/**
+ * Whether a string matches `pattern` anywhere, as the validator's RegExp reads it, by the pattern's
+ * automaton: in time linear in the string, where RegExp may backtrack for hours (`^(a+)+$`). Undefined
+ * where the pattern has no automaton; a string with a character beyond the BMP, where a Unicode
+ * property was read as its BMP part only, counts as matching (the check judges it).
+ */
+export function patternTest(pattern: string, unicode?: boolean): ((text: string) => boolean) | undefined {
+  try {
+    const of = automatonOf(pattern, true, unicode);
+    if (of === undefined) return undefined;
+    const dfa = minimal(DFA.fromFA(of.fa, new DFA.LimitedNodeFactory(MAX_STATES)));
+    return (text) => {
+      const chars = of.flags === 'u' ? [...text].map((c) => c.codePointAt(0)!) : Array.from(text, (_, i) => text.charCodeAt(i));
+      if (of.restricted && chars.some((c) => c > 0xffff)) return true;
+      return dfa.test(chars);
+    };
+  } catch {
+    return undefined;
+  }
 }
 
 /** How many characters an automaton's strings may run past their shortest (or minLength) by default. */
@@ -241,17 +295,29 @@ export function patternAutomaton(
   minLength = 0,
   maxLength = Infinity,
   within?: string,
+  unicode?: boolean,
 ): PatternAutomaton | undefined {
   const list = typeof patterns === 'string' ? [patterns] : patterns;
   try {
-    const exact = attempt(list, minLength, maxLength, within, true);
-    if (exact !== TOO_LARGE) return exact;
     // Too many states (a password rule's four lookaheads over `.{8,64}`): the patterns with fewer
-    // repetitions, a subset (and then no definite "matches nothing").
-    const narrow = list.map(narrowed);
-    if (narrow.some((p) => p === undefined)) return undefined;
-    const subset = attempt(narrow as string[], minLength, maxLength, within, false);
-    return subset === TOO_LARGE ? undefined : subset;
+    // repetitions, a subset.
+    for (const narrow of [false, true]) {
+      const ps = narrow ? list.map((p) => narrowed(p, unicode)) : list;
+      if (ps.some((p) => p === undefined)) return undefined;
+      // Several patterns (an allOf's): strings that match each in full. Where none does (within the
+      // lengths), strings that match each anywhere, as the validator reads them (`^a` and `b$`:
+      // "ab"; a format's text with `^https://` at its start; `^a(?=b)` with minLength 3).
+      let made = attempt(ps as string[], false, minLength, maxLength, within, unicode, !narrow);
+      if (made !== TOO_LARGE && made !== undefined && 'nothing' in made && !made.anchored)
+        made = attempt(ps as string[], true, minLength, maxLength, within, unicode, !narrow);
+      if (made === TOO_LARGE) continue;
+      if (made === undefined || 'automaton' in made) return made;
+      // Nothing: a definite answer only from the schema's own patterns, read whole (anchored, or
+      // anywhere), with every character (no property read as its BMP part) and no format's subset.
+      const definite = !narrow && (made.anchored || made.search) && !made.restricted && within === undefined;
+      return definite ? { unsatisfiable: made.nothing } : undefined;
+    }
+    return undefined;
   } catch {
     // refa's errors: a back-reference, a feature it does not know.
     return undefined;
@@ -260,33 +326,36 @@ export function patternAutomaton(
 
 const TOO_LARGE = Symbol('too large');
 
+type Attempt =
+  | { automaton: Automaton; lengthsHeld: boolean }
+  | { nothing: string; anchored: boolean; search: boolean; restricted: boolean }
+  | typeof TOO_LARGE
+  | undefined;
+
 /**
- * patternAutomaton for these patterns; TOO_LARGE where the automaton passes the state limit before
- * its strings are bounded (with `definite`; without, the unbounded automaton is the answer then).
- * `definite`: the patterns are the schema's own, so that "matches nothing" is a definite answer.
+ * patternAutomaton for these patterns, read whole or (`search`) anywhere. TOO_LARGE where the
+ * automaton passes the state limit (with `mustBound`, also where its strings cannot be bounded
+ * within it; without, the unbounded automaton is the answer then).
  */
 function attempt(
   list: readonly string[],
+  search: boolean,
   minLength: number,
   maxLength: number,
   within: string | undefined,
-  definite: boolean,
-): PatternAutomaton | undefined | typeof TOO_LARGE {
+  unicode: boolean | undefined,
+  mustBound: boolean,
+): Attempt {
   try {
-    // Several patterns (an allOf's): strings that match each in full. Where none does, strings that
-    // match each anywhere (`^a` and `b$`: "ab"; a format's text with `^https://` at its start).
-    let made = intersection(list, false, within);
-    if (made?.fa.isEmpty && !made.anchored) made = intersection(list, true, within);
+    const made = intersection(list, search, within, unicode);
     if (made === undefined) return undefined;
-    const { fa } = made;
-    // "Matches nothing" is definite only where the patterns are anchored, are the schema's own, and
-    // no format's subset of its text was asked for; elsewhere the check judges.
-    const anchored = made.anchored && definite && within === undefined;
-    if (fa.isEmpty) return anchored ? { unsatisfiable: 'matches no string' } : undefined;
+    const { fa, anchored, restricted } = made;
+    const nothing = (why: string): Attempt => ({ nothing: why, anchored, search, restricted });
+    if (fa.isEmpty) return nothing('matches no string');
     const max = fa.maxCharacter;
     // Strings of JSON text only: a character class beyond it (an emoji outside the BMP) is left out.
     const json = CharSet.empty(max).union(JSON_TEXT.filter(([a]) => a <= max).map(([min, hi]) => ({ min, max: Math.min(hi, max) })));
-    const text = DFA.fromIntersection(fa, lengths(json, max, 0, Infinity), new DFA.LimitedNodeFactory(MAX_STATES));
+    const text = minimal(DFA.fromIntersection(fa, lengths(json, max, 0, Infinity), new DFA.LimitedNodeFactory(MAX_STATES)));
     const fewest = shortest(text);
     // No string of the characters the grammar writes (only characters beyond the BMP): the check's.
     if (fewest === undefined) return undefined;
@@ -294,11 +363,10 @@ function attempt(
     for (const open of OPEN_LENGTH) {
       const hi = Math.min(maxLength, Math.max(minLength, fewest) + open);
       try {
-        const bounded = DFA.fromIntersection(text, lengths(json, max, minLength, hi), new DFA.LimitedNodeFactory(MAX_STATES));
-        bounded.minimize();
+        const bounded = minimal(DFA.fromIntersection(text, lengths(json, max, minLength, hi), new DFA.LimitedNodeFactory(MAX_STATES)));
         const automaton = live(bounded);
         if (automaton !== undefined) return { automaton, lengthsHeld: true };
-        // Nothing within these bounds: maybe beyond them (below, a definite answer or the check).
+        // Nothing within these bounds: maybe beyond them (below).
         overflowed = false;
         break;
       } catch (err) {
@@ -306,16 +374,14 @@ function attempt(
         overflowed = true;
       }
     }
-    if (overflowed && definite) return TOO_LARGE;
-    // Nothing the grammar can write within the lengths: a 400 if no string at all is (any character).
-    const any = CharSet.all(max);
+    if (overflowed && mustBound) return TOO_LARGE;
+    // Nothing within the lengths, of any character: none at all (the caller judges how definite).
     const inLengths = DFA.fromIntersection(
       fa,
-      lengths(any, max, minLength, maxLength > MAX_STATES ? Infinity : maxLength),
+      lengths(CharSet.all(max), max, minLength, maxLength > MAX_STATES ? Infinity : maxLength),
       new DFA.LimitedNodeFactory(MAX_STATES),
     );
-    if (inLengths.isEmpty) return anchored ? { unsatisfiable: 'matches no string within minLength and maxLength' } : undefined;
-    text.minimize();
+    if (inLengths.isEmpty) return nothing('matches no string within minLength and maxLength');
     const automaton = live(text);
     return automaton === undefined ? undefined : { automaton, lengthsHeld: minLength === 0 && maxLength === Infinity };
   } catch (err) {
@@ -332,8 +398,8 @@ const NARROW_REPEAT = 16;
  * except inside a negative lookaround, where fewer repetitions would allow more strings: a pattern
  * whose strings are among the original's.
  */
-function narrowed(pattern: string): string | undefined {
-  const parsed = parse(pattern);
+function narrowed(pattern: string, unicode: boolean | undefined): string | undefined {
+  const parsed = parse(pattern, unicode);
   if (parsed === undefined) return undefined;
   const edits: Array<{ start: number; end: number; text: string }> = [];
   visitRegExpAST(parsed.ast, {

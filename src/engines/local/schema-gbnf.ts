@@ -17,6 +17,7 @@
 import { FORMAT_PATTERNS, STRING_FORMATS, INTEGER_FORMATS } from './schema-formats.js';
 import { integerBounds, integerRange, multiplesIn, numberRange, type NumberBounds } from './schema-numbers.js';
 import { patternAutomatonGbnf, patternMatches, patternSpan, patternToGbnf, singleRepeat, type RuleSink } from './schema-regex.js';
+import { patternTest } from './schema-automaton.js';
 import type { Draft } from './schema-validator.js';
 
 /** The schema cannot be compiled (the request is refused with this message): unsupported, or invalid (it accepts nothing). */
@@ -236,6 +237,8 @@ class Compiler {
   constructor(
     private readonly root: unknown,
     private readonly draft: Draft,
+    /** The flag the validator compiled the schema's patterns with (undefined: `u` where a pattern allows it). */
+    private readonly unicode: boolean | undefined,
   ) {
     this.index.set(ROOT_BASE, root);
     this.walk(root, ROOT_BASE);
@@ -515,9 +518,23 @@ class Compiler {
     const types = this.types(s, path);
     if ('const' in s || Array.isArray(s['enum'])) {
       const values = 'const' in s ? [s['const']] : (s['enum'] as unknown[]);
-      const allowed = values.filter((v) => types === undefined || types.some((t) => matchesType(v, t)));
-      if (allowed.length === 0) throw new Unsatisfiable(`no value of the enum at '${path || '/'}' has the schema's type`);
-      const others = Object.keys(s).filter((k) => CONSTRAINTS.has(k) && !['type', 'enum', 'const', 'nullable'].includes(k));
+      const typed = values.filter((v) => types === undefined || types.some((t) => matchesType(v, t)));
+      if (typed.length === 0) throw new Unsatisfiable(`no value of the enum at '${path || '/'}' has the schema's type`);
+      // Strings the pattern or lengths beside the enum refuse are left out here, not sampled and
+      // checked (`{enum: ["alpha", "beta"], pattern: "^(?!b)"}` offered "beta"). The pattern is
+      // tested by its automaton (a RegExp may backtrack for hours on a value); one without an
+      // automaton is left to the check.
+      const pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
+      const patterns = pattern === undefined ? [] : (this.mergedPatterns.get(pattern) ?? [pattern]);
+      const tests = patterns.map((p) => patternTest(p, this.unicode));
+      const lo = num(s['minLength']) ?? 0;
+      const hi = num(s['maxLength']) ?? Infinity;
+      const fits = (v: string): boolean => [...v].length >= lo && [...v].length <= hi && tests.every((t) => t === undefined || t(v));
+      const allowed = typed.filter((v) => typeof v !== 'string' || fits(v));
+      if (allowed.length === 0) throw new Unsatisfiable(`no value of the enum at '${path || '/'}' meets the pattern and lengths beside it`);
+      const held = ['type', 'enum', 'const', 'nullable', 'minLength', 'maxLength'];
+      if (tests.every((t) => t !== undefined)) held.push('pattern');
+      const others = Object.keys(s).filter((k) => CONSTRAINTS.has(k) && !held.includes(k));
       if (others.length > 0 || ('const' in s && Array.isArray(s['enum']))) this.check(others[0] ?? 'enum', path);
       return this.rule(`${path}-enum`, [...new Set(allowed.map((v) => gbnfLiteral(JSON.stringify(v))))].join(' | '));
     }
@@ -916,7 +933,7 @@ class Compiler {
     // is our subset of the format, so neither is left to the check (`format: email` with
     // `pattern: "@example\\.com$"` failed every sample, the format's grammar with the pattern checked).
     if (formatName !== undefined && pattern !== undefined) {
-      const made = patternAutomatonGbnf(parts ?? [pattern], this.sink, min, max, FORMAT_PATTERNS[formatName]);
+      const made = patternAutomatonGbnf(parts ?? [pattern], this.sink, min, max, FORMAT_PATTERNS[formatName], this.unicode);
       if (made !== undefined && 'body' in made) {
         if (!made.lengthsHeld && (min > 0 || max !== Infinity)) this.check('minLength/maxLength', path);
         return this.rule(`${path}-pattern`, `"\\"" ${made.body} "\\""`);
@@ -937,7 +954,7 @@ class Compiler {
     // Lookaround, `\b`, `\p{…}`, several patterns: their automaton (not beside a format: there its
     // bounded repetitions are the element-by-element grammar's).
     const automaton = (p: string | readonly string[]): void => {
-      const made = patternAutomatonGbnf(p, this.sink, min, max);
+      const made = patternAutomatonGbnf(p, this.sink, min, max, undefined, this.unicode);
       if (made !== undefined && 'unsatisfiable' in made)
         throw new Unsatisfiable(`the pattern${typeof p === 'string' ? '' : 's'} at '${path || '/'}' ${made.unsatisfiable}`);
       if (made !== undefined) ({ body: patternBody, lengthsHeld } = made);
@@ -951,12 +968,12 @@ class Compiler {
       }
     }
     if (pattern !== undefined && patternBody === undefined) {
-      const span = format !== undefined ? patternSpan(pattern, open) : undefined;
+      const span = format !== undefined ? patternSpan(pattern, open, this.unicode) : undefined;
       const whole = span !== undefined && span.anchoredStart && span.anchoredEnd && span.max >= min && span.min <= max;
-      if (format === undefined || whole) patternBody = patternToGbnf(pattern, open);
+      if (format === undefined || whole) patternBody = patternToGbnf(pattern, open, this.unicode);
       // The automaton also where the element-by-element grammar would leave the lengths to the
       // check (`^sk-.*` with minLength 10 was "sk-" on every try): it holds them exactly.
-      const lengths = (min > 0 || max !== Infinity) && singleRepeat(pattern) === undefined;
+      const lengths = (min > 0 || max !== Infinity) && singleRepeat(pattern, this.unicode) === undefined;
       if (format === undefined && (patternBody === undefined || lengths)) {
         const plain = patternBody;
         patternBody = undefined;
@@ -967,7 +984,8 @@ class Compiler {
     }
     let shaped = format;
     // One repeated character between anchors: the length bounds go into the repetition, exactly (see sized).
-    const single = patternBody !== undefined && !lengthsHeld && (min > 0 || max !== Infinity) ? singleRepeat(pattern!) : undefined;
+    const single =
+      patternBody !== undefined && !lengthsHeld && (min > 0 || max !== Infinity) ? singleRepeat(pattern!, this.unicode) : undefined;
     if (pattern !== undefined && patternBody !== undefined) {
       shaped = lengthsHeld ? patternBody : this.sized(pattern, patternBody, min, max, path, open, single);
       if (format !== undefined) this.check('format', path);
@@ -1002,7 +1020,7 @@ class Compiler {
       if (lo > hi) throw new Unsatisfiable(`the pattern at '${path || '/'}' matches no string within minLength and maxLength`);
       return `( ${single.element} )${repeat(lo, hi)}`;
     }
-    const span = patternSpan(pattern, open);
+    const span = patternSpan(pattern, open, this.unicode);
     if (span === undefined) return body;
     const where = path || '/';
     if (span.min > max) throw new Unsatisfiable(`the pattern at '${where}' matches no string of at most ${max} characters (maxLength)`);
@@ -1148,7 +1166,7 @@ class Compiler {
       if (!CONSTRAINTS.has(k) || k === 'type') continue;
       const v = rule[k];
       if (k === 'pattern' && typeof v === 'string') {
-        if (!patternMatches(v, name)) return false;
+        if (!patternMatches(v, name, this.unicode)) return false;
       } else if (k === 'maxLength' && typeof v === 'number') {
         if ([...name].length > v) return false;
       } else if (k === 'minLength' && typeof v === 'number') {
@@ -1208,7 +1226,7 @@ class Compiler {
       if (byName === undefined) this.check('propertyNames', path);
       if (allowed) {
         // A declared property whose name matches a pattern must satisfy that pattern's schema too.
-        const extra = patterns.filter(([p]) => patternMatches(p, name)).map(([, v]) => v);
+        const extra = patterns.filter(([p]) => patternMatches(p, name, this.unicode)).map(([, v]) => v);
         if (extra.length > 0) properties[name] = { allOf: [properties[name], ...extra] };
         continue;
       }
@@ -1221,7 +1239,7 @@ class Compiler {
       if (byName === false || dropped.has(name))
         throw new Unsatisfiable(`required property '${name}' at '${path || '/'}' cannot be present`);
       if (byName === undefined) this.check('propertyNames', path);
-      const matching = patterns.filter(([p]) => patternMatches(p, name)).map(([, v]) => v);
+      const matching = patterns.filter(([p]) => patternMatches(p, name, this.unicode)).map(([, v]) => v);
       if (matching.length > 0) properties[name] = matching.length === 1 ? matching[0] : { allOf: matching };
       else if (additional === false) throw new Unsatisfiable(`required property '${name}' at '${path || '/'}' is not allowed`);
       else properties[name] = additional ?? true;
@@ -1313,7 +1331,9 @@ class Compiler {
 
   /** A key pattern's grammar: element by element, or as its automaton. */
   private keyPattern(pattern: string): string | undefined {
-    const made = patternToGbnf(pattern, PATTERN_OPEN_REPEAT) ?? patternAutomatonGbnf(pattern, this.sink);
+    const made =
+      patternToGbnf(pattern, PATTERN_OPEN_REPEAT, this.unicode) ??
+      patternAutomatonGbnf(pattern, this.sink, 0, Infinity, undefined, this.unicode);
     return typeof made === 'string' ? made : made !== undefined && 'body' in made ? made.body : undefined;
   }
 
@@ -1323,7 +1343,7 @@ class Compiler {
    * match alone would be the one key `k`, repeated.
    */
   private patternKey(pattern: string, body: string, path: string): string {
-    const span = patternSpan(pattern);
+    const span = patternSpan(pattern, Infinity, this.unicode);
     const free = span?.openEnd || span?.openStart ? this.base('char') : '';
     const padded = span?.openEnd ? `${body} ${free}*` : span?.openStart ? `${free}* ${body}` : body;
     return this.rule(`${path}-key`, `"\\"" ${padded} "\\""`);
@@ -1424,13 +1444,13 @@ class Compiler {
 }
 
 /** The grammar for values of `schema` (read as `draft`); throws SchemaCompileError when no grammar can be made. */
-export function schemaToGbnf(schema: unknown, draft: Draft = '07'): CompiledGrammar {
-  return new Compiler(schema, draft).compile();
+export function schemaToGbnf(schema: unknown, draft: Draft = '07', unicode?: boolean): CompiledGrammar {
+  return new Compiler(schema, draft, unicode).compile();
 }
 
 /** Any JSON object (`json_object`). */
 export function anyObjectGbnf(): string {
-  return new Compiler({ type: 'object' }, '07').compile().gbnf;
+  return new Compiler({ type: 'object' }, '07', true).compile().gbnf;
 }
 
 /** The properties a dependency (`dependentRequired`'s list, or a schema's `required`) needs present. */

@@ -232,12 +232,16 @@ function element(e: AST.Element, pos: Position): string | undefined {
   }
 }
 
-/** The pattern's syntax tree, read as the validator compiles it: with the `u` flag, or without where it must. */
-function parse(pattern: string): AST.Pattern | undefined {
+/**
+ * The pattern's syntax tree, read as the validator compiles it: `unicode`, the flag the validator
+ * compiled the schema's patterns with (Ajv drops `u` for every pattern of a schema where one needs
+ * it dropped); undefined, with the `u` flag where the pattern allows it.
+ */
+function parse(pattern: string, unicode?: boolean): AST.Pattern | undefined {
   const parser = new RegExpParser();
-  for (const unicode of [true, false]) {
+  for (const flag of unicode === undefined ? [true, false] : [unicode]) {
     try {
-      return parser.parsePattern(pattern, 0, pattern.length, { unicode });
+      return parser.parsePattern(pattern, 0, pattern.length, { unicode: flag });
     } catch {
       // Not a pattern with this flag.
     }
@@ -256,6 +260,8 @@ export interface RuleSink {
 
 /** The most grammar text one automaton may write (its character classes are written out). */
 const MAX_AUTOMATON_TEXT = 256 * 1024;
+/** A character class longer than this is written once, as a rule of its own, and referred to. */
+const SHARED_CLASS = 64;
 
 /**
  * GBNF for the text between the quotes of JSON strings that match `pattern` in full; undefined
@@ -264,8 +270,8 @@ const MAX_AUTOMATON_TEXT = 256 * 1024;
  * other than the closing quote (a `Z` after `\d+`), which a model that writes on inside a string
  * would otherwise never reach.
  */
-export function patternToGbnf(pattern: string, open = Infinity): string | undefined {
-  const ast = parse(pattern);
+export function patternToGbnf(pattern: string, open = Infinity, unicode?: boolean): string | undefined {
+  const ast = parse(pattern, unicode);
   if (ast === undefined) return undefined;
   try {
     return alternatives(ast.alternatives, { atStart: true, atEnd: true, open });
@@ -287,8 +293,9 @@ export function patternAutomatonGbnf(
   minLength = 0,
   maxLength = Infinity,
   within?: string,
+  unicode?: boolean,
 ): { body: string; lengthsHeld: boolean } | { unsatisfiable: string } | undefined {
-  const made = patternAutomaton(pattern, minLength, maxLength, within);
+  const made = patternAutomaton(pattern, minLength, maxLength, within, unicode);
   if (made === undefined || 'unsatisfiable' in made) return made;
   const body = automatonGbnf(made.automaton, rules);
   return body === undefined ? undefined : { body, lengthsHeld: made.lengthsHeld };
@@ -297,13 +304,18 @@ export function patternAutomatonGbnf(
 /** One rule per state: each transition's characters and the state it leads to, and `""` where the string may end. */
 function automatonGbnf(a: Automaton, rules: RuleSink): string | undefined {
   const classes = a.states.map((state) => state.out.map(({ chars }) => charSet(chars)));
-  if (classes.flat().reduce((n, text) => n + text.length, 0) > MAX_AUTOMATON_TEXT) return undefined;
+  // Counted as written: a long class once (a shared rule), and a rule name wherever it stands.
+  const all = classes.flat();
+  const long = new Set(all.filter((text) => text.length > SHARED_CLASS));
+  const size =
+    [...long].reduce((n, text) => n + text.length, 0) + all.reduce((n, text) => n + (text.length > SHARED_CLASS ? 32 : text.length), 0);
+  if (size > MAX_AUTOMATON_TEXT) return undefined;
   const names = a.states.map(() => rules.reserve('pattern-state'));
   a.states.forEach((state, i) => {
     const alts = state.out.map(({ to }, j) => {
       const chars = classes[i]![j]!;
       // A long character class (a Unicode property's ranges) is written once and shared.
-      return `${chars.length > 64 ? rules.rule('pattern-chars', chars) : chars} ${names[to]!}`;
+      return `${chars.length > SHARED_CLASS ? rules.rule('pattern-chars', chars) : chars} ${names[to]!}`;
     });
     if (state.final) alts.push('""');
     rules.define(names[i]!, alts.join(' | '));
@@ -384,9 +396,9 @@ function anchoring(alts: readonly AST.Alternative[], side: 'start' | 'end'): Anc
  * an unanchored start, after an unanchored end), and is unsatisfiable where it is anchored at both.
  * Undefined where `patternToGbnf` is. `open` as given to `patternToGbnf`.
  */
-export function patternSpan(pattern: string, open = Infinity): PatternSpan | undefined {
-  const ast = parse(pattern);
-  if (ast === undefined || patternToGbnf(pattern) === undefined) return undefined;
+export function patternSpan(pattern: string, open = Infinity, unicode?: boolean): PatternSpan | undefined {
+  const ast = parse(pattern, unicode);
+  if (ast === undefined || patternToGbnf(pattern, Infinity, unicode) === undefined) return undefined;
   const [min, max] = span(ast.alternatives, open);
   const [, matchMax] = span(ast.alternatives, undefined);
   const start = anchoring(ast.alternatives, 'start');
@@ -407,8 +419,8 @@ export function patternSpan(pattern: string, open = Infinity): PatternSpan | und
  * `^\d{2,}$`): that character's grammar and the repetition's bounds, so that a string's length
  * bounds can be written into the repetition itself (zod's `.regex(/^[a-z]+$/).min(3).max(6)`).
  */
-export function singleRepeat(pattern: string): { element: string; min: number; max: number } | undefined {
-  const ast = parse(pattern);
+export function singleRepeat(pattern: string, unicode?: boolean): { element: string; min: number; max: number } | undefined {
+  const ast = parse(pattern, unicode);
   const only = ast?.alternatives.length === 1 ? ast.alternatives[0]!.elements : [];
   const [start, q, end] = only;
   if (only.length !== 3 || start?.type !== 'Assertion' || start.kind !== 'start' || end?.type !== 'Assertion' || end.kind !== 'end')
@@ -424,10 +436,10 @@ export function singleRepeat(pattern: string): { element: string; min: number; m
 }
 
 /** Whether `name` matches `pattern` as the validator reads it (u flag, or without where it must). */
-export function patternMatches(pattern: string, name: string): boolean {
+export function patternMatches(pattern: string, name: string, unicode?: boolean): boolean {
   let re: RegExp;
   try {
-    re = new RegExp(pattern, 'u');
+    re = new RegExp(pattern, unicode === false ? '' : 'u');
   } catch {
     re = new RegExp(pattern);
   }

@@ -69,19 +69,22 @@ function newAjv(draft: Draft, unicode: boolean): AnyAjv {
 const GENERATION = 64;
 const shared = new Map<Draft, { ajv: AnyAjv; compiled: number }>();
 
-/** A validator for `schema`, and the draft it was read as (the grammar compiler reads it the same way). */
-export function compileValidator(schema: object): { validate: ValidateFunction; draft: Draft } {
+/**
+ * A validator for `schema`, the draft it was read as, and whether its patterns were compiled with
+ * the `u` flag (for the whole schema: see compileFor); the grammar compiler reads it the same way.
+ */
+export function compileValidator(schema: object): { validate: ValidateFunction; draft: Draft; unicode: boolean } {
   const draft = draftOf(schema);
   try {
-    return { validate: compileFor(schema, draft), draft };
+    return { ...compileFor(schema, draft), draft };
   } catch (err) {
     // draft-04's `id` deep inside a schema that does not say which draft it is written for.
-    if (draft !== '04' && /keyword "id"/.test((err as Error).message)) return { validate: compileFor(schema, '04'), draft: '04' };
+    if (draft !== '04' && /keyword "id"/.test((err as Error).message)) return { ...compileFor(schema, '04'), draft: '04' };
     throw err;
   }
 }
 
-function compileFor(schema: object, draft: Draft): ValidateFunction {
+function compileFor(schema: object, draft: Draft): { validate: ValidateFunction; unicode: boolean } {
   let s = shared.get(draft);
   if (!s || s.compiled >= GENERATION) {
     s = { ajv: newAjv(draft, true), compiled: 0 };
@@ -89,14 +92,15 @@ function compileFor(schema: object, draft: Draft): ValidateFunction {
   }
   s.compiled++;
   try {
-    return s.ajv.compile(schema);
+    return { validate: s.ajv.compile(schema), unicode: true };
   } catch (err) {
     const message = (err as Error).message;
     // Another schema with the same $id is already in the shared instance: this one gets its own.
-    if (/already exists/.test(message)) return newAjv(draft, true).compile(schema);
+    if (/already exists/.test(message)) return { validate: newAjv(draft, true).compile(schema), unicode: true };
     // Patterns written for JavaScript regexes without the `u` flag (`\_`, `\-` outside a class) are
-    // common; JSON Schema's regex dialect tolerates them, so they are compiled without it.
-    if (/regular expression/i.test(message)) return newAjv(draft, false).compile(schema);
+    // common; JSON Schema's regex dialect tolerates them, so they are compiled without it: every
+    // pattern of the schema (`\p{Lu}` beside `\-` is then a `p` and braces).
+    if (/regular expression/i.test(message)) return { validate: newAjv(draft, false).compile(schema), unicode: false };
     throw err;
   }
 }

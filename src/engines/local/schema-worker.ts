@@ -26,8 +26,9 @@ function handle(m: SchemaWorkerRequest): SchemaWorkerReply {
     case 'compile': {
       let validate: ValidateFunction;
       let draft: Draft;
+      let unicode: boolean;
       try {
-        ({ validate, draft } = compileValidator(m.schema as object));
+        ({ validate, draft, unicode } = compileValidator(m.schema as object));
       } catch (err) {
         // Ajv's code generator recurses per property and subschema: a huge flat schema can overflow it.
         if (err instanceof RangeError)
@@ -36,7 +37,8 @@ function handle(m: SchemaWorkerRequest): SchemaWorkerReply {
       }
       let grammar: CompiledGrammar;
       try {
-        grammar = schemaToGbnf(m.schema, draft);
+        // Patterns read with the flag the validator compiled them with.
+        grammar = schemaToGbnf(m.schema, draft, unicode);
       } catch (err) {
         if (err instanceof SchemaCompileError) return { id: m.id, ok: false, kind: err.kind, message: err.message };
         if (err instanceof RangeError)
