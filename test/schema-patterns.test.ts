@@ -12,6 +12,7 @@ import { Ajv } from 'ajv';
 import addFormatsModule from 'ajv-formats';
 import { patternAutomaton, type Automaton } from '../src/engines/local/schema-automaton.js';
 import { FORMAT_PATTERNS } from '../src/engines/local/schema-formats.js';
+import { schemaToGbnf } from '../src/engines/local/schema-gbnf.js';
 
 const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ?? addFormatsModule) as (a: Ajv) => Ajv;
 
@@ -151,6 +152,29 @@ describe('patterns through an automaton (lookaround, \\b, \\p{…})', () => {
       }),
       { numRuns: 500 },
     );
+  });
+
+  it('stays sound where a reading could go wrong: back-references, DEL, lengths without `u`, enum values beyond the BMP', () => {
+    // Without `u`, a part cut away from its group would read `\\1` as U+0001: no automaton at all.
+    assert.equal(patternAutomaton('^(?!\\1)(a)\\-?$', 0, Infinity, undefined, false), undefined);
+    assert.equal(patternAutomaton('^(?=(a))\\1\\-?$', 0, Infinity, undefined, false), undefined);
+    // DEL is no character the grammar writes: the pattern is checked, not a 400.
+    assert.deepEqual(schemaToGbnf({ type: 'string', pattern: '^\\x7f$' }).checked, ["pattern at '/'"]);
+    // Without `u` the automaton counts UTF-16 units, Ajv code points: "😀" matches `[^a]{2}` and
+    // has length 1, so nothing within maxLength 1 is not a definite answer.
+    assert.equal(patternAutomaton('^\\-?[^a]{2}$', 0, 1, undefined, false), undefined);
+    // An enum value beyond the BMP beside a property read as its BMP part: the check judges it.
+    const astral = schemaToGbnf({ enum: ['😀', 'A', 'b'], pattern: '^\\p{Lu}$' });
+    assert.deepEqual(astral.checked, ["pattern at '/'"]);
+    assert.match(astral.gbnf, /😀/u);
+    assert.doesNotMatch(astral.gbnf, /"\\"b\\""/);
+    // One pattern in fifty properties is one automaton in the grammar, not fifty (MAX_RULES).
+    const password = { type: 'string', pattern: '^(?=.*[A-Z])(?=.*[a-z])(?=.*\\d)(?=.*[^A-Za-z0-9]).{8,64}$' };
+    const many = schemaToGbnf({
+      type: 'object',
+      properties: Object.fromEntries(Array.from({ length: 50 }, (_, i) => [`p${i}`, password])),
+    });
+    assert.ok(many.gbnf.split('\n').length < 1_000, `${many.gbnf.split('\n').length} rules`);
   });
 
   it('says when no string matches, where the pattern is anchored, and leaves it to the check where it is not', () => {

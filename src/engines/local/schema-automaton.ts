@@ -14,11 +14,9 @@
  * automata. Anything left over (a lookbehind at the start, a back-reference) gives undefined, and
  * the pattern stays with the check.
  */
-import { RegExpParser, visitRegExpAST, type AST } from '@eslint-community/regexpp';
+import { visitRegExpAST, type AST } from '@eslint-community/regexpp';
 import { CharSet, DFA, JS, NFA, TooManyNodesError, Transformers, transform, type NoParent } from 'refa';
-
-/** Sorted, disjoint, inclusive code point ranges. */
-export type Ranges = Array<[number, number]>;
+import { JSON_STRING_CHARS, parsePattern, type Ranges } from './regex-syntax.js';
 
 export interface Automaton {
   /** State 0 is the start. Every state can reach a final one. */
@@ -30,34 +28,22 @@ const MAX_STATES = 1_000;
 /** refa's limit on the nodes of a parsed pattern (its own default). */
 const MAX_AST_NODES = 10_000;
 
-/**
- * Characters a JSON string written by the grammar may hold: the Basic Multilingual Plane without
- * surrogates or control characters other than tab, line feed and carriage return (schema-regex.ts
- * writes the same set).
- */
-const JSON_TEXT: Ranges = [
-  [0x09, 0x0a],
-  [0x0d, 0x0d],
-  [0x20, 0xd7ff],
-  [0xe000, 0xffff],
-];
-
 type Flags = '' | 'u';
 
-/** The pattern's flags as the validator compiles it (with `u`, or without where it must), and its tree. */
+/** The pattern's flags and tree, read as the validator compiles it (regex-syntax.ts). */
 function parse(pattern: string, unicode?: boolean): { flags: Flags; ast: AST.Pattern } | undefined {
-  const parser = new RegExpParser();
-  for (const flags of unicode === undefined ? (['u', ''] as const) : unicode ? (['u'] as const) : ([''] as const)) {
-    try {
-      return { flags, ast: parser.parsePattern(pattern, 0, pattern.length, { unicode: flags === 'u' }) };
-    } catch {
-      // Not a pattern with this flag.
-    }
-  }
-  return undefined;
+  const parsed = parsePattern(pattern, unicode);
+  return parsed === undefined ? undefined : { flags: parsed.unicode ? 'u' : '', ast: parsed.ast };
 }
 
+/**
+ * Property escapes read so far, by their text (`\p{Lu}`): a few milliseconds each, and bounded by
+ * the escapes V8 accepts (a few thousand spellings of properties and values).
+ */
 const propertyRanges = new Map<string, string>();
+
+/** Every BMP character but the surrogates, once, to match a property escape against. */
+let bmp: string | undefined;
 
 /**
  * A Unicode property escape's characters in the BMP as V8 reads it, written as class ranges:
@@ -68,18 +54,16 @@ const propertyRanges = new Map<string, string>();
 function rangesOf(raw: string): string {
   let text = propertyRanges.get(raw);
   if (text === undefined) {
-    const re = new RegExp(`^${raw}$`, 'u');
-    const parts: string[] = [];
-    const hex = (c: number): string => `\\u{${c.toString(16)}}`;
-    for (let c = 0, start = -1; c <= 0x10000; c++) {
-      const inside = c < 0x10000 && re.test(String.fromCharCode(c));
-      if (inside && start < 0) start = c;
-      if (!inside && start >= 0) {
-        parts.push(start === c - 1 ? hex(start) : `${hex(start)}-${hex(c - 1)}`);
-        start = -1;
-      }
+    bmp ??= Array.from({ length: 0x10000 - 0x800 }, (_, i) => String.fromCharCode(i < 0xd800 ? i : i + 0x800)).join('');
+    const ranges: Array<[number, number]> = [];
+    for (const m of bmp.matchAll(new RegExp(raw, 'gu'))) {
+      const c = m[0].charCodeAt(0);
+      const last = ranges[ranges.length - 1];
+      if (last && last[1] === c - 1) last[1] = c;
+      else ranges.push([c, c]);
     }
-    text = parts.join('');
+    const hex = (c: number): string => `\\u{${c.toString(16)}}`;
+    text = ranges.map(([a, b]) => (a === b ? hex(a) : `${hex(a)}-${hex(b)}`)).join('');
     propertyRanges.set(raw, text);
   }
   return text;
@@ -192,12 +176,18 @@ function automatonOf(
 ): { fa: NFA; anchored: boolean; restricted: boolean; flags: Flags } | undefined {
   const first = parse(original, unicode);
   if (first === undefined) return undefined;
+  // A back-reference is not regular; and cut away from its group (a part read alone, below), a
+  // `\1` without the `u` flag would read as the character U+0001.
+  let backreference = false;
+  visitRegExpAST(first.ast, { onBackreferenceEnter: () => void (backreference = true) });
+  if (backreference) return undefined;
   const pattern = propertiesAsRanges(original, first.ast);
   const parsed = pattern === original ? first : parse(pattern, unicode);
   if (parsed === undefined) return undefined;
   const { flags, ast } = parsed;
   const parts = ast.alternatives.flatMap((alt) => partsOf(pattern, alt));
   let union: NFA | undefined;
+  const factory = new NFA.LimitedNodeFactory(MAX_STATES);
   for (const part of parts) {
     const open = { start: search && !part.start, end: search && !part.end };
     if ((open.start && part.ahead.length > 0) || (open.end && part.behind.length > 0)) return undefined;
@@ -213,8 +203,8 @@ function automatonOf(
       if (look.negate) seen.complement();
       dfa = minimal(DFA.fromIntersection(dfa, seen, new DFA.LimitedNodeFactory(MAX_STATES)));
     }
-    if (union === undefined) union = NFA.fromFA(dfa, new NFA.LimitedNodeFactory(MAX_STATES));
-    else union.union(dfa, new NFA.LimitedNodeFactory(MAX_STATES));
+    if (union === undefined) union = NFA.fromFA(dfa, factory);
+    else union.union(dfa, factory);
   }
   if (union === undefined) return undefined;
   return { fa: union, anchored: parts.every((p) => p.start && p.end), restricted: pattern !== original, flags };
@@ -229,38 +219,40 @@ function intersection(
   search: boolean,
   within: string | undefined,
   unicode: boolean | undefined,
-): { fa: DFA; anchored: boolean; restricted: boolean } | undefined {
+): { fa: DFA; anchored: boolean; restricted: boolean; utf16: boolean } | undefined {
   let fa: DFA | undefined;
   let anchored = true;
   let restricted = false;
-  for (const [pattern, mode] of [
-    ...patterns.map((p) => [p, search] as const),
-    ...(within !== undefined ? [[within, false] as const] : []),
-  ]) {
-    const of = automatonOf(pattern, mode, unicode);
+  let utf16 = false;
+  const all = within === undefined ? patterns : [...patterns, within];
+  for (const [i, pattern] of all.entries()) {
+    // The format's pattern (last) is matched in full, and says nothing of the schema's anchoring.
+    const format = i === patterns.length;
+    const of = automatonOf(pattern, search && !format, unicode);
     if (of === undefined) return undefined;
     const factory = new DFA.LimitedNodeFactory(MAX_STATES);
     fa = minimal(fa === undefined ? DFA.fromFA(of.fa, factory) : DFA.fromIntersection(fa, of.fa, factory));
-    if (pattern !== within) anchored &&= of.anchored;
+    if (!format) anchored &&= of.anchored;
     restricted ||= of.restricted;
+    utf16 ||= of.flags === '';
   }
-  return fa === undefined ? undefined : { fa, anchored, restricted };
+  return fa === undefined ? undefined : { fa, anchored, restricted, utf16 };
 }
 
 /**
  * Whether a string matches `pattern` anywhere, as the validator's RegExp reads it, by the pattern's
  * automaton: in time linear in the string, where RegExp may backtrack for hours (`^(a+)+$`). Undefined
- * where the pattern has no automaton; a string with a character beyond the BMP, where a Unicode
- * property was read as its BMP part only, counts as matching (the check judges it).
+ * where the pattern has no automaton; the test says undefined (unknown: the check's to judge) for a
+ * string with a character beyond the BMP where a Unicode property was read as its BMP part only.
  */
-export function patternTest(pattern: string, unicode?: boolean): ((text: string) => boolean) | undefined {
+export function patternTest(pattern: string, unicode?: boolean): ((text: string) => boolean | undefined) | undefined {
   try {
     const of = automatonOf(pattern, true, unicode);
     if (of === undefined) return undefined;
     const dfa = minimal(DFA.fromFA(of.fa, new DFA.LimitedNodeFactory(MAX_STATES)));
     return (text) => {
       const chars = of.flags === 'u' ? [...text].map((c) => c.codePointAt(0)!) : Array.from(text, (_, i) => text.charCodeAt(i));
-      if (of.restricted && chars.some((c) => c > 0xffff)) return true;
+      if (of.restricted && chars.some((c) => c > 0xffff)) return undefined;
       return dfa.test(chars);
     };
   } catch {
@@ -302,14 +294,14 @@ export function patternAutomaton(
     // Too many states (a password rule's four lookaheads over `.{8,64}`): the patterns with fewer
     // repetitions, a subset.
     for (const narrow of [false, true]) {
-      const ps = narrow ? list.map((p) => narrowed(p, unicode)) : list;
-      if (ps.some((p) => p === undefined)) return undefined;
+      const ps = narrow ? list.map((p) => narrowed(p, unicode)).filter((p): p is string => p !== undefined) : list;
+      if (ps.length < list.length) return undefined;
       // Several patterns (an allOf's): strings that match each in full. Where none does (within the
       // lengths), strings that match each anywhere, as the validator reads them (`^a` and `b$`:
       // "ab"; a format's text with `^https://` at its start; `^a(?=b)` with minLength 3).
-      let made = attempt(ps as string[], false, minLength, maxLength, within, unicode, !narrow);
+      let made = attempt(ps, false, minLength, maxLength, within, unicode, !narrow);
       if (made !== TOO_LARGE && made !== undefined && 'nothing' in made && !made.anchored)
-        made = attempt(ps as string[], true, minLength, maxLength, within, unicode, !narrow);
+        made = attempt(ps, true, minLength, maxLength, within, unicode, !narrow);
       if (made === TOO_LARGE) continue;
       if (made === undefined || 'automaton' in made) return made;
       // Nothing: a definite answer only from the schema's own patterns, read whole (anchored, or
@@ -349,12 +341,21 @@ function attempt(
   try {
     const made = intersection(list, search, within, unicode);
     if (made === undefined) return undefined;
-    const { fa, anchored, restricted } = made;
-    const nothing = (why: string): Attempt => ({ nothing: why, anchored, search, restricted });
+    const { fa, anchored, restricted, utf16 } = made;
+    const nothing = (why: string, lengths = false): Attempt => ({
+      nothing: why,
+      anchored,
+      search,
+      // Without the `u` flag the automaton counts UTF-16 units, Ajv's lengths code points: a pair of
+      // surrogates is two characters to one and one to the other.
+      restricted: restricted || (lengths && utf16),
+    });
     if (fa.isEmpty) return nothing('matches no string');
     const max = fa.maxCharacter;
     // Strings of JSON text only: a character class beyond it (an emoji outside the BMP) is left out.
-    const json = CharSet.empty(max).union(JSON_TEXT.filter(([a]) => a <= max).map(([min, hi]) => ({ min, max: Math.min(hi, max) })));
+    const json = CharSet.empty(max).union(
+      JSON_STRING_CHARS.filter(([a]) => a <= max).map(([min, hi]) => ({ min, max: Math.min(hi, max) })),
+    );
     const text = minimal(DFA.fromIntersection(fa, lengths(json, max, 0, Infinity), new DFA.LimitedNodeFactory(MAX_STATES)));
     const fewest = shortest(text);
     // No string of the characters the grammar writes (only characters beyond the BMP): the check's.
@@ -381,7 +382,7 @@ function attempt(
       lengths(CharSet.all(max), max, minLength, maxLength > MAX_STATES ? Infinity : maxLength),
       new DFA.LimitedNodeFactory(MAX_STATES),
     );
-    if (inLengths.isEmpty) return nothing('matches no string within minLength and maxLength');
+    if (inLengths.isEmpty) return nothing('matches no string within minLength and maxLength', true);
     const automaton = live(text);
     return automaton === undefined ? undefined : { automaton, lengthsHeld: minLength === 0 && maxLength === Infinity };
   } catch (err) {

@@ -350,6 +350,28 @@ class Compiler {
   /** Patterns merged from an allOf, by the one pattern that stands for them in the merged schema. */
   private readonly mergedPatterns = new Map<string, readonly string[]>();
 
+  /** Automata already written into this grammar, by what they were asked for; pattern tests, by pattern. */
+  private readonly automata = new Map<string, ReturnType<typeof patternAutomatonGbnf>>();
+  private readonly tests = new Map<string, ReturnType<typeof patternTest>>();
+
+  /** A pattern's automaton in this grammar (schema-regex.ts), written once however often it is used. */
+  private automatonGrammar(
+    patterns: string | readonly string[],
+    min = 0,
+    max = Infinity,
+    within?: string,
+  ): ReturnType<typeof patternAutomatonGbnf> {
+    const key = JSON.stringify([patterns, min, max === Infinity ? null : max, within ?? null]);
+    if (!this.automata.has(key)) this.automata.set(key, patternAutomatonGbnf(patterns, this.sink, min, max, within, this.unicode));
+    return this.automata.get(key);
+  }
+
+  /** A pattern's linear-time test (schema-automaton.ts), built once. */
+  private patternTest(pattern: string): ReturnType<typeof patternTest> {
+    if (!this.tests.has(pattern)) this.tests.set(pattern, patternTest(pattern, this.unicode));
+    return this.tests.get(pattern);
+  }
+
   /** Rules for a pattern's automaton (schema-regex.ts), kept in this grammar. */
   private readonly sink: RuleSink = {
     reserve: (hint) => this.reserve(hint),
@@ -526,14 +548,22 @@ class Compiler {
       // automaton is left to the check.
       const pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
       const patterns = pattern === undefined ? [] : (this.mergedPatterns.get(pattern) ?? [pattern]);
-      const tests = patterns.map((p) => patternTest(p, this.unicode));
+      const tests = patterns.map((p) => this.patternTest(p));
       const lo = num(s['minLength']) ?? 0;
       const hi = num(s['maxLength']) ?? Infinity;
-      const fits = (v: string): boolean => [...v].length >= lo && [...v].length <= hi && tests.every((t) => t === undefined || t(v));
+      // A value the automaton cannot judge (beyond the BMP, with a property read as its BMP part) stays, checked.
+      let unknown = false;
+      const matches = (v: string): boolean =>
+        tests.every((t) => {
+          const r = t?.(v);
+          if (t !== undefined && r === undefined) unknown = true;
+          return r !== false;
+        });
+      const fits = (v: string): boolean => [...v].length >= lo && [...v].length <= hi && matches(v);
       const allowed = typed.filter((v) => typeof v !== 'string' || fits(v));
       if (allowed.length === 0) throw new Unsatisfiable(`no value of the enum at '${path || '/'}' meets the pattern and lengths beside it`);
       const held = ['type', 'enum', 'const', 'nullable', 'minLength', 'maxLength'];
-      if (tests.every((t) => t !== undefined)) held.push('pattern');
+      if (tests.every((t) => t !== undefined) && !unknown) held.push('pattern');
       const others = Object.keys(s).filter((k) => CONSTRAINTS.has(k) && !held.includes(k));
       if (others.length > 0 || ('const' in s && Array.isArray(s['enum']))) this.check(others[0] ?? 'enum', path);
       return this.rule(`${path}-enum`, [...new Set(allowed.map((v) => gbnfLiteral(JSON.stringify(v))))].join(' | '));
@@ -845,9 +875,12 @@ class Compiler {
           // Strings that match both in full, as one pattern the grammar reads as their automaton
           // (zod writes `.endsWith()` beside an email's pattern as an allOf of the two).
           if (typeof prev === 'string' && typeof v === 'string') {
-            // (The one pattern is what the parts mean together, matched in full; it keys them.)
-            const both = `^(?=(?:${prev})$)(?:${v})$`;
-            this.mergedPatterns.set(both, [...(this.mergedPatterns.get(prev) ?? [prev]), v]);
+            // The one pattern that stands for them says what they mean together, each matched
+            // anywhere, as the validator reads them; it keys them (and a schema that writes the
+            // same pattern itself means the same by it).
+            const parts = [...(this.mergedPatterns.get(prev) ?? [prev]), v];
+            const both = `^${parts.map((p) => `(?=[^]*?(?:${p}))`).join('')}[^]*$`;
+            this.mergedPatterns.set(both, parts);
             out[k] = both;
           } else this.check(k, path);
           break;
@@ -933,7 +966,7 @@ class Compiler {
     // is our subset of the format, so neither is left to the check (`format: email` with
     // `pattern: "@example\\.com$"` failed every sample, the format's grammar with the pattern checked).
     if (formatName !== undefined && pattern !== undefined) {
-      const made = patternAutomatonGbnf(parts ?? [pattern], this.sink, min, max, FORMAT_PATTERNS[formatName], this.unicode);
+      const made = this.automatonGrammar(parts ?? [pattern], min, max, FORMAT_PATTERNS[formatName]);
       if (made !== undefined && 'body' in made) {
         if (!made.lengthsHeld && (min > 0 || max !== Infinity)) this.check('minLength/maxLength', path);
         return this.rule(`${path}-pattern`, `"\\"" ${made.body} "\\""`);
@@ -954,7 +987,7 @@ class Compiler {
     // Lookaround, `\b`, `\p{…}`, several patterns: their automaton (not beside a format: there its
     // bounded repetitions are the element-by-element grammar's).
     const automaton = (p: string | readonly string[]): void => {
-      const made = patternAutomatonGbnf(p, this.sink, min, max, undefined, this.unicode);
+      const made = this.automatonGrammar(p, min, max);
       if (made !== undefined && 'unsatisfiable' in made)
         throw new Unsatisfiable(`the pattern${typeof p === 'string' ? '' : 's'} at '${path || '/'}' ${made.unsatisfiable}`);
       if (made !== undefined) ({ body: patternBody, lengthsHeld } = made);
@@ -1331,9 +1364,7 @@ class Compiler {
 
   /** A key pattern's grammar: element by element, or as its automaton. */
   private keyPattern(pattern: string): string | undefined {
-    const made =
-      patternToGbnf(pattern, PATTERN_OPEN_REPEAT, this.unicode) ??
-      patternAutomatonGbnf(pattern, this.sink, 0, Infinity, undefined, this.unicode);
+    const made = patternToGbnf(pattern, PATTERN_OPEN_REPEAT, this.unicode) ?? this.automatonGrammar(pattern);
     return typeof made === 'string' ? made : made !== undefined && 'body' in made ? made.body : undefined;
   }
 

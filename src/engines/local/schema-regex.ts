@@ -10,13 +10,11 @@
  * Parsed with regexpp (the ESLint project's ECMAScript regex parser), so the syntax accepted is
  * exactly JavaScript's, with or without the `u` flag as the validator compiles it.
  */
-import { RegExpParser, type AST } from '@eslint-community/regexpp';
+import type { AST } from '@eslint-community/regexpp';
+import { ESCAPED, PLAIN, parsePattern, type Ranges } from './regex-syntax.js';
 import { patternAutomaton, type Automaton } from './schema-automaton.js';
 
 class Unsupported extends Error {}
-
-/** Sorted, disjoint, inclusive code point ranges. */
-type Ranges = Array<[number, number]>;
 
 /** Repetitions above this are written as this many (a subset); a pattern needing more is left to the check. */
 const MAX_REPEAT = 256;
@@ -75,23 +73,6 @@ function intersect(r: Ranges, s: Ranges): Ranges {
   for (const [a, b] of r) for (const [c, d] of s) if (Math.max(a, c) <= Math.min(b, d)) out.push([Math.max(a, c), Math.min(b, d)]);
   return normalise(out);
 }
-
-/** Characters written as themselves in a JSON string (no quote, backslash, control or surrogate). */
-const PLAIN: Ranges = [
-  [0x20, 0x21],
-  [0x23, 0x5b],
-  [0x5d, 0x7e],
-  [0x80, 0xd7ff],
-  [0xe000, TOP],
-];
-/** Characters written escaped, and how. */
-const ESCAPED: ReadonlyArray<[number, string]> = [
-  [0x22, '"\\\\\\""'],
-  [0x5c, '"\\\\\\\\"'],
-  [0x0a, '"\\\\n"'],
-  [0x09, '"\\\\t"'],
-  [0x0d, '"\\\\r"'],
-];
 
 const classChar = (c: number): string =>
   /[a-zA-Z0-9]/.test(String.fromCharCode(c)) ? String.fromCharCode(c) : c < 0x100 ? `\\x${hex(c, 2)}` : `\\u${hex(c, 4)}`;
@@ -232,21 +213,9 @@ function element(e: AST.Element, pos: Position): string | undefined {
   }
 }
 
-/**
- * The pattern's syntax tree, read as the validator compiles it: `unicode`, the flag the validator
- * compiled the schema's patterns with (Ajv drops `u` for every pattern of a schema where one needs
- * it dropped); undefined, with the `u` flag where the pattern allows it.
- */
+/** The pattern's syntax tree, read as the validator compiles it (regex-syntax.ts). */
 function parse(pattern: string, unicode?: boolean): AST.Pattern | undefined {
-  const parser = new RegExpParser();
-  for (const flag of unicode === undefined ? [true, false] : [unicode]) {
-    try {
-      return parser.parsePattern(pattern, 0, pattern.length, { unicode: flag });
-    } catch {
-      // Not a pattern with this flag.
-    }
-  }
-  return undefined;
+  return parsePattern(pattern, unicode)?.ast;
 }
 
 /** Where an automaton's grammar puts its rules: one per state, and they refer to each other. */
@@ -297,8 +266,13 @@ export function patternAutomatonGbnf(
 ): { body: string; lengthsHeld: boolean } | { unsatisfiable: string } | undefined {
   const made = patternAutomaton(pattern, minLength, maxLength, within, unicode);
   if (made === undefined || 'unsatisfiable' in made) return made;
-  const body = automatonGbnf(made.automaton, rules);
-  return body === undefined ? undefined : { body, lengthsHeld: made.lengthsHeld };
+  try {
+    const body = automatonGbnf(made.automaton, rules);
+    return body === undefined ? undefined : { body, lengthsHeld: made.lengthsHeld };
+  } catch (err) {
+    if (err instanceof Unsupported) return undefined;
+    throw err;
+  }
 }
 
 /** One rule per state: each transition's characters and the state it leads to, and `""` where the string may end. */
