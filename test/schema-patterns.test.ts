@@ -66,6 +66,11 @@ const cases: Array<{ pattern: string; alphabet: string; minLength?: number; maxL
   { pattern: '^[a-z]+(?<!ing)$', alphabet: 'ing' },
   { pattern: '^(?:(?=.*[A-Z])(?=.*\\d)[A-Za-z\\d]{3,})$', alphabet: 'aA1' },
   { pattern: '^((?=.*\\d)\\w+|x)$', alphabet: 'ax1' },
+  // A run of lookarounds in the middle: before it held to the lookbehinds, after it to the lookaheads.
+  { pattern: '^[a-z]+(?=.*\\d)\\w*$', alphabet: 'a1_' },
+  { pattern: '^\\d+(?!px)[a-z]*$', alphabet: '1pxa' },
+  { pattern: '^\\w+(?<=\\d)(?=[a-z]{2}$)[a-z]+$', alphabet: 'a1' },
+  { pattern: '\\d(?!.*x$)[a-z]+', alphabet: '1ax' },
   // Intermediate automata minimised: three lookaheads over 40 characters stay under the state limit.
   { pattern: '^(?=.*[A-Z])(?=.*\\d)(?=.*[!-/])[!-~]{40}$', alphabet: 'aA1!' },
   { pattern: '^\\p{L}+$', alphabet: 'aé1', minLength: 30 },

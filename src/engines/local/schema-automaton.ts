@@ -136,6 +136,8 @@ interface Part {
   ahead: AST.LookaheadAssertion[];
   behind: AST.LookbehindAssertion[];
   body: string;
+  /** The body's elements, for a lookaround in its middle (middle). */
+  elements: AST.Element[];
 }
 
 function partsOf(pattern: string, alt: AST.Alternative, start = false, end = false): Part[] {
@@ -152,7 +154,65 @@ function partsOf(pattern: string, alt: AST.Alternative, start = false, end = fal
   const behind: AST.LookbehindAssertion[] = [];
   for (let e = els[j - 1]; j > i && e?.type === 'Assertion' && e.kind === 'lookbehind'; e = els[j - 1]) (behind.unshift(e), j--);
   const body = j > i ? pattern.slice(els[i]!.start, els[j - 1]!.end) : '';
-  return [{ start, end, ahead, behind, body }];
+  return [{ start, end, ahead, behind, body, elements: els.slice(i, j) }];
+}
+
+const isLookaround = (e: AST.Node | undefined): e is AST.LookaroundAssertion =>
+  e?.type === 'Assertion' && (e.kind === 'lookahead' || e.kind === 'lookbehind');
+
+/** The kinds of assertion anywhere in these nodes (`\b` is `word`, `^` `start`, `$` `end`). */
+function assertionKinds(nodes: readonly AST.Node[]): Set<string> {
+  const kinds = new Set<string>();
+  for (const node of nodes) {
+    const visit = (n: AST.Node): void => {
+      if (n.type === 'Assertion') kinds.add(n.kind);
+      if ('alternatives' in n) n.alternatives.forEach(visit);
+      if ('elements' in n && n.type === 'Alternative') n.elements.forEach(visit);
+      if (n.type === 'Quantifier') visit(n.element);
+    };
+    visit(node);
+  }
+  return kinds;
+}
+
+/**
+ * A body with one run of lookarounds in its middle that refa's simplifier could not remove
+ * (`[a-z]+(?=.*\d)\w*`, `\d+(?!px)[a-z]*`): what comes before, held to the lookbehinds (it must end
+ * with a match of each, or not), followed by what comes after, held to the lookaheads (it must
+ * start with one, or not). Exact only where nothing else can see across the cut: no other
+ * assertion before or after it, a lookahead's own with none but `$` (the string's end, which is the
+ * end of what comes after), a lookbehind's with none but `^`. Undefined otherwise.
+ */
+function middle(pattern: string, els: readonly AST.Element[], flags: Flags, open: { start: boolean; end: boolean }): DFA | undefined {
+  const k = els.findIndex(isLookaround);
+  if (k <= 0) return undefined;
+  let m = k;
+  while (isLookaround(els[m + 1])) m++;
+  if (m >= els.length - 1) return undefined;
+  const before = els.slice(0, k);
+  const after = els.slice(m + 1);
+  const looks = els.slice(k, m + 1).filter(isLookaround);
+  if (assertionKinds([...before, ...after]).size > 0) return undefined;
+  for (const look of looks) {
+    const inner = assertionKinds(look.alternatives);
+    inner.delete(look.kind === 'lookahead' ? 'end' : 'start');
+    if (inner.size > 0) return undefined;
+  }
+  const source = (part: readonly AST.Element[]): string => pattern.slice(part[0]!.start, part[part.length - 1]!.end);
+  let head = whole(`${open.start ? '[^]*' : ''}(?:${source(before)})`, flags);
+  let tail = whole(`(?:${source(after)})${open.end ? '[^]*' : ''}`, flags);
+  if (head === undefined || tail === undefined) return undefined;
+  for (const look of looks) {
+    const inner = look.alternatives.map((a) => a.raw).join('|');
+    const seen = whole(look.kind === 'lookahead' ? `(?:${inner})[^]*` : `[^]*(?:${inner})`, flags);
+    if (seen === undefined) return undefined;
+    if (look.negate) seen.complement();
+    if (look.kind === 'lookahead') tail = minimal(DFA.fromIntersection(tail, seen, new DFA.LimitedNodeFactory(MAX_STATES)));
+    else head = minimal(DFA.fromIntersection(head, seen, new DFA.LimitedNodeFactory(MAX_STATES)));
+  }
+  const joined = NFA.fromFA(head, new NFA.LimitedNodeFactory(MAX_STATES));
+  joined.append(tail, new NFA.LimitedNodeFactory(MAX_STATES));
+  return minimal(DFA.fromFA(joined, new DFA.LimitedNodeFactory(MAX_STATES)));
 }
 
 /** Minimised in place (and returned): intermediate automata stay small enough to intersect. */
@@ -191,7 +251,8 @@ function automatonOf(
   for (const part of parts) {
     const open = { start: search && !part.start, end: search && !part.end };
     if ((open.start && part.ahead.length > 0) || (open.end && part.behind.length > 0)) return undefined;
-    let dfa = whole(`${open.start ? '[^]*' : ''}(?:${part.body})${open.end ? '[^]*' : ''}`, flags);
+    let dfa =
+      whole(`${open.start ? '[^]*' : ''}(?:${part.body})${open.end ? '[^]*' : ''}`, flags) ?? middle(pattern, part.elements, flags, open);
     if (dfa === undefined) return undefined;
     // A lookahead at position 0 of a whole match sees the whole string: `(?=X)` asks that the string
     // start with a match of X (X may end with `$`), `(?!X)` that it not; a lookbehind at its end,
