@@ -9,13 +9,13 @@
  * most a 500 after every resample.
  *
  * refa (finite automata for JavaScript regexes, on the same regexpp parser) does the work: its
- * simplifier removes the assertions it can prove away, and a lookahead at the start of an
- * alternative, which it cannot, becomes an intersection (a negative one, with the complement) of
- * automata. Anything left over (a lookbehind at the start, a back-reference) gives undefined, and
- * the pattern stays with the check.
+ * simplifier removes the assertions it can prove away, and a lookaround it cannot, at the start or
+ * end of an alternative or in a run in its middle, becomes an intersection (a negative one, with
+ * the complement) of automata. Anything left over (a lookbehind at the start, a back-reference)
+ * gives undefined, and the pattern stays with the check.
  */
 import { visitRegExpAST, type AST } from '@eslint-community/regexpp';
-import { CharSet, DFA, JS, NFA, TooManyNodesError, Transformers, transform, type NoParent } from 'refa';
+import { CharSet, DFA, JS, NFA, TooManyNodesError, Transformers, transform, type NoParent, type TransitionIterable } from 'refa';
 import { JSON_STRING_CHARS, parsePattern, type Ranges } from './regex-syntax.js';
 
 export interface Automaton {
@@ -135,10 +135,13 @@ interface Part {
   end: boolean;
   ahead: AST.LookaheadAssertion[];
   behind: AST.LookbehindAssertion[];
-  body: string;
-  /** The body's elements, for a lookaround in its middle (middle). */
-  elements: AST.Element[];
+  /** What is in between. */
+  body: AST.Element[];
 }
+
+/** The source of consecutive elements of the pattern. */
+const sourceOf = (pattern: string, els: readonly AST.Element[]): string =>
+  els.length === 0 ? '' : pattern.slice(els[0]!.start, els[els.length - 1]!.end);
 
 function partsOf(pattern: string, alt: AST.Alternative, start = false, end = false): Part[] {
   const els = alt.elements;
@@ -153,8 +156,7 @@ function partsOf(pattern: string, alt: AST.Alternative, start = false, end = fal
   for (let e = els[i]; i < j && e?.type === 'Assertion' && e.kind === 'lookahead'; e = els[++i]) ahead.push(e);
   const behind: AST.LookbehindAssertion[] = [];
   for (let e = els[j - 1]; j > i && e?.type === 'Assertion' && e.kind === 'lookbehind'; e = els[j - 1]) (behind.unshift(e), j--);
-  const body = j > i ? pattern.slice(els[i]!.start, els[j - 1]!.end) : '';
-  return [{ start, end, ahead, behind, body, elements: els.slice(i, j) }];
+  return [{ start, end, ahead, behind, body: els.slice(i, j) }];
 }
 
 const isLookaround = (e: AST.Node | undefined): e is AST.LookaroundAssertion =>
@@ -198,18 +200,13 @@ function middle(pattern: string, els: readonly AST.Element[], flags: Flags, open
     inner.delete(look.kind === 'lookahead' ? 'end' : 'start');
     if (inner.size > 0) return undefined;
   }
-  const source = (part: readonly AST.Element[]): string => pattern.slice(part[0]!.start, part[part.length - 1]!.end);
-  let head = whole(`${open.start ? '[^]*' : ''}(?:${source(before)})`, flags);
-  let tail = whole(`(?:${source(after)})${open.end ? '[^]*' : ''}`, flags);
-  if (head === undefined || tail === undefined) return undefined;
+  let head = whole(`${open.start ? '[^]*' : ''}(?:${sourceOf(pattern, before)})`, flags);
+  let tail = whole(`(?:${sourceOf(pattern, after)})${open.end ? '[^]*' : ''}`, flags);
   for (const look of looks) {
-    const inner = look.alternatives.map((a) => a.raw).join('|');
-    const seen = whole(look.kind === 'lookahead' ? `(?:${inner})[^]*` : `[^]*(?:${inner})`, flags);
-    if (seen === undefined) return undefined;
-    if (look.negate) seen.complement();
-    if (look.kind === 'lookahead') tail = minimal(DFA.fromIntersection(tail, seen, new DFA.LimitedNodeFactory(MAX_STATES)));
-    else head = minimal(DFA.fromIntersection(head, seen, new DFA.LimitedNodeFactory(MAX_STATES)));
+    if (look.kind === 'lookahead') tail = tail && held(tail, look, flags);
+    else head = head && held(head, look, flags);
   }
+  if (head === undefined || tail === undefined) return undefined;
   const joined = NFA.fromFA(head, new NFA.LimitedNodeFactory(MAX_STATES));
   joined.append(tail, new NFA.LimitedNodeFactory(MAX_STATES));
   return minimal(DFA.fromFA(joined, new DFA.LimitedNodeFactory(MAX_STATES)));
@@ -219,6 +216,22 @@ function middle(pattern: string, els: readonly AST.Element[], flags: Flags, open
 function minimal(dfa: DFA): DFA {
   dfa.minimize();
   return dfa;
+}
+
+/** The strings of both, minimised. */
+const meet = <B>(a: DFA, b: TransitionIterable<B>): DFA => minimal(DFA.fromIntersection(a, b, new DFA.LimitedNodeFactory(MAX_STATES)));
+
+/**
+ * The strings of `dfa` that a lookaround at their edge allows: a lookahead at their start sees all
+ * of them (`(?=X)`: they start with a match of X, which may end with `$`; `(?!X)`: they do not), a
+ * lookbehind at their end likewise (`(?<!ing)`: they do not end with "ing").
+ */
+function held(dfa: DFA, look: AST.LookaroundAssertion, flags: Flags): DFA | undefined {
+  const inner = look.alternatives.map((a) => a.raw).join('|');
+  const seen = whole(look.kind === 'lookahead' ? `(?:${inner})[^]*` : `[^]*(?:${inner})`, flags);
+  if (seen === undefined) return undefined;
+  if (look.negate) seen.complement();
+  return meet(dfa, seen);
 }
 
 /**
@@ -252,18 +265,11 @@ function automatonOf(
     const open = { start: search && !part.start, end: search && !part.end };
     if ((open.start && part.ahead.length > 0) || (open.end && part.behind.length > 0)) return undefined;
     let dfa =
-      whole(`${open.start ? '[^]*' : ''}(?:${part.body})${open.end ? '[^]*' : ''}`, flags) ?? middle(pattern, part.elements, flags, open);
+      whole(`${open.start ? '[^]*' : ''}(?:${sourceOf(pattern, part.body)})${open.end ? '[^]*' : ''}`, flags) ??
+      middle(pattern, part.body, flags, open);
+    // The lookarounds at the whole string's edges.
+    for (const look of [...part.ahead, ...part.behind]) dfa = dfa && held(dfa, look, flags);
     if (dfa === undefined) return undefined;
-    // A lookahead at position 0 of a whole match sees the whole string: `(?=X)` asks that the string
-    // start with a match of X (X may end with `$`), `(?!X)` that it not; a lookbehind at its end,
-    // that the string end with one (`(?<!ing)$`).
-    for (const look of [...part.ahead, ...part.behind]) {
-      const inner = look.alternatives.map((a) => a.raw).join('|');
-      const seen = whole(look.kind === 'lookahead' ? `(?:${inner})[^]*` : `[^]*(?:${inner})`, flags);
-      if (seen === undefined) return undefined;
-      if (look.negate) seen.complement();
-      dfa = minimal(DFA.fromIntersection(dfa, seen, new DFA.LimitedNodeFactory(MAX_STATES)));
-    }
     if (union === undefined) union = NFA.fromFA(dfa, factory);
     else union.union(dfa, factory);
   }
@@ -291,8 +297,7 @@ function intersection(
     const format = i === patterns.length;
     const of = automatonOf(pattern, search && !format, unicode);
     if (of === undefined) return undefined;
-    const factory = new DFA.LimitedNodeFactory(MAX_STATES);
-    fa = minimal(fa === undefined ? DFA.fromFA(of.fa, factory) : DFA.fromIntersection(fa, of.fa, factory));
+    fa = fa === undefined ? minimal(DFA.fromFA(of.fa, new DFA.LimitedNodeFactory(MAX_STATES))) : meet(fa, of.fa);
     if (!format) anchored &&= of.anchored;
     restricted ||= of.restricted;
     utf16 ||= of.flags === '';
@@ -417,7 +422,7 @@ function attempt(
     const json = CharSet.empty(max).union(
       JSON_STRING_CHARS.filter(([a]) => a <= max).map(([min, hi]) => ({ min, max: Math.min(hi, max) })),
     );
-    const text = minimal(DFA.fromIntersection(fa, lengths(json, max, 0, Infinity), new DFA.LimitedNodeFactory(MAX_STATES)));
+    const text = meet(fa, lengths(json, max, 0, Infinity));
     const fewest = shortest(text);
     // No string of the characters the grammar writes (only characters beyond the BMP): the check's.
     if (fewest === undefined) return undefined;
@@ -425,7 +430,7 @@ function attempt(
     for (const open of OPEN_LENGTH) {
       const hi = Math.min(maxLength, Math.max(minLength, fewest) + open);
       try {
-        const bounded = minimal(DFA.fromIntersection(text, lengths(json, max, minLength, hi), new DFA.LimitedNodeFactory(MAX_STATES)));
+        const bounded = meet(text, lengths(json, max, minLength, hi));
         const automaton = live(bounded);
         if (automaton !== undefined) return { automaton, lengthsHeld: true };
         // Nothing within these bounds: maybe beyond them (below).
@@ -438,11 +443,7 @@ function attempt(
     }
     if (overflowed && mustBound) return TOO_LARGE;
     // Nothing within the lengths, of any character: none at all (the caller judges how definite).
-    const inLengths = DFA.fromIntersection(
-      fa,
-      lengths(CharSet.all(max), max, minLength, maxLength > MAX_STATES ? Infinity : maxLength),
-      new DFA.LimitedNodeFactory(MAX_STATES),
-    );
+    const inLengths = meet(fa, lengths(CharSet.all(max), max, minLength, maxLength > MAX_STATES ? Infinity : maxLength));
     if (inLengths.isEmpty) return nothing('matches no string within minLength and maxLength', true);
     const automaton = live(text);
     return automaton === undefined ? undefined : { automaton, lengthsHeld: minLength === 0 && maxLength === Infinity };

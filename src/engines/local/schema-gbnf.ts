@@ -957,6 +957,7 @@ class Compiler {
     const min = num(s['minLength']) ?? 0;
     const max = num(s['maxLength']) ?? Infinity;
     if (min > max) throw new Unsatisfiable(`minLength is above maxLength at '${path || '/'}'`);
+    const bounded = min > 0 || max !== Infinity;
     const formatName = typeof s['format'] === 'string' && Object.hasOwn(FORMAT_PATTERNS, s['format']) ? s['format'] : undefined;
     const format = formatName !== undefined ? STRING_FORMATS[formatName] : undefined;
     let pattern = typeof s['pattern'] === 'string' ? s['pattern'] : undefined;
@@ -968,7 +969,7 @@ class Compiler {
     if (formatName !== undefined && pattern !== undefined) {
       const made = this.automatonGrammar(parts ?? [pattern], min, max, FORMAT_PATTERNS[formatName]);
       if (made !== undefined && 'body' in made) {
-        if (!made.lengthsHeld && (min > 0 || max !== Infinity)) this.check('minLength/maxLength', path);
+        if (!made.lengthsHeld && bounded) this.check('minLength/maxLength', path);
         return this.rule(`${path}-pattern`, `"\\"" ${made.body} "\\""`);
       }
     }
@@ -984,6 +985,8 @@ class Compiler {
     let patternBody: string | undefined;
     // The lengths are in the pattern's automaton (a pattern read through one), exactly.
     let lengthsHeld = false;
+    // One repeated character between anchors: the length bounds go into the repetition, exactly (see sized).
+    let repeated: ReturnType<typeof singleRepeat>;
     // Lookaround, `\b`, `\p{…}`, several patterns: their automaton (not beside a format: there its
     // bounded repetitions are the element-by-element grammar's).
     const automaton = (p: string | readonly string[]): void => {
@@ -1006,8 +1009,8 @@ class Compiler {
       if (format === undefined || whole) patternBody = patternToGbnf(pattern, open, this.unicode);
       // The automaton also where the element-by-element grammar would leave the lengths to the
       // check (`^sk-.*` with minLength 10 was "sk-" on every try): it holds them exactly.
-      const lengths = (min > 0 || max !== Infinity) && singleRepeat(pattern, this.unicode) === undefined;
-      if (format === undefined && (patternBody === undefined || lengths)) {
+      repeated = bounded ? singleRepeat(pattern, this.unicode) : undefined;
+      if (format === undefined && (patternBody === undefined || (bounded && repeated === undefined))) {
         const plain = patternBody;
         patternBody = undefined;
         automaton(pattern);
@@ -1016,15 +1019,13 @@ class Compiler {
       if (patternBody === undefined) this.check('pattern', path);
     }
     let shaped = format;
-    // One repeated character between anchors: the length bounds go into the repetition, exactly (see sized).
-    const single =
-      patternBody !== undefined && !lengthsHeld && (min > 0 || max !== Infinity) ? singleRepeat(pattern!, this.unicode) : undefined;
+    const single = patternBody !== undefined && !lengthsHeld ? repeated : undefined;
     if (pattern !== undefined && patternBody !== undefined) {
       shaped = lengthsHeld ? patternBody : this.sized(pattern, patternBody, min, max, path, open, single);
       if (format !== undefined) this.check('format', path);
     }
     if (shaped !== undefined) {
-      if ((min > 0 || max !== Infinity) && single === undefined && !lengthsHeld) this.check('minLength/maxLength', path);
+      if (bounded && single === undefined && !lengthsHeld) this.check('minLength/maxLength', path);
       return this.rule(`${path}-${patternBody !== undefined ? 'pattern' : 'format'}`, `"\\"" ${shaped} "\\""`);
     }
     if (min === 0 && max === Infinity) return this.base('string');

@@ -3,9 +3,9 @@
  * accepts strings that match the whole pattern: a subset of what the pattern accepts (it is not
  * anchored), and every one of them valid. Characters that JSON must escape are written escaped.
  * Lookaround, word boundaries and Unicode properties, which have no element-by-element equivalent,
- * go through a finite automaton instead (schema-automaton.ts), where the caller can take the rules
- * an automaton needs; what neither can express (back-references, a lookbehind at the start) makes it
- * return undefined: the caller then leaves the pattern to the schema check.
+ * make `patternToGbnf` return undefined; `patternAutomatonGbnf` writes them as a finite automaton
+ * (schema-automaton.ts) into rules the caller keeps. What neither can express (back-references, a
+ * lookbehind at the start) the caller leaves to the schema check.
  *
  * Parsed with regexpp (the ESLint project's ECMAScript regex parser), so the syntax accepted is
  * exactly JavaScript's, with or without the `u` flag as the validator compiles it.
