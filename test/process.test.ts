@@ -30,6 +30,9 @@ async function failedStart(env: Record<string, string>, args = ['--port', '0']):
   const child = spawn(process.execPath, [MAIN, ...args], {
     env: { PATH: process.env['PATH'] ?? '', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
+    // A start that hangs fails the test (exit code null) rather than the run.
+    timeout: 60_000,
+    killSignal: 'SIGKILL',
   });
   let err = '';
   child.stderr.on('data', (d: Buffer) => {
@@ -613,6 +616,11 @@ describe('the server process', () => {
       [
         { SWITCHYARD_DATA_DIR: '/etc/passwd/sub' },
         /cannot open the SQLite database \/etc\/passwd\/sub\/switchyard\.db \(set by SWITCHYARD_DATA_DIR/,
+      ],
+      // Node's recursive mkdir loops forever on a directory that cannot be made under one that exists.
+      [
+        { SWITCHYARD_DATA_DIR: '/proc/switchyard/data' },
+        /cannot open the SQLite database \/proc\/switchyard\/data\/switchyard\.db .*mkdir '\/proc\/switchyard'/,
       ],
     ];
     for (const [env, pattern] of cases) {

@@ -1,4 +1,4 @@
-import { mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { Kysely, Migrator, PostgresDialect, sql, type RawBuilder, type Selectable, type SqlBool } from 'kysely';
 import SqliteDatabase from 'better-sqlite3';
@@ -276,7 +276,7 @@ export class KyselyStore implements Store {
       this.dialect = 'sqlite';
       let database: SqliteDatabase.Database;
       try {
-        if (file !== ':memory:') mkdirSync(dirname(resolve(file)), { recursive: true });
+        if (file !== ':memory:') makeDirectory(dirname(resolve(file)));
         database = new SqliteDatabase(file);
       } catch (err) {
         // "ENOTDIR: not a directory, mkdir …" alone does not say which setting put it there.
@@ -918,4 +918,16 @@ export class KyselyStore implements Store {
     const res = await this.db.deleteFrom('deployments').where('id', '=', id).executeTakeFirst();
     return Number(res.numDeletedRows) > 0;
   }
+}
+
+/**
+ * `mkdir -p`, one level at a time. Node's `mkdirSync(dir, { recursive: true })` never returns where
+ * a directory cannot be made for ENOENT under an existing parent (`/proc/x`): it makes the parent,
+ * which exists, and tries again, forever, on the event loop, with the start-up's signals held.
+ */
+function makeDirectory(dir: string): void {
+  if (existsSync(dir)) return;
+  const parent = dirname(dir);
+  if (parent !== dir) makeDirectory(parent);
+  mkdirSync(dir);
 }
