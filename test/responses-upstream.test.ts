@@ -89,6 +89,11 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     upstream = fixtureUpstream(seen);
     await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
     const port = (upstream.address() as AddressInfo).port;
+    // A port nothing listens on: an upstream that never takes the request.
+    const closed = createServer();
+    await new Promise<void>((r) => closed.listen(0, '127.0.0.1', () => r()));
+    const deadPort = (closed.address() as AddressInfo).port;
+    await new Promise((r) => closed.close(r));
     server = await startServer({
       modelsDir: tempDir(),
       configFile: {
@@ -97,10 +102,12 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
           models: [
             { id: MODEL, context_length: 8192, capabilities: ['streaming', 'function_calling', 'reasoning'] },
             { id: 'deepseek/plain', context_length: 8192, capabilities: ['streaming'] },
+            { id: 'deepseek/unreachable', context_length: 8192, capabilities: ['streaming'] },
           ],
           deployments: [
             { model: MODEL, baseUrl: `http://127.0.0.1:${port}/v1`, upstreamModel: 'fixture' },
             { model: 'deepseek/plain', baseUrl: `http://127.0.0.1:${port}/v1`, upstreamModel: 'fixture' },
+            { model: 'deepseek/unreachable', baseUrl: `http://127.0.0.1:${deadPort}/v1`, upstreamModel: 'fixture' },
           ],
         }),
       },
@@ -391,6 +398,22 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     const stored = await http<WireResponse>(server.url, 'GET', `/v1/responses/${last.response!.id}`, { key });
     assert.equal(stored.json.status, 'failed');
     assert.deepEqual(stored.json.error, last.response!.error);
+  });
+
+  it('replays a background response that failed before an engine took it without a response.in_progress it never had', async () => {
+    const live = await readSse(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: 'deepseek/unreachable', input: 'hello', background: true, stream: true },
+    });
+    const liveEvents = checkStream(live.events);
+    const states = (evs: typeof liveEvents) => evs.map((e) => [e.type, e.response?.status]);
+    assert.deepEqual(states(liveEvents), [
+      ['response.created', 'queued'],
+      ['response.queued', 'queued'],
+      ['response.failed', 'failed'],
+    ]);
+    const replay = await readSse(server.url, 'GET', `/v1/responses/${liveEvents[0]!.response!.id}?stream=true`, { key });
+    assert.deepEqual(states(checkStream(replay.events)), states(liveEvents));
   });
 
   it('answers a foreground non-stream response that failed with the error it failed with, and stores it as failed', async () => {

@@ -541,8 +541,13 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
       ...(r.completed_at !== null && { completedAt: r.completed_at }),
       ...(sealed.some(Boolean) && { seal: () => sealed[sealIndex++] ?? '' }),
     });
-    // A background response's stream began queued, as its live one did.
-    const events: WireEvent[] = [...(r.background ? builder.queued() : []), ...builder.start()];
+    // A background response's stream began queued, as its live one did, and went on to
+    // `response.in_progress` only if an engine took it: one cancelled or failed while it waited (or
+    // left queued by a crash) has no output, and no tokens counted, since engines count the prompt
+    // once they take a request.
+    const tokens = r.usage === null ? 0 : Number(r.usage['input_tokens'] ?? 0) + Number(r.usage['output_tokens'] ?? 0);
+    const started = !r.background || r.output.length > 0 || tokens > 0;
+    const events: WireEvent[] = [...(r.background ? builder.queued() : []), ...(started ? builder.start() : [])];
     for (const ev of eventsOf(r)) events.push(...builder.apply(ev));
     if (r.status === 'failed') events.push(...builder.fail(r.error?.code ?? 'server_error', r.error?.message ?? ''));
     else if (r.status === 'cancelled') events.push(...builder.cancel());
