@@ -501,6 +501,10 @@ describe('POST /v1/responses with TinyStories', () => {
       [{ ...base, text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', not: {} } } } }, 'text.format'],
       [{ model: STORIES }, 'input'],
       [{ ...base, input: [{ type: 'bogus' }] }, 'input[0].type'],
+      // Open Responses: a call's id and name are not empty.
+      [{ ...base, input: [{ type: 'function_call', call_id: '', name: 'f', arguments: '{}' }] }, 'input[0].call_id'],
+      [{ ...base, input: [{ type: 'function_call', call_id: 'c', name: '', arguments: '{}' }] }, 'input[0].name'],
+      [{ ...base, input: [{ type: 'function_call_output', call_id: '', output: 'x' }] }, 'input[0].call_id'],
       [{ ...base, previous_response_id: 'resp_1', conversation: 'conv_1' }, 'conversation'],
       [{ ...base, background: true, store: false }, 'background'],
     ];

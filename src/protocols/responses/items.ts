@@ -103,6 +103,17 @@ const str = (v: unknown, where: string): string => {
 };
 
 /**
+ * A call's id or name: a string that is not empty (Open Responses' `minLength: 1`). An empty one
+ * pairs an output with no call an upstream can name. The 64-character cap of that schema is not
+ * applied: ids other engines made come back here as they were sent.
+ */
+const nonEmpty = (v: unknown, where: string): string => {
+  const s = str(v, where);
+  if (s === '') throw new ApiError('invalid_value', `${where} must not be empty.`, { param: where });
+  return s;
+};
+
+/**
  * `input` as canonical items with ids (a string is one user message). An `item_reference` is kept as
  * a reference, for core to resolve against what the caller stored.
  */
@@ -173,8 +184,8 @@ export function decodeInput(input: string | readonly Raw[], field = 'input'): In
         return {
           id: itemId(raw, where, 'fc'),
           type: 'function_call',
-          call_id: str(raw['call_id'], `${where}.call_id`),
-          name: str(raw['name'], `${where}.name`),
+          call_id: nonEmpty(raw['call_id'], `${where}.call_id`),
+          name: nonEmpty(raw['name'], `${where}.name`),
           arguments: str(raw['arguments'], `${where}.arguments`),
           status: itemStatus(raw, where),
         };
@@ -182,7 +193,7 @@ export function decodeInput(input: string | readonly Raw[], field = 'input'): In
         return {
           id: itemId(raw, where, 'fco'),
           type: 'function_call_output',
-          call_id: str(raw['call_id'], `${where}.call_id`),
+          call_id: nonEmpty(raw['call_id'], `${where}.call_id`),
           output: functionOutput(raw['output'], where),
           status: itemStatus(raw, where),
         };
