@@ -228,6 +228,80 @@ describe('upstream replies are bounded', () => {
     assert.deepEqual(hits3, [1, 1, 1]);
   });
 
+  // A regression would hang, not fail: the timeout makes it fail.
+  it(
+    'ends an upstream stream that sends keep-alives or empty chunks but no output: a 504 or 502, never a hang or a heap',
+    { timeout: 60_000 },
+    async () => {
+      // The first message picks the misbehaviour.
+      const upstream = open.keep(
+        await fixture((req, res) => {
+          let raw = '';
+          req.on('data', (c: Buffer) => {
+            raw += c.toString();
+          });
+          req.on('end', () => {
+            const mode = (JSON.parse(raw) as { messages: Array<{ content: string }> }).messages[0]!.content;
+            res.writeHead(200, { 'content-type': 'text/event-stream' });
+            const ping = () => {
+              const timer = setInterval(() => res.write(': ping\n\n'), 20);
+              res.on('close', () => clearInterval(timer));
+            };
+            if (mode === 'pings') ping();
+            else if (mode === 'empties') {
+              res.write(chunkFrame({ role: 'assistant', content: '' }));
+              pump(res, chunkFrame({}), 200 * 1024 * 1024);
+            } else {
+              res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+              ping();
+            }
+          });
+        }),
+      );
+      const s = open.keep(
+        await startGateway([{ baseUrl: upstream.url }], {
+          SWITCHYARD_UPSTREAM_FIRST_BYTE_TIMEOUT_MS: '500',
+          SWITCHYARD_UPSTREAM_IDLE_TIMEOUT_MS: '300',
+          SWITCHYARD_UPSTREAM_ATTEMPTS_TIMEOUT_MS: '900',
+          SWITCHYARD_UPSTREAM_MAX_LINE_BYTES: '65536',
+        }),
+      );
+      const say = (content: string) => [{ role: 'user', content }];
+      // Pings alone, before any output: the first-byte timeout's time, on both lanes, stream or not.
+      for (const [path, body] of [
+        ['/v1/chat/completions', { model: MODEL, messages: say('pings') }],
+        ['/v1/chat/completions', { model: MODEL, messages: say('pings'), stream: true }],
+        ['/v1/responses', { model: MODEL, input: say('pings') }],
+        ['/v1/responses', { model: MODEL, input: say('pings'), stream: true }],
+      ] as const) {
+        const started = Date.now();
+        const r = await http(s.url, 'POST', path, { key: s.adminKey, body });
+        assert.equal(r.status, 504, `${path} ${r.text}`);
+        assert.equal(r.json.error.code, 'upstream_timeout');
+        assert.match(r.json.error.message, /sent no output for \d+ ms/);
+        assert.ok(Date.now() - started < 3_000, `answered after ${Date.now() - started} ms`);
+      }
+      // Empty chunks without end: held for failover only up to the bound of one event.
+      const empties = await http(s.url, 'POST', '/v1/chat/completions', {
+        key: s.adminKey,
+        body: { model: MODEL, messages: say('empties'), stream: true },
+      });
+      assert.equal(empties.status, 502, empties.text);
+      assert.match(empties.json.error.message, /more than 65536 bytes without any output/);
+      // Output, then pings: the idle timeout ends the stream with an error after what was sent.
+      for (const path of ['/v1/chat/completions', '/v1/responses']) {
+        const body =
+          path === '/v1/responses'
+            ? { model: MODEL, input: say('stall'), stream: true }
+            : { model: MODEL, messages: say('stall'), stream: true };
+        const stalled = await http(s.url, 'POST', path, { key: s.adminKey, body });
+        assert.equal(stalled.status, 200, stalled.text);
+        assert.match(stalled.text, /Once/);
+        assert.match(stalled.text, /sent no output for 300 ms/);
+      }
+    },
+  );
+
   it('records an answer cut at max_tokens as billed for what it produced', async () => {
     const endless = open.keep(
       await fixture((req, res) => {

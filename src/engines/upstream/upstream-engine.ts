@@ -168,6 +168,33 @@ const NOTHING_TO_FORGET = (): void => undefined;
  */
 const oneCallOnly = (req: GenerationRequest): boolean => req.parallelToolCalls === false && (req.tools?.length ?? 0) > 0;
 
+/**
+ * Time without output in a stream. undici's body timeout sees only silence in bytes: an upstream
+ * that sent keep-alive comments, pings or empty chunks and nothing else held its request, with its
+ * slot and its reservation, for as long as it kept sending them (an outside hostile pass). Until
+ * the first output, the time allowed is the first-byte timeout's; after it, the idle timeout's.
+ * Checked as chunks arrive: silence in bytes is still the body timeout's.
+ */
+class OutputWatch {
+  private last = Date.now();
+
+  constructor(
+    private readonly firstMs: number,
+    private readonly idleMs: number,
+  ) {}
+
+  /** `output`: this chunk carried some (or ended the answer). Throws once the allowed time is past. */
+  check(output: boolean, early: boolean): void {
+    const now = Date.now();
+    if (output) {
+      this.last = now;
+      return;
+    }
+    const allowed = early ? this.firstMs : this.idleMs;
+    if (now - this.last > allowed)
+      throw new ApiError('upstream_timeout', `The upstream sent no output for ${allowed} ms.`, { failover: early });
+  }
+}
 /** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
 function transportError(err: unknown, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
   const code = (err as { code?: string }).code;
@@ -541,10 +568,12 @@ export class UpstreamEngine implements Engine {
         // A UTF-8 character may be split across network chunks.
         const decoder = new StringDecoder('utf8');
         const input = new SseInput();
+        const quiet = new OutputWatch(headersTimeout, this.o.idleTimeoutMs);
         for (let chunk = await res.read(); chunk !== null; chunk = await res.read()) {
           const before = sinceEvent;
           sinceEvent = 0;
           parser.feed(input.push(decoder.write(chunk)));
+          quiet.check(out.length > 0 || done, early);
           // An upstream that reports the prompt's count before its output (Anthropic's message_start):
           // the tally has it at once, so what reads it mid-stream (the Messages endpoint's own
           // message_start, a stop's bill) is not an estimate.
@@ -703,12 +732,23 @@ export class UpstreamEngine implements Engine {
         yield { type: 'wire.object', object: answer as Record<string, unknown>, text: relay.answerText };
       } else {
         const decoder = new StringDecoder('utf8');
+        const quiet = new OutputWatch(headersTimeout, this.o.idleTimeoutMs);
+        let deltas = 0;
         for (let chunk = await res.read(); chunk !== null; chunk = await res.read()) {
           const frames = relay.push(decoder.write(chunk));
+          quiet.check(limit.deltas !== deltas || relay.done, early);
+          deltas = limit.deltas;
           if (frames !== '') {
             count();
-            if (limit.deltas === 0 && !relay.done && !relay.capped) held += frames;
-            else {
+            if (limit.deltas === 0 && !relay.done && !relay.capped) {
+              held += frames;
+              // Frames without output (empty deltas, say) are held for failover, within the bound of
+              // one event: an upstream that sent them without end filled the process's memory.
+              if (held.length > this.o.maxLineBytes)
+                throw new ApiError('upstream_error', `The upstream sent more than ${this.o.maxLineBytes} bytes without any output.`, {
+                  failover: true,
+                });
+            } else {
               early = false;
               yield { type: 'wire.frames', frames: held + frames };
               held = '';
