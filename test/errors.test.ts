@@ -93,6 +93,24 @@ describe('error contract', () => {
     });
     assertEnvelope(nested, 400, 'invalid_value');
     assert.equal(nested.json.error.param, 'pricing[0].rate');
+    // A literal past the double range is Infinity to JSON.parse: refused, not stored as null.
+    for (const [path, body, param] of [
+      ['/admin/keys', '{"org":"acme","name":"x","limits":{"rpm":1e309}}', 'limits.rpm'],
+      ['/admin/orgs', '{"id":"huge","limits":{"budget":1e309}}', 'limits.budget'],
+      ['/admin/models', '{"id":"qwen/x","context_length":1e309}', 'context_length'],
+      ['/admin/models', '{"id":"qwen/x","context_length":10,"pricing":[{"metric":"input_tokens","rate":1e999}]}', 'pricing[0].rate'],
+      [
+        '/v1/chat/completions',
+        '{"model":"local/stories260k","messages":[{"role":"user","content":"hi"}],"max_tokens":1e309}',
+        'max_tokens',
+      ],
+      ['/v1/responses', '{"model":"local/stories260k","input":"hi","temperature":-1e309}', 'temperature'],
+    ] as const) {
+      const res = await http(server.url, 'POST', path, { key: server.adminKey, body });
+      assertEnvelope(res, 400, 'invalid_value');
+      assert.equal(res.json.error.param, param, res.text);
+      assert.match(res.json.error.message, /beyond the range of a double/);
+    }
   });
 
   it('answers unknown routes with 404', async () => {

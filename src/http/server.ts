@@ -313,7 +313,14 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   // Bodies are validated as sent (BODY_VALIDATION); query strings and path params are text by
   // nature, so they are coerced. Each schema is compiled once, when its route is registered.
   const bodyAjv = new Ajv(BODY_VALIDATION);
-  const textAjv = new Ajv({ coerceTypes: 'array', useDefaults: true, removeAdditional: false, allErrors: false, strict: false });
+  const textAjv = new Ajv({
+    coerceTypes: 'array',
+    useDefaults: true,
+    removeAdditional: false,
+    allErrors: false,
+    strict: false,
+    strictNumbers: true,
+  });
   app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? bodyAjv : textAjv).compile(schema));
 
   app.decorateRequest('principal', null);

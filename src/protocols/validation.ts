@@ -14,6 +14,10 @@ export const BODY_VALIDATION: Options = {
   removeAdditional: false,
   allErrors: false,
   strict: false,
+  // `strict: false` turns this off too, and then a number literal past the double range (1e309, which
+  // JSON.parse reads as Infinity) passed every `integer` and `minimum`: an admin limit of 1e309
+  // was stored as null and read back as "null requests per minute".
+  strictNumbers: true,
   verbose: true,
 };
 
@@ -86,6 +90,14 @@ function unionIssue(issues: readonly ValidationIssue[], union: ValidationIssue):
 }
 
 export function validationError(issues: readonly ValidationIssue[], where: string): ApiError {
+  // A literal past the double range (1e309) is read as Infinity: "expected number" would puzzle.
+  const infinite = issues.find((i) => i.keyword === 'type' && typeof i.data === 'number' && !Number.isFinite(i.data));
+  if (infinite) {
+    const param = paramName(infinite.instancePath) || where;
+    return new ApiError('invalid_value', `Invalid value for '${param}': the number is beyond the range of a double (about ±1.8e308).`, {
+      param,
+    });
+  }
   // For unions ajv reports each branch, then the union; the branch that got past the type check
   // (a range, an enum) says what is really wrong.
   const union = issues.find((i) => i.keyword === 'anyOf' || i.keyword === 'oneOf');
