@@ -144,6 +144,82 @@ describe('every generation is billed for what it produced', () => {
     assert.equal(t.estimated_requests, 2, 'and marked as an estimate');
   });
 
+  it('bills the estimate, flagged, where an upstream reports usage that cannot be right (a billion tokens for a word, or none)', async () => {
+    const liar = open.keep(
+      await fixture((req, res) => {
+        let raw = '';
+        req.on('data', (c: Buffer) => {
+          raw += c.toString();
+        });
+        req.on('end', () => {
+          const body = JSON.parse(raw) as { stream?: boolean; messages: Array<{ content: string }> };
+          const huge = body.messages[0]!.content === 'huge';
+          const usage = huge
+            ? { prompt_tokens: 2_000_000_000, completion_tokens: 1_000_000_000, total_tokens: 3_000_000_000 }
+            : { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
+          if (body.stream) {
+            res.writeHead(200, { 'content-type': 'text/event-stream' });
+            res.write(chunkFrame({ role: 'assistant', content: 'Once upon a time there was' }));
+            res.write(chunkFrame({}, 'stop'));
+            res.end(
+              `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage })}\n\ndata: [DONE]\n\n`,
+            );
+          } else {
+            res.writeHead(200, { 'content-type': 'application/json' }).end(
+              JSON.stringify({
+                id: 'x',
+                object: 'chat.completion',
+                created: 1,
+                model: 'm',
+                choices: [{ index: 0, message: { role: 'assistant', content: 'Once upon a time there was' }, finish_reason: 'stop' }],
+                usage,
+              }),
+            );
+          }
+        });
+      }),
+    );
+    const s = open.keep(await startGateway([{ baseUrl: liar.url }], {}, { pricing: PRICE }));
+    type Answer = { usage?: { prompt_tokens: number; completion_tokens: number; input_tokens: number; output_tokens: number } };
+    let n = 0;
+    for (const content of ['huge', 'none']) {
+      // The fast lane (chat to a chat upstream), whole and streamed, and the canonical lane (Responses).
+      for (const stream of [false, true]) {
+        const r = await http<Answer>(s.url, 'POST', '/v1/chat/completions', {
+          key: s.adminKey,
+          body: {
+            model: MODEL,
+            messages: [{ role: 'user', content }],
+            max_tokens: 50,
+            stream,
+            stream_options: stream ? { include_usage: true } : undefined,
+          },
+        });
+        assert.equal(r.status, 200, r.text);
+        const usage = stream ? (JSON.parse(r.text.split('\n\n').at(-3)!.slice(6)) as Answer).usage! : r.json.usage!;
+        // 26 characters: 7 tokens by estimate; the prompt, a word and its role, a few.
+        assert.deepEqual([usage.completion_tokens, usage.prompt_tokens > 0 && usage.prompt_tokens < 50], [7, true], r.text);
+        n++;
+      }
+      const resp = await http<Answer>(s.url, 'POST', '/v1/responses', {
+        key: s.adminKey,
+        body: { model: MODEL, input: content, max_output_tokens: 50 },
+      });
+      assert.equal(resp.status, 200, resp.text);
+      assert.equal(resp.json.usage!.output_tokens, 7, resp.text);
+      n++;
+    }
+    const t = await usageOnce(s, n);
+    assert.equal(t.output_tokens, 7 * n);
+    assert.ok(t.input_tokens > 0 && t.input_tokens < 50 * n, String(t.input_tokens));
+    assert.ok(t.cost > 0 && t.cost < 0.01, String(t.cost));
+    assert.equal(t.estimated_requests, n, 'and marked as an estimate');
+    assert.match(
+      (await http(s.url, 'GET', '/metrics')).text,
+      new RegExp(`switchyard_upstream_usage_invalid_total\\{deployment="d0"\\} ${n}\\b`),
+    );
+  });
+
   it('keeps a budget under concurrency: spend is reserved at admission, so 30 requests at once do not overshoot', async () => {
     // Each request may cost at most 100 output tokens at $100 per million: $0.01, plus its input.
     const slow = open.keep(

@@ -286,7 +286,11 @@ export class Router {
       // Each try starts from nothing: what a failed one counted was not produced for the client.
       Object.assign(req.tally, newTally());
       const rest = d.engine
-        .generate(req, d.target, { deadline, outputCap: req.maxOutputTokens ?? model.context_length ?? undefined })
+        .generate(req, d.target, {
+          deadline,
+          outputCap: req.maxOutputTokens ?? model.context_length ?? undefined,
+          contextLength: model.context_length ?? undefined,
+        })
         [Symbol.asyncIterator]();
       try {
         const first = await rest.next();

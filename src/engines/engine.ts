@@ -29,6 +29,8 @@ export interface Attempt {
   deadline: number;
   /** Output tokens the answer may have (the request's max, else the model's context): an engine cuts what goes past it. */
   outputCap?: number | undefined;
+  /** The model's context, where the catalogue has one: an upstream's usage report past it is not believed. */
+  contextLength?: number | undefined;
 }
 
 /** Where a request goes inside an engine: a local file, or an upstream model. */

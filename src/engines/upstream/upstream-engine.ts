@@ -169,6 +169,21 @@ const NOTHING_TO_FORGET = (): void => undefined;
 const oneCallOnly = (req: GenerationRequest): boolean => req.parallelToolCalls === false && (req.tools?.length ?? 0) > 0;
 
 /**
+ * Why an upstream's usage report cannot be right, if it cannot: more output than it was allowed,
+ * more input than the model's context, or none of either where there was some. An upstream's counts
+ * are billed as they come otherwise, so a report of a billion tokens for "hi" drained a budget, and
+ * one of zero made an answer free (an outside hostile pass). The estimate is billed instead, and
+ * flagged. Fewer tokens than deltas is not held against it: some servers split a token's text.
+ */
+function implausible(r: ReportedUsage, tally: UsageTally, outputCap: number | undefined, context: number | undefined): string | undefined {
+  if (r.output !== undefined && outputCap !== undefined && r.output > outputCap) return `output past the request's ${outputCap}`;
+  if (r.input !== undefined && context !== undefined && r.input > context) return `input past the model's context of ${context}`;
+  if (r.output === 0 && tally.output > 0) return 'no output for an answer that had some';
+  if (r.input === 0) return 'no input for a prompt';
+  return undefined;
+}
+
+/**
  * Time without output in a stream. undici's body timeout sees only silence in bytes: an upstream
  * that sent keep-alive comments, pings or empty chunks and nothing else held its request, with its
  * slot and its reservation, for as long as it kept sending them (an outside hostile pass). Until
@@ -629,7 +644,7 @@ export class UpstreamEngine implements Engine {
     }
     yield* calls.order(tails);
     yield* calls.flush();
-    yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
+    yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id, req, attempt) };
     const matched = guard.capped ? undefined : stopped ? stops?.matched : messages?.stopSequence;
     yield {
       type: 'finish',
@@ -724,7 +739,7 @@ export class UpstreamEngine implements Engine {
           }
           tally.output = guard.outputTokens;
           tally.reasoning = guard.reasoningTokens;
-          yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id) };
+          yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id, req, attempt) };
           yield { type: 'finish', reason: guard.capped ? 'length' : callsFinish(reader.finish, passed, suppressed.size) };
           return;
         }
@@ -785,7 +800,7 @@ export class UpstreamEngine implements Engine {
       count();
       yield { type: 'wire.object', object: relay.usageFrame(), text: relay.usageText };
     }
-    yield { type: 'usage', usage: this.usage(relay.usage, tally, relay.capped, target.id) };
+    yield { type: 'usage', usage: this.usage(relay.usage, tally, relay.capped, target.id, req, attempt) };
     yield { type: 'finish', reason: relay.capped ? 'length' : relay.finish };
   }
 
@@ -831,10 +846,25 @@ export class UpstreamEngine implements Engine {
    * The usage to bill: the upstream's own counts where they are valid, the estimate for the rest
    * (flagged). A capped answer was cut by Switchyard, so the upstream's report (if any) is not it.
    */
-  private usage(r: ReportedUsage | undefined, tally: UsageTally, capped: boolean, deployment: string): Usage {
+  private usage(
+    reported: ReportedUsage | undefined,
+    tally: UsageTally,
+    capped: boolean,
+    deployment: string,
+    req: GenerationRequest,
+    attempt: Attempt | undefined,
+  ): Usage {
+    let r = reported;
     if (r?.invalid) {
       this.hooks.onInvalidUsage?.(deployment);
       this.log.warn({ deployment }, 'upstream reported usage that is not a count of tokens; using an estimate');
+    } else if (r !== undefined && !capped) {
+      const why = implausible(r, tally, attempt?.outputCap ?? req.maxOutputTokens, attempt?.contextLength);
+      if (why !== undefined) {
+        this.hooks.onInvalidUsage?.(deployment);
+        this.log.warn({ deployment, reported: r, reason: why }, 'upstream reported usage that cannot be right; using an estimate');
+        r = { input: undefined, cached: undefined, output: undefined, reasoning: undefined, invalid: true };
+      }
     }
     const use = capped ? undefined : r;
     // Cut at the limit, the upstream's output count is past what was passed on, but its count of
