@@ -11,7 +11,8 @@ const USAGE = `Usage: npm start [-- --port N --host H]   (or: node dist/src/main
 Serves the API until SIGTERM or SIGINT, then drains in-flight requests and exits.
   --port N   port to listen on (default: PORT, else 8080)
   --host H   address to listen on (default: HOST, else 127.0.0.1)
-Every other setting is an environment variable (README.md, "Configuration").
+Every other setting is an environment variable, or a field of the file SWITCHYARD_CONFIG names
+(README.md, "Configuration").
 `;
 
 function showGeneratedKey(key: string | undefined): void {
