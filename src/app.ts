@@ -196,6 +196,7 @@ export async function createService(
       onDeploymentError: (deployment, code) => metrics.upstreamErrors.inc({ deployment, code }),
       onRetry: () => metrics.retries.inc(),
       onHealthChange: (deployment, up) => metrics.deploymentUp.set({ deployment }, up ? 1 : 0),
+      onDeploymentGone: (deployment) => metrics.deploymentUp.remove({ deployment }),
     });
     stoppers.push(async () => router.close());
     // Deployments added through the admin API or the CLI live in the database; other instances pick

@@ -52,9 +52,37 @@ describe('administering the catalogue and deployments', () => {
     assert.equal(dep.status, 201, dep.text);
     assert.match(dep.json.id, /^dep_/);
     assert.ok(!dep.text.includes('sk-'), 'no key in the reply, only the variable name');
+    assert.equal((dep.json as { warning?: string }).warning, undefined);
     const ok = await ask('meta-llama/tiny-remote');
     assert.equal(ok.status, 200, ok.text);
     assert.match(ok.text, /there was a little/);
+    // `available` is whether it serves now: not while inactive, whatever deployments it has.
+    const status = async (s: string) =>
+      (
+        await http<WireModel & { available: boolean }>(b.url, 'PATCH', '/admin/models/meta-llama/tiny-remote', {
+          key: b.adminKey,
+          body: { status: s },
+        })
+      ).json;
+    assert.deepEqual([(await status('inactive')).available, (await status('active')).available], [false, true]);
+
+    // A key variable this server does not have: made, and the reply (and the list) says so.
+    const unset = await http<WireDeployment & { warning?: string }>(b.url, 'POST', '/admin/deployments', {
+      key: b.adminKey,
+      body: { model: 'meta-llama/tiny-remote', base_url: a.baseURL, api_key_env: 'UPSTREAM_KEY_NOT_SET', weight: 0.001 },
+    });
+    assert.equal(unset.status, 201, unset.text);
+    assert.match(unset.json.warning ?? '', /api_key_env 'UPSTREAM_KEY_NOT_SET' is not set in this server's environment/);
+    const withWarning = await http<WireList<WireDeployment & { warning?: string }>>(b.url, 'GET', '/admin/deployments', {
+      key: b.adminKey,
+    });
+    assert.match(withWarning.json.data.find((d) => d.id === unset.json.id)?.warning ?? '', /not set/);
+    const up = (id: string) => `switchyard_deployment_up{deployment="${id}"}`;
+    assert.ok((await http(b.url, 'GET', '/metrics')).text.includes(up(unset.json.id)));
+    assert.equal((await http(b.url, 'DELETE', `/admin/deployments/${unset.json.id}`, { key: b.adminKey })).status, 200);
+    // Its health series goes with it: a deleted deployment is not reported up.
+    assert.ok(!(await http(b.url, 'GET', '/metrics')).text.includes(up(unset.json.id)));
+    assert.ok((await http(b.url, 'GET', '/metrics')).text.includes(up(dep.json.id)));
 
     const listed = await http<WireList<WireDeployment>>(b.url, 'GET', '/admin/deployments', { key: b.adminKey });
     assert.deepEqual(

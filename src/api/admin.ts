@@ -29,7 +29,7 @@ const renderOrg = (o: Org): Record<string, unknown> => ({
 });
 
 /** A deployment as the admin API shows it (`source`: `config` for the config file's, `admin` for the database's). */
-function renderDeployment(d: Deployment, health?: Standing): Record<string, unknown> {
+function renderDeployment(d: Deployment, health?: Standing, warning?: string): Record<string, unknown> {
   return {
     id: d.id,
     object: 'deployment',
@@ -42,6 +42,7 @@ function renderDeployment(d: Deployment, health?: Standing): Record<string, unkn
     source: d.source === 'file' ? 'config' : 'admin',
     created_at: d.createdAt,
     ...(health && { health }),
+    ...(warning !== undefined && { warning }),
   };
 }
 
@@ -150,7 +151,7 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
 
   app.get('/admin/deployments', { onRequest: requireAdmin }, async () => ({
     object: 'list',
-    data: ctx.router.listDeployments().map((d) => renderDeployment(d.deployment, d.health)),
+    data: ctx.router.listDeployments().map((d) => renderDeployment(d.deployment, d.health, ctx.router.keyProblem(d.deployment.id))),
   }));
 
   app.post(
@@ -178,7 +179,8 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
         weight: b.weight,
         api: b.api,
       });
-      return reply.code(201).send(renderDeployment(d));
+      // Made, and said at once where its key is missing here: the log alone was easy to miss.
+      return reply.code(201).send(renderDeployment(d, undefined, ctx.router.keyProblem(d.id)));
     },
   );
 

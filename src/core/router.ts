@@ -47,6 +47,8 @@ export interface RouterHooks {
   onDeploymentError?: (deployment: string, code: string) => void;
   onRetry?: () => void;
   onHealthChange?: (deployment: string, up: boolean) => void;
+  /** A deployment is no longer routed to (deleted): its health series goes with it. */
+  onDeploymentGone?: (deployment: string) => void;
 }
 
 const upstreamId = (d: Route): string | undefined => (d.target.engine === 'upstream' ? d.target.id : undefined);
@@ -135,6 +137,11 @@ export class Router {
     this.byId = byId;
     this.reported = problems;
     this.health.retain(new Set(byId.keys()));
+    for (const id of this.announced) {
+      if (byId.has(id)) continue;
+      this.announced.delete(id);
+      this.hooks.onDeploymentGone?.(id);
+    }
     // Each deployment's health series exists from the start (1), not only after a first ejection.
     for (const id of byId.keys()) {
       if (this.announced.has(id)) continue;
@@ -154,9 +161,27 @@ export class Router {
     );
   }
 
-  /** Whether this server has an engine for the model: a local file, or at least one upstream deployment. */
+  /**
+   * What is wrong with a deployment's key here, if anything: a variable named but not set in this
+   * process's environment (its requests go upstream with no key), or one the policy refuses.
+   */
+  keyProblem(id: string): string | undefined {
+    const d = this.byId.get(id)?.deployment;
+    if (!d?.apiKeyEnv) return undefined;
+    if ([...this.reported].some((k) => k.startsWith(`refused\0${id}\0`)))
+      return `api_key_env '${d.apiKeyEnv}' is refused by the key policy`;
+    if (!this.env[d.apiKeyEnv])
+      return `api_key_env '${d.apiKeyEnv}' is not set in this server's environment: requests go upstream without a key until it is set and the server restarted`;
+    return undefined;
+  }
+
+  /**
+   * Whether this server generates with the model now: a local file, or at least one upstream
+   * deployment, and the status `active` (a pending, inactive or deleted model is refused whatever
+   * serves it, so the admin API showed a deleted model as available).
+   */
   canServe(model: Model): boolean {
-    if (model.model_type !== 'text_generation') return false;
+    if (model.model_type !== 'text_generation' || model.status !== 'active') return false;
     return (this.upstreams.get(model.id)?.length ?? 0) > 0 || this.catalogue.isLocal(model.id);
   }
 
