@@ -234,6 +234,11 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       client.chat.completions.create({ model: 'local/stories260K', messages: [{ role: 'user', content: 'hi' }] }),
       (err: unknown) => err instanceof OpenAI.NotFoundError && /Did you mean 'local\/stories260k'\?/.test(err.message),
     );
+    // Without its author, as other services spell ids: the one model with that slug.
+    await assert.rejects(
+      client.chat.completions.create({ model: 'Stories260K', messages: [{ role: 'user', content: 'hi' }] }),
+      (err: unknown) => err instanceof OpenAI.NotFoundError && /Did you mean 'local\/stories260k'\?/.test(err.message),
+    );
     // A base URL without /v1, and one with /v1 where the SDK adds it again: the 404 says which to give.
     const bare = await http(server.url, 'POST', '/chat/completions', { key, body: {} });
     assert.equal(bare.status, 404);

@@ -183,6 +183,19 @@ export class Catalogue {
     return this.sorted.find((m) => m.id.toLowerCase() === lower && m.id !== id && this.visible(m, who));
   }
 
+  /**
+   * The model a caller probably meant by an id that names none: the same in another case, or, for
+   * an id without its author (`stories260k`, or `claude-sonnet-4` as Anthropic's clients send it),
+   * the one model the caller can see with that slug.
+   */
+  suggestion(id: string, who: Principal): Model | undefined {
+    const cased = this.sameButCase(id, who);
+    if (cased || id.includes('/')) return cased;
+    const slug = id.toLowerCase();
+    const found = this.sorted.filter((m) => m.id.slice(m.id.indexOf('/') + 1).toLowerCase() === slug && this.visible(m, who));
+    return found.length === 1 ? found[0] : undefined;
+  }
+
   get(id: string, who: Principal): Model | undefined {
     const m = this.byId.get(id);
     return m && this.visible(m, who) ? m : undefined;

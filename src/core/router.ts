@@ -188,7 +188,7 @@ export class Router {
   /** The model a principal may generate with, or the answer decided in docs/decisions.md. */
   resolve(id: string, who: Principal): Model {
     const model = this.catalogue.get(id, who);
-    if (!model) throw modelNotFound(id, this.catalogue.sameButCase(id, who)?.id);
+    if (!model) throw modelNotFound(id, this.catalogue.suggestion(id, who)?.id);
     if (model.status === 'inactive') throw new ApiError('model_inactive', `The model '${id}' is inactive.`, { param: 'model' });
     if (model.status === 'pending') {
       throw new ApiError('model_not_ready', `The model '${id}' is not ready yet.`, { param: 'model', retryAfterMs: 30_000 });
