@@ -70,7 +70,13 @@ const OPEN_RESPONSES_DEFAULTS = {
   prompt_cache_key: null,
 } satisfies Partial<ResponseObject>;
 
-const parseStored = (stored: string): ResponseObject => ({ ...OPEN_RESPONSES_DEFAULTS, ...(JSON.parse(stored) as ResponseObject) });
+const parseStored = (stored: string): ResponseObject => {
+  const r = JSON.parse(stored) as Record<string, unknown>;
+  // Missing fields (a row stored before they were added) go at the end: spread first, they put
+  // `presence_penalty` ahead of `id` in every stored response a client read.
+  for (const [k, v] of Object.entries(OPEN_RESPONSES_DEFAULTS)) if (!Object.hasOwn(r, k)) r[k] = v;
+  return r as unknown as ResponseObject;
+};
 
 /** One server-sent event, before its sequence number is given. */
 export type WireEvent = { type: string } & Record<string, unknown>;
