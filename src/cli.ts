@@ -112,7 +112,14 @@ function table(rows: string[][]): string {
  * budget keeps the budget); `--unset` removes named ones, `--clear` all. The admin API's PATCH
  * replaces the whole `limits` object instead, as an API client sends what it wants the limits to be.
  */
+/** On stderr, where limits name a model the catalogue does not have (see Admin.limitsWarning). */
+function warnLimits(admin: AdminService, limits: Limits | null | undefined): void {
+  const warning = admin.limitsWarning(limits);
+  if (warning !== undefined) console.error(`Warning: ${warning}`);
+}
+
 async function setLimits(
+  admin: AdminService,
   args: string[],
   what: 'key' | 'organization',
   current: (id: string) => Promise<Limits | null | undefined>,
@@ -139,6 +146,7 @@ async function setLimits(
   }
   await set(id, limits);
   console.log(`Limits of ${id}: ${showLimits(limits)}`);
+  warnLimits(admin, limits);
   return 0;
 }
 
@@ -156,6 +164,7 @@ async function keysCommand(admin: AdminService, sub: string | undefined, args: s
       if (created.orgCreated) console.log(`Created organization ${values.org}.`);
       console.log(`Created ${created.record.role} key ${created.record.id} (${values.name}) for ${values.org}.`);
       if (limits) console.log(`Limits: ${showLimits(limits)}`);
+      warnLimits(admin, limits);
       console.log('\nThe key is shown only this once; store it now:\n');
       console.log(`  ${created.key}\n`);
       return 0;
@@ -177,6 +186,7 @@ async function keysCommand(admin: AdminService, sub: string | undefined, args: s
     }
     case 'limits':
       return setLimits(
+        admin,
         args,
         'key',
         async (id) => (await admin.getKey(id)).limits,
@@ -214,6 +224,7 @@ async function orgsCommand(admin: AdminService, sub: string | undefined, args: s
     }
     case 'limits':
       return setLimits(
+        admin,
         args,
         'organization',
         async (id) => (await admin.getOrg(id)).limits,

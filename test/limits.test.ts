@@ -198,6 +198,25 @@ describe('limits', () => {
     });
     assert.equal(bad.status, 400);
     assert.equal(bad.json.error.param, 'limits.rpm');
+    // A model the catalogue does not have: kept (it may be added later), and said in the reply.
+    const typo = await http<{ id: string; warning?: string }>(server.url, 'POST', '/admin/keys', {
+      key: server.adminKey,
+      body: { org: 'acme', name: 'x', limits: { models: [MODEL, 'local/stories260'] } },
+    });
+    assert.equal(typo.status, 201, typo.text);
+    assert.match(typo.json.warning ?? '', /limits\.models names no model in the catalogue: 'local\/stories260'; /);
+    const fixed = await http<{ warning?: string }>(server.url, 'PATCH', `/admin/keys/${typo.json.id}`, {
+      key: server.adminKey,
+      body: { limits: { models: [MODEL] } },
+    });
+    assert.equal(fixed.status, 200, fixed.text);
+    assert.equal(fixed.json.warning, undefined);
+    const org = await http<{ warning?: string }>(server.url, 'PATCH', '/admin/orgs/acme', {
+      key: server.adminKey,
+      body: { limits: { models: ['qwen/none'] } },
+    });
+    assert.match(org.json.warning ?? '', /'qwen\/none'/);
+    await http(server.url, 'PATCH', '/admin/orgs/acme', { key: server.adminKey, body: { limits: null } });
   });
 });
 

@@ -10,7 +10,7 @@ import { promisify } from 'node:util';
 import { connect } from 'node:net';
 import { request } from 'undici';
 import { PACKAGE_ROOT } from '../src/config.js';
-import { http, tempDir, type WireKey, type WireList, type WireModel } from './helpers/server.js';
+import { SHARED_MODELS, http, tempDir, type WireKey, type WireList, type WireModel } from './helpers/server.js';
 import { MAIN, startProcess } from './helpers/process.js';
 import { eventually } from './helpers/wait.js';
 import { SERVER_NODE_FLAGS, withServerFlags } from '../src/runtime-flags.js';
@@ -413,7 +413,8 @@ describe('the server process', () => {
   });
 
   it('manages keys with the CLI against the same database as a running server', async () => {
-    const env = { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_LOG_LEVEL: 'silent' };
+    // The CLI with the server's settings: it reads the same catalogue (its local files included).
+    const env = { ...process.env, SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_MODELS_DIR: SHARED_MODELS, SWITCHYARD_LOG_LEVEL: 'silent' };
     const p = await startProcess({ SWITCHYARD_DATA_DIR: dataDir, SWITCHYARD_KEY_CACHE_TTL_MS: '0', SWITCHYARD_LEDGER_FLUSH_MS: '20' });
     try {
       const created = await run(
@@ -422,6 +423,7 @@ describe('the server process', () => {
         { env },
       );
       assert.match(created.stdout, /Limits: rpm=100 models=local\/stories260k/);
+      assert.doesNotMatch(created.stderr, /Warning/);
       assert.match(created.stdout, /Created organization acme\./);
       const key = /^\s+(sk-sy-\S+)$/m.exec(created.stdout)?.[1];
       assert.ok(key, created.stdout);
@@ -445,6 +447,9 @@ describe('the server process', () => {
       // Changing one limit keeps the others (the allowed models here); --unset removes one.
       const limited = await run(process.execPath, [CLI, 'keys', 'limits', id, '--rpm', '1', '--tpm', '5000'], { env });
       assert.match(limited.stdout, /rpm=1 tpm=5000 models=local\/stories260k/);
+      const typo = await run(process.execPath, [CLI, 'keys', 'limits', id, '--models', 'local/stories260'], { env });
+      assert.match(typo.stderr, /Warning: limits\.models names no model in the catalogue: 'local\/stories260'; /);
+      await run(process.execPath, [CLI, 'keys', 'limits', id, '--models', 'local/stories260k'], { env });
       const unset = await run(process.execPath, [CLI, 'keys', 'limits', id, '--unset', 'tpm'], { env });
       assert.match(unset.stdout, /rpm=1 models=local\/stories260k$/m);
       const viaKey = await http<WireKey & { limits: Record<string, unknown> }>(p.url, 'GET', `/admin/keys/${id}`, { key: adminKey });

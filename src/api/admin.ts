@@ -3,7 +3,7 @@ import type { App, RouteContext } from './context.js';
 import { LimitsSpec, ModelPatch, ModelSpec, ORG_ID_PATTERN, type Model } from '../core/model-spec.js';
 import type { Deployment } from '../core/deployments.js';
 import type { Standing } from '../core/deployment-health.js';
-import type { ApiKeyRecord, Org } from '../store/store.js';
+import type { ApiKeyRecord, Limits, Org } from '../store/store.js';
 import { modelIdFromParams, renderModel } from './models.js';
 
 /** A key as listed: everything but its hash. */
@@ -60,6 +60,11 @@ const EncodedModelParams = Type.Object({ id: Type.String() });
 export function registerAdminRoutes(app: App, ctx: RouteContext): void {
   const { admin, requireAdmin } = ctx;
   const renderAdminModel = (m: Model): Record<string, unknown> => ({ ...renderModel(m, ctx.router.canServe(m)), source: m.source });
+  /** An answer with the warning its limits call for, if any (see Admin.limitsWarning). */
+  const warned = (body: Record<string, unknown>, limits: Limits | null | undefined): Record<string, unknown> => {
+    const warning = admin.limitsWarning(limits);
+    return warning === undefined ? body : { ...body, warning };
+  };
 
   app.post(
     '/admin/orgs',
@@ -73,7 +78,8 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
         }),
       },
     },
-    async (req, reply) => reply.code(201).send(renderOrg(await admin.createOrg(req.body.id, req.body.name, req.body.limits ?? null))),
+    async (req, reply) =>
+      reply.code(201).send(warned(renderOrg(await admin.createOrg(req.body.id, req.body.name, req.body.limits ?? null)), req.body.limits)),
   );
 
   app.get('/admin/orgs', { onRequest: requireAdmin }, async () => ({ object: 'list', data: (await admin.listOrgs()).map(renderOrg) }));
@@ -85,7 +91,7 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
   app.patch(
     '/admin/orgs/:id',
     { onRequest: requireAdmin, schema: { params: IdParams, body: Type.Object({ limits: NullableLimits }) } },
-    async (req) => renderOrg(await admin.setOrgLimits(req.params.id, req.body.limits)),
+    async (req) => warned(renderOrg(await admin.setOrgLimits(req.params.id, req.body.limits)), req.body.limits),
   );
 
   app.post(
@@ -104,7 +110,9 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
     async (req, reply) => {
       const created = await admin.createKey(req.body.org, req.body.name, req.body.role ?? 'inference', req.body.limits ?? undefined);
       req.log.info({ key_id: created.record.id, org: created.record.org_id, role: created.record.role }, 'api key created');
-      return reply.code(201).send({ ...renderKey(created.record), key: created.key, org_created: created.orgCreated });
+      return reply
+        .code(201)
+        .send(warned({ ...renderKey(created.record), key: created.key, org_created: created.orgCreated }, req.body.limits));
     },
   );
 
@@ -121,7 +129,7 @@ export function registerAdminRoutes(app: App, ctx: RouteContext): void {
   app.patch(
     '/admin/keys/:id',
     { onRequest: requireAdmin, schema: { params: IdParams, body: Type.Object({ limits: NullableLimits }) } },
-    async (req) => renderKey(await admin.setKeyLimits(req.params.id, req.body.limits)),
+    async (req) => warned(renderKey(await admin.setKeyLimits(req.params.id, req.body.limits)), req.body.limits),
   );
 
   app.delete('/admin/keys/:id', { onRequest: requireAdmin, schema: { params: IdParams } }, async (req) => {

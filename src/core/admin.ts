@@ -102,6 +102,20 @@ export class AdminService {
     return this.catalogue.all();
   }
 
+  /**
+   * What a key's or an organization's `limits.models` names that no usable model has: said in the
+   * reply (a typo there leaves a key that can use nothing, with no other sign). Not refused: a model
+   * may be added after the key that names it, or come from another instance's config file.
+   */
+  limitsWarning(limits: Limits | null | undefined): string | undefined {
+    const unknown = (limits?.models ?? []).filter((id) => {
+      const m = this.catalogue.find(id);
+      return !m || m.status === 'deleted';
+    });
+    if (unknown.length === 0) return undefined;
+    return `limits.models names no model in the catalogue: ${unknown.map((id) => `'${id}'`).join(', ')}; requests with it can use only the models listed.`;
+  }
+
   getModel(id: string): Model {
     const m = this.catalogue.find(id);
     if (!m) throw new ApiError('model_not_found', `No model '${id}'.`, { param: 'model' });
