@@ -2,7 +2,7 @@ import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { connect } from 'node:net';
 import { http, startServer, type TestServer, type WireKey, type WireList } from './helpers/server.js';
-import { GATEWAY_MODEL as MODEL, chunkFrame, closers, fixture, startGateway } from './helpers/fixtures.js';
+import { GATEWAY_MODEL as MODEL, chunkFrame, closers, completionJson, fixture, jsonFixture, startGateway } from './helpers/fixtures.js';
 import { settle } from './helpers/wait.js';
 
 interface Total {
@@ -146,37 +146,22 @@ describe('every generation is billed for what it produced', () => {
 
   it('bills the estimate, flagged, where an upstream reports usage that cannot be right (a billion tokens for a word, or none)', async () => {
     const liar = open.keep(
-      await fixture((req, res) => {
-        let raw = '';
-        req.on('data', (c: Buffer) => {
-          raw += c.toString();
-        });
-        req.on('end', () => {
-          const body = JSON.parse(raw) as { stream?: boolean; messages: Array<{ content: string }> };
-          const huge = body.messages[0]!.content === 'huge';
-          const usage = huge
+      await jsonFixture<{ stream?: boolean; messages: Array<{ content: string }> }>((body, res) => {
+        const usage =
+          body.messages[0]!.content === 'huge'
             ? { prompt_tokens: 2_000_000_000, completion_tokens: 1_000_000_000, total_tokens: 3_000_000_000 }
             : { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
-          if (body.stream) {
-            res.writeHead(200, { 'content-type': 'text/event-stream' });
-            res.write(chunkFrame({ role: 'assistant', content: 'Once upon a time there was' }));
-            res.write(chunkFrame({}, 'stop'));
-            res.end(
-              `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage })}\n\ndata: [DONE]\n\n`,
-            );
-          } else {
-            res.writeHead(200, { 'content-type': 'application/json' }).end(
-              JSON.stringify({
-                id: 'x',
-                object: 'chat.completion',
-                created: 1,
-                model: 'm',
-                choices: [{ index: 0, message: { role: 'assistant', content: 'Once upon a time there was' }, finish_reason: 'stop' }],
-                usage,
-              }),
-            );
-          }
-        });
+        const text = 'Once upon a time there was';
+        if (!body.stream)
+          return void res
+            .writeHead(200, { 'content-type': 'application/json' })
+            .end(completionJson({ role: 'assistant', content: text }, 'stop', usage));
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chunkFrame({ role: 'assistant', content: text }));
+        res.write(chunkFrame({}, 'stop'));
+        res.end(
+          `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage })}\n\ndata: [DONE]\n\n`,
+        );
       }),
     );
     const s = open.keep(await startGateway([{ baseUrl: liar.url }], {}, { pricing: PRICE }));

@@ -7,6 +7,7 @@ import type { AddressInfo } from 'node:net';
 import OpenAI from 'openai';
 import { createKey, http, readSse, startServer, tempDir, type TestServer } from './helpers/server.js';
 import { checkStream, type WireResponse } from './helpers/responses.js';
+import { deadUrl } from './helpers/fixtures.js';
 import { eventually } from './helpers/wait.js';
 
 /**
@@ -89,11 +90,8 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     upstream = fixtureUpstream(seen);
     await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
     const port = (upstream.address() as AddressInfo).port;
-    // A port nothing listens on: an upstream that never takes the request.
-    const closed = createServer();
-    await new Promise<void>((r) => closed.listen(0, '127.0.0.1', () => r()));
-    const deadPort = (closed.address() as AddressInfo).port;
-    await new Promise((r) => closed.close(r));
+    // An upstream that never takes the request.
+    const dead = await deadUrl();
     server = await startServer({
       modelsDir: tempDir(),
       configFile: {
@@ -107,7 +105,7 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
           deployments: [
             { model: MODEL, baseUrl: `http://127.0.0.1:${port}/v1`, upstreamModel: 'fixture' },
             { model: 'deepseek/plain', baseUrl: `http://127.0.0.1:${port}/v1`, upstreamModel: 'fixture' },
-            { model: 'deepseek/unreachable', baseUrl: `http://127.0.0.1:${deadPort}/v1`, upstreamModel: 'fixture' },
+            { model: 'deepseek/unreachable', baseUrl: dead, upstreamModel: 'fixture' },
           ],
         }),
       },

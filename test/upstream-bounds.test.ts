@@ -6,7 +6,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import OpenAI from 'openai';
 import { http, tempDir, type TestServer, type WireList } from './helpers/server.js';
 import { processMemory, startProcess, type Running } from './helpers/process.js';
-import { GATEWAY_MODEL as MODEL, chunkFrame, closers, completionBody, fixture, startGateway } from './helpers/fixtures.js';
+import { GATEWAY_MODEL as MODEL, chunkFrame, closers, completionBody, fixture, jsonFixture, startGateway } from './helpers/fixtures.js';
 import { eventually, settle } from './helpers/wait.js';
 
 const ask = { model: MODEL, messages: [{ role: 'user' as const, content: 'Once upon a time' }] };
@@ -235,27 +235,21 @@ describe('upstream replies are bounded', () => {
     async () => {
       // The first message picks the misbehaviour.
       const upstream = open.keep(
-        await fixture((req, res) => {
-          let raw = '';
-          req.on('data', (c: Buffer) => {
-            raw += c.toString();
-          });
-          req.on('end', () => {
-            const mode = (JSON.parse(raw) as { messages: Array<{ content: string }> }).messages[0]!.content;
-            res.writeHead(200, { 'content-type': 'text/event-stream' });
-            const ping = () => {
-              const timer = setInterval(() => res.write(': ping\n\n'), 20);
-              res.on('close', () => clearInterval(timer));
-            };
-            if (mode === 'pings') ping();
-            else if (mode === 'empties') {
-              res.write(chunkFrame({ role: 'assistant', content: '' }));
-              pump(res, chunkFrame({}), 200 * 1024 * 1024);
-            } else {
-              res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
-              ping();
-            }
-          });
+        await jsonFixture<{ messages: Array<{ content: string }> }>((body, res) => {
+          const mode = body.messages[0]!.content;
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          const ping = () => {
+            const timer = setInterval(() => res.write(': ping\n\n'), 20);
+            res.on('close', () => clearInterval(timer));
+          };
+          if (mode === 'pings') ping();
+          else if (mode === 'empties') {
+            res.write(chunkFrame({ role: 'assistant', content: '' }));
+            pump(res, chunkFrame({}), 200 * 1024 * 1024);
+          } else {
+            res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+            ping();
+          }
         }),
       );
       const s = open.keep(
