@@ -360,6 +360,45 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
       }),
       (err: unknown) => err instanceof Anthropic.BadRequestError && /cache_control/.test(err.message),
     );
+
+    // Automatic caching: a top-level cache_control is a breakpoint on the last block (checked as a block's is).
+    await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 10,
+      cache_control: ephemeral,
+      messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    } as Anthropic.MessageCreateParamsNonStreaming);
+    assert.deepEqual(seen.at(-1)!.body.messages.at(-1), {
+      role: 'user',
+      content: [{ type: 'text', text: 'Weather in Paris?', cache_control: ephemeral }],
+    });
+    // Several text blocks reach Anthropic as blocks, not run together ("Helloworld").
+    await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 10,
+      messages: [
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'Hello' },
+            { type: 'text', text: 'world' },
+          ],
+        },
+      ],
+    });
+    assert.deepEqual(seen.at(-1)!.body.messages.at(-1)!.content, [
+      { type: 'text', text: 'Hello' },
+      { type: 'text', text: 'world' },
+    ]);
+    await assert.rejects(
+      anthropic.messages.create({
+        model: MODEL,
+        max_tokens: 10,
+        cache_control: { type: 'bogus' },
+        messages: [{ role: 'user', content: 'x' }],
+      } as unknown as Anthropic.MessageCreateParamsNonStreaming),
+      (err: unknown) => err instanceof Anthropic.BadRequestError && /cache_control/.test(err.message),
+    );
   });
 
   it('replays thinking to Anthropic with Anthropic’s own signature in a tool-use loop', async () => {

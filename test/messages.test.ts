@@ -7,6 +7,8 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
+import { betaZodTool } from '@anthropic-ai/sdk/helpers/beta/zod';
+import { z } from 'zod';
 import { closers, jsonFixture, startCatalogueGateway } from './helpers/fixtures.js';
 import { createKey, http, readSse, startServer, tempDir, type TestServer, type WireList } from './helpers/server.js';
 
@@ -215,6 +217,44 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
     assert.ok(next.stop_reason === 'end_turn' || next.stop_reason === 'max_tokens' || next.stop_reason === 'tool_use');
   });
 
+  it("runs the SDK's tool runner, which starts a message thread: refused as the SDK expects, it goes on with the whole history", async () => {
+    // A thread is refused with the details the SDK reads (a turn that continued one lost its history).
+    const threaded = await http(server.url, 'POST', '/v1/messages', {
+      key,
+      headers: { 'anthropic-version': '2023-06-01' },
+      body: { model: STORIES, max_tokens: 5, thread: { type: 'create' }, messages: [{ role: 'user', content: 'Hi' }] },
+    });
+    assert.equal(threaded.status, 400, threaded.text);
+    assert.deepEqual((threaded.json as unknown as { error: { details: unknown } }).error.details, {
+      error_code: 'thread_unsupported_request',
+      unsupported: ['thread'],
+    });
+    const cities: string[] = [];
+    const tool = betaZodTool({
+      name: 'get_weather',
+      description: 'The weather in a city',
+      inputSchema: z.object({ city: z.string() }),
+      run: ({ city }) => {
+        cities.push(city);
+        return 'Sunny, 24 C';
+      },
+    });
+    const runner = client.beta.messages.toolRunner({
+      model: STORIES,
+      max_tokens: 40,
+      max_iterations: 2,
+      tools: [tool],
+      tool_choice: { type: 'any' },
+      messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+    });
+    const turns: string[] = [];
+    for await (const m of runner) turns.push(m.stop_reason ?? '');
+    requests += 2;
+    // Two turns, the second with the first's call and its result (else a 400: a tool_result for no tool_use).
+    assert.deepEqual(turns, ['tool_use', 'tool_use']);
+    assert.ok(cities.length >= 1);
+  });
+
   it('streams a named tool call as input_json deltas the SDK assembles', async () => {
     const stream = client.messages.stream({
       model: STORIES,
@@ -264,6 +304,15 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
     requests++;
     assert.ok(input_tokens > 0);
     assert.equal(input_tokens, m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0));
+    // Two text blocks are read as two lines, not run together into one word.
+    const count = async (content: Anthropic.MessageParam['content']) =>
+      (await client.messages.countTokens({ model: STORIES, messages: [{ role: 'user', content }] })).input_tokens;
+    const blocks = await count([
+      { type: 'text', text: 'Once upon' },
+      { type: 'text', text: 'a time' },
+    ]);
+    assert.equal(blocks, await count('Once upon\na time'));
+    assert.notEqual(blocks, await count('Once upona time'));
   });
 
   it('answers errors in Anthropic’s envelope and status codes, with a request id', async () => {
@@ -564,9 +613,13 @@ describe('Messages API thinking blocks through an upstream (@anthropic-ai/sdk)',
       [
         [
           { type: 'text' as const, text: 'boom' },
-          { type: 'text' as const, text: ' bang' },
+          { type: 'text' as const, text: 'bang' },
         ],
-        'Error: boom bang',
+        // Blocks stay blocks (text parts to a chat upstream), not run together.
+        [
+          { type: 'text', text: 'Error: boom' },
+          { type: 'text', text: 'bang' },
+        ],
       ],
       ['boom', 'Error: boom'],
     ] as const) {
@@ -580,7 +633,7 @@ describe('Messages API thinking blocks through an upstream (@anthropic-ai/sdk)',
         ],
       });
       const tool = seen.at(-1)!.messages.find((m) => m.role === 'tool');
-      assert.equal(tool?.content, expected);
+      assert.deepEqual(tool?.content, expected);
     }
   });
 

@@ -328,6 +328,22 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.deepEqual(replayed.at(-1)!.response, liveEvents.at(-1)!.response, 'the final response is identical');
   });
 
+  it('reads several input_text parts as lines of text, not run together', async () => {
+    const count = async (content: unknown) =>
+      (
+        await http<{ input_tokens: number }>(server.url, 'POST', '/v1/responses/input_tokens', {
+          key,
+          body: { model: STORIES, input: [{ role: 'user', content }] },
+        })
+      ).json.input_tokens;
+    const parts = await count([
+      { type: 'input_text', text: 'Once upon' },
+      { type: 'input_text', text: 'a time' },
+    ]);
+    assert.equal(parts, await count('Once upon\na time'));
+    assert.notEqual(parts, await count('Once upona time'));
+  });
+
   it('does not store a response with store: false', async () => {
     const r = await client.responses.create({ model: STORIES, input: 'Once', max_output_tokens: 2, store: false });
     assert.equal((r as unknown as { store: boolean }).store, false);

@@ -17,6 +17,8 @@ export const ERRORS = {
   unsupported_schema: { status: 400, type: 'invalid_request_error' },
   schema_too_large: { status: 400, type: 'invalid_request_error' },
   missing_capability: { status: 400, type: 'invalid_request_error' },
+  // Anthropic's: a request with `thread` (server-held message threads), which this server does not keep.
+  thread_unsupported_request: { status: 400, type: 'invalid_request_error' },
   // Open Responses' codes (400, as its WebSocket example and OpenAI's HTTP API answer them).
   previous_response_not_found: { status: 400, type: 'invalid_request_error' },
   websocket_connection_limit_reached: { status: 400, type: 'invalid_request_error' },

@@ -176,9 +176,13 @@ function textOf(content: InputContent[]): string {
     .join('');
 }
 
-/** Content parts as an engine reads them: their text, or text and images where there are images. */
+/**
+ * Content parts as an engine reads them: one text part as its text, several parts as parts (an
+ * engine that needs one string joins them by lines; they were run together, "Hello" and "world"
+ * as "Helloworld").
+ */
 function partsOf(content: InputContent[]): string | ContentPart[] {
-  if (!content.some((c) => c.type === 'input_image')) return textOf(content);
+  if (content.length <= 1 && !content.some((c) => c.type === 'input_image')) return textOf(content);
   return content.flatMap((c): ContentPart[] =>
     c.type === 'input_image'
       ? c.image_url

@@ -5,7 +5,11 @@ import { TOOL_TRIGGER } from './output.js';
 export function textOf(content: Message['content']): string {
   if (content === null) return '';
   if (typeof content === 'string') return content;
-  return content.map((p) => (p.type === 'text' ? p.text : '')).join('');
+  // Several text parts are several blocks of text: one per line, as chat templates join them.
+  return content
+    .filter((p) => p.type === 'text')
+    .map((p) => p.text)
+    .join('\n');
 }
 
 /**

@@ -100,13 +100,27 @@ function bad(message: string, param: string): ApiError {
   return new ApiError('invalid_value', message, { param });
 }
 
+/** Puts `cache` on the last block of the last message (a string content becomes one text block). */
+function markLast(messages: Message[], cache: CacheMark): void {
+  const m = messages.at(-1);
+  if (!m) return;
+  const calls = m.toolCalls;
+  if (calls?.length) calls[calls.length - 1]!.cache = cache;
+  else if (m.role === 'tool') m.cache = cache;
+  else if (typeof m.content === 'string') m.content = [{ type: 'text', text: m.content, cache }];
+  else if (m.content?.length) m.content[m.content.length - 1]!.cache = cache;
+}
+
 /** A block's `cache_control`, kept for an Anthropic upstream (see CacheMark). */
 function cacheMark(value: unknown, param: string): CacheMark | undefined {
   if (value === undefined || value === null) return undefined;
   const c = obj(value);
   const ttl = c?.['ttl'];
   if (c?.['type'] !== 'ephemeral' || (ttl !== undefined && ttl !== '5m' && ttl !== '1h'))
-    throw bad('`cache_control` must be {type: "ephemeral"} with an optional ttl of "5m" or "1h".', `${param}.cache_control`);
+    throw bad(
+      '`cache_control` must be {type: "ephemeral"} with an optional ttl of "5m" or "1h".',
+      param ? `${param}.cache_control` : 'cache_control',
+    );
   return ttl === undefined ? { type: 'ephemeral' } : { type: 'ephemeral', ttl };
 }
 
@@ -151,9 +165,16 @@ function toolResult(b: WireBlock, param: string): string | ContentPart[] {
   });
 }
 
-/** Text-only content as one string, unless a part carries a cache breakpoint (its place matters). */
-const joinText = (parts: ContentPart[]): string | ContentPart[] =>
-  parts.every((p) => p.type === 'text' && !p.cache) ? parts.map((p) => (p as { text: string }).text).join('') : parts;
+/**
+ * One text block as a string; several blocks stay blocks (an Anthropic upstream gets them as sent,
+ * a chat upstream as text parts, and an engine that needs one string joins them by lines). They
+ * were joined with nothing between them: "Hello" and "world" reached every engine as "Helloworld".
+ */
+const joinText = (parts: ContentPart[]): string | ContentPart[] => {
+  if (parts.length === 0) return '';
+  const only = parts.length === 1 ? parts[0] : undefined;
+  return only?.type === 'text' && !only.cache ? only.text : parts;
+};
 
 /**
  * One Messages turn as canonical messages. A user turn's tool_result blocks become tool messages
@@ -194,7 +215,9 @@ function toMessages(
             ? result
             : typeof result === 'string'
               ? `Error: ${result}`
-              : [{ type: 'text' as const, text: 'Error: ' }, ...result];
+              : result[0]?.type === 'text'
+                ? [{ ...result[0], text: `Error: ${result[0].text}` }, ...result.slice(1)]
+                : [{ type: 'text' as const, text: 'Error:' }, ...result];
         out.push(withCache<Message>({ role: 'tool', toolCallId: id, content: typeof body === 'string' ? body : joinText(body) }, b, param));
         return;
       }
@@ -421,7 +444,19 @@ export function decodeMessagesRequest(body: MessagesRequest, signal: CancelSigna
     throw new ApiError('unsupported_parameter', 'mcp_servers is not supported here; only client tools (name, input_schema).', {
       param: 'mcp_servers',
     });
+  // Message threads (the SDK's default for its tool runner and `thread()`): the conversation is held
+  // by the server between turns, and each turn sends only what is new. Ignored, a turn that continues
+  // one lost everything before it; refused, the SDK sends the whole history without a thread.
+  if ((body as Record<string, unknown>)['thread'] != null)
+    throw new ApiError(
+      'thread_unsupported_request',
+      'Message threads are not supported by this server; send the full conversation without `thread`.',
+      { param: 'thread' },
+    );
   const req = decodeConversation(body, signal, signatures, body.stream === true);
+  // Automatic prompt caching: a top-level `cache_control` is a breakpoint on the last block there is.
+  const cache = cacheMark((body as Record<string, unknown>)['cache_control'], '');
+  if (cache) markLast(req.messages, cache);
   req.maxOutputTokens = body.max_tokens;
   // As Anthropic's API: enabled thinking names its budget, of at least 1,024 tokens and below max_tokens.
   if (body.thinking?.type === 'enabled') {

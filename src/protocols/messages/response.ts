@@ -301,12 +301,26 @@ const ERROR_TYPES: Readonly<Record<number, string>> = {
   529: 'overloaded_error',
 };
 
+/**
+ * `error.details` where Anthropic defines them for an error. The SDK's message threads and tool
+ * runner read `thread_unsupported_request` to go on without a thread (sending the whole history); an
+ * `unsupported` value they do not know ("thread" itself) tells them to.
+ */
+const DETAILS: Partial<Record<ApiError['code'], Record<string, unknown>>> = {
+  thread_unsupported_request: { error_code: 'thread_unsupported_request', unsupported: ['thread'] },
+};
+
 /** Anthropic's envelope and status for an error; its overloaded answer is 529. */
 export function anthropicError(e: ApiError, requestId?: string): { status: number; body: Record<string, unknown> } {
   const status = e.code === 'overloaded' ? 529 : e.status;
   const type = ERROR_TYPES[status] ?? (status >= 500 ? 'api_error' : 'invalid_request_error');
+  const details = DETAILS[e.code];
   return {
     status,
-    body: { type: 'error', error: { type, message: e.message }, ...(requestId !== undefined && { request_id: requestId }) },
+    body: {
+      type: 'error',
+      error: { type, message: e.message, ...(details && { details }) },
+      ...(requestId !== undefined && { request_id: requestId }),
+    },
   };
 }
