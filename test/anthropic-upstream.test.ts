@@ -248,6 +248,9 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
     );
     assert.equal(r.output_text, 'Hello from the fixture.');
     assert.deepEqual(seen.at(-1)!.body.thinking, { type: 'enabled', budget_tokens: 4096 });
+    // An effort's budget that does not fit under the output limit is cut to fit, not left out.
+    await openai.responses.create({ model: MODEL, input: 'Think.', reasoning: { effort: 'high' }, max_output_tokens: 3000, store: false });
+    assert.deepEqual(seen.at(-1)!.body.thinking, { type: 'enabled', budget_tokens: 2999 });
   });
 
   it('serves Messages clients: stream, tools, stop sequence, thinking', async () => {
@@ -264,6 +267,16 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
     );
     const thinking = final.content[0]!;
     assert.ok(thinking.type === 'thinking' && thinking.thinking === 'Let me think. Done.' && thinking.signature.length > 20);
+    // The client's own budget, as it gave it (not its effort's bucket), whatever effort it names.
+    assert.deepEqual(seen.at(-1)!.body.thinking, { type: 'enabled', budget_tokens: 2048 });
+    await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 8000,
+      thinking: { type: 'enabled', budget_tokens: 3000 },
+      output_config: { effort: 'high' },
+      messages: [{ role: 'user', content: 'Hello' }],
+    } as Anthropic.MessageCreateParamsNonStreaming);
+    assert.deepEqual(seen.at(-1)!.body.thinking, { type: 'enabled', budget_tokens: 3000 });
     assert.equal(final.usage.input_tokens, 20);
     assert.equal(final.usage.cache_read_input_tokens, 6);
     // message_start already has the upstream's count of the prompt (its own message_start gave it), not an estimate.

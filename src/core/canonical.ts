@@ -96,6 +96,11 @@ export interface GenerationRequest {
   parallelToolCalls?: boolean;
   responseFormat?: ResponseFormat;
   reasoningEffort?: string;
+  /**
+   * The client's own thinking budget in tokens (Anthropic's `budget_tokens`), for an upstream that
+   * takes one: the effort above is only its bucket.
+   */
+  reasoningBudget?: number;
   /** Whether the client reads a stream; engines may use it to pick their own transport. */
   stream: boolean;
   /**

@@ -12,6 +12,7 @@ import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type R
 export const DEFAULT_MAX_TOKENS = 4096;
 /** Thinking budgets for the canonical efforts (Anthropic's minimum is 1024). */
 const BUDGETS: Readonly<Record<string, number>> = { minimal: 1024, low: 1024, medium: 4096, high: 16384 };
+const MIN_BUDGET = 1024;
 
 /** A wire block with the client's cache breakpoint, where it set one. */
 const cached = (block: Record<string, unknown>, cache: CacheMark | undefined): Record<string, unknown> => {
@@ -87,9 +88,17 @@ function unsignedToolTurn(turns: ReadonlyArray<{ role: string; content: unknown[
 export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: string): Record<string, unknown> {
   const s = req.sampling;
   const { system, turns } = wireTurns(req.messages);
-  const budget = req.reasoningEffort !== undefined ? BUDGETS[req.reasoningEffort] : undefined;
+  // The client's own budget where it gave one (a Messages client), else its effort's.
+  const wanted =
+    req.reasoningEffort === 'none'
+      ? undefined
+      : (req.reasoningBudget ?? (req.reasoningEffort !== undefined ? BUDGETS[req.reasoningEffort] : undefined));
   // Without a limit from the client, thinking gets its budget on top of the answer's.
-  const maxTokens = req.maxOutputTokens ?? DEFAULT_MAX_TOKENS + (budget ?? 0);
+  const maxTokens = req.maxOutputTokens ?? DEFAULT_MAX_TOKENS + (wanted ?? 0);
+  // Thinking must leave room for the answer: an effort's budget that does not fit under max_tokens is
+  // cut to fit (it used to be left out, turning off thinking the client had enabled), down to
+  // Anthropic's minimum of 1,024.
+  const budget = wanted === undefined ? undefined : Math.min(wanted, maxTokens - 1);
   const body: Record<string, unknown> = { model: upstreamModel, max_tokens: maxTokens, messages: turns, stream: true };
   if (system !== undefined) body['system'] = system;
   // Anthropic's temperature range is 0–1; chat completions allow up to 2.
@@ -124,8 +133,8 @@ export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: str
   }
   const f = req.responseFormat;
   if (f?.type === 'json_schema') body['output_config'] = { format: { type: 'json_schema', schema: f.schema } };
-  // Thinking must leave room for the answer: a budget that does not fit under max_tokens is left out.
-  if (budget !== undefined && budget < maxTokens && !unsignedToolTurn(turns)) body['thinking'] = { type: 'enabled', budget_tokens: budget };
+  if (budget !== undefined && budget >= MIN_BUDGET && !unsignedToolTurn(turns))
+    body['thinking'] = { type: 'enabled', budget_tokens: budget };
   return body;
 }
 

@@ -424,6 +424,7 @@ function decodeConversation(
   }
   const effort = effortFor(body.thinking, body.output_config);
   if (effort !== undefined) req.reasoningEffort = effort;
+  if (body.thinking?.type === 'enabled' && body.thinking.budget_tokens !== undefined) req.reasoningBudget = body.thinking.budget_tokens;
   const format = body.output_config?.format;
   if (format != null)
     req.responseFormat = {
