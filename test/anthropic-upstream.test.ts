@@ -374,6 +374,21 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
       (err: unknown) => err instanceof Anthropic.BadRequestError && /cache_control/.test(err.message),
     );
 
+    // Streamed, message_start says what message_delta says of the prompt: the cache write apart from the input.
+    const streamed = anthropic.messages.stream({
+      model: MODEL,
+      max_tokens: 100,
+      system: [{ type: 'text', text: 'A long, stable preamble.', cache_control: ephemeral }],
+      messages: [{ role: 'user', content: 'Hi' }],
+    });
+    let atStart: Anthropic.Usage | undefined;
+    // A copy: the SDK updates the message it started with as the stream goes on.
+    for await (const ev of streamed) if (ev.type === 'message_start') atStart = { ...ev.message.usage };
+    const atEnd = (await streamed.finalMessage()).usage;
+    const prompt = (u: Anthropic.Usage | undefined) => [u?.input_tokens, u?.cache_creation_input_tokens, u?.cache_read_input_tokens];
+    assert.deepEqual(prompt(atStart), prompt(atEnd));
+    assert.deepEqual(prompt(atEnd), [20, 30, 6]);
+
     // Automatic caching: a top-level cache_control is a breakpoint on the last block (checked as a block's is).
     await anthropic.messages.create({
       model: MODEL,

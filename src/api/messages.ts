@@ -69,7 +69,7 @@ export function registerMessagesRoutes(app: App, ctx: RouteContext): void {
     try {
       // message_start carries the input tokens, which the engine knows once it has read the prompt.
       let ev = await events.next();
-      writeFrames(raw, stream.start(canonical.tally.input, canonical.tally.cached));
+      writeFrames(raw, stream.start(canonical.tally.input, canonical.tally.cached, canonical.tally.cacheWrite));
       for (; ev; ev = await events.next()) {
         if (!writeFrames(raw, stream.event(ev))) await drained(raw);
         if (raw.destroyed) return reply;

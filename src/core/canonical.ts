@@ -184,6 +184,8 @@ export interface Usage {
 export interface UsageTally {
   input: number;
   cached: number;
+  /** Of the input, what the upstream wrote to its prompt cache, where it says so before its output (Anthropic). */
+  cacheWrite?: number;
   output: number;
   reasoning: number;
   exact: boolean;
@@ -203,7 +205,7 @@ export function callableTools(req: Pick<GenerationRequest, 'tools' | 'toolChoice
   return new Set(req.tools.map((t) => t.name));
 }
 
-export const newTally = (): UsageTally => ({ input: 0, cached: 0, output: 0, reasoning: 0, exact: true });
+export const newTally = (): UsageTally => ({ input: 0, cached: 0, cacheWrite: 0, output: 0, reasoning: 0, exact: true });
 
 /** What a generation that ended before its usage event used: the tally, flagged when it is an estimate. */
 export const tallyUsage = (t: UsageTally): Usage => ({
@@ -211,6 +213,7 @@ export const tallyUsage = (t: UsageTally): Usage => ({
   cached: t.cached,
   output: t.output,
   reasoning: t.reasoning,
+  ...(t.cacheWrite ? { cacheWrite: t.cacheWrite } : {}),
   ...(!t.exact && { estimated: true }),
 });
 

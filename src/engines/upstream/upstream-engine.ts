@@ -596,6 +596,7 @@ export class UpstreamEngine implements Engine {
           if (reported !== undefined && reported.input !== undefined && !reported.invalid) {
             tally.input = reported.input;
             tally.cached = Math.min(reported.input, reported.cached ?? 0);
+            if (reported.cacheWrite) tally.cacheWrite = Math.min(reported.input, reported.cacheWrite);
           }
           // Bytes held for an event not yet complete: what came after the last line end (LF or CR)
           // of this chunk if an event ended in it, else everything since the last event.
@@ -883,6 +884,7 @@ export class UpstreamEngine implements Engine {
     if (estimated) usage.estimated = true;
     tally.input = usage.input;
     tally.cached = usage.cached;
+    tally.cacheWrite = usage.cacheWrite ?? 0;
     tally.output = usage.output;
     tally.reasoning = usage.reasoning;
     tally.exact = !estimated;

@@ -192,7 +192,7 @@ export class MessageStreamRenderer {
    * message_start (with the input tokens known so far, the cached ones apart as in message_delta)
    * and a ping, as Anthropic opens a stream.
    */
-  start(inputTokens: number, cachedTokens = 0): string {
+  start(inputTokens: number, cachedTokens = 0, cacheWrite = 0): string {
     const message = {
       id: this.id,
       type: 'message',
@@ -203,7 +203,14 @@ export class MessageStreamRenderer {
       stop_sequence: null,
       stop_details: null,
       container: null,
-      usage: renderUsage({ input: inputTokens, cached: Math.min(cachedTokens, inputTokens), output: 0, reasoning: 0 }),
+      // The cache write apart, as message_delta has it (it was counted as input here, and 0 written).
+      usage: renderUsage({
+        input: inputTokens,
+        cached: Math.min(cachedTokens, inputTokens),
+        output: 0,
+        reasoning: 0,
+        ...(cacheWrite > 0 && { cacheWrite: Math.min(cacheWrite, inputTokens - Math.min(cachedTokens, inputTokens)) }),
+      }),
     };
     return frame('message_start', JSON.stringify({ type: 'message_start', message })) + frame('ping', '{"type":"ping"}');
   }
