@@ -59,6 +59,7 @@ const ConfigSchema = Type.Object(
     bodyLimit: Type.Integer({ minimum: 1024 }),
     shutdownTimeoutMs: Type.Integer({ minimum: 0 }),
     websocketMaxConnectionMs: Type.Integer({ minimum: 1000 }),
+    websocketMaxPerOrg: Type.Integer({ minimum: 1 }),
     logLevel: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
     logBufferBytes: Type.Integer({ minimum: 0, maximum: 1024 * 1024 }),
     keyCacheTtlMs: Type.Integer({ minimum: 0 }),
@@ -153,6 +154,7 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool' | 'number
   ['SWITCHYARD_BODY_LIMIT', 'bodyLimit', 'int'],
   ['SWITCHYARD_SHUTDOWN_TIMEOUT_MS', 'shutdownTimeoutMs', 'int'],
   ['SWITCHYARD_WEBSOCKET_MAX_CONNECTION_MS', 'websocketMaxConnectionMs', 'int'],
+  ['SWITCHYARD_WEBSOCKET_MAX_PER_ORG', 'websocketMaxPerOrg', 'int'],
   ['SWITCHYARD_LOG_LEVEL', 'logLevel', 'string'],
   ['SWITCHYARD_LOG_BUFFER_BYTES', 'logBufferBytes', 'int'],
   ['SWITCHYARD_KEY_CACHE_TTL_MS', 'keyCacheTtlMs', 'int'],
@@ -207,6 +209,8 @@ const DEFAULTS = {
   shutdownTimeoutMs: 10_000,
   // Open Responses limits a Responses WebSocket to 60 minutes.
   websocketMaxConnectionMs: 60 * 60_000,
+  // Open Responses WebSockets one organization may hold at once (each counts toward maxInFlight).
+  websocketMaxPerOrg: 64,
   logLevel: 'info',
   // Log lines go out in blocks of this size, or after LOG_WAIT_MS (src/app.ts); 0 writes each line.
   logBufferBytes: 4096,

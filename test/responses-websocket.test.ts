@@ -7,6 +7,8 @@ import { ResponsesWS } from 'openai/resources/responses/ws';
 import { WebSocket } from 'ws';
 import { closers } from './helpers/fixtures.js';
 import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
+import { ConnectionResponses } from '../src/core/responses/connection-state.js';
+import type { Item } from '../src/core/items.js';
 import { startProcess } from './helpers/process.js';
 import { eventually } from './helpers/wait.js';
 import { rmSync } from 'node:fs';
@@ -370,5 +372,111 @@ describe('Responses over WebSocket: a client that breaks the protocol', () => {
       await p.exited;
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('Responses over WebSocket: what one organization and one connection may hold', () => {
+  const c = closers();
+  let server: TestServer;
+  let key: string;
+  before(async () => {
+    server = c.keep(await startServer({ env: { SWITCHYARD_WEBSOCKET_MAX_PER_ORG: '2', SWITCHYARD_BODY_LIMIT: '65536' } }));
+    key = (await createKey(server, 'holders')).key;
+  });
+  after(() => c.closeAll());
+
+  /** A raw upgrade request to /v1/responses: the status, headers and body of the HTTP answer. */
+  async function handshake(headers: string): Promise<{ status: number; head: string; body: string }> {
+    const { port } = new URL(server.url);
+    const socket = connect({ host: '127.0.0.1', port: Number(port) });
+    let received = '';
+    socket.on('data', (d: Buffer) => (received += d.toString()));
+    socket.write(`GET /v1/responses HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nAuthorization: Bearer ${key}\r\n${headers}\r\n`);
+    await new Promise<void>((resolve) => socket.once('close', () => resolve()));
+    const [head = '', body = ''] = received.split('\r\n\r\n');
+    return { status: Number(/^HTTP\/1\.1 (\d+)/.exec(head)?.[1]), head, body };
+  }
+
+  it('refuses a bad handshake in the error envelope, before ws answers it with a page of its own', async () => {
+    const version = 'Sec-WebSocket-Version: 13\r\n';
+    for (const [headers, param] of [
+      [`Upgrade: websocket\r\n${version}`, 'sec-websocket-key'],
+      [`Upgrade: websocket\r\n${version}Sec-WebSocket-Key: abc\r\n`, 'sec-websocket-key'],
+      [`Upgrade: h2c\r\n${version}Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n`, 'upgrade'],
+      [
+        `Upgrade: websocket\r\n${version}Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: a b,,\r\n`,
+        'sec-websocket-protocol',
+      ],
+    ] as const) {
+      const r = await handshake(`${headers}Connection: close\r\n`);
+      assert.equal(r.status, 400, r.head);
+      assert.match(r.head, /x-request-id: /i);
+      assert.match(r.head, /content-type: application\/json/i);
+      const error = (JSON.parse(r.body) as { error: { param: string; code: string } }).error;
+      assert.deepEqual([error.code, error.param], ['invalid_request', param], r.body);
+    }
+  });
+
+  it("caps one organization's open sockets (each counts toward the server's in-flight bound), not another's", async () => {
+    const url = `${server.url.replace('http', 'ws')}/v1/responses`;
+    const first = await Socket.open(server, { authorization: `Bearer ${key}` });
+    const second = await Socket.open(server, { authorization: `Bearer ${key}` });
+    const third = new WebSocket(url, { headers: { authorization: `Bearer ${key}` } });
+    third.on('error', () => undefined);
+    const [, res] = (await once(third, 'unexpected-response')) as [
+      unknown,
+      { statusCode: number; headers: Record<string, string>; resume(): void },
+    ];
+    assert.equal(res.statusCode, 429);
+    assert.ok(res.headers['x-request-id']);
+    res.resume();
+    // Another organization is not held back by this one's sockets.
+    const other = await Socket.open(server, { authorization: `Bearer ${(await createKey(server, 'others')).key}` });
+    other.ws.close();
+    // A closed socket gives its place back.
+    first.ws.close();
+    await first.closed;
+    const again = await Socket.open(server, { authorization: `Bearer ${key}` });
+    again.ws.close();
+    second.ws.close();
+    await Promise.all([again.closed, second.closed, other.closed]);
+  });
+
+  it('holds at most one body limit of queued messages per connection', async () => {
+    const s = await Socket.open(server, { authorization: `Bearer ${key}` });
+    // A long turn runs; behind it, two messages of 40 KB each: the second would hold past 64 KB.
+    s.send({ type: 'response.create', model: 'local/llama-2-tiny-random', input: 'hello', max_output_tokens: 3000, store: false });
+    const big = { type: 'response.create', model: MODEL, input: 'x'.repeat(40_000), max_output_tokens: 1, store: false };
+    s.send(big);
+    const from = s.messages.length;
+    s.send(big);
+    const [refused] = await s.until(from, (e) => e.type === 'error');
+    assert.match(JSON.stringify(refused), /may hold 65536 bytes in all/);
+    s.ws.close();
+    await s.closed;
+  });
+});
+
+describe("a connection's kept responses", () => {
+  const item = (text: string): Item => ({
+    id: 'msg_x',
+    type: 'message',
+    role: 'user',
+    status: 'completed',
+    content: [{ type: 'input_text', text }],
+  });
+
+  it('keeps at most its bound of characters, oldest going first, and a context past it not at all', () => {
+    const kept = new ConnectionResponses(1000);
+    kept.remember('a', [item('x'.repeat(400))], false);
+    kept.remember('b', [item('x'.repeat(400))], false);
+    kept.remember('c', [item('x'.repeat(400))], false);
+    assert.deepEqual(
+      ['a', 'b', 'c'].map((id) => kept.get(id) !== undefined),
+      [false, true, true],
+    );
+    kept.remember('huge', [item('x'.repeat(1001))], false);
+    assert.equal(kept.get('huge'), undefined);
+    assert.ok(kept.get('c'), 'the others stay');
   });
 });

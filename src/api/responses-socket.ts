@@ -14,6 +14,14 @@ import { listResponses } from './responses.js';
 
 /** `response.create` messages a connection may queue behind the one running (Open Responses runs them in turn). */
 const MAX_PENDING = 8;
+/**
+ * Bytes of queued messages a connection may hold: one request body's worth (SWITCHYARD_BODY_LIMIT)
+ * in all, not each. Eight 15 MB messages queued behind a long turn held 128 MB per connection.
+ */
+const pendingLimit = (bodyLimit: number): number => bodyLimit;
+/** What ws checks of a handshake, checked first so that a bad one is answered in the error envelope. */
+const WS_KEY = /^[+/0-9A-Za-z]{22}==$/;
+const WS_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 /** Past this much unsent data, the next event waits until the client has read (a slow reader cannot grow memory). */
 const HIGH_WATER = 1024 * 1024;
 /** A peer that does not answer a ping within this long is gone. */
@@ -34,6 +42,7 @@ const validate = new Ajv(BODY_VALIDATION).compile(ResponsesRequestSchema);
 class ResponseSocket {
   private readonly local = new ConnectionResponses();
   private readonly pending: RawData[] = [];
+  private pendingBytes = 0;
   private running: AbortController | undefined;
   private draining = false;
   private idle: Promise<void> = Promise.resolve();
@@ -80,6 +89,17 @@ class ResponseSocket {
         ),
       );
     }
+    const bytes = sizeOf(data);
+    const limit = pendingLimit(this.ctx.config.bodyLimit);
+    if (this.pendingBytes + bytes > limit && this.pending.length > 0) {
+      return this.error(
+        new ApiError(
+          'rate_limited',
+          `The response.create events waiting on this connection may hold ${limit} bytes in all; wait for a turn to end.`,
+        ),
+      );
+    }
+    this.pendingBytes += bytes;
     this.pending.push(data);
     if (!this.draining) this.idle = this.drain();
   }
@@ -88,7 +108,10 @@ class ResponseSocket {
   private async drain(): Promise<void> {
     this.draining = true;
     try {
-      for (let data = this.pending.shift(); data !== undefined && !this.closing; data = this.pending.shift()) await this.turn(data);
+      for (let data = this.pending.shift(); data !== undefined && !this.closing; data = this.pending.shift()) {
+        this.pendingBytes -= sizeOf(data);
+        await this.turn(data);
+      }
     } finally {
       this.draining = false;
     }
@@ -146,6 +169,7 @@ class ResponseSocket {
       if (err instanceof ApiError && err.status === 401) {
         this.closing = true;
         this.pending.length = 0;
+        this.pendingBytes = 0;
         setImmediate(() => this.ws.close(1008, 'API key no longer valid'));
       }
       throw err;
@@ -223,6 +247,7 @@ class ResponseSocket {
   async shutdown(): Promise<void> {
     this.closing = true;
     this.pending.length = 0;
+    this.pendingBytes = 0;
     await this.idle;
     if (this.ws.readyState === this.ws.OPEN) this.ws.close(1001, 'server shutting down');
   }
@@ -230,6 +255,7 @@ class ResponseSocket {
   private closed(): void {
     this.closing = true;
     this.pending.length = 0;
+    this.pendingBytes = 0;
     // The client left: a turn still running stops, like a streamed HTTP response whose client went away.
     this.running?.abort();
     for (const t of this.timers) clearTimeout(t);
@@ -240,13 +266,39 @@ class ResponseSocket {
   }
 }
 
-/** The open Responses WebSockets, to close on shutdown. */
+/** A message's size in bytes, as ws hands it over. */
+const sizeOf = (data: RawData): number =>
+  Array.isArray(data) ? data.reduce((n, b) => n + b.length, 0) : Buffer.isBuffer(data) ? data.length : data.byteLength;
+
+/**
+ * The open Responses WebSockets, to close on shutdown, and how many each organization holds: every
+ * one counts toward the server's in-flight bound, so without a cap of its own one key opened enough
+ * idle sockets to shed every other organization's requests (a hostile pass).
+ */
 export class ResponseSockets {
   private readonly open = new Set<ResponseSocket>();
+  private readonly byOrg = new Map<string, number>();
 
-  add(s: ResponseSocket, ws: WebSocket): void {
+  constructor(private readonly maxPerOrg: number) {}
+
+  /** Refuses an upgrade past the organization's share, before anything is upgraded. */
+  admit(orgId: string): void {
+    if ((this.byOrg.get(orgId) ?? 0) >= this.maxPerOrg)
+      throw new ApiError(
+        'rate_limited',
+        `This organization has ${this.maxPerOrg} Responses WebSockets open, its limit (SWITCHYARD_WEBSOCKET_MAX_PER_ORG); close one, or use HTTP.`,
+      );
+  }
+
+  add(s: ResponseSocket, ws: WebSocket, orgId: string): void {
     this.open.add(s);
-    ws.once('close', () => this.open.delete(s));
+    this.byOrg.set(orgId, (this.byOrg.get(orgId) ?? 0) + 1);
+    ws.once('close', () => {
+      this.open.delete(s);
+      const n = (this.byOrg.get(orgId) ?? 1) - 1;
+      if (n > 0) this.byOrg.set(orgId, n);
+      else this.byOrg.delete(orgId);
+    });
   }
 
   async shutdown(): Promise<void> {
@@ -264,12 +316,37 @@ export function registerResponseSocket(app: App, ctx: RouteContext, sockets: Res
     method: 'GET',
     url: '/v1/responses',
     onRequest: ctx.requireKey,
+    // Before the upgrade: a refused one gets the HTTP error in the envelope, not ws's own HTML page.
+    preHandler: async (req) => {
+      if (req.headers.upgrade === undefined) return;
+      checkHandshake(req);
+      sockets.admit(req.principal!.orgId);
+    },
     schema: { querystring: PageQuery },
     handler: async (req) => listResponses(ctx, req.principal!, req.query),
     wsHandler: (ws: WebSocket, req: FastifyRequest) => {
       const s = new ResponseSocket(ws, req, ctx);
-      sockets.add(s, ws);
+      sockets.add(s, ws, req.principal!.orgId);
       s.start();
     },
   });
+}
+
+/** The handshake checks ws makes (RFC 6455), as a 400 in the error envelope rather than ws's text/html one. */
+function checkHandshake(req: FastifyRequest): void {
+  const h = req.headers;
+  const bad = (what: string, param: string) => new ApiError('invalid_request', `WebSocket handshake: ${what}.`, { param });
+  if (String(h.upgrade).toLowerCase() !== 'websocket') throw bad("the Upgrade header must be 'websocket'", 'upgrade');
+  const key = h['sec-websocket-key'];
+  if (typeof key !== 'string' || !WS_KEY.test(key)) throw bad('Sec-WebSocket-Key must be 16 bytes in base64', 'sec-websocket-key');
+  const version = h['sec-websocket-version'];
+  if (version !== '13' && version !== '8') throw bad('Sec-WebSocket-Version must be 13', 'sec-websocket-version');
+  const protocols = h['sec-websocket-protocol'];
+  if (protocols !== undefined) {
+    const names = String(protocols)
+      .split(',')
+      .map((p) => p.trim());
+    if (names.some((p) => !WS_TOKEN.test(p)) || new Set(names).size !== names.length)
+      throw bad('Sec-WebSocket-Protocol must be a list of distinct tokens', 'sec-websocket-protocol');
+  }
 }

@@ -533,7 +533,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
   // onResponse hook to every route of the scope it is registered in, which every other request would
   // run for nothing. Open sockets are closed by their own shutdown (a running turn finishes first),
   // not the plugin's default, which drops them at once.
-  const sockets = new ResponseSockets();
+  const sockets = new ResponseSockets(config.websocketMaxPerOrg);
   void app.register(async (scope) => {
     await scope.register(websocket, {
       options: { maxPayload: config.bodyLimit },
