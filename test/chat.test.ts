@@ -487,7 +487,7 @@ describe('structured output that cannot be met', () => {
       key,
       body: {
         model: STORIES,
-        max_tokens: 30,
+        max_tokens: 200,
         messages: [{ role: 'user', content: 'x' }],
         response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
       },
@@ -495,12 +495,37 @@ describe('structured output that cannot be met', () => {
     assert.equal(res.status, 500, res.text);
     assert.equal(res.json.error.code, 'structured_output_failed');
     assert.equal(res.headers['x-should-retry'], 'false', 'the openai SDKs would otherwise run it three times');
+    // Its attempts share max_tokens: what they generated (billed) is no more than it allowed, which
+    // is what admission reserved against a budget or tpm.
+    const usage = await http<{ data: Array<{ output_tokens: number; requests: number }> }>(server.url, 'GET', '/v1/usage?group_by=model', {
+      key,
+    });
+    const mine = usage.json.data.find((u) => u.requests >= 1);
+    assert.ok(mine && mine.output_tokens <= 200, JSON.stringify(usage.json));
+    // With little room, the attempts end at max_tokens in all: a 200 cut at the limit or the 500,
+    // never four attempts' worth billed (a hostile pass overshot a budget so).
+    const small = (await createKey(server, 'small-room')).key;
+    for (let i = 0; i < 3; i++) {
+      const r = await http(server.url, 'POST', '/v1/chat/completions', {
+        key: small,
+        body: {
+          model: STORIES,
+          max_tokens: 12,
+          messages: [{ role: 'user', content: 'x' }],
+          response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
+        },
+      });
+      assert.ok(r.status === 200 || r.status === 500, r.text);
+    }
+    const billed = await http<{ data: Array<{ output_tokens: number; requests: number }> }>(server.url, 'GET', '/v1/usage', { key: small });
+    assert.equal(billed.json.data[0]?.requests, 3, billed.text);
+    assert.ok(billed.json.data[0]!.output_tokens <= 36, billed.text);
     // The same on the Responses API, whose failure is answered from the stored failed response.
     const responses = await http(server.url, 'POST', '/v1/responses', {
       key,
       body: {
         model: STORIES,
-        max_output_tokens: 30,
+        max_output_tokens: 200,
         input: 'x',
         text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { a: schema }, required: ['a'] } } },
       },

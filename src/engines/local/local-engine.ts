@@ -540,7 +540,10 @@ export class LocalEngine implements Engine {
           m,
           seq,
           prompt,
-          maxOut,
+          // Every attempt within max_tokens in all: a retry gets what the ones before it left. Each
+          // attempt had max_tokens of its own, so a budget or tpm was overshot by up to four times
+          // what admission reserved (a hostile pass), and completion_tokens came out past max_tokens.
+          maxOut - output,
           req,
           plan,
           sink,
@@ -553,14 +556,15 @@ export class LocalEngine implements Engine {
         );
         if (done === undefined) return;
         output += done.output;
-        const reason = await sink.end(done.finish);
+        let reason = await sink.end(done.finish);
+        if (reason === 'retry' && output >= maxOut) reason = 'failed';
         if (reason === 'retry') continue;
         if (reason === 'failed') {
           await out.push(usage());
           out.close(
             new ApiError(
               'structured_output_failed',
-              `The model did not produce output that satisfies the schema in ${plan.attempts} attempts; retry, or simplify the schema.`,
+              `The model did not produce output that satisfies the schema in ${attempt + 1} attempt${attempt === 0 ? '' : 's'} (within max_tokens in all); retry, raise max_tokens, or simplify the schema.`,
               // The attempts were this server's own: a client library's automatic retries would
               // multiply them (a schema no value satisfies that the checks at admission did not catch).
               { final: true },
