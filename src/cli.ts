@@ -106,18 +106,18 @@ function table(rows: string[][]): string {
     .join('\n');
 }
 
-/** `keys limits` and `orgs limits`: the same flags, a different record. */
-/**
- * Changes the limits named on the command line and keeps the others (`--rpm 5` on a key with a
- * budget keeps the budget); `--unset` removes named ones, `--clear` all. The admin API's PATCH
- * replaces the whole `limits` object instead, as an API client sends what it wants the limits to be.
- */
 /** On stderr, where limits name a model the catalogue does not have (see Admin.limitsWarning). */
 function warnLimits(admin: AdminService, limits: Limits | null | undefined): void {
   const warning = admin.limitsWarning(limits);
   if (warning !== undefined) console.error(`Warning: ${warning}`);
 }
 
+/** `keys limits` and `orgs limits`: the same flags, a different record. */
+/**
+ * Changes the limits named on the command line and keeps the others (`--rpm 5` on a key with a
+ * budget keeps the budget); `--unset` removes named ones, `--clear` all. The admin API's PATCH
+ * replaces the whole `limits` object instead, as an API client sends what it wants the limits to be.
+ */
 async function setLimits(
   admin: AdminService,
   args: string[],

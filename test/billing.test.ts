@@ -152,6 +152,14 @@ describe('every generation is billed for what it produced', () => {
             ? { prompt_tokens: 2_000_000_000, completion_tokens: 1_000_000_000, total_tokens: 3_000_000_000 }
             : { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
         const text = 'Once upon a time there was';
+        const usageFrame = `data: ${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [], usage })}\n\n`;
+        if (body.messages[0]!.content === 'huge-first') {
+          // The count of the prompt before the output, and output past max_tokens: cut there.
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          res.write(usageFrame.replace('"prompt_tokens":0', '"prompt_tokens":2000000000'));
+          for (let i = 0; i < 40; i++) res.write(chunkFrame({ content: 'x ' }));
+          return void res.end(`${chunkFrame({}, 'stop')}data: [DONE]\n\n`);
+        }
         if (!body.stream)
           return void res
             .writeHead(200, { 'content-type': 'application/json' })
@@ -192,10 +200,39 @@ describe('every generation is billed for what it produced', () => {
       });
       assert.equal(resp.status, 200, resp.text);
       assert.equal(resp.json.usage!.output_tokens, 7, resp.text);
-      n++;
+      // Streamed on the canonical lane: the count is read as it comes, and still not believed.
+      const streamed = await http(s.url, 'POST', '/v1/responses', {
+        key: s.adminKey,
+        body: { model: MODEL, input: content, max_output_tokens: 50, stream: true },
+      });
+      const done = JSON.parse(
+        streamed.text
+          .split('\n\n')
+          .filter((f) => f.includes('response.completed'))[0]!
+          .split('data: ')[1]!,
+      ) as {
+        response: Answer;
+      };
+      assert.equal(done.response.usage!.output_tokens, 7, streamed.text);
+      assert.ok(done.response.usage!.input_tokens < 50, streamed.text);
+      n += 2;
     }
+    // Cut at max_tokens after a count of the prompt past the context: the estimate of the prompt.
+    const cut = await http<Answer>(s.url, 'POST', '/v1/chat/completions', {
+      key: s.adminKey,
+      body: {
+        model: MODEL,
+        messages: [{ role: 'user', content: 'huge-first' }],
+        max_tokens: 5,
+        stream: true,
+        stream_options: { include_usage: true },
+      },
+    });
+    const cutUsage = (JSON.parse(cut.text.split('\n\n').at(-3)!.slice(6)) as Answer).usage!;
+    assert.deepEqual([cutUsage.completion_tokens, cutUsage.prompt_tokens < 50], [5, true], cut.text);
+    n++;
     const t = await usageOnce(s, n);
-    assert.equal(t.output_tokens, 7 * n);
+    assert.equal(t.output_tokens, 7 * (n - 1) + 5);
     assert.ok(t.input_tokens > 0 && t.input_tokens < 50 * n, String(t.input_tokens));
     assert.ok(t.cost > 0 && t.cost < 0.01, String(t.cost));
     assert.equal(t.estimated_requests, n, 'and marked as an estimate');

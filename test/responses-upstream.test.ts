@@ -59,6 +59,10 @@ function fixtureUpstream(seen: SeenBody[]): Server {
         send({ tool_calls: [{ index: 0, function: { arguments: '"Paris"}' } }] });
         send({}, 'tool_calls');
         usage(20, 8, 0);
+      } else if (String(last.content).includes('vanish')) {
+        // Takes the request, then goes before any output.
+        res.end();
+        return;
       } else if (String(last.content).includes('break')) {
         send({ reasoning_content: 'Hmm.' });
         send({ content: 'Once' });
@@ -412,6 +416,15 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     ]);
     const replay = await readSse(server.url, 'GET', `/v1/responses/${liveEvents[0]!.response!.id}?stream=true`, { key });
     assert.deepEqual(states(checkStream(replay.events)), states(liveEvents));
+    // An upstream that took it (its input is counted) and failed before any output: the same.
+    const taken = await readSse(server.url, 'POST', '/v1/responses', {
+      key,
+      body: { model: MODEL, input: 'vanish', background: true, stream: true },
+    });
+    const takenEvents = checkStream(taken.events);
+    assert.deepEqual(states(takenEvents), states(liveEvents));
+    const again = await readSse(server.url, 'GET', `/v1/responses/${takenEvents[0]!.response!.id}?stream=true`, { key });
+    assert.deepEqual(states(checkStream(again.events)), states(liveEvents));
   });
 
   it('answers a foreground non-stream response that failed with the error it failed with, and stores it as failed', async () => {

@@ -243,7 +243,12 @@ describe('upstream replies are bounded', () => {
             res.on('close', () => clearInterval(timer));
           };
           if (mode === 'pings') ping();
-          else if (mode === 'empties') {
+          else if (mode === 'slow') {
+            // A model that thinks unseen between outputs, longer than the idle timeout, with keep-alives.
+            res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+            ping();
+            setTimeout(() => res.end(`${chunkFrame({ content: ' upon a time' }, 'stop')}data: [DONE]\n\n`), 400);
+          } else if (mode === 'empties') {
             res.write(chunkFrame({ role: 'assistant', content: '' }));
             pump(res, chunkFrame({}), 200 * 1024 * 1024);
           } else {
@@ -282,7 +287,7 @@ describe('upstream replies are bounded', () => {
       });
       assert.equal(empties.status, 502, empties.text);
       assert.match(empties.json.error.message, /more than 65536 bytes without any output/);
-      // Output, then pings: the idle timeout ends the stream with an error after what was sent.
+      // Output, then pings: the same time between outputs ends the stream with an error after what was sent.
       for (const path of ['/v1/chat/completions', '/v1/responses']) {
         const body =
           path === '/v1/responses'
@@ -291,8 +296,15 @@ describe('upstream replies are bounded', () => {
         const stalled = await http(s.url, 'POST', path, { key: s.adminKey, body });
         assert.equal(stalled.status, 200, stalled.text);
         assert.match(stalled.text, /Once/);
-        assert.match(stalled.text, /sent no output for 300 ms/);
+        assert.match(stalled.text, /sent no output for 500 ms/);
       }
+      // Keep-alives between outputs for longer than the idle timeout, within that time: a whole answer.
+      const slow = await http<{ choices: Array<{ message: { content: string } }> }>(s.url, 'POST', '/v1/chat/completions', {
+        key: s.adminKey,
+        body: { model: MODEL, messages: say('slow') },
+      });
+      assert.equal(slow.status, 200, slow.text);
+      assert.equal(slow.json.choices[0]!.message.content, 'Once upon a time');
     },
   );
 

@@ -168,8 +168,8 @@ export class Router {
   keyProblem(id: string): string | undefined {
     const d = this.byId.get(id)?.deployment;
     if (!d?.apiKeyEnv) return undefined;
-    if ([...this.reported].some((k) => k.startsWith(`refused\0${id}\0`)))
-      return `api_key_env '${d.apiKeyEnv}' is refused by the key policy`;
+    const refused = d.source === 'database' ? keyVarRefusal(d.apiKeyEnv, this.policy.keyVars) : undefined;
+    if (refused) return `api_key_env '${d.apiKeyEnv}' is refused: ${refused}`;
     if (!this.env[d.apiKeyEnv])
       return `api_key_env '${d.apiKeyEnv}' is not set in this server's environment: requests go upstream without a key until it is set and the server restarted`;
     return undefined;

@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { Kysely, Migrator, PostgresDialect, sql, type RawBuilder, type Selectable, type SqlBool } from 'kysely';
 import SqliteDatabase from 'better-sqlite3';
@@ -929,5 +929,10 @@ function makeDirectory(dir: string): void {
   if (existsSync(dir)) return;
   const parent = dirname(dir);
   if (parent !== dir) makeDirectory(parent);
-  mkdirSync(dir);
+  try {
+    mkdirSync(dir);
+  } catch (err) {
+    // Made meanwhile by another process (a worker, the CLI) starting at the same time.
+    if ((err as { code?: unknown }).code !== 'EEXIST' || !statSync(dir).isDirectory()) throw err;
+  }
 }

@@ -175,27 +175,44 @@ const oneCallOnly = (req: GenerationRequest): boolean => req.parallelToolCalls =
  * one of zero made an answer free (an outside hostile pass). The estimate is billed instead, and
  * flagged. Fewer tokens than deltas is not held against it: some servers split a token's text.
  */
-function implausible(r: ReportedUsage, tally: UsageTally, outputCap: number | undefined, context: number | undefined): string | undefined {
+function implausible(
+  r: ReportedUsage,
+  tally: UsageTally,
+  outputCap: number | undefined,
+  context: number | undefined,
+  capped: boolean,
+): string | undefined {
+  const input = implausibleInput(r.input, context);
+  if (input !== undefined) return input;
+  // Cut at the limit by Switchyard, the upstream's output count is past what was passed on anyway.
+  if (capped) return undefined;
   if (r.output !== undefined && outputCap !== undefined && r.output > outputCap) return `output past the request's ${outputCap}`;
-  if (r.input !== undefined && context !== undefined && r.input > context) return `input past the model's context of ${context}`;
   if (r.output === 0 && tally.output > 0) return 'no output for an answer that had some';
-  if (r.input === 0) return 'no input for a prompt';
+  return undefined;
+}
+
+/** Why a reported count of the prompt cannot be right, if it cannot (also checked as it arrives mid-stream). */
+function implausibleInput(input: number | undefined, context: number | undefined): string | undefined {
+  if (input !== undefined && context !== undefined && input > context) return `input past the model's context of ${context}`;
+  if (input === 0) return 'no input for a prompt';
   return undefined;
 }
 
 /**
  * Time without output in a stream. undici's body timeout sees only silence in bytes: an upstream
  * that sent keep-alive comments, pings or empty chunks and nothing else held its request, with its
- * slot and its reservation, for as long as it kept sending them (an outside hostile pass). Until
- * the first output, the time allowed is the first-byte timeout's; after it, the idle timeout's.
- * Checked as chunks arrive: silence in bytes is still the body timeout's.
+ * slot and its reservation, for as long as it kept sending them (an outside hostile pass). The time
+ * allowed between outputs is the first-byte timeout's (before the first output, what is left of it
+ * for this try), not the idle timeout's: keep-alives are what an upstream sends while it thinks
+ * without showing it, or writes a large tool argument, and those may take minutes. Checked as
+ * chunks arrive: silence in bytes is still the body timeout's.
  */
 class OutputWatch {
   private last = Date.now();
 
   constructor(
     private readonly firstMs: number,
-    private readonly idleMs: number,
+    private readonly laterMs: number,
   ) {}
 
   /** `output`: this chunk carried some (or ended the answer). Throws once the allowed time is past. */
@@ -205,11 +222,12 @@ class OutputWatch {
       this.last = now;
       return;
     }
-    const allowed = early ? this.firstMs : this.idleMs;
+    const allowed = early ? this.firstMs : this.laterMs;
     if (now - this.last > allowed)
       throw new ApiError('upstream_timeout', `The upstream sent no output for ${allowed} ms.`, { failover: early });
   }
 }
+
 /** A transport failure as one of our errors; `early` (nothing sent to the client yet) may fail over. */
 function transportError(err: unknown, o: UpstreamOptions, early: boolean, headersTimeoutMs: number): ApiError {
   const code = (err as { code?: string }).code;
@@ -583,7 +601,7 @@ export class UpstreamEngine implements Engine {
         // A UTF-8 character may be split across network chunks.
         const decoder = new StringDecoder('utf8');
         const input = new SseInput();
-        const quiet = new OutputWatch(headersTimeout, this.o.idleTimeoutMs);
+        const quiet = new OutputWatch(headersTimeout, this.o.firstByteTimeoutMs);
         for (let chunk = await res.read(); chunk !== null; chunk = await res.read()) {
           const before = sinceEvent;
           sinceEvent = 0;
@@ -593,7 +611,12 @@ export class UpstreamEngine implements Engine {
           // the tally has it at once, so what reads it mid-stream (the Messages endpoint's own
           // message_start, a stop's bill) is not an estimate.
           const reported = reader.usage;
-          if (reported !== undefined && reported.input !== undefined && !reported.invalid) {
+          if (
+            reported !== undefined &&
+            reported.input !== undefined &&
+            !reported.invalid &&
+            implausibleInput(reported.input, attempt?.contextLength) === undefined
+          ) {
             tally.input = reported.input;
             tally.cached = Math.min(reported.input, reported.cached ?? 0);
             if (reported.cacheWrite) tally.cacheWrite = Math.min(reported.input, reported.cacheWrite);
@@ -748,7 +771,7 @@ export class UpstreamEngine implements Engine {
         yield { type: 'wire.object', object: answer as Record<string, unknown>, text: relay.answerText };
       } else {
         const decoder = new StringDecoder('utf8');
-        const quiet = new OutputWatch(headersTimeout, this.o.idleTimeoutMs);
+        const quiet = new OutputWatch(headersTimeout, this.o.firstByteTimeoutMs);
         let deltas = 0;
         for (let chunk = await res.read(); chunk !== null; chunk = await res.read()) {
           const frames = relay.push(decoder.write(chunk));
@@ -859,12 +882,17 @@ export class UpstreamEngine implements Engine {
     if (r?.invalid) {
       this.hooks.onInvalidUsage?.(deployment);
       this.log.warn({ deployment }, 'upstream reported usage that is not a count of tokens; using an estimate');
-    } else if (r !== undefined && !capped) {
-      const why = implausible(r, tally, attempt?.outputCap ?? req.maxOutputTokens, attempt?.contextLength);
+    } else if (r !== undefined) {
+      const why = implausible(r, tally, attempt?.outputCap ?? req.maxOutputTokens, attempt?.contextLength, capped);
       if (why !== undefined) {
         this.hooks.onInvalidUsage?.(deployment);
         this.log.warn({ deployment, reported: r, reason: why }, 'upstream reported usage that cannot be right; using an estimate');
         r = { input: undefined, cached: undefined, output: undefined, reasoning: undefined, invalid: true };
+        // The estimate of the prompt, not a count the upstream gave mid-stream (Anthropic's
+        // message_start): the tally may hold one that passed then, before its output said otherwise.
+        tally.input = estimateInputTokens(req);
+        tally.cached = 0;
+        tally.cacheWrite = 0;
       }
     }
     const use = capped ? undefined : r;

@@ -177,7 +177,7 @@ export class ChatReader implements StreamReader {
           out.push({
             type: 'tool_call.start',
             index,
-            id: this.clean(str(c['id']) ?? `call_${index}`),
+            id: this.clean(str(c['id']) || `call_${index}`),
             name: this.clean(str(fn?.['name']) ?? ''),
           });
         }

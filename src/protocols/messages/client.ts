@@ -22,16 +22,19 @@ const cached = (block: Record<string, unknown>, cache: CacheMark | undefined): R
 
 function blocks(content: string | ContentPart[]): Array<Record<string, unknown>> {
   if (typeof content === 'string') return content === '' ? [] : [{ type: 'text', text: content }];
-  return content.map((p) => {
-    if (p.type === 'text') return cached({ type: 'text', text: p.text }, p.cache);
-    const data = /^data:([^;,]+);base64,(.*)$/s.exec(p.url);
-    return cached(
-      data
-        ? { type: 'image', source: { type: 'base64', media_type: data[1], data: data[2] } }
-        : { type: 'image', source: { type: 'url', url: p.url } },
-      p.cache,
-    );
-  });
+  // Anthropic refuses an empty text block: an empty part (kept as a part among others) is left out.
+  return content
+    .filter((p) => p.type !== 'text' || p.text !== '')
+    .map((p) => {
+      if (p.type === 'text') return cached({ type: 'text', text: p.text }, p.cache);
+      const data = /^data:([^;,]+);base64,(.*)$/s.exec(p.url);
+      return cached(
+        data
+          ? { type: 'image', source: { type: 'base64', media_type: data[1], data: data[2] } }
+          : { type: 'image', source: { type: 'url', url: p.url } },
+        p.cache,
+      );
+    });
 }
 
 /**
@@ -95,10 +98,12 @@ export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: str
       : (req.reasoningBudget ?? (req.reasoningEffort !== undefined ? BUDGETS[req.reasoningEffort] : undefined));
   // Without a limit from the client, thinking gets its budget on top of the answer's.
   const maxTokens = req.maxOutputTokens ?? DEFAULT_MAX_TOKENS + (wanted ?? 0);
-  // Thinking must leave room for the answer: an effort's budget that does not fit under max_tokens is
-  // cut to fit (it used to be left out, turning off thinking the client had enabled), down to
-  // Anthropic's minimum of 1,024.
-  const budget = wanted === undefined ? undefined : Math.min(wanted, maxTokens - 1);
+  // Thinking must leave room for the answer. The client's own budget is below its max_tokens (the
+  // Messages decoder checks it, as Anthropic does); an effort's that does not fit takes at most half
+  // of max_tokens, so the answer keeps the other half (it used to be left out, turning off thinking a
+  // client had enabled; cut to max_tokens - 1, it left the answer one token). Below Anthropic's
+  // minimum of 1,024 there is no thinking.
+  const budget = wanted === undefined || req.reasoningBudget !== undefined || wanted < maxTokens ? wanted : Math.floor(maxTokens / 2);
   const body: Record<string, unknown> = { model: upstreamModel, max_tokens: maxTokens, messages: turns, stream: true };
   if (system !== undefined) body['system'] = system;
   // Anthropic's temperature range is 0–1; chat completions allow up to 2.
@@ -133,7 +138,7 @@ export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: str
   }
   const f = req.responseFormat;
   if (f?.type === 'json_schema') body['output_config'] = { format: { type: 'json_schema', schema: f.schema } };
-  if (budget !== undefined && budget >= MIN_BUDGET && !unsignedToolTurn(turns))
+  if (budget !== undefined && budget >= MIN_BUDGET && budget < maxTokens && !unsignedToolTurn(turns))
     body['thinking'] = { type: 'enabled', budget_tokens: budget };
   return body;
 }
@@ -198,7 +203,7 @@ export class MessagesReader implements StreamReader {
           out.push({
             type: 'tool_call.start',
             index: call,
-            id: this.clean(str(block['id']) ?? `call_${call}`),
+            id: this.clean(str(block['id']) || `call_${call}`),
             name: this.clean(str(block['name']) ?? ''),
           });
         } else if (block?.['type'] === 'text' && str(block['text'])) out.push({ type: 'text.delta', text: str(block['text'])! });

@@ -107,8 +107,10 @@ function markLast(messages: Message[], cache: CacheMark): void {
   const calls = m.toolCalls;
   if (calls?.length) calls[calls.length - 1]!.cache = cache;
   else if (m.role === 'tool') m.cache = cache;
-  else if (typeof m.content === 'string') m.content = [{ type: 'text', text: m.content, cache }];
-  else if (m.content?.length) m.content[m.content.length - 1]!.cache = cache;
+  else if (typeof m.content === 'string') {
+    // An empty prefill has no block to mark.
+    if (m.content !== '') m.content = [{ type: 'text', text: m.content, cache }];
+  } else if (m.content?.length) m.content[m.content.length - 1]!.cache = cache;
 }
 
 /** A block's `cache_control`, kept for an Anthropic upstream (see CacheMark). */
@@ -270,10 +272,8 @@ const asParts = (c: string | ContentPart[]): ContentPart[] => (typeof c === 'str
 function mergeAssistant(prev: Message, next: Message): void {
   if (next.content !== null && next.content !== '') {
     const before = prev.content ?? '';
-    prev.content =
-      typeof before === 'string' && typeof next.content === 'string'
-        ? before + next.content
-        : joinText([...asParts(before), ...asParts(next.content)]);
+    // Each turn's text stays a part of its own (run together, "Hello" and "world" were one word).
+    prev.content = joinText([...asParts(before), ...asParts(next.content)]);
   }
   if (next.toolCalls) (prev.toolCalls ??= []).push(...next.toolCalls);
   if (next.reasoning !== undefined) {

@@ -112,7 +112,7 @@ export class ResponsesReader implements StreamReader {
           out.push({
             type: 'tool_call.start',
             index,
-            id: this.clean(str(item['call_id']) ?? `call_${index}`),
+            id: this.clean(str(item['call_id']) || `call_${index}`),
             name: this.clean(str(item['name']) ?? ''),
           });
         }

@@ -548,11 +548,14 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
       ...(sealed.some(Boolean) && { seal: () => sealed[sealIndex++] ?? '' }),
     });
     // A background response's stream began queued, as its live one did, and went on to
-    // `response.in_progress` only if an engine took it: one cancelled or failed while it waited (or
-    // left queued by a crash) has no output, and no tokens counted, since engines count the prompt
-    // once they take a request.
-    const tokens = r.usage === null ? 0 : Number(r.usage['input_tokens'] ?? 0) + Number(r.usage['output_tokens'] ?? 0);
-    const started = !r.background || r.output.length > 0 || tokens > 0;
+    // `response.in_progress` only once its engine's first event came. One cancelled or failed while
+    // it waited (or left queued by a crash) has no output and no tokens counted, since engines count
+    // the prompt once they take a request; one whose upstream took it and failed before any output
+    // (a timeout, a stream cut short) has input counted but failed with no output. Read from what
+    // is stored, so a run a crash cut off after it started, stored without usage, replays without it.
+    const count = (k: string) => (r.usage === null ? 0 : Number(r.usage[k] ?? 0));
+    const started =
+      !r.background || r.output.length > 0 || count('output_tokens') > 0 || (r.status !== 'failed' && count('input_tokens') > 0);
     const events: WireEvent[] = [...(r.background ? builder.queued() : []), ...(started ? builder.start() : [])];
     for (const ev of eventsOf(r)) events.push(...builder.apply(ev));
     if (r.status === 'failed') events.push(...builder.fail(r.error?.code ?? 'server_error', r.error?.message ?? ''));
