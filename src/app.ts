@@ -227,7 +227,7 @@ export async function createService(
     );
     await responses.start();
     stoppers.push(() => responses.stop());
-    const conversations = new ConversationService(store);
+    const conversations = new ConversationService(store, seal);
     const auth = new KeyAuthenticator(store, config.keyCacheTtlMs);
     // A change made here takes effect here at once, and in every other process when the bus tells it.
     const admin = new AdminService(store, catalogue, new AddressPolicy(config.upstreamAllow), config.upstreamKeyVars, {

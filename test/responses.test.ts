@@ -730,6 +730,20 @@ describe('POST /v1/responses with TinyStories', () => {
     assert.equal(items.data.length, 4);
     const turn = await client.responses.create({ model: STORIES, conversation: conv.id, input: 'Once upon a time', max_output_tokens: 4 });
     assert.ok(turn.output.length > 0);
+    // Sealed content that does not open (altered, or another organization's) would fail every turn too.
+    for (const item of [
+      { type: 'reasoning', summary: [], encrypted_content: 'zzz' },
+      { type: 'compaction', encrypted_content: 'zzz' },
+    ]) {
+      const poisoned = await http(server.url, 'POST', `/v1/conversations/${conv.id}/items`, { key, body: { items: [item] } });
+      assert.equal(poisoned.status, 400, poisoned.text);
+      assert.equal(poisoned.json.error.param, 'items[0].encrypted_content');
+      const created = await http(server.url, 'POST', '/v1/conversations', { key, body: { items: [item] } });
+      assert.equal(created.status, 400, created.text);
+    }
+    assert.ok(
+      (await client.responses.create({ model: STORIES, conversation: conv.id, input: 'And?', max_output_tokens: 4 })).output.length > 0,
+    );
   });
 
   it('refuses two input items with one id, sent twice or referenced twice, naming the second (as OpenAI does)', async () => {

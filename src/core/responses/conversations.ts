@@ -4,6 +4,7 @@ import type { ConversationRecord, ItemPage, Store } from '../../store/store.js';
 import { checkNewItemIds, checkOutputsAnswerCalls, resolveInput, type InputItem, type Item } from '../items.js';
 import { newId, nowSeconds, orderMs } from '../ids.js';
 import type { Page, PageRequest } from '../paging.js';
+import type { ReasoningSeal } from '../reasoning-seal.js';
 
 /** A conversation as served (its items are listed separately). */
 export interface Conversation {
@@ -26,7 +27,26 @@ const render = (c: ConversationRecord): Conversation => ({
  * unique within a conversation (a reused one is a 400, never a silently lost item).
  */
 export class ConversationService {
-  constructor(private readonly store: Store) {}
+  constructor(
+    private readonly store: Store,
+    private readonly seal: ReasoningSeal,
+  ) {}
+
+  /**
+   * Sealed content added to a conversation is this organization's and intact: every later turn opens
+   * it, so one that does not open (`encrypted_content: "zzz"`) failed every response on the
+   * conversation until it was deleted (a hostile pass), as an unanswered call output would.
+   */
+  private checkSealed(items: readonly Item[], who: Principal): void {
+    items.forEach((it, i) => {
+      const sealed = it.type === 'reasoning' ? it.encrypted_content : it.type === 'compaction' ? it.encrypted_content : undefined;
+      if (sealed === undefined) return;
+      if (this.seal.unseal(sealed, who.orgId, it.type === 'compaction' ? 'compaction' : 'reasoning') === undefined)
+        throw new ApiError('invalid_value', `The encrypted_content of ${it.type} item '${it.id}' could not be verified.`, {
+          param: `items[${i}].encrypted_content`,
+        });
+    });
+  }
 
   private async load(id: string, who: Principal): Promise<ConversationRecord> {
     const c = await this.store.getConversation(id);
@@ -82,6 +102,7 @@ export class ConversationService {
   async create(who: Principal, input: readonly InputItem[], metadata: Record<string, string>): Promise<Conversation> {
     const items = this.newItems(input);
     checkNewItemIds(items, new Set(), (i) => `items[${i}].id`);
+    this.checkSealed(items, who);
     await this.checkOutputs(items, undefined);
     const conv: ConversationRecord = {
       id: newId('conv'),
@@ -138,6 +159,7 @@ export class ConversationService {
       ),
       (i) => `items[${i}].id`,
     );
+    this.checkSealed(items, who);
     await this.checkOutputs(items, c.id);
     await this.append(c, items);
     return items;
