@@ -14,11 +14,6 @@ import { listResponses } from './responses.js';
 
 /** `response.create` messages a connection may queue behind the one running (Open Responses runs them in turn). */
 const MAX_PENDING = 8;
-/**
- * Bytes of queued messages a connection may hold: one request body's worth (SWITCHYARD_BODY_LIMIT)
- * in all, not each. Eight 15 MB messages queued behind a long turn held 128 MB per connection.
- */
-const pendingLimit = (bodyLimit: number): number => bodyLimit;
 /** What ws checks of a handshake, checked first so that a bad one is answered in the error envelope. */
 const WS_KEY = /^[+/0-9A-Za-z]{22}==$/;
 const WS_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
@@ -89,8 +84,10 @@ class ResponseSocket {
         ),
       );
     }
+    // Queued messages hold one request body's worth (SWITCHYARD_BODY_LIMIT) in all, not each: eight
+    // 15 MB messages queued behind a long turn held 128 MB per connection.
     const bytes = sizeOf(data);
-    const limit = pendingLimit(this.ctx.config.bodyLimit);
+    const limit = this.ctx.config.bodyLimit;
     if (this.pendingBytes + bytes > limit && this.pending.length > 0) {
       return this.error(
         new ApiError(
@@ -102,6 +99,11 @@ class ResponseSocket {
     this.pendingBytes += bytes;
     this.pending.push(data);
     if (!this.draining) this.idle = this.drain();
+  }
+
+  private clearPending(): void {
+    this.pending.length = 0;
+    this.pendingBytes = 0;
   }
 
   /** Runs queued turns one at a time until none is left. */
@@ -168,8 +170,7 @@ class ResponseSocket {
     } catch (err) {
       if (err instanceof ApiError && err.status === 401) {
         this.closing = true;
-        this.pending.length = 0;
-        this.pendingBytes = 0;
+        this.clearPending();
         setImmediate(() => this.ws.close(1008, 'API key no longer valid'));
       }
       throw err;
@@ -246,16 +247,14 @@ class ResponseSocket {
   /** Shutdown: no new turns; the running one finishes (within the shutdown timeout), then 1001. */
   async shutdown(): Promise<void> {
     this.closing = true;
-    this.pending.length = 0;
-    this.pendingBytes = 0;
+    this.clearPending();
     await this.idle;
     if (this.ws.readyState === this.ws.OPEN) this.ws.close(1001, 'server shutting down');
   }
 
   private closed(): void {
     this.closing = true;
-    this.pending.length = 0;
-    this.pendingBytes = 0;
+    this.clearPending();
     // The client left: a turn still running stops, like a streamed HTTP response whose client went away.
     this.running?.abort();
     for (const t of this.timers) clearTimeout(t);

@@ -29,6 +29,8 @@ interface Route {
   engine: Engine;
   weight: number;
   deployment: Deployment | undefined;
+  /** What is wrong with its key here, found when the table is built (see keyProblem). */
+  keyProblem?: string;
 }
 
 export interface RoutingPolicy {
@@ -116,10 +118,16 @@ export class Router {
         once(`unset\0${d.id}\0${d.apiKeyEnv}`, () =>
           this.log.warn({ deployment: d.id, env: d.apiKeyEnv }, 'deployment API key variable is not set'),
         );
+      const keyProblem = refused
+        ? `api_key_env '${d.apiKeyEnv}' is refused: ${refused}`
+        : d.apiKeyEnv && !apiKey
+          ? `api_key_env '${d.apiKeyEnv}' is not set in this server's environment: requests go upstream without a key until it is set and the server restarted`
+          : undefined;
       const route: Route = {
         engine: this.upstream,
         weight: d.weight,
         deployment: d,
+        ...(keyProblem !== undefined && { keyProblem }),
         target: {
           engine: 'upstream',
           id: d.id,
@@ -166,13 +174,7 @@ export class Router {
    * process's environment (its requests go upstream with no key), or one the policy refuses.
    */
   keyProblem(id: string): string | undefined {
-    const d = this.byId.get(id)?.deployment;
-    if (!d?.apiKeyEnv) return undefined;
-    const refused = d.source === 'database' ? keyVarRefusal(d.apiKeyEnv, this.policy.keyVars) : undefined;
-    if (refused) return `api_key_env '${d.apiKeyEnv}' is refused: ${refused}`;
-    if (!this.env[d.apiKeyEnv])
-      return `api_key_env '${d.apiKeyEnv}' is not set in this server's environment: requests go upstream without a key until it is set and the server restarted`;
-    return undefined;
+    return this.byId.get(id)?.keyProblem;
   }
 
   /**

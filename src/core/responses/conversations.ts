@@ -39,9 +39,8 @@ export class ConversationService {
    */
   private checkSealed(items: readonly Item[], who: Principal): void {
     items.forEach((it, i) => {
-      const sealed = it.type === 'reasoning' ? it.encrypted_content : it.type === 'compaction' ? it.encrypted_content : undefined;
-      if (sealed === undefined) return;
-      if (this.seal.unseal(sealed, who.orgId, it.type === 'compaction' ? 'compaction' : 'reasoning') === undefined)
+      if ((it.type !== 'reasoning' && it.type !== 'compaction') || it.encrypted_content === undefined) return;
+      if (this.seal.unseal(it.encrypted_content, who.orgId, it.type) === undefined)
         throw new ApiError('invalid_value', `The encrypted_content of ${it.type} item '${it.id}' could not be verified.`, {
           param: `items[${i}].encrypted_content`,
         });
