@@ -222,12 +222,16 @@ export async function createService(
       pipeline,
       seal,
       log,
-      { staleAfterMs: config.responseStaleMs, singleInstance: store.dialect === 'sqlite' && opts.shared !== true },
+      {
+        staleAfterMs: config.responseStaleMs,
+        singleInstance: store.dialect === 'sqlite' && opts.shared !== true,
+        historyMaxBytes: config.historyMaxBytes,
+      },
       bus,
     );
     await responses.start();
     stoppers.push(() => responses.stop());
-    const conversations = new ConversationService(store, seal);
+    const conversations = new ConversationService(store, seal, config.historyMaxBytes);
     const auth = new KeyAuthenticator(store, config.keyCacheTtlMs);
     // A change made here takes effect here at once, and in every other process when the bus tells it.
     const admin = new AdminService(store, catalogue, new AddressPolicy(config.upstreamAllow), config.upstreamKeyVars, {

@@ -60,6 +60,7 @@ const ConfigSchema = Type.Object(
     shutdownTimeoutMs: Type.Integer({ minimum: 0 }),
     websocketMaxConnectionMs: Type.Integer({ minimum: 1000 }),
     websocketMaxPerOrg: Type.Integer({ minimum: 1 }),
+    historyMaxBytes: Type.Integer({ minimum: 1024 }),
     logLevel: Type.Enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
     logBufferBytes: Type.Integer({ minimum: 0, maximum: 1024 * 1024 }),
     keyCacheTtlMs: Type.Integer({ minimum: 0 }),
@@ -155,6 +156,7 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool' | 'number
   ['SWITCHYARD_SHUTDOWN_TIMEOUT_MS', 'shutdownTimeoutMs', 'int'],
   ['SWITCHYARD_WEBSOCKET_MAX_CONNECTION_MS', 'websocketMaxConnectionMs', 'int'],
   ['SWITCHYARD_WEBSOCKET_MAX_PER_ORG', 'websocketMaxPerOrg', 'int'],
+  ['SWITCHYARD_HISTORY_MAX_BYTES', 'historyMaxBytes', 'int'],
   ['SWITCHYARD_LOG_LEVEL', 'logLevel', 'string'],
   ['SWITCHYARD_LOG_BUFFER_BYTES', 'logBufferBytes', 'int'],
   ['SWITCHYARD_KEY_CACHE_TTL_MS', 'keyCacheTtlMs', 'int'],
@@ -211,6 +213,8 @@ const DEFAULTS = {
   websocketMaxConnectionMs: 60 * 60_000,
   // Open Responses WebSockets one organization may hold at once (each counts toward maxInFlight).
   websocketMaxPerOrg: 64,
+  // Twice the default body limit: a turn reads about as much stored history as a large request sends.
+  historyMaxBytes: 32 * 1024 * 1024,
   logLevel: 'info',
   // Log lines go out in blocks of this size, or after LOG_WAIT_MS (src/app.ts); 0 writes each line.
   logBufferBytes: 4096,

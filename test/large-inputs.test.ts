@@ -3,8 +3,8 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import SqliteDatabase from 'better-sqlite3';
 import OpenAI from 'openai';
-import { createKey, type TestServer } from './helpers/server.js';
-import { closers, fixture, GATEWAY_MODEL, startGateway } from './helpers/fixtures.js';
+import { createKey, startServer, type TestServer } from './helpers/server.js';
+import { closers, completionJson, fixture, GATEWAY_MODEL, jsonFixture, startGateway } from './helpers/fixtures.js';
 
 /**
  * Requests with thousands of input items, stored: every item reaches the response's store and the
@@ -54,5 +54,166 @@ describe('a response with 7,000 input items on a conversation', () => {
     assert.equal((newest.data[0] as { role?: string }).role, 'assistant');
     const oldest = await client.conversations.items.list(conversation.id, { limit: 1, order: 'asc' });
     assert.deepEqual((oldest.data[0] as { content?: Array<{ text?: string }> }).content?.[0]?.text, 'line 0');
+  });
+});
+
+/**
+ * A turn reads its stored history newest first, within SWITCHYARD_HISTORY_MAX_BYTES (here 4 KB):
+ * a conversation or chain of previous responses larger than that is a 400 naming it, or with
+ * `truncation: "auto"` its newest turns from a user message on. Read whole, a 150 MB conversation
+ * held the event loop 1.5 s on every turn.
+ */
+describe('stored history past the byte budget', () => {
+  const c = closers();
+  let gateway: TestServer;
+  let local: TestServer;
+  let key: string;
+  let localKey: string;
+  /** The messages each upstream request carried. */
+  const seen: Array<Array<{ role: string; content: unknown }>> = [];
+  const env = { SWITCHYARD_HISTORY_MAX_BYTES: '4096' };
+  const filler = (i: number) => `turn ${i}: ${'x'.repeat(600)}`;
+
+  before(async () => {
+    const up = c.keep(
+      await jsonFixture<{ messages: Array<{ role: string; content: unknown }> }>((body, res) => {
+        seen.push(body.messages);
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(
+          completionJson({ role: 'assistant', content: 'Noted.' }, 'stop', { prompt_tokens: 100, completion_tokens: 2, total_tokens: 102 }),
+        );
+      }),
+    );
+    gateway = c.keep(await startGateway([{ baseUrl: up.url }], env, { context_length: 1_000_000 }));
+    key = (await createKey(gateway, 'acme')).key;
+    local = c.keep(await startServer({ env }));
+    localKey = (await createKey(local, 'acme')).key;
+  });
+  after(() => c.closeAll());
+
+  it('a conversation: 400 without truncation, its newest turns with truncation auto, and ids of older items still its own', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    // Ten turns of about 650 bytes each (user, then assistant): more than 4 KB in all.
+    const items = Array.from({ length: 10 }, (_, i) => [
+      { type: 'message' as const, role: 'user' as const, content: filler(i) },
+      { type: 'message' as const, role: 'assistant' as const, content: `answer ${i}` },
+    ]).flat();
+    const conversation = await client.conversations.create({ items });
+    const first = await client.conversations.items.list(conversation.id, { limit: 1, order: 'asc' });
+    const oldest = first.data[0]!.id!;
+
+    const refused = await client.responses.create({ model: GATEWAY_MODEL, conversation: conversation.id, input: 'And now?' }).then(
+      () => assert.fail('a conversation past the budget was read'),
+      (e: unknown) => e,
+    );
+    assert.ok(refused instanceof OpenAI.BadRequestError);
+    assert.equal(refused.code, 'context_length_exceeded');
+    assert.equal(refused.param, 'conversation');
+    assert.match(refused.message, /more than 4096 bytes/);
+    assert.match(refused.message, /truncation/);
+    assert.equal(seen.length, 0);
+
+    const r = await client.responses.create({ model: GATEWAY_MODEL, conversation: conversation.id, input: 'And now?', truncation: 'auto' });
+    assert.equal(r.status, 'completed');
+    assert.equal(r.truncation, 'auto');
+    const sent = seen.at(-1)!;
+    // The newest turns, starting at a user message, then the new input; the oldest left out.
+    assert.equal(sent[0]?.role, 'user');
+    assert.match(String(sent[0]?.content), /^turn \d: /);
+    assert.ok(!sent.some((m) => String(m.content).startsWith('turn 0:')));
+    assert.ok(sent.some((m) => String(m.content).startsWith('turn 9:')));
+    assert.equal(sent.at(-1)?.content, 'And now?');
+    const readTurns = sent.filter((m) => String(m.content).startsWith('turn ')).length;
+    assert.ok(readTurns >= 4 && readTurns < 10, `${readTurns} turns read`);
+
+    // The oldest item is outside what a turn reads, and still the conversation's: referenced, it is
+    // read again and not added a second time; a new item with its id is refused.
+    const before = (await client.conversations.items.list(conversation.id, { limit: 100 })).data.length;
+    const again = await client.responses.create({
+      model: GATEWAY_MODEL,
+      conversation: conversation.id,
+      input: [
+        { type: 'item_reference', id: oldest },
+        { type: 'message', role: 'user', content: 'Remember the first turn?' },
+      ],
+      truncation: 'auto',
+    });
+    assert.equal(again.status, 'completed');
+    assert.ok(seen.at(-1)!.some((m) => String(m.content).startsWith('turn 0:')));
+    const after = (await client.conversations.items.list(conversation.id, { limit: 100 })).data;
+    assert.equal(after.length, before + 2, 'the new message and the answer, not the referenced item');
+    assert.equal(after.filter((i) => i.id === oldest).length, 1);
+    const reused = await client.responses
+      .create({
+        model: GATEWAY_MODEL,
+        conversation: conversation.id,
+        input: [{ type: 'message', id: oldest, role: 'user', content: 'same id' } as unknown as OpenAI.Responses.ResponseInputItem],
+        truncation: 'auto',
+      })
+      .then(
+        () => assert.fail('an older item id was reused'),
+        (e: unknown) => e,
+      );
+    assert.ok(reused instanceof OpenAI.BadRequestError);
+    assert.match(reused.message, /already in this conversation/);
+  });
+
+  it('a chain of previous responses: 400 naming previous_response_id, or its newest responses with truncation auto', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    let previous: string | null = null;
+    for (let i = 0; i < 10; i++) {
+      const r: OpenAI.Responses.Response = await client.responses.create({
+        model: GATEWAY_MODEL,
+        input: filler(i),
+        previous_response_id: previous,
+        truncation: 'auto',
+      });
+      previous = r.id;
+    }
+    const refused = await client.responses.create({ model: GATEWAY_MODEL, input: 'And now?', previous_response_id: previous }).then(
+      () => assert.fail('a chain past the budget was read'),
+      (e: unknown) => e,
+    );
+    assert.ok(refused instanceof OpenAI.BadRequestError);
+    assert.equal(refused.code, 'context_length_exceeded');
+    assert.equal(refused.param, 'previous_response_id');
+
+    const r = await client.responses.create({
+      model: GATEWAY_MODEL,
+      input: 'And now?',
+      previous_response_id: previous,
+      truncation: 'auto',
+    });
+    assert.equal(r.status, 'completed');
+    const sent = seen.at(-1)!;
+    assert.equal(sent[0]?.role, 'user');
+    assert.ok(!sent.some((m) => String(m.content).startsWith('turn 0:')));
+    assert.ok(sent.some((m) => String(m.content).startsWith('turn 9:')));
+    assert.equal(sent.at(-1)?.content, 'And now?');
+  });
+
+  it('the local model answers a turn on a conversation past the budget with truncation auto', async () => {
+    const client = new OpenAI({ apiKey: localKey, baseURL: local.baseURL, maxRetries: 0 });
+    const items = Array.from({ length: 10 }, (_, i) => ({ type: 'message' as const, role: 'user' as const, content: filler(i) }));
+    const conversation = await client.conversations.create({ items });
+    const refused = await client.responses
+      .create({ model: 'local/stories260k', conversation: conversation.id, input: 'Once upon a time', max_output_tokens: 8 })
+      .then(
+        () => assert.fail('a conversation past the budget was read'),
+        (e: unknown) => e,
+      );
+    assert.ok(refused instanceof OpenAI.BadRequestError);
+    assert.equal(refused.code, 'context_length_exceeded');
+    const r = await client.responses.create({
+      model: 'local/stories260k',
+      conversation: conversation.id,
+      input: 'Once upon a time',
+      max_output_tokens: 8,
+      truncation: 'auto',
+    });
+    // Eight tokens of a story: cut at max_output_tokens unless the story ends sooner.
+    assert.ok(r.status === 'completed' || r.incomplete_details?.reason === 'max_output_tokens', r.status);
+    assert.ok(r.output_text.length > 0);
+    assert.ok((r.usage?.input_tokens ?? 0) > 0);
   });
 });

@@ -75,6 +75,43 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       // A cursor that names no item of the conversation is not a page from the start.
       assert.equal(await store.listConversationItems('conv_many', { after: 'msg_none', limit: 1, order: 'asc' }), undefined);
       assert.deepEqual((await store.listConversationItems('conv_many', { after: 'msg_m0', limit: 1, order: 'asc' }))?.items, ['{"i":1}']);
+      // A turn reads the newest items within a byte budget, oldest first, in pages of sizes.
+      const recent = (id: string, bytes: number) => store.recentConversationItems(id, bytes, true);
+      assert.deepEqual(await recent('conv_many', 30), { items: ['{"i":6997}', '{"i":6998}', '{"i":6999}'], complete: false });
+      // Unless a part will do, nothing is read of a conversation that does not fit.
+      assert.deepEqual(await store.recentConversationItems('conv_many', 30, false), { items: [], complete: false });
+      assert.equal((await store.recentConversationItems('conv_many', 1e9, false)).items.length, 7_000);
+      const whole = await recent('conv_many', 1e9);
+      assert.equal(whole.items.length, 7_000);
+      assert.equal(whole.items[0], '{"i":0}');
+      assert.equal(whole.complete, true);
+      assert.deepEqual(await recent('conv_items', 7), { items: ['{"c":1}'], complete: true });
+      assert.deepEqual(await recent('conv_items', 6), { items: [], complete: false });
+      assert.deepEqual(await recent('conv_none', 6), { items: [], complete: true });
+      // Read a megabyte or so a statement, in order across statements.
+      await store.createConversation({ id: 'conv_pages', org_id: 'org_a', created_at: 1, created_ms: 1003, metadata: '{}' });
+      const pages = Array.from({ length: 5 }, (_, i) => ({ id: `msg_p${i}`, json: JSON.stringify(`${i}${'p'.repeat(400_000)}`) }));
+      await store.appendConversationItems('conv_pages', pages, 3);
+      assert.deepEqual(
+        (await recent('conv_pages', 1e9)).items,
+        pages.map((p) => p.json),
+      );
+      assert.deepEqual(
+        (await recent('conv_pages', 1_300_000)).items,
+        pages.slice(2).map((p) => p.json),
+      );
+      // Sizes are bytes of UTF-8, not characters.
+      await store.createConversation({ id: 'conv_utf8', org_id: 'org_a', created_at: 1, created_ms: 1002, metadata: '{}' });
+      await store.appendConversationItems(
+        'conv_utf8',
+        [
+          { id: 'msg_u1', json: '"é"' },
+          { id: 'msg_u2', json: '"ü"' },
+        ],
+        3,
+      );
+      assert.deepEqual(await recent('conv_utf8', 7), { items: ['"ü"'], complete: false });
+      assert.deepEqual(await recent('conv_utf8', 8), { items: ['"é"', '"ü"'], complete: true });
       // Items of a response deleted while they were written in slices are not left behind.
       const orphans = Array.from({ length: 1_200 }, (_, i) => ({ id: `msg_o${i}` }));
       await store.saveResponseItems('org_a', 'resp_deleted_meanwhile', orphans, 5);

@@ -145,6 +145,36 @@ export function checkNewItemIds(items: readonly Item[], existing: ReadonlySet<st
   }
 }
 
+/** How much stored JSON is parsed between two turns of the event loop. */
+const PARSE_SLICE_BYTES = 1024 * 1024;
+
+/**
+ * Parses stored items (a turn's history may be tens of megabytes of JSON), letting the event loop
+ * run after about every megabyte so that one turn's history does not hold every other request.
+ */
+export async function parseItems(json: readonly string[]): Promise<Item[]> {
+  const out: Item[] = [];
+  let since = 0;
+  for (const j of json) {
+    if (since > PARSE_SLICE_BYTES) {
+      since = 0;
+      await new Promise<void>((resolve) => setImmediate(resolve));
+    }
+    since += j.length;
+    out.push(JSON.parse(j) as Item);
+  }
+  return out;
+}
+
+/**
+ * A history cut short (its oldest items left out) starts at a turn: at its first user message or
+ * compaction summary, so that no call output or assistant reply is read without what led to it.
+ */
+export function fromTurn(items: readonly Item[]): Item[] {
+  const i = items.findIndex((it) => (it.type === 'message' && it.role === 'user') || it.type === 'compaction');
+  return i < 0 ? [] : items.slice(i);
+}
+
 /**
  * Each function call output in `input` answers a function call made before it (in the history, a
  * previous response's output or the conversation, or earlier in `input`), as OpenAI's Responses API

@@ -14,6 +14,7 @@ import type {
   CreationQuery,
   DeploymentRecord,
   ItemPage,
+  RecentItems,
   ListedResponse,
   KeyRole,
   Limits,
@@ -45,7 +46,7 @@ interface Database {
   responses: Omit<ListedResponse, 'background'> & { background: number };
   response_inputs: { response_id: string; items: string };
   conversations: ConversationRecord;
-  conversation_items: { id: string; conversation_id: string; seq: number; item: string; created_at: number };
+  conversation_items: { id: string; conversation_id: string; seq: number; item: string; bytes: number; created_at: number };
   stored_items: { org_id: string; id: string; response_id: string; item: string; created_at: number };
   settings: { key: string; value: string };
   chat_completions: Omit<ChatCompletionRecord, 'metadata'> & { metadata: string; messages: string };
@@ -57,6 +58,10 @@ interface Database {
 
 /** Ids bound in one statement at most (5 parameters a row when inserting items). */
 const ID_SLICE = 500;
+/** Item sizes read per query when a turn reads a conversation newest first. */
+const SIZE_PAGE = 1000;
+/** About how much of a conversation's items one statement reads. */
+const ITEM_PAGE_BYTES = 1024 * 1024;
 
 /**
  * Lets the event loop run between the slices of a large write or read outside a transaction.
@@ -630,9 +635,14 @@ export class KyselyStore implements Store {
         await tx
           .insertInto('conversation_items')
           .values(
-            items
-              .slice(n, n + ID_SLICE)
-              .map((it, i) => ({ id: it.id, conversation_id: conversationId, seq: start + n + i, item: it.json, created_at: at })),
+            items.slice(n, n + ID_SLICE).map((it, i) => ({
+              id: it.id,
+              conversation_id: conversationId,
+              seq: start + n + i,
+              item: it.json,
+              bytes: Buffer.byteLength(it.json),
+              created_at: at,
+            })),
           )
           .execute();
       }
@@ -662,14 +672,47 @@ export class KyselyStore implements Store {
     return { items: rows.slice(0, opts.limit).map((r) => r.item), hasMore: rows.length > opts.limit };
   }
 
-  async allConversationItems(conversationId: string): Promise<string[]> {
-    const rows = await this.db
-      .selectFrom('conversation_items')
-      .select('item')
-      .where('conversation_id', '=', conversationId)
-      .orderBy('seq')
-      .execute();
-    return rows.map((r) => r.item);
+  async recentConversationItems(conversationId: string, maxBytes: number, partial: boolean): Promise<RecentItems> {
+    // Sizes first, newest first and a page at a time, down to the oldest item that still fits.
+    const fit: Array<{ seq: number; bytes: number }> = [];
+    let total = 0;
+    let complete = true;
+    sizes: for (let before = Number.POSITIVE_INFINITY; ;) {
+      let q = this.db.selectFrom('conversation_items').select(['seq', 'bytes']).where('conversation_id', '=', conversationId);
+      if (before !== Number.POSITIVE_INFINITY) q = q.where('seq', '<', before);
+      const rows = await q.orderBy('seq', 'desc').limit(SIZE_PAGE).execute();
+      for (const r of rows) {
+        const bytes = Number(r.bytes);
+        total += bytes;
+        if (total > maxBytes) {
+          complete = false;
+          break sizes;
+        }
+        fit.push({ seq: (before = Number(r.seq)), bytes });
+      }
+      if (rows.length < SIZE_PAGE) break;
+    }
+    if (!complete && !partial) return { items: [], complete };
+    // Then those items, oldest first, about a megabyte a statement with a turn of the event loop
+    // between statements: on SQLite each statement holds the event loop while it reads.
+    const items: string[] = [];
+    for (let end = fit.length - 1; end >= 0;) {
+      let start = end;
+      for (let bytes = fit[end]!.bytes; start > 0 && bytes + fit[start - 1]!.bytes <= ITEM_PAGE_BYTES; start--)
+        bytes += fit[start - 1]!.bytes;
+      if (items.length > 0) await nextTurn();
+      const rows = await this.db
+        .selectFrom('conversation_items')
+        .select('item')
+        .where('conversation_id', '=', conversationId)
+        .where('seq', '>=', fit[end]!.seq)
+        .where('seq', '<=', fit[start]!.seq)
+        .orderBy('seq')
+        .execute();
+      for (const r of rows) items.push(r.item);
+      end = start - 1;
+    }
+    return { items, complete };
   }
 
   async getConversationItem(conversationId: string, itemId: string): Promise<string | undefined> {

@@ -111,6 +111,11 @@ export interface ChatCompletionQuery {
   order: 'asc' | 'desc';
 }
 
+export interface RecentItems {
+  items: string[];
+  complete: boolean;
+}
+
 export interface ItemPage {
   items: string[];
   hasMore: boolean;
@@ -271,7 +276,12 @@ export interface Store {
     conversationId: string,
     opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
   ): Promise<ItemPage | undefined>;
-  allConversationItems(conversationId: string): Promise<string[]>;
+  /**
+   * The conversation's newest items whose JSON together takes at most `maxBytes` (UTF-8), oldest
+   * first; `complete` is false when older items were left out, and then, unless `partial`, no item
+   * is read at all. Only the items returned are read.
+   */
+  recentConversationItems(conversationId: string, maxBytes: number, partial: boolean): Promise<RecentItems>;
   getConversationItem(conversationId: string, itemId: string): Promise<string | undefined>;
   /** Which of these item ids the conversation already holds (ids are unique per conversation). */
   conversationItemsIn(conversationId: string, itemIds: readonly string[]): Promise<string[]>;

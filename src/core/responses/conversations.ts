@@ -1,7 +1,7 @@
 import { ApiError } from '../errors.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ItemPage, Store } from '../../store/store.js';
-import { checkNewItemIds, checkOutputsAnswerCalls, resolveInput, type InputItem, type Item } from '../items.js';
+import { checkNewItemIds, checkOutputsAnswerCalls, parseItems, resolveInput, type InputItem, type Item } from '../items.js';
 import { newId, nowSeconds, orderMs } from '../ids.js';
 import type { Page, PageRequest } from '../paging.js';
 import type { ReasoningSeal } from '../reasoning-seal.js';
@@ -30,6 +30,8 @@ export class ConversationService {
   constructor(
     private readonly store: Store,
     private readonly seal: ReasoningSeal,
+    /** The most of the conversation read to find the calls that new outputs answer (as a turn reads it). */
+    private readonly historyMaxBytes: number,
   ) {}
 
   /**
@@ -85,7 +87,7 @@ export class ConversationService {
    * conversation or earlier among the new items), as in a response's input: every later turn sends
    * the conversation to the model, and an upstream refuses a result for no call, so one such item
    * would fail every turn until it was deleted. The conversation's items are read only when a new
-   * output's call is not among the new items.
+   * output's call is not among the new items, and only as far back as a turn reads them.
    */
   private async checkOutputs(items: readonly Item[], conversationId: string | undefined): Promise<void> {
     const calls = new Set<string>();
@@ -94,7 +96,9 @@ export class ConversationService {
       return it.type === 'function_call_output' && !calls.has(it.call_id);
     });
     if (!unanswered) return;
-    const history = conversationId ? (await this.store.allConversationItems(conversationId)).map((j) => JSON.parse(j) as Item) : [];
+    const history = conversationId
+      ? await parseItems((await this.store.recentConversationItems(conversationId, this.historyMaxBytes, true)).items)
+      : [];
     checkOutputsAnswerCalls(history, items, (i) => `items[${i}].call_id`);
   }
 

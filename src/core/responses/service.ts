@@ -10,6 +10,8 @@ import {
   checkOutputsAnswerCalls,
   checkUniqueInputIds,
   firstImage,
+  fromTurn,
+  parseItems,
   inputField,
   itemsToMessages,
   resolveInput,
@@ -48,7 +50,8 @@ const CANCEL_WAIT_MS = 2000;
 const ABANDONED = { code: 'server_error', message: 'The server running this response stopped before it finished.' };
 
 /** What building a request's context reads of it (a create, a count, a compaction). */
-type ContextRequest = Pick<ResponsesCreate<unknown>, 'model' | 'input' | 'instructions' | 'previousResponseId' | 'conversationId'>;
+type ContextRequest = Pick<ResponsesCreate<unknown>, 'model' | 'input' | 'instructions' | 'previousResponseId' | 'conversationId'> &
+  Partial<Pick<ResponsesCreate<unknown>, 'truncation'>>;
 
 /** The most a compaction summary may take; the instruction below asks for far less. */
 const COMPACTION_MAX_TOKENS = 1024;
@@ -62,6 +65,8 @@ export interface ResponseServiceOptions {
   staleAfterMs: number;
   /** The embedded SQLite database has one instance: whatever was running at start was this process's. */
   singleInstance: boolean;
+  /** The most stored history (conversation items, previous responses) one request reads, in bytes of JSON. */
+  historyMaxBytes: number;
 }
 
 /** Responses still queued or running that nobody refreshed since `before` become failed. */
@@ -440,17 +445,39 @@ export class ResponseService<Echo> {
     return conv;
   }
 
-  /** Everything before this response's input: the previous-response chain, or the conversation. */
+  /**
+   * Everything before this response's input: the previous-response chain, or the conversation, read
+   * newest first within `historyMaxBytes` of stored JSON. Past it, `truncation: "auto"` leaves the
+   * oldest turns out (the model could not read that much anyway; `fit` cuts further to the context),
+   * and otherwise the request is a 400: reading and parsing an unbounded history held the event
+   * loop for every turn (a 150 MB conversation, 1.5 s). `complete` is false when turns were left out.
+   */
   private async history(
-    previousResponseId: string | null,
+    body: ContextRequest,
     who: Principal,
     conv: ConversationRecord | undefined,
     local: ConnectionResponses | undefined,
-  ): Promise<Item[]> {
-    if (conv) return (await this.store.allConversationItems(conv.id)).map((j) => JSON.parse(j) as Item);
+  ): Promise<{ items: Item[]; complete: boolean }> {
+    const budget = this.opts.historyMaxBytes;
+    const auto = body.truncation === 'auto';
+    const tooLong = (what: string, param: string): ApiError =>
+      new ApiError(
+        'context_length_exceeded',
+        `${what} holds more than ${budget} bytes of items, more than one request reads (SWITCHYARD_HISTORY_MAX_BYTES). ` +
+          'Set truncation to "auto" to leave its oldest turns out.',
+        { param },
+      );
+    if (conv) {
+      const recent = await this.store.recentConversationItems(conv.id, budget, auto);
+      if (!recent.complete && !auto) throw tooLong(`The conversation '${conv.id}'`, 'conversation');
+      const items = await parseItems(recent.items);
+      return { items: recent.complete ? items : fromTurn(items), complete: recent.complete };
+    }
+    const previousResponseId = body.previousResponseId;
     const kept = previousResponseId === null ? undefined : local?.get(previousResponseId);
-    if (kept) return [...kept.items];
+    if (kept) return { items: [...kept.items], complete: true };
     const chain: Item[][] = [];
+    let bytes = 0;
     for (let id = previousResponseId, n = 0; id !== null && n < MAX_CHAIN; n++) {
       const r = await this.store.getResponse(id);
       if (!r || r.org_id !== who.orgId) {
@@ -466,10 +493,20 @@ export class ResponseService<Echo> {
       if (n === 0 && (r.status === 'queued' || r.status === 'in_progress')) {
         throw new ApiError('invalid_value', `Previous response with id '${id}' is still in progress.`, { param: 'previous_response_id' });
       }
-      chain.unshift([...(await this.inputOf(r.id)), ...this.format.read(r.body).output]);
+      const input = (await this.store.getResponseInput(r.id)) ?? '[]';
+      // Measured before anything is parsed; a link is a turn, so the cut falls between turns.
+      bytes += Buffer.byteLength(input) + Buffer.byteLength(r.body);
+      if (bytes > budget) {
+        if (!auto) throw tooLong(`The chain of previous responses from '${previousResponseId}'`, 'previous_response_id');
+        return { items: chain.flat(), complete: false };
+      }
+      // A link is parsed whole (it was one request's input and one answer); the event loop runs
+      // between links.
+      if (n > 0) await new Promise<void>((resolve) => setImmediate(resolve));
+      chain.unshift([...(JSON.parse(input) as Item[]), ...this.format.read(r.body).output]);
       id = r.previous_response_id;
     }
-    return chain.flat();
+    return { items: chain.flat(), complete: true };
   }
 
   /**
@@ -507,7 +544,7 @@ export class ResponseService<Echo> {
       throw new ApiError('invalid_request', 'Send previous_response_id or conversation, not both.', { param: 'conversation' });
     }
     const conv = await this.conversationFor(body.conversationId, who);
-    const history = await this.history(body.previousResponseId, who, conv, local);
+    const { items: history, complete } = await this.history(body, who, conv, local);
     const inHistory = new Map(history.map((i) => [i.id, i]));
     const known = new Map(inHistory);
     // Other references may name any item the organization stored, in a response or a conversation.
@@ -527,8 +564,20 @@ export class ResponseService<Echo> {
     // What this response adds to its conversation: its input, less items referenced from the
     // conversation itself (already there; items referenced from elsewhere are added); anything else
     // reusing an id there is a 400.
-    const added = conv ? input.filter((i) => inHistory.get(i.id) !== i) : input;
-    if (conv) checkNewItemIds(added, new Set(inHistory.keys()), () => 'input');
+    let added = conv ? input.filter((i) => inHistory.get(i.id) !== i) : input;
+    const there = new Set(inHistory.keys());
+    if (conv && !complete && added.length > 0) {
+      // Turns left out of what was read are the conversation's still: an item referenced from them
+      // is there already, and a new item may not reuse one of their ids.
+      const older = await this.store.conversationItemsIn(
+        conv.id,
+        added.map((i) => i.id),
+      );
+      const referenced = new Set(body.input.flatMap((i) => (i.type === 'item_reference' ? [i.id] : [])));
+      for (const id of older) there.add(id);
+      added = added.filter((i) => !(there.has(i.id) && referenced.has(i.id) && known.get(i.id) === i));
+    }
+    if (conv) checkNewItemIds(added, there, () => 'input');
     /** The items this request brings, to be findable later (not those it refers to). */
     const own = input.filter((i) => known.get(i.id) !== i);
     const messages = itemsToMessages([...history, ...input], body.instructions, this.sealedText(who, input, body.input));
