@@ -92,7 +92,25 @@ function anthropicFixture(seen: SeenRequest[]) {
         sse(res, 'content_block_stop', { index });
         index++;
       }
-      if (body.tools?.length && last.content.every((b) => b['type'] !== 'tool_result')) {
+      if (lastText.includes('whole input')) {
+        // Arguments given whole in the block's start, and a call with none at all.
+        sse(res, 'content_block_start', {
+          index,
+          content_block: { type: 'tool_use', id: 'toolu_whole', name: 'get_weather', input: { city: 'Paris' } },
+        });
+        sse(res, 'content_block_stop', { index });
+        index++;
+        sse(res, 'content_block_start', { index, content_block: { type: 'tool_use', id: 'toolu_none', name: 'get_time', input: {} } });
+        sse(res, 'content_block_stop', { index });
+        stop = 'tool_use';
+      } else if (lastText.includes('own stop')) {
+        // A stop_sequence the request never gave (the upstream's own text, here its key).
+        sse(res, 'content_block_start', { index, content_block: { type: 'text', text: '' } });
+        sse(res, 'content_block_delta', { index, delta: { type: 'text_delta', text: 'Stopped.' } });
+        sse(res, 'content_block_stop', { index });
+        stop = 'stop_sequence';
+        stopSequence = SECRET;
+      } else if (body.tools?.length && last.content.every((b) => b['type'] !== 'tool_result')) {
         sse(res, 'content_block_start', { index, content_block: { type: 'text', text: '' } });
         sse(res, 'content_block_delta', { index, delta: { type: 'text_delta', text: 'Checking.' } });
         sse(res, 'content_block_stop', { index });
@@ -468,6 +486,65 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
     );
     const text = next.content.find((b) => b.type === 'text');
     assert.ok(text?.type === 'text' && text.text === 'It is sunny in Paris.');
+  });
+
+  it('a tool_use with its input whole in its start, or with none, gives JSON arguments; an unasked stop_sequence is not reported', async () => {
+    const parameters = { type: 'object', properties: { city: { type: 'string' } } };
+    const names = ['get_weather', 'get_time'];
+    const tools: OpenAI.Chat.ChatCompletionFunctionTool[] = names.map((name) => ({ type: 'function', function: { name, parameters } }));
+    const chat = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'whole input' }], tools });
+    const calls = chat.choices[0]!.message.tool_calls!.map((t) => (t.type === 'function' ? t.function.arguments : ''));
+    assert.deepEqual(
+      calls.map((a) => JSON.parse(a) as unknown),
+      [{ city: 'Paris' }, {}],
+    );
+    const stream = await openai.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'whole input' }],
+      tools,
+      stream: true,
+    });
+    const args = ['', ''];
+    for await (const chunk of stream)
+      for (const t of chunk.choices[0]?.delta.tool_calls ?? []) args[t.index] += t.function?.arguments ?? '';
+    assert.deepEqual(args, ['{"city":"Paris"}', '{}']);
+    const response = await openai.responses.create({
+      model: MODEL,
+      input: 'whole input',
+      tools: names.map((name) => ({ type: 'function' as const, name, parameters, strict: false })),
+    });
+    assert.deepEqual(
+      response.output.flatMap((o) => (o.type === 'function_call' ? [o.arguments] : [])),
+      ['{"city":"Paris"}', '{}'],
+    );
+    const message = await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 100,
+      messages: [{ role: 'user', content: 'whole input' }],
+      tools: names.map((name) => ({ name, input_schema: { type: 'object' as const, properties: { city: { type: 'string' } } } })),
+    });
+    assert.deepEqual(
+      message.content.flatMap((b) => (b.type === 'tool_use' ? [b.input] : [])),
+      [{ city: 'Paris' }, {}],
+    );
+
+    const stopped = await anthropic.messages.create({
+      model: MODEL,
+      max_tokens: 100,
+      stop_sequences: ['END'],
+      messages: [{ role: 'user', content: 'own stop' }],
+    });
+    assert.equal(stopped.stop_sequence, null);
+    assert.ok(!JSON.stringify(stopped).includes(SECRET));
+    const events: string[] = [];
+    for await (const ev of anthropic.messages.stream({
+      model: MODEL,
+      max_tokens: 100,
+      stop_sequences: ['END'],
+      messages: [{ role: 'user', content: 'own stop' }],
+    }))
+      events.push(JSON.stringify(ev));
+    assert.ok(events.length > 0 && events.every((e) => !e.includes(SECRET)));
   });
 
   it('an overloaded upstream (529) is an error in each client’s own envelope, and the key never leaks', async () => {

@@ -1,11 +1,11 @@
-import { after, describe, it } from 'node:test';
+import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { http, tempDir, type WireKey } from './helpers/server.js';
+import { createKey, http, startServer, tempDir, type WireKey } from './helpers/server.js';
 import { startProcess, type Running } from './helpers/process.js';
 import SqliteDatabase from 'better-sqlite3';
-import { chunkFrame, fixture } from './helpers/fixtures.js';
+import { chunkFrame, closers, fixture, jsonFixture } from './helpers/fixtures.js';
 
 const ADMIN = 'sk-test-admin-secret-logs-0123456789';
 const UPSTREAM_SECRET = 'sk-upstream-credential-5f3a9c1e7b';
@@ -297,5 +297,121 @@ describe('secrets never reach logs or error bodies', () => {
     for (const secret of [KEY, userKey, admin]) assert.ok(!logs.includes(secret), `a secret (${secret.slice(0, 12)}…) is in the logs`);
     assert.ok(!logs.includes(encodeURIComponent(userKey)) || !userKey.includes('-'), 'escaped key in the logs');
     assert.ok(!logs.includes(userKey.slice(6, 30)), 'part of a key is in the logs');
+  });
+});
+
+/**
+ * A hostile pass's ways to get a deployment's key out of Switchyard: a stream the client cuts short
+ * mid-key (max_tokens, a stop string), the key as a member name, an error message longer than what
+ * is passed on, and an answer nested past what can be serialized.
+ */
+describe('an upstream key stays out of answers cut short, member names, long errors', () => {
+  const c = closers();
+  const KEY = 'sk-upstream-walked-0a1b2c3d4e5f6a7b';
+  let url: string;
+  let key: string;
+
+  before(async () => {
+    const upstream = c.keep(
+      await jsonFixture<{ messages: Array<{ content: string }>; stream?: boolean }>((body, res, req) => {
+        const sent = String(req.headers.authorization ?? '').slice(7);
+        const mode = body.messages.at(-1)!.content;
+        const json = (status: number, text: string) => res.writeHead(status, { 'content-type': 'application/json' }).end(text);
+        if (mode === 'echo') {
+          // The key one character per delta: a client choosing max_tokens chooses where it is cut.
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          res.write(chunkFrame({ role: 'assistant', content: 'your key is ' }));
+          for (const ch of sent) res.write(chunkFrame({ content: ch }));
+          res.end(`${chunkFrame({ content: ' ok' }, 'stop')}data: [DONE]\n\n`);
+        } else if (mode === 'name') {
+          json(
+            200,
+            `{"choices":[{"index":0,"message":{"role":"assistant","content":"fine"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1},"extra":{"${sent}":"${sent}"}}`,
+          );
+        } else if (mode === 'long') {
+          json(400, JSON.stringify({ error: { message: `${'x'.repeat(480)}${sent}` } }));
+        } else if (mode === 'deep') {
+          json(
+            200,
+            `{"choices":[{"index":0,"message":{"role":"assistant","content":"fine"},"finish_reason":"stop"}],"x":${'['.repeat(5000)}${']'.repeat(5000)}}`,
+          );
+        }
+      }),
+    );
+    const server = c.keep(
+      await startServer({
+        modelsDir: tempDir(),
+        env: { WALKED_KEY: KEY, SWITCHYARD_UPSTREAM_MAX_ATTEMPTS: '1' },
+        configFile: {
+          name: 'k.json',
+          text: JSON.stringify({
+            models: [
+              { id: 'qwen/keyed', context_length: 4096 },
+              { id: 'qwen/keyless', context_length: 4096 },
+            ],
+            deployments: [
+              { model: 'qwen/keyed', baseUrl: upstream.url, apiKeyEnv: 'WALKED_KEY' },
+              { model: 'qwen/keyless', baseUrl: upstream.url },
+            ],
+          }),
+        },
+      }),
+    );
+    url = server.url;
+    key = (await createKey(server, 'walkers')).key;
+  });
+  after(() => c.closeAll());
+
+  it('a stream cut at any max_tokens or by a stop string ends without the start of the key', async () => {
+    const texts: string[] = [];
+    for (let max = 4; max <= 16; max++) {
+      const r = await http(url, 'POST', '/v1/chat/completions', {
+        key,
+        body: { model: 'qwen/keyed', stream: true, max_tokens: max, messages: [{ role: 'user', content: 'echo' }] },
+      });
+      assert.equal(r.status, 200);
+      texts.push(
+        r.text
+          .split('\n')
+          .filter((l) => l.startsWith('data: {'))
+          .map((l) => (JSON.parse(l.slice(6)) as { choices: Array<{ delta?: { content?: string } }> }).choices[0]?.delta?.content ?? '')
+          .join(''),
+      );
+    }
+    // More than four stop strings: applied by Switchyard, here one that cuts the key in the middle.
+    const stopped = await http(url, 'POST', '/v1/messages', {
+      key,
+      body: {
+        model: 'qwen/keyed',
+        max_tokens: 200,
+        stop_sequences: ['a1', 'a2', 'a3', 'a4', KEY.slice(12)],
+        messages: [{ role: 'user', content: 'echo' }],
+      },
+    });
+    assert.equal(stopped.status, 200, stopped.text);
+    texts.push(stopped.text);
+    for (const t of texts) assert.ok(!t.includes(KEY.slice(0, 4)), `the start of the key went out: ${t}`);
+    // Cuts fell inside the key: what was held back went out redacted.
+    assert.ok(
+      texts.some((t) => t.startsWith('your key is [redacted]')),
+      texts.join(' | '),
+    );
+  });
+
+  it('the key as a member name, past the length of an error message, or an answer nested past serializing', async () => {
+    const ask = (model: string, content: string) =>
+      http(url, 'POST', '/v1/chat/completions', { key, body: { model, messages: [{ role: 'user', content }] } });
+    const named = await ask('qwen/keyed', 'name');
+    assert.equal(named.status, 200, named.text);
+    assert.ok(!named.text.includes(KEY));
+    const long = await ask('qwen/keyed', 'long');
+    assert.equal(long.status, 400);
+    assert.ok(!long.text.includes(KEY.slice(0, 8)), long.text);
+    for (const model of ['qwen/keyed', 'qwen/keyless']) {
+      const deep = await ask(model, 'deep');
+      assert.equal(deep.status, 502, deep.text);
+      assert.equal(deep.json.error.code, 'upstream_error');
+      assert.match(deep.json.error.message, /nested deeper than 512 levels/);
+    }
   });
 });

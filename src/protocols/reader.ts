@@ -63,7 +63,9 @@ export type Clean = (text: string) => string;
 
 /** An upstream's own error message, as the client will see it. */
 export const upstreamFailure = (message: unknown, clean: Clean): ApiError =>
-  new ApiError('upstream_error', `Upstream error: ${clean(String(typeof message === 'string' ? message : 'unknown').slice(0, 500))}`);
+  // Scrubbed whole, then shortened: shortened first, a key past the cut lost its end and was no
+  // longer matched, so its start went out (a hostile pass read 20 characters of it).
+  new ApiError('upstream_error', `Upstream error: ${clean(String(typeof message === 'string' ? message : 'unknown')).slice(0, 500)}`);
 
 /**
  * A function tool as the OpenAI wires (chat completions, Responses) write it to an upstream: its own
@@ -83,6 +85,28 @@ export function wireTool(t: FunctionTool): Record<string, unknown> {
  * somewhere past a few thousand, which would be a 500 for a 40 KB body.
  */
 export const MAX_JSON_DEPTH = 512;
+
+/**
+ * Whether JSON text nests arrays and objects more than `limit` deep, read off the text (brackets
+ * outside strings) without walking a parse: every upstream answer takes this check, and most are
+ * too short to nest that deep at all (each level takes two characters).
+ */
+export function textNestsDeeper(text: string, limit = MAX_JSON_DEPTH): boolean {
+  if (text.length <= 2 * limit) return false;
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c) i++;
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if (c === 0x7b || c === 0x5b) {
+      if (++depth > limit) return true;
+    } else if (c === 0x7d || c === 0x5d) depth--;
+  }
+  return false;
+}
 
 /** Whether a parsed JSON value has an object or array nested deeper than `limit`. */
 export function nestsDeeper(value: unknown, limit = MAX_JSON_DEPTH): boolean {

@@ -8,6 +8,8 @@ export const REDACTED = '[redacted]';
 
 /** Shorter keys are not scrubbed: matching a few characters would mangle ordinary text. */
 const MIN_SECRET = 8;
+/** The most of a key's start a stream cut short may end with (see StreamScrubber.flush). */
+const SHOWN = 4;
 
 /** Substrings of base64(x + key) that depend on the key alone, for x of 0, 1 and 2 bytes. */
 function base64Forms(key: string): string[] {
@@ -100,9 +102,16 @@ export class StreamScrubber {
     return buf.slice(0, buf.length - keep);
   }
 
+  /**
+   * The text held back, at the end of its channel. A stream cut short (at the output limit, a stop
+   * string, an error) ends wherever the client chose: flushing the held start of the key as text let
+   * a client read it one character more per request by moving `max_tokens` (a hostile pass read 31
+   * of 32). A held start of SHOWN characters or more is redacted; fewer tell nothing (keys begin
+   * with a public prefix such as `sk-`).
+   */
   flush(): string {
     const out = this.held;
     this.held = '';
-    return out;
+    return out.length >= SHOWN ? REDACTED : out;
   }
 }

@@ -11,7 +11,7 @@ import {
   type Usage,
   type UsageTally,
 } from '../../core/canonical.js';
-import { obj, str, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
+import { MAX_JSON_DEPTH, obj, str, textNestsDeeper, type ReportedUsage, type StreamReader } from '../../protocols/reader.js';
 import { ChatReader, MAX_UPSTREAM_STOPS, answerProblem, encodeChatRequest } from '../../protocols/chat/client.js';
 import { ChatRelay } from '../../protocols/chat/relay.js';
 import { SseInput } from '../../protocols/sse-input.js';
@@ -86,7 +86,8 @@ function upstreamError(status: number, text: string, retryAfter: string | undefi
     // not JSON: keep the text
   }
   // Some upstreams quote the key they were sent ("Incorrect API key provided: sk-…"), possibly escaped: never pass it on.
-  message = scrub.text(message.slice(0, 500));
+  // Scrubbed whole, then shortened (shortened first, a key cut at the end was no longer matched).
+  message = scrub.text(message).slice(0, 500);
   // Another deployment may have room; this one is cooled for retry-after by the router.
   if (status === 429) return new ApiError('rate_limited', message, { retryAfterMs: retryAfterMs(retryAfter), failover: true });
   if (status === 413) return new ApiError('request_too_large', message);
@@ -134,13 +135,26 @@ function scrubStrings(value: unknown, clean: (text: string) => string): unknown 
     for (let i = 0; i < value.length; i++) value[i] = scrubStrings(value[i], clean);
   } else if (typeof value === 'object' && value !== null) {
     const o = value as Record<string, unknown>;
-    for (const k in o) o[k] = scrubStrings(o[k], clean);
+    for (const k of Object.keys(o)) {
+      const v = scrubStrings(o[k], clean);
+      // Member names too: an upstream can put the key in one (a hostile pass did).
+      const name = clean(k);
+      if (name !== k) delete o[k];
+      o[name] = v;
+    }
   }
   return value;
 }
 
+/** An upstream's answer nested deeper than Switchyard serializes (the stack would overflow): a 502. */
+function checkDepth(text: string): void {
+  if (textNestsDeeper(text))
+    throw new ApiError('upstream_error', `The upstream sent JSON nested deeper than ${MAX_JSON_DEPTH} levels.`, { failover: true });
+}
+
 /** A chat-completions upstream's non-stream answer, parsed (a SyntaxError where it is not JSON), or its problem thrown. */
 function chatAnswer(text: string): unknown {
+  checkDepth(text);
   const answer: unknown = JSON.parse(text);
   const problem = answerProblem(answer);
   if (problem)
@@ -437,7 +451,7 @@ export class UpstreamEngine implements Engine {
       // The client is told only that the credentials were refused; the operator reads the upstream's reason.
       if (res.statusCode === 401 || res.statusCode === 403)
         this.log.warn(
-          { deployment: target.id, status: res.statusCode, upstream_error: scrub.text(text.slice(0, 500)) },
+          { deployment: target.id, status: res.statusCode, upstream_error: scrub.text(text).slice(0, 500) },
           'upstream refused the deployment key',
         );
       throw upstreamError(res.statusCode, text, typeof retryAfter === 'string' ? retryAfter : undefined, scrub);
@@ -487,6 +501,9 @@ export class UpstreamEngine implements Engine {
     const single = oneCallOnly(req);
     const suppressed = new Set<number>();
     let callsPassed = 0;
+    // Calls passed on whose arguments have not come (yet): given `{}` at the end, as OpenAI writes a
+    // call without arguments; "" is no JSON document, and the SDKs' tool helpers threw parsing it.
+    const argless = new Set<number>();
     // Interleaved parallel calls are put one after another (call-order.ts).
     const calls = new CallOrder();
     /**
@@ -549,6 +566,7 @@ export class UpstreamEngine implements Engine {
             if (!stopped && !guard.capped) {
               events[n++] = ev;
               callsPassed++;
+              argless.add(ev.index);
             }
             continue;
           case 'tool_call.delta': {
@@ -559,7 +577,10 @@ export class UpstreamEngine implements Engine {
               if (!sc) argScrubs.set(ev.index, (sc = scrub.stream()));
               text = sc.push(text);
             }
-            if (text) events[n++] = text === ev.arguments ? ev : { type: 'tool_call.delta', index: ev.index, arguments: text };
+            if (text) {
+              events[n++] = text === ev.arguments ? ev : { type: 'tool_call.delta', index: ev.index, arguments: text };
+              argless.delete(ev.index);
+            }
             continue;
           }
           default:
@@ -591,6 +612,7 @@ export class UpstreamEngine implements Engine {
               return;
             }
             try {
+              checkDepth(ev.data);
               done = reader.read(JSON.parse(ev.data), out);
             } catch (err) {
               failure = err instanceof ApiError ? err : new ApiError('upstream_error', 'The upstream sent a malformed stream event.');
@@ -664,12 +686,25 @@ export class UpstreamEngine implements Engine {
     const tails: GenerationEvent[] = [];
     for (const [index, sc] of argScrubs ?? []) {
       const tail = sc.flush();
-      if (tail) tails.push({ type: 'tool_call.delta', index, arguments: tail });
+      if (tail) {
+        tails.push({ type: 'tool_call.delta', index, arguments: tail });
+        argless.delete(index);
+      }
     }
+    if (!guard.capped) for (const index of argless) tails.push({ type: 'tool_call.delta', index, arguments: '{}' });
     yield* calls.order(tails);
     yield* calls.flush();
     yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id, req, attempt) };
-    const matched = guard.capped ? undefined : stopped ? stops?.matched : messages?.stopSequence;
+    // An Anthropic upstream's stop_sequence is reported only when it is one the request gave: any
+    // other value is the upstream's own text (a hostile pass's upstream put the key there).
+    const reportedStop = messages?.stopSequence;
+    const matched = guard.capped
+      ? undefined
+      : stopped
+        ? stops?.matched
+        : reportedStop !== undefined && req.sampling.stop?.includes(reportedStop)
+          ? reportedStop
+          : undefined;
     yield {
       type: 'finish',
       reason: guard.capped ? 'length' : stopped ? 'stop' : callsFinish(reader.finish, callsPassed, suppressed.size),
@@ -847,7 +882,9 @@ export class UpstreamEngine implements Engine {
   /** A non-stream answer, parsed, read within the size bound (a declared length past it is refused before reading). */
   private async readAnswer(res: UpstreamCall, chat: boolean): Promise<unknown> {
     const text = await this.readText(res);
-    return chat ? chatAnswer(text) : JSON.parse(text);
+    if (chat) return chatAnswer(text);
+    checkDepth(text);
+    return JSON.parse(text);
   }
 
   /** A non-stream answer's text, read within the size bound. */

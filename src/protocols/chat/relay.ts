@@ -1,6 +1,6 @@
 import { ApiError } from '../../core/errors.js';
 import type { FinishReason, WireText } from '../../core/canonical.js';
-import { obj, str, type Clean, type ReportedUsage } from '../reader.js';
+import { obj, str, textNestsDeeper, type Clean, type ReportedUsage } from '../reader.js';
 import { CallIndexes, FINISH, readChunk } from './client.js';
 import { SseInput } from '../sse-input.js';
 import { nowSeconds } from '../../core/ids.js';
@@ -375,7 +375,8 @@ export class ChatRelay {
     }
     let chunk: Record<string, unknown> | undefined;
     try {
-      chunk = obj(JSON.parse(payload));
+      // Nested past what is serialized again (the stack would overflow): as malformed.
+      chunk = textNestsDeeper(payload) ? undefined : obj(JSON.parse(payload));
     } catch {
       chunk = undefined;
     }

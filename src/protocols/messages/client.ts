@@ -165,6 +165,12 @@ export class MessagesReader implements StreamReader {
   stopSequence: string | undefined;
   /** Content block index → tool call index. */
   private readonly calls = new Map<number, number>();
+  /**
+   * A tool_use block's `input` as its start gave it, until an `input_json_delta` brings the
+   * arguments instead: Anthropic streams them as deltas after an empty `input`, but an upstream may
+   * give them whole in the start (they were lost).
+   */
+  private readonly startInput = new Map<number, string>();
   private input: unknown;
   private cacheRead: unknown;
   private cacheWrite: unknown;
@@ -206,6 +212,8 @@ export class MessagesReader implements StreamReader {
             id: this.clean(str(block['id']) || `call_${call}`),
             name: this.clean(str(block['name']) ?? ''),
           });
+          const input = obj(block['input']);
+          if (input && Object.keys(input).length > 0) this.startInput.set(index, JSON.stringify(input));
         } else if (block?.['type'] === 'text' && str(block['text'])) out.push({ type: 'text.delta', text: str(block['text'])! });
         return false;
       }
@@ -225,7 +233,10 @@ export class MessagesReader implements StreamReader {
           case 'input_json_delta': {
             const call = this.calls.get(index);
             const partial = str(d['partial_json']);
-            if (call !== undefined && partial) out.push({ type: 'tool_call.delta', index: call, arguments: partial });
+            if (call !== undefined && partial) {
+              this.startInput.delete(index);
+              out.push({ type: 'tool_call.delta', index: call, arguments: partial });
+            }
             break;
           }
           case 'signature_delta': {
@@ -255,8 +266,17 @@ export class MessagesReader implements StreamReader {
         if (error?.['type'] === 'overloaded_error') throw new ApiError('overloaded', failure.message);
         throw failure;
       }
+      case 'content_block_stop': {
+        const input = this.startInput.get(index);
+        const call = this.calls.get(index);
+        if (input !== undefined && call !== undefined) {
+          this.startInput.delete(index);
+          out.push({ type: 'tool_call.delta', index: call, arguments: input });
+        }
+        return false;
+      }
       default:
-        // ping, content_block_stop
+        // ping
         return false;
     }
   }
