@@ -8,6 +8,9 @@ import { processMemory, startProcess, type Running } from './helpers/process.js'
 import { closers } from './helpers/fixtures.js';
 import { eventually, settle } from './helpers/wait.js';
 import { probeHealth } from '../bench/lib.js';
+import { getLlama, LlamaLogLevel, type Llama } from 'node-llama-cpp';
+import { pino } from 'pino';
+import { SchemaGrammars } from '../src/engines/local/schema-grammar.js';
 
 const STORIES = 'local/stories260k';
 const SCHEMAS = join(SHARED_MODELS, '..', 'schemas');
@@ -301,5 +304,68 @@ describe('JSON schemas in requests: bounded, compiled off the event loop, never 
     assert.ok(took < 8_000 + 1_000, `stopped after ${took} ms`);
     assert.notEqual((await huge).status, 500);
     assert.notEqual((await heavy).status, 500);
+  });
+});
+
+/**
+ * The schema worker is one thread every request shares. A hostile pass held it for minutes with one
+ * request (128 `strict: false` tools, each just under the time limit) and made another tenant's
+ * first structured output wait 21 s behind four such requests. Here against the real worker, with
+ * llama.cpp making the grammars: turns taken by organization, one budget for a request's schemas,
+ * and a schema too slow for the whole limit refused again without running.
+ */
+describe('the schema worker shared fairly between organizations and bounded per request', () => {
+  const lines: string[] = [];
+  const log = pino({ level: 'warn' }, { write: (line: string) => void lines.push(line) });
+  const overruns = () => lines.filter((l) => l.includes('overran its time limit')).length;
+  let llama: Promise<Llama> | undefined;
+  const grammars = new SchemaGrammars(() => (llama ??= getLlama({ gpu: false, logLevel: LlamaLogLevel.error })), {
+    cacheSize: 64,
+    compileTimeoutMs: 300,
+    log,
+  });
+  // The worker thread does not hold the process open (a server's socket does): this does, meanwhile.
+  const alive = setInterval(() => undefined, 1000);
+  after(async () => {
+    clearInterval(alive);
+    await grammars.close();
+  });
+  // As above: 1,000 properties compile in about 1.4 s, far past 300 ms; each copy is a new schema.
+  const props: Record<string, unknown> = {};
+  for (let i = 0; i < 1000; i++)
+    props[`p${i}`] = { type: 'object', properties: { [`a${i}`]: { type: 'string', maxLength: i + 1 }, [`b${i}`]: { type: 'integer' } } };
+  const slow = (i: number) => ({ type: 'object', properties: props, description: `copy ${i}` });
+  const small = { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'] };
+
+  it('takes organizations in turn: a small schema waits for the compile under way, not for every queued one', async () => {
+    // llama.cpp loaded first (the first grammar waits for it), with a schema of its own.
+    await grammars.forSchema({ ...small, description: 'warm-up' }, 'response_format', 'org_c');
+    const order: string[] = [];
+    const mark = (who: string) => () => void order.push(who);
+    const a = [0, 1, 2].map((i) => grammars.forSchema(slow(i), 'tools', 'org_a').then(mark('a'), mark('a')));
+    const b = grammars.forSchema(small, 'response_format', 'org_b').then(mark('b'));
+    await Promise.all([...a, b]);
+    assert.deepEqual(order, ['a', 'b', 'a', 'a']);
+    assert.equal(overruns(), 3);
+  });
+
+  it("shares one compile budget among a request's schemas, and keeps a schema too slow for the whole limit refused", async () => {
+    const before = overruns();
+    const budget = grammars.budget();
+    const results = await Promise.allSettled([3, 4, 5].map((i) => grammars.forSchema(slow(i), 'tools', 'org_a', budget)));
+    const messages = results.map((r) => (r.status === 'rejected' ? String((r.reason as Error).message) : 'compiled'));
+    assert.match(messages[0]!, /took longer than 300 ms to compile \(/);
+    for (const m of messages.slice(1)) assert.match(m, /schemas took longer than 300 ms to compile between them/);
+    // The first used up the budget; the others never ran.
+    assert.equal(overruns(), before + 1);
+    // Sent again, the one that overran the whole limit is refused without running; one refused only
+    // for its request's budget is compiled again (and overruns on its own).
+    await assert.rejects(grammars.forSchema(slow(3), 'tools', 'org_b'), /took longer than 300 ms to compile \(/);
+    assert.equal(overruns(), before + 1);
+    await assert.rejects(grammars.forSchema(slow(4), 'tools', 'org_b'), /took longer than 300 ms to compile \(/);
+    assert.equal(overruns(), before + 2);
+    // The worker that was stopped is replaced: a small schema still compiles.
+    const ok = await grammars.forSchema(small, 'response_format', 'org_c');
+    assert.deepEqual(await ok.check('{"ok":true}'), { valid: true, errors: undefined });
   });
 });

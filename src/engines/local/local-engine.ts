@@ -20,7 +20,7 @@ import type { DeploymentTarget, Engine } from '../engine.js';
 import { inspectGgufIsolated } from './gguf.js';
 import { PromptRenderer } from './prompt.js';
 import { AutoSink, CallSink, ChoiceSink, JsonSink, TextSink, type Push, type SchemaCheck, type Sink } from './output.js';
-import { SchemaGrammars, type CompiledSchema } from './schema-grammar.js';
+import { SchemaGrammars, type CompileBudget, type CompiledSchema } from './schema-grammar.js';
 import { ByteTokens } from './grammar-text.js';
 import { ClosingBias } from './closing-bias.js';
 
@@ -313,6 +313,9 @@ export class LocalEngine implements Engine {
     if (target.engine !== 'local') throw new Error('local engine given a non-local target');
     const m = await this.loadFor(req, target);
     const tools = req.toolChoice === 'none' ? [] : (req.tools ?? []);
+    // The tools' schemas share one compile budget; the wrapper around them (below) has its own limit.
+    const budget = this.grammars.budget();
+    const scope = req.cacheScope;
     const limit = Math.min(target.contextLength, m.context.contextSize);
     // As in generate: text that cannot fit is not tokenized (it would hold the event loop). It is
     // past the context whatever its count, so it gets the estimate the upstreams get, flagged (at
@@ -406,9 +409,14 @@ export class LocalEngine implements Engine {
    * A tool's grammar and check. A `strict: false` tool is never refused for its schema: one that
    * cannot be compiled (`fallback`) takes any JSON object as its arguments.
    */
-  private async toolSchema(t: FunctionTool, model: string): Promise<{ c: CompiledSchema; fallback: boolean }> {
+  private async toolSchema(
+    t: FunctionTool,
+    req: GenerationRequest,
+    budget: CompileBudget,
+  ): Promise<{ c: CompiledSchema; fallback: boolean }> {
+    const model = req.model;
     try {
-      return { c: await this.grammars.forSchema(parametersOf(t), 'tools'), fallback: false };
+      return { c: await this.grammars.forSchema(parametersOf(t), 'tools', req.cacheScope, budget), fallback: false };
     } catch (err) {
       if (t.strict === true || !(err instanceof ApiError)) throw err;
       this.opts.log.warn(
@@ -447,6 +455,9 @@ export class LocalEngine implements Engine {
     });
     const attemptsFor = (checks: Iterable<SchemaCheck>): number => ([...checks].some((c) => c.enforce) ? SCHEMA_ATTEMPTS : 1);
     const tools = req.toolChoice === 'none' ? [] : (req.tools ?? []);
+    // The tools' schemas share one compile budget; the wrapper around them (below) has its own limit.
+    const budget = this.grammars.budget();
+    const scope = req.cacheScope;
     const fmt = req.responseFormat;
     const wantsJson = fmt !== undefined && fmt.type !== 'text';
     const stop = req.sampling.stop ?? [];
@@ -462,7 +473,7 @@ export class LocalEngine implements Engine {
         throw new ApiError('invalid_value', `tool_choice names '${choice.name}', which is not one of the tools.`, { param: 'tool_choice' });
       }
       if (named) {
-        const { c } = await this.toolSchema(named, req.model);
+        const { c } = await this.toolSchema(named, req, budget);
         const check = checkOf(c, named.strict !== true);
         return {
           grammar: c.grammar,
@@ -475,11 +486,11 @@ export class LocalEngine implements Engine {
       const checks = new Map<string, SchemaCheck>();
       const callable: FunctionTool[] = [];
       for (const t of tools) {
-        const { c, fallback } = await this.toolSchema(t, req.model);
+        const { c, fallback } = await this.toolSchema(t, req, budget);
         callable.push(fallback ? { ...t, parameters: { type: 'object' } } : t);
         checks.set(t.name, checkOf(c, t.strict !== true));
       }
-      const wrapper = await this.grammars.forSchema(callSchema(callable), 'tools');
+      const wrapper = await this.grammars.forSchema(callSchema(callable), 'tools', scope);
       const attempts = attemptsFor(checks.values());
       if (choice === 'required')
         return { grammar: wrapper.grammar, lazy: false, tools, attempts, make: (push, last) => new ChoiceSink(push, checks, last) };
@@ -492,7 +503,7 @@ export class LocalEngine implements Engine {
       };
     }
     if (fmt?.type === 'json_schema') {
-      const c = await this.grammars.forSchema(fmt.schema, fmt.param ?? 'response_format');
+      const c = await this.grammars.forSchema(fmt.schema, fmt.param ?? 'response_format', scope);
       const check = checkOf(c, false);
       return {
         grammar: c.grammar,

@@ -16,8 +16,8 @@ export interface CompiledSchema {
   grammar: LlamaGrammar;
   /** Keywords the grammar does not enforce exactly (with paths); empty when it does enforce the whole schema. */
   checked: readonly string[];
-  /** Validates a generated document against the original schema (off the main thread). */
-  check(text: string): Promise<Verdict>;
+  /** Validates a generated document against the original schema (off the main thread), as `scope`'s call. */
+  check(text: string, scope?: string): Promise<Verdict>;
 }
 
 export interface SchemaGrammarOptions {
@@ -43,28 +43,60 @@ const MAX_GRAMMAR_BYTES = 4 * 1024 * 1024;
 const VALIDATE_TIMEOUT_MS = 1_000;
 
 type Reply = Exclude<SchemaWorkerReply, { started: true }>;
+
+/**
+ * The worker time one request's schemas may take to compile between them (a hostile pass sent 128
+ * `strict: false` tools, each just under the time limit: one request held the worker for minutes).
+ */
+export interface CompileBudget {
+  leftMs: number;
+}
+
 interface Pending {
   msg: SchemaWorkerCall;
   resolve: (r: Reply) => void;
   reject: (e: Error) => void;
+  /** The call's own limit. */
+  limitMs: number | undefined;
+  /** The limit it runs under: with a budget, what is left of it when the call starts, if less. */
   timeoutMs: number | undefined;
+  /** Whose call it is (an organization): calls are taken from each in turn. */
+  scope: string;
+  budget: CompileBudget | undefined;
   timer: NodeJS.Timeout | undefined;
+  /** When the worker started on it. */
+  startedAt: number;
   /** Times it was sent; a call that was in a worker that died twice is given up (it may be the cause). */
   tries: number;
 }
 
-/** A compile or a validation overran its time limit. */
-class SchemaTimeout extends Error {}
+/**
+ * A compile or a validation overran its time limit. `full`: it had the whole limit (rather than what
+ * its request's budget had left), so the schema itself is too slow to compile.
+ */
+class SchemaTimeout extends Error {
+  constructor(readonly full: boolean) {
+    super('schema worker call overran its time limit');
+  }
+}
 
 /**
- * The schema worker thread. A compile or a validation that overruns its time limit (counted from
- * when the worker starts on it, not from when it was queued) is the only thing that makes the worker
- * be replaced; the calls it held are then sent again to the new one.
+ * The schema worker thread, and the queue in front of it. The worker runs one call at a time, and
+ * the calls waiting are taken from each scope (organization) in turn: one organization's slow
+ * schemas keep its own later calls waiting, not everyone's (a hostile pass's four requests of slow
+ * schemas held another tenant's first structured output for 21 s). A compile or a validation that
+ * overruns its time limit (counted from when the worker starts on it, not from when it was queued)
+ * is the only thing that makes the worker be replaced; the call it held is then sent again.
  */
 class SchemaWorker {
   private worker: Worker | undefined;
   private seq = 0;
-  private readonly pending = new Map<number, Pending>();
+  /** Calls waiting, by scope, in the order the scopes take turns. */
+  private readonly waiting = new Map<string, Pending[]>();
+  /** The call the worker is on. */
+  private current: { id: number; p: Pending; worker: Worker } | undefined;
+  /** The scope that had the last turn. */
+  private lastScope: string | undefined;
   private closed = false;
 
   constructor(
@@ -78,21 +110,32 @@ class SchemaWorker {
       resourceLimits: { maxOldGenerationSizeMb: 512 },
     });
     w.on('message', (m: SchemaWorkerReply) => {
-      const p = this.pending.get(m.id);
-      if (!p) return;
+      const cur = this.current;
+      if (!cur || cur.id !== m.id || cur.worker !== w) return;
+      const p = cur.p;
       if ('started' in m) {
+        p.startedAt = performance.now();
         if (p.timeoutMs !== undefined) p.timer = setTimeout(() => this.overrun(w, m.id), p.timeoutMs);
         return;
       }
-      this.pending.delete(m.id);
-      if (p.timer) clearTimeout(p.timer);
+      this.settle();
       p.resolve(m);
     });
     const lost = (why: string) => {
       if (this.worker !== w) return;
       this.worker = undefined;
       this.log.error({ reason: why }, 'schema worker stopped; starting another');
-      this.resend(true);
+      const cur = this.current;
+      if (cur?.worker === w) {
+        this.settle();
+        // It died on its own: the call counts it, and goes first again.
+        if (cur.p.tries >= 2) cur.p.reject(new Error('the schema worker stopped twice while holding this call'));
+        else {
+          cur.p.tries++;
+          this.queue(cur.p, true);
+        }
+      }
+      this.pump();
     };
     w.on('error', (err) => lost(err.message));
     w.on('exit', (code) => lost(`exit ${code}`));
@@ -100,10 +143,21 @@ class SchemaWorker {
     return w;
   }
 
-  /** A compile ran past its limit: only terminating the thread stops it; the rest is sent again. */
+  /** The current call is over: its timer stopped, its time taken from its request's budget. */
+  private settle(): void {
+    const cur = this.current;
+    if (!cur) return;
+    this.current = undefined;
+    const p = cur.p;
+    if (p.timer) clearTimeout(p.timer);
+    if (p.budget && p.startedAt > 0) p.budget.leftMs -= performance.now() - p.startedAt;
+    setImmediate(() => this.pump());
+  }
+
+  /** A call ran past its limit: only terminating the thread stops it. */
   private overrun(w: Worker, id: number, again = true): void {
-    const p = this.pending.get(id);
-    if (!p || this.worker !== w) return;
+    const cur = this.current;
+    if (!cur || cur.id !== id || cur.worker !== w) return;
     // A main thread held up past the limit (a long synchronous step) runs its timers before the
     // worker's answer waiting in its queue: that answer is read first (setImmediate runs after
     // it), so a call that finished in time is not taken for one that overran.
@@ -111,59 +165,85 @@ class SchemaWorker {
       setImmediate(() => this.overrun(w, id, false));
       return;
     }
-    this.pending.delete(id);
+    const p = cur.p;
+    this.settle();
     this.log.warn({ op: p.msg.op, timeout_ms: p.timeoutMs }, 'schema worker call overran its time limit; replacing the schema worker');
-    this.worker = undefined;
+    if (this.worker === w) this.worker = undefined;
     void w.terminate();
-    p.reject(new SchemaTimeout());
-    this.resend(false);
+    p.reject(new SchemaTimeout(p.timeoutMs === p.limitMs));
   }
 
-  /** Sends what the lost worker held to a new one; `crashed`: it died on its own, and counts against each call. */
-  private resend(crashed: boolean): void {
-    const calls = [...this.pending.values()];
-    this.pending.clear();
-    for (const p of calls) {
-      if (p.timer) clearTimeout(p.timer);
-      if (crashed && p.tries >= 2) p.reject(new Error('the schema worker stopped twice while holding this call'));
-      else this.post(p.msg, p.timeoutMs, p.resolve, p.reject, p.tries + (crashed ? 1 : 0));
+  private queue(p: Pending, first = false): void {
+    const q = this.waiting.get(p.scope);
+    if (!q) this.waiting.set(p.scope, [p]);
+    else if (first) q.unshift(p);
+    else q.push(p);
+  }
+
+  /**
+   * Starts the next call when the worker is free: from the scope first in line that did not have
+   * the last turn (a scope whose turn it was goes to the back of the line), or from that one when no
+   * other scope waits.
+   */
+  private pump(): void {
+    while (!this.current && !this.closed) {
+      let pick: string | undefined;
+      for (const scope of this.waiting.keys()) {
+        if (scope !== this.lastScope) {
+          pick = scope;
+          break;
+        }
+        pick = scope;
+      }
+      if (pick === undefined) return;
+      const q = this.waiting.get(pick)!;
+      const p = q.shift()!;
+      this.waiting.delete(pick);
+      if (q.length > 0) this.waiting.set(pick, q);
+      this.lastScope = pick;
+      if (p.budget && p.budget.leftMs <= 0) {
+        p.reject(new SchemaTimeout(false));
+        continue;
+      }
+      p.timeoutMs = p.budget && p.limitMs !== undefined ? Math.min(p.limitMs, Math.ceil(p.budget.leftMs)) : p.limitMs;
+      this.worker ??= this.start();
+      const id = ++this.seq;
+      this.current = { id, p, worker: this.worker };
+      p.startedAt = 0;
+      this.worker.postMessage({ ...p.msg, id } as SchemaWorkerRequest);
     }
   }
 
-  private post(
-    msg: SchemaWorkerCall,
-    timeoutMs: number | undefined,
-    resolve: (r: Reply) => void,
-    reject: (e: Error) => void,
-    tries = 1,
-  ): void {
-    if (this.closed) {
-      reject(new Error('the schema worker is closed'));
-      return;
-    }
-    this.worker ??= this.start();
-    const id = ++this.seq;
-    this.pending.set(id, { msg, resolve, reject, timeoutMs, timer: undefined, tries });
-    this.worker.postMessage({ ...msg, id } as SchemaWorkerRequest);
-  }
-
-  call(msg: SchemaWorkerCall, timeoutMs?: number): Promise<Reply> {
-    return new Promise<Reply>((resolve, reject) => this.post(msg, timeoutMs, resolve, reject));
+  call(msg: SchemaWorkerCall, timeoutMs?: number, scope = '', budget?: CompileBudget): Promise<Reply> {
+    return new Promise<Reply>((resolve, reject) => {
+      if (this.closed) {
+        reject(new Error('the schema worker is closed'));
+        return;
+      }
+      this.queue({ msg, resolve, reject, limitMs: timeoutMs, timeoutMs, scope, budget, timer: undefined, startedAt: 0, tries: 1 });
+      this.pump();
+    });
   }
 
   async close(): Promise<void> {
     this.closed = true;
-    const calls = [...this.pending.values()];
-    this.pending.clear();
-    for (const p of calls) {
-      if (p.timer) clearTimeout(p.timer);
-      p.reject(new Error('the schema worker is closed'));
+    const calls = [...this.waiting.values()].flat();
+    this.waiting.clear();
+    const cur = this.current;
+    if (cur) {
+      if (cur.p.timer) clearTimeout(cur.p.timer);
+      this.current = undefined;
+      calls.push(cur.p);
     }
+    for (const p of calls) p.reject(new Error('the schema worker is closed'));
     const w = this.worker;
     this.worker = undefined;
     await w?.terminate();
   }
 }
+
+/** Refusals kept in the cache in place of a compiled schema (see `compiled`). */
+const lasting = new WeakSet<object>();
 
 interface Entry {
   compiled: Promise<CompiledSchema>;
@@ -214,17 +294,26 @@ export class SchemaGrammars {
     return this.anyObjectGrammar;
   }
 
-  /** The schema compiled; a schema that cannot be is refused with an error naming `param` (the caller's field). */
-  forSchema(schema: Record<string, unknown>, param: string): Promise<CompiledSchema> {
+  /** A request's compile budget: its schemas may take the compile time limit between them. */
+  budget(): CompileBudget {
+    return { leftMs: this.opts.compileTimeoutMs };
+  }
+
+  /**
+   * The schema compiled; a schema that cannot be is refused with an error naming `param` (the
+   * caller's field). `scope` (the organization) takes its turn at the worker; `budget`, where given,
+   * is the request's, shared by its schemas.
+   */
+  forSchema(schema: Record<string, unknown>, param: string, scope = '', budget?: CompileBudget): Promise<CompiledSchema> {
     // A compile is shared by every request with the same schema while it runs (on chat it is
     // `response_format`, on Responses `text.format`): its errors name no field, each caller's does.
     const named = (err: unknown): never => {
       throw err instanceof ApiError ? new ApiError(err.code, err.message, { param }) : err;
     };
-    return this.compiled(schema).then((c) => ({ ...c, check: (text: string) => c.check(text).catch(named) }), named);
+    return this.compiled(schema, scope, budget).then((c) => ({ ...c, check: (text: string) => c.check(text, scope).catch(named) }), named);
   }
 
-  private compiled(schema: Record<string, unknown>): Promise<CompiledSchema> {
+  private compiled(schema: Record<string, unknown>, scope: string, budget: CompileBudget | undefined): Promise<CompiledSchema> {
     const json = JSON.stringify(schema);
     const key = createHash('sha256').update(json).digest('base64url');
     const hit = this.cache.get(key);
@@ -233,11 +322,15 @@ export class SchemaGrammars {
       this.cache.set(key, hit);
       return hit.compiled;
     }
-    const compiled = this.compile(key, schema);
+    const compiled = this.compile(key, schema, scope, budget);
     const entry: Entry = { compiled, schema, bytes: json.length };
     this.cache.set(key, entry);
     this.bytes += entry.bytes;
-    compiled.catch(() => this.evict(key, entry));
+    // A schema too slow to compile in the whole time limit stays refused while it is cached, so that
+    // sending it again costs no more worker time; other failures are forgotten (they may pass later).
+    compiled.catch((err: unknown) => {
+      if (!lasting.has(err as object)) this.evict(key, entry);
+    });
     while (this.cache.size > this.opts.cacheSize || this.bytes > MAX_CACHED_BYTES) {
       const [oldKey, old] = this.cache.entries().next().value!;
       this.evict(oldKey, old);
@@ -253,16 +346,28 @@ export class SchemaGrammars {
     this.worker.call({ op: 'forget', key }).catch(() => undefined);
   }
 
-  private async compile(key: string, schema: Record<string, unknown>): Promise<CompiledSchema> {
+  private async compile(
+    key: string,
+    schema: Record<string, unknown>,
+    scope: string,
+    budget: CompileBudget | undefined,
+  ): Promise<CompiledSchema> {
     let reply: Reply;
     try {
-      reply = await this.worker.call({ op: 'compile', key, schema }, this.opts.compileTimeoutMs);
+      reply = await this.worker.call({ op: 'compile', key, schema }, this.opts.compileTimeoutMs, scope, budget);
     } catch (err) {
       if (err instanceof SchemaTimeout) {
-        throw new ApiError(
+        if (!err.full)
+          throw new ApiError(
+            'schema_too_large',
+            `The request's JSON schemas took longer than ${this.opts.compileTimeoutMs} ms to compile between them (SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS); simplify them.`,
+          );
+        const refusal = new ApiError(
           'schema_too_large',
           `The JSON schema took longer than ${this.opts.compileTimeoutMs} ms to compile (SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS); simplify it.`,
         );
+        lasting.add(refusal);
+        throw refusal;
       }
       throw new ApiError('unsupported_schema', `The JSON schema could not be compiled (${(err as Error).message}).`);
     }
@@ -281,7 +386,7 @@ export class SchemaGrammars {
     } catch (err) {
       throw new ApiError('unsupported_schema', `The JSON schema could not be turned into a grammar (${(err as Error).message}).`);
     }
-    return { grammar, checked: reply.checked ?? [], check: (text) => this.validate(key, schema, text) };
+    return { grammar, checked: reply.checked ?? [], check: (text, checkScope) => this.validate(key, schema, text, checkScope ?? scope) };
   }
 
   /**
@@ -289,11 +394,11 @@ export class SchemaGrammars {
    * schema, not the output, is at fault), and so is every later request with that schema, before
    * it generates anything.
    */
-  private async validate(key: string, schema: Record<string, unknown>, text: string, again = true): Promise<Verdict> {
+  private async validate(key: string, schema: Record<string, unknown>, text: string, scope: string, again = true): Promise<Verdict> {
     let reply: Reply;
     const limit = Math.min(VALIDATE_TIMEOUT_MS, this.opts.compileTimeoutMs);
     try {
-      reply = await this.worker.call({ op: 'validate', key, text }, limit);
+      reply = await this.worker.call({ op: 'validate', key, text }, limit, scope);
     } catch (err) {
       if (!(err instanceof SchemaTimeout)) return { valid: undefined };
       const refusal = new ApiError(
@@ -311,11 +416,11 @@ export class SchemaGrammars {
     if (reply.kind === 'missing' && again) {
       // Evicted (or the worker was replaced) while the request ran: compile the validator again.
       try {
-        await this.worker.call({ op: 'compile', key, schema }, this.opts.compileTimeoutMs);
+        await this.worker.call({ op: 'compile', key, schema }, this.opts.compileTimeoutMs, scope);
       } catch {
         return { valid: undefined };
       }
-      return this.validate(key, schema, text, false);
+      return this.validate(key, schema, text, scope, false);
     }
     return { valid: undefined };
   }
