@@ -192,6 +192,24 @@ describe('stored history past the byte budget', () => {
     assert.equal(sent.at(-1)?.content, 'And now?');
   });
 
+  it('items named by reference count against the budget too', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    const items = Array.from({ length: 10 }, (_, i) => ({ type: 'message' as const, role: 'user' as const, content: filler(i) }));
+    const conversation = await client.conversations.create({ items });
+    const ids = (await client.conversations.items.list(conversation.id, { limit: 100, order: 'asc' })).data.map((i) => i.id!);
+    const refer = (n: number) => ids.slice(0, n).map((id) => ({ type: 'item_reference' as const, id }));
+    const refused = await client.responses.create({ model: GATEWAY_MODEL, input: refer(10) }).then(
+      () => assert.fail('10 items of 650 bytes were read for a 4 KB budget'),
+      (e: unknown) => e,
+    );
+    assert.ok(refused instanceof OpenAI.BadRequestError);
+    assert.equal(refused.code, 'context_length_exceeded');
+    assert.equal(refused.param, 'input');
+    const r = await client.responses.create({ model: GATEWAY_MODEL, input: refer(3) });
+    assert.equal(r.status, 'completed');
+    assert.ok(seen.at(-1)!.some((m) => String(m.content).startsWith('turn 2:')));
+  });
+
   it('the local model answers a turn on a conversation past the budget with truncation auto', async () => {
     const client = new OpenAI({ apiKey: localKey, baseURL: local.baseURL, maxRetries: 0 });
     const items = Array.from({ length: 10 }, (_, i) => ({ type: 'message' as const, role: 'user' as const, content: filler(i) }));

@@ -549,8 +549,21 @@ export class ResponseService<Echo> {
     const known = new Map(inHistory);
     // Other references may name any item the organization stored, in a response or a conversation.
     const elsewhere = body.input.flatMap((i) => (i.type === 'item_reference' && !known.has(i.id) ? [i.id] : []));
-    if (elsewhere.length)
-      for (const [itemId, json] of await this.store.findItems(who.orgId, elsewhere)) known.set(itemId, JSON.parse(json) as Item);
+    if (elsewhere.length) {
+      const found = await this.store.findItems(who.orgId, elsewhere);
+      // Stored items named by reference are read whole, copied into this response's input (and its
+      // conversation), and sent to the model: within the history's budget, apart from the history
+      // (a hostile pass's 732-byte request named 96 MB of items).
+      let bytes = 0;
+      for (const json of found.values()) bytes += Buffer.byteLength(json);
+      if (bytes > this.opts.historyMaxBytes)
+        throw new ApiError(
+          'context_length_exceeded',
+          `The items input refers to hold more than ${this.opts.historyMaxBytes} bytes, more than one request reads (SWITCHYARD_HISTORY_MAX_BYTES).`,
+          { param: 'input' },
+        );
+      for (const [itemId, json] of found) known.set(itemId, JSON.parse(json) as Item);
+    }
     const input = resolveInput(body.input, (itemId) => known.get(itemId));
     checkUniqueInputIds(input);
     // An image for a model without vision, named where the request has it (the pipeline's own check
