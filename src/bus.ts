@@ -87,7 +87,15 @@ async function redisTransport(url: string, channel: string, receive: (e: Envelop
   const options = { maxRetriesPerRequest: null, lazyConnect: true } as const;
   const pub = new Redis(url, options);
   const sub = new Redis(url, options);
-  for (const c of [pub, sub]) c.on('error', (err: Error) => log.warn({ err: err.message }, 'cluster bus: Redis connection error'));
+  // ioredis reports each failed reconnection (every second or two per connection while Redis is
+  // down, in every process): one line in 30 s says it, as for the limit counters.
+  let warned = 0;
+  const onError = (err: Error): void => {
+    if (Date.now() - warned < 30_000) return;
+    warned = Date.now();
+    log.warn({ err: err.message }, 'cluster bus: Redis connection error');
+  };
+  for (const c of [pub, sub]) c.on('error', onError);
   sub.on('message', (_channel: string, payload: string) => {
     try {
       receive(JSON.parse(payload) as Envelope);
@@ -217,6 +225,9 @@ export function workerBus(): ProcessBus {
   return bus;
 }
 
+/** A message to a worker that has just gone is dropped: the worker is gone with whatever it held. */
+const ignoreSendError = (): void => undefined;
+
 /**
  * The primary's relay: a worker's message goes to its siblings and to the other instances; one from
  * another instance goes to every worker. Resolves to its closer.
@@ -225,7 +236,9 @@ export async function relayBus(config: Config, log: Logger): Promise<() => Promi
   const instance = randomBytes(6).toString('base64url');
   const workers = () => Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined && w.isConnected());
   const toWorkers = (m: BusMessage, except?: Worker) => {
-    for (const w of workers()) if (w !== except) w.send({ sy: 'bus', m } satisfies IpcEnvelope);
+    // With a callback, a worker that exits meanwhile fails the send there instead of emitting an
+    // 'error' no one listens to (an operator pass had the primary die of EPIPE during a drain).
+    for (const w of workers()) if (w !== except) w.send({ sy: 'bus', m } satisfies IpcEnvelope, undefined, ignoreSendError);
   };
   const transport = await remoteTransport(
     config,

@@ -153,7 +153,8 @@ function answer(counters: Counters, worker: Worker, m: CounterCalls, log: Logger
     } else values.push(id, v ?? null);
   }
   const send = () => {
-    if (worker.isConnected()) worker.send({ sy: 'counters', values, ...(failed.length > 0 && { failed }) } satisfies CounterValues);
+    if (worker.isConnected())
+      worker.send({ sy: 'counters', values, ...(failed.length > 0 && { failed }) } satisfies CounterValues, undefined, () => undefined);
   };
   if (waits === undefined) send();
   else void Promise.all(waits).then(send);
@@ -233,7 +234,9 @@ function gatherMetricsFor(from: Worker, replyId: number, id: number, log: Logger
       text = Promise.reject(err as Error);
     }
     text.then(
-      (t) => from.isConnected() && from.send({ sy: 'metrics', op: 'text', id: replyId, text: t } satisfies MetricsMessage),
+      (t) =>
+        from.isConnected() &&
+        from.send({ sy: 'metrics', op: 'text', id: replyId, text: t } satisfies MetricsMessage, undefined, () => undefined),
       (err: unknown) => log.warn({ err }, "aggregating the workers' metrics failed"),
     );
   };
@@ -272,7 +275,9 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
   // Workers run with the server's Node options even when the primary was started without them
   // (execArgv set earlier through setupPrimary is kept).
   cluster.setupPrimary({ execArgv: withServerFlags(cluster.settings.execArgv ?? process.execArgv) });
-  const fork = () => cluster.fork();
+  // A send to a worker that is exiting fails with EPIPE; without a listener that 'error' would end
+  // the primary, and with it every healthy worker. The exit handler below deals with the worker.
+  const fork = () => cluster.fork().on('error', (err: Error) => log.debug({ err: err.message }, 'message to an exiting worker dropped'));
 
   let gathers = 0;
   cluster.on('message', (worker, m: unknown) => {

@@ -68,6 +68,9 @@ describe('limits', () => {
     assert.equal(streamed.status, 429, 'the Responses API shares the same limit');
     const metrics = await http(server.url, 'GET', '/metrics');
     assert.match(metrics.text, /switchyard_rate_limited_total\{limit="rpm"\} [2-9]/);
+    // Refused requests are counted under their model, as answered ones are.
+    for (const route of ['/v1/chat/completions', '/v1/responses'])
+      assert.ok(metrics.text.includes(`switchyard_requests_total{route="${route}",model="${MODEL}",status="429"}`), route);
   });
 
   it('exhausts a tokens-per-minute limit', async () => {

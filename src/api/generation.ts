@@ -39,15 +39,17 @@ export async function openGeneration(
   canonical: GenerationRequest,
   endpoint: GenerationMeta['endpoint'],
 ): Promise<{ model: Model; events: MeteredStream }> {
-  const started = ctx.pipeline.start(canonical, req.principal!, {
+  const model = ctx.pipeline.resolve(canonical.model, req.principal!);
+  // Labelled before admission, so that a request refused there (429) is counted under its model.
+  req.metricsModel = ctx.metrics.modelLabel(model);
+  const started = ctx.pipeline.admit(model, canonical, req.principal!, {
     endpoint,
     requestId: req.id,
     stream: canonical.stream,
     started: req.startedAt,
   });
   // Awaited only when it is a promise: admission against local counters is answered at once.
-  const { model, admission, open } = started instanceof Promise ? await started : started;
-  req.metricsModel = ctx.metrics.modelLabel(model);
+  const { admission, open } = started instanceof Promise ? await started : started;
   reply.headers(admission.headers);
   return { model, events: await open() };
 }

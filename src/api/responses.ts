@@ -103,6 +103,18 @@ export async function listResponses(ctx: RouteContext, who: Principal, query: St
   return listPage(page.data, page.hasMore);
 }
 
+/**
+ * The metrics' `model` label, set before the request can fail (a 429 at admission is counted under
+ * its model); none for a model the caller cannot use, which is no series of its own.
+ */
+function modelLabel(ctx: RouteContext, id: string, who: Principal): string | null {
+  try {
+    return ctx.metrics.modelLabel(ctx.pipeline.resolve(id, who));
+  } catch {
+    return null;
+  }
+}
+
 /** The Responses API: create (inline, streamed or in the background), list, read, replay, cancel, delete. */
 export function registerResponseRoutes(app: App, ctx: RouteContext): void {
   const { responses } = ctx;
@@ -110,8 +122,8 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
   app.post('/v1/responses', { onRequest: ctx.requireKey, schema: { body: ResponsesRequestSchema } }, async (req, reply) => {
     const gone = abortOnClientGone(reply);
     const body = decodeResponsesRequest(req.body);
-    const { run, firstEvents, model, headers } = await responses.create(body, req.principal!, { id: req.id, started: req.startedAt });
-    req.metricsModel = ctx.metrics.modelLabel(model);
+    req.metricsModel = modelLabel(ctx, body.model, req.principal!);
+    const { run, firstEvents, headers } = await responses.create(body, req.principal!, { id: req.id, started: req.startedAt });
     reply.headers(headers);
     if (body.stream) {
       // A foreground stream stops when its client leaves; a background one carries on.
@@ -134,11 +146,12 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
 
   // Condenses a context into the user's messages and a sealed summary (Open Responses' compaction).
   app.post('/v1/responses/compact', { onRequest: ctx.requireKey, schema: { body: CompactRequestSchema } }, async (req, reply) => {
-    const { compaction, model, headers } = await responses.compact(decodeCompactRequest(req.body), req.principal!, {
+    const body = decodeCompactRequest(req.body);
+    req.metricsModel = modelLabel(ctx, body.model, req.principal!);
+    const { compaction, headers } = await responses.compact(body, req.principal!, {
       id: req.id,
       started: req.startedAt,
     });
-    req.metricsModel = ctx.metrics.modelLabel(model);
     reply.headers(headers);
     return compactionObject(compaction);
   });

@@ -151,11 +151,6 @@ export class GenerationPipeline {
     }
   }
 
-  /** All of it for a request whose context is complete (chat completions, Messages). */
-  start(req: GenerationRequest, who: Principal, meta: GenerationMeta): Maybe<Admitted> {
-    return this.admit(this.resolve(req.model, who), req, who, meta);
-  }
-
   /** A request that needs what the model does not advertise gets a 400 naming the capability. */
   private checkNeeds(model: Model, req: GenerationRequest, endpoint: GenerationMeta['endpoint']): void {
     const need = (cap: Capability, param: string) => {
