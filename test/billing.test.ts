@@ -234,7 +234,8 @@ describe('every generation is billed for what it produced', () => {
     const t = await usageOnce(s, n);
     assert.equal(t.output_tokens, 7 * (n - 1) + 5);
     assert.ok(t.input_tokens > 0 && t.input_tokens < 50 * n, String(t.input_tokens));
-    assert.ok(t.cost > 0 && t.cost < 0.01, String(t.cost));
+    // Estimates of a few tokens each (a billion tokens would cost thousands of dollars here).
+    assert.ok(t.cost > 0 && t.cost < 0.05, String(t.cost));
     assert.equal(t.estimated_requests, n, 'and marked as an estimate');
     assert.match(
       (await http(s.url, 'GET', '/metrics')).text,

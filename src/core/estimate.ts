@@ -88,6 +88,15 @@ export class OutputLimit {
   }
 }
 
+/**
+ * Tokens a chat template adds around each message (its role markers) and to start the answer, as
+ * OpenAI counts them for its chat models (3 and 3); Llama's and Qwen's templates add as many or more.
+ * One token per message, as before, made a "hi" two tokens where upstreams count about ten, and
+ * concurrent small requests overran a budget by twice its size (an operator pass).
+ */
+const TOKENS_PER_MESSAGE = 3;
+const TOKENS_TO_ANSWER = 3;
+
 /** Input tokens of a request, estimated from its text (messages, tool definitions and their schemas). */
 export function estimateInputTokens(req: GenerationRequest): number {
   let chars = 0;
@@ -95,8 +104,8 @@ export function estimateInputTokens(req: GenerationRequest): number {
     if (typeof m.content === 'string') chars += m.content.length;
     else if (m.content) for (const p of m.content) chars += p.type === 'text' ? p.text.length : 0;
     for (const c of m.toolCalls ?? []) chars += c.name.length + c.arguments.length;
-    chars += (m.reasoning?.length ?? 0) + CHARS_PER_TOKEN;
+    chars += m.reasoning?.length ?? 0;
   }
   for (const t of req.tools ?? []) chars += t.name.length + (t.description?.length ?? 0) + JSON.stringify(t.parameters ?? {}).length;
-  return tokensForChars(chars);
+  return tokensForChars(chars) + TOKENS_PER_MESSAGE * req.messages.length + TOKENS_TO_ANSWER;
 }
