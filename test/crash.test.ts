@@ -1,12 +1,13 @@
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { rmSync } from 'node:fs';
+import { rmSync, writeFileSync } from 'node:fs';
 import { request } from 'undici';
 import Database from 'better-sqlite3';
 import { tempDir } from './helpers/server.js';
 import { startProcess, type Running } from './helpers/process.js';
 import { eventually } from './helpers/wait.js';
+import { chunkFrame, closers, fixture } from './helpers/fixtures.js';
 
 const MODEL = 'local/stories260k';
 const ADMIN = 'sk-test-admin-crash-0123456789abcdef';
@@ -130,6 +131,107 @@ describe('kill -9 under load', () => {
       );
     } finally {
       db.close();
+    }
+  });
+});
+
+/**
+ * A background response whose process dies mid-run is failed by the next process to look (here the
+ * restart), and billed for what it had used at its last heartbeat (an operator pass found such
+ * responses, 113 of them, with no usage record at all).
+ */
+describe('kill -9 during a background response', () => {
+  const c = closers();
+  after(() => c.closeAll());
+
+  it('fails it at the restart and bills what its last heartbeat saw', async () => {
+    // An upstream that streams a word every 50 ms until its client goes.
+    const upstream = c.keep(
+      await fixture((req, res) => {
+        req.resume();
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chunkFrame({ role: 'assistant', content: 'Once' }));
+        const timer = setInterval(() => res.write(chunkFrame({ content: ' upon' })), 50);
+        res.on('close', () => clearInterval(timer));
+      }),
+    );
+    const dir = tempDir();
+    c.add(async () => rmSync(dir, { recursive: true, force: true }));
+    writeFileSync(
+      join(dir, 'config.json'),
+      JSON.stringify({
+        models: [
+          {
+            id: 'qwen/slow-stream',
+            context_length: 100_000,
+            pricing: [
+              { metric: 'input_tokens', rate: 1 },
+              { metric: 'output_tokens', rate: 2 },
+            ],
+          },
+        ],
+        deployments: [{ model: 'qwen/slow-stream', baseUrl: upstream.url }],
+      }),
+    );
+    const env = {
+      SWITCHYARD_DATA_DIR: dir,
+      SWITCHYARD_ADMIN_KEY: ADMIN,
+      SWITCHYARD_WORKERS: '1',
+      SWITCHYARD_CONFIG: join(dir, 'config.json'),
+      // A heartbeat every second.
+      SWITCHYARD_RESPONSE_STALE_MS: '3000',
+    };
+    let proc = await startProcess(env);
+    c.add(async () => {
+      proc.child.kill('SIGKILL');
+    });
+    const created = await request(`${proc.url}/v1/responses`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'qwen/slow-stream', input: 'Tell a long story.', background: true, max_output_tokens: 50_000 }),
+    });
+    const { id } = (await created.body.json()) as { id: string };
+    const requestId = String(created.headers['x-request-id']);
+    const db = () => new Database(join(dir, 'switchyard.db'), { readonly: true });
+    // Its heartbeat has kept what it used, with some output.
+    const kept = await eventually(() => {
+      const d = db();
+      try {
+        const row = d.prepare('select pending_usage from responses where id = ?').get(id) as { pending_usage: string | null };
+        assert.ok(row.pending_usage, 'no usage kept yet');
+        const record = JSON.parse(row.pending_usage) as { output_tokens: number; request_id: string };
+        assert.ok(record.output_tokens > 0);
+        return record;
+      } finally {
+        d.close();
+      }
+    });
+    assert.equal(kept.request_id, requestId);
+    proc.child.kill('SIGKILL');
+    await proc.exited;
+
+    proc = await startProcess(env);
+    const res = await request(`${proc.url}/v1/responses/${id}`, { headers: { authorization: `Bearer ${ADMIN}` } });
+    const body = (await res.body.json()) as { status: string; error: { code: string } | null };
+    assert.equal(body.status, 'failed');
+    assert.equal(body.error?.code, 'server_error');
+    const d = db();
+    try {
+      const rows = d.prepare('select * from usage_records where request_id = ?').all(requestId) as Array<{
+        output_tokens: number;
+        input_tokens: number;
+        cost: number;
+        estimated: number;
+        status: number;
+        endpoint: string;
+      }>;
+      assert.equal(rows.length, 1, JSON.stringify(rows));
+      const r = rows[0]!;
+      assert.ok(r.output_tokens >= kept.output_tokens && r.input_tokens > 0, JSON.stringify(r));
+      assert.ok(r.cost > 0);
+      assert.deepEqual([r.estimated, r.status, r.endpoint], [1, 500, 'responses']);
+    } finally {
+      d.close();
     }
   });
 });

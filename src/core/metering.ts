@@ -69,6 +69,8 @@ export class MeteredStream implements OpenMeter {
   private written: Promise<void> | undefined;
   /** Stopped by a shutdown rather than by its client: an unfinished generation is recorded as the server's failure. */
   private serverStopped = false;
+  /** The id its record gets: the same in a snapshot (a heartbeat's) as at its end, so it is billed once. */
+  private readonly recordId = newUsageId();
 
   private constructor(
     private readonly c: MeterContext,
@@ -254,8 +256,28 @@ export class MeteredStream implements OpenMeter {
     c.settle?.(usage.input + usage.output, cost);
     if (missing) metrics.priceMissing.inc({ model: m });
     else if (cost) metrics.countCost(m, cost);
-    this.written = this.ledger.record({
-      id: newUsageId(),
+    this.written = this.ledger.record(this.recordOf(usage, cost, now, this.status, this.errorCode));
+    this.ledger.end(this);
+  }
+
+  /**
+   * The record this generation would write if its process stopped now (the server's failure, its
+   * counts so far as an estimate); undefined once it has ended. A running stored response keeps it
+   * with its heartbeat, for a process that dies (see failAbandonedResponses).
+   */
+  snapshot(): UsageRecord | undefined {
+    if (this.ended) return undefined;
+    const usage = this.usage ?? tallyUsage(this.tally);
+    const cost = this.usage ? (this.usage.cost ?? null) : costOf(this.c.model, usage);
+    const r = this.recordOf(usage, cost, Date.now(), 500, 'server_error');
+    r.estimated = true;
+    return r;
+  }
+
+  private recordOf(usage: Usage, cost: number | null, now: number, status: number, errorCode: string | null): UsageRecord {
+    const c = this.c;
+    return {
+      id: this.recordId,
       at: now,
       day: dayOf(now),
       request_id: c.requestId,
@@ -270,13 +292,12 @@ export class MeteredStream implements OpenMeter {
       output_tokens: usage.output,
       reasoning_tokens: usage.reasoning,
       cost,
-      price_missing: missing,
+      price_missing: cost === null,
       estimated: usage.estimated === true,
       latency_ms: Math.round(performance.now() - c.started),
       ttft_ms: this.ttft === null ? null : Math.round(this.ttft),
-      status: this.status,
-      error_code: this.errorCode,
-    });
-    this.ledger.end(this);
+      status,
+      error_code: errorCode,
+    };
   }
 }

@@ -21,6 +21,7 @@ import type {
   Org,
   QuarantinedUsage,
   ResponseRecord,
+  StaleResponse,
   Store,
   UsageFilter,
   UsageGroup,
@@ -43,7 +44,7 @@ interface Database {
   orgs: Omit<Org, 'limits'> & { limits: string | null };
   api_keys: Omit<ApiKeyRecord, 'role' | 'limits'> & { role: string; limits: string | null };
   models: ModelsTable;
-  responses: Omit<ListedResponse, 'background'> & { background: number };
+  responses: Omit<ListedResponse, 'background'> & { background: number; pending_usage: string | null };
   response_inputs: { response_id: string; items: string };
   conversations: ConversationRecord;
   conversation_items: { id: string; conversation_id: string; seq: number; item: string; bytes: number; created_at: number };
@@ -80,7 +81,8 @@ function createdAfter(after: { id: string; created_ms: number }, order: 'asc' | 
   return sql<SqlBool>`(created_ms ${op} ${after.created_ms} or (created_ms = ${after.created_ms} and id ${op} ${after.id}))`;
 }
 
-function rowToListedResponse(r: Selectable<Database['responses']>): ListedResponse {
+function rowToListedResponse(row: Selectable<Database['responses']>): ListedResponse {
+  const { pending_usage: _, ...r } = row;
   return {
     ...r,
     background: Number(r.background) === 1,
@@ -565,23 +567,21 @@ export class KyselyStore implements Store {
     return found;
   }
 
-  async staleResponses(statuses: readonly string[], before: number): Promise<ListedResponse[]> {
+  async staleResponses(statuses: readonly string[], before: number): Promise<StaleResponse[]> {
     const rows = await this.db
       .selectFrom('responses')
       .selectAll()
       .where('status', 'in', [...statuses])
       .where('updated_at', '<', before)
       .execute();
-    return rows.map(rowToListedResponse);
+    return rows.map((r) => ({ ...rowToListedResponse(r), pending_usage: r.pending_usage }));
   }
 
-  async touchResponses(ids: readonly string[], at: number): Promise<void> {
-    if (ids.length)
-      await this.db
-        .updateTable('responses')
-        .set({ updated_at: at })
-        .where('id', 'in', [...ids])
-        .execute();
+  async touchResponses(ids: readonly string[], at: number, usage: ReadonlyMap<string, string>): Promise<void> {
+    const plain = ids.filter((id) => !usage.has(id));
+    if (plain.length) await this.db.updateTable('responses').set({ updated_at: at }).where('id', 'in', plain).execute();
+    for (const [id, record] of usage)
+      await this.db.updateTable('responses').set({ updated_at: at, pending_usage: record }).where('id', '=', id).execute();
   }
 
   async createConversation(c: ConversationRecord): Promise<void> {

@@ -338,6 +338,19 @@ const migrations: Record<string, Migration> = {
       await db.schema.alterTable('conversation_items').dropColumn('bytes').execute();
     },
   },
+  // What a running response has used so far, refreshed with its heartbeat: a process that dies
+  // mid-run leaves it, and the response marked failed for it is billed that (it went unbilled).
+  '0013_response_pending_usage': {
+    async up(db: Kysely<unknown>) {
+      const transactional = db.getExecutor().adapter.supportsTransactionalDdl;
+      const responses = transactional ? undefined : (await db.introspection.getTables()).find((t) => t.name === 'responses');
+      if (transactional || !responses?.columns.some((c) => c.name === 'pending_usage'))
+        await db.schema.alterTable('responses').addColumn('pending_usage', 'text').execute();
+    },
+    async down(db: Kysely<unknown>) {
+      await db.schema.alterTable('responses').dropColumn('pending_usage').execute();
+    },
+  },
 };
 
 export const migrationProvider: MigrationProvider = {

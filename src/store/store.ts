@@ -70,6 +70,9 @@ export interface ResponseRecord {
 /** A response as it is read back: without its input items (getResponseInput has them). */
 export type ListedResponse = Omit<ResponseRecord, 'input_items'>;
 
+/** A running response nobody refreshed, with the usage record its last heartbeat kept (JSON), if any. */
+export type StaleResponse = ListedResponse & { pending_usage: string | null };
+
 export interface ConversationRecord {
   id: string;
   org_id: string;
@@ -257,8 +260,12 @@ export interface Store {
   /** Items with these ids the organization stored, in responses or conversations (JSON text by id). */
   findItems(orgId: string, ids: readonly string[]): Promise<Map<string, string>>;
   /** Running responses whose owner stopped refreshing them before `before` (ms). */
-  staleResponses(statuses: readonly string[], before: number): Promise<ListedResponse[]>;
-  touchResponses(ids: readonly string[], at: number): Promise<void>;
+  staleResponses(statuses: readonly string[], before: number): Promise<StaleResponse[]>;
+  /**
+   * Marks running responses as refreshed at `at`, and keeps with each response in `usage` the usage
+   * record (JSON) its run would write if it stopped now.
+   */
+  touchResponses(ids: readonly string[], at: number, usage: ReadonlyMap<string, string>): Promise<void>;
 
   createConversation(c: ConversationRecord): Promise<void>;
   getConversation(id: string): Promise<ConversationRecord | undefined>;

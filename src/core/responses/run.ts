@@ -1,6 +1,7 @@
 import rfdc from 'rfdc';
 import type { ResponseEvent, ResponseFold } from './format.js';
 import { Cancellation, onAbort, type CancelSignal } from '../cancellation.js';
+import type { UsageRecord } from '../../store/store.js';
 
 const copy = rfdc();
 
@@ -112,6 +113,8 @@ export class Run extends EventLog {
   private held: ResponseEvent[] | undefined;
   readonly abort = new Cancellation();
   done: Promise<void> = Promise.resolve();
+  /** Its generation, once open: the heartbeat keeps what it has used so far with the stored response. */
+  meter: { snapshot(): UsageRecord | undefined } | undefined;
 
   constructor(
     readonly fold: ResponseFold,

@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import { ApiError } from '../errors.js';
 import { Cancellation } from '../cancellation.js';
 import type { Principal } from '../principal.js';
-import type { ConversationRecord, ListedResponse, Store } from '../../store/store.js';
+import type { ConversationRecord, ListedResponse, Store, UsageRecord } from '../../store/store.js';
 import { costOf } from '../ledger.js';
 import { generationRequest, newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
 import {
@@ -82,6 +82,15 @@ export async function failAbandonedResponses<E>(
     const body = format.end(r.body, 'failed', ABANDONED);
     if (await store.updateResponse(r.id, ['queued', 'in_progress'], { status: 'failed', body, updated_at: Date.now() })) {
       log.warn({ response_id: r.id }, 'marked an abandoned response as failed');
+      // Billed for what it had used at its last heartbeat. The record has the id its run would
+      // have written at its end, so a run that was only slow and ends after all is billed once.
+      if (r.pending_usage !== null) {
+        try {
+          await store.insertUsage([JSON.parse(r.pending_usage) as UsageRecord]);
+        } catch (err) {
+          log.error({ err, response_id: r.id }, 'billing an abandoned response failed');
+        }
+      }
     }
   }
 }
@@ -265,8 +274,14 @@ export class ResponseService<Echo> {
     this.timer = setInterval(
       () => {
         const ids = [...this.running.keys()];
+        // What each has used so far, for a process that dies before it ends (failAbandonedResponses).
+        const usage = new Map<string, string>();
+        for (const [id, run] of this.running) {
+          const record = run.meter?.snapshot();
+          if (record) usage.set(id, JSON.stringify(record));
+        }
         this.store
-          .touchResponses(ids, Date.now())
+          .touchResponses(ids, Date.now(), usage)
           .then(() => this.stopCancelledElsewhere(ids))
           .then(() => this.sweep(Date.now() - this.opts.staleAfterMs))
           .catch((err: unknown) => this.log.warn({ err }, 'response heartbeat failed'));
@@ -803,6 +818,7 @@ export class ResponseService<Echo> {
     if (!background) {
       // Errors before the first token (context overflow, overload…) are the request's HTTP error.
       events = await openAsResponses(open);
+      run.meter = events;
     }
     if (store) {
       try {
@@ -851,6 +867,7 @@ export class ResponseService<Echo> {
           // response waiting for room reads as waiting.
           startedResolve();
           events = await openAsResponses(open);
+          run.meter = events;
         }
         run.emit(fold.start());
         // A background response was stored as queued; any other was stored in_progress already,
