@@ -84,7 +84,9 @@ describe('stored history past the byte budget', () => {
         );
       }),
     );
-    gateway = c.keep(await startGateway([{ baseUrl: up.url }], env, { context_length: 1_000_000 }));
+    gateway = c.keep(
+      await startGateway([{ baseUrl: up.url }], env, { context_length: 1_000_000, capabilities: ['streaming', 'function_calling'] }),
+    );
     key = (await createKey(gateway, 'acme')).key;
     local = c.keep(await startServer({ env }));
     localKey = (await createKey(local, 'acme')).key;
@@ -190,6 +192,40 @@ describe('stored history past the byte budget', () => {
     assert.ok(!sent.some((m) => String(m.content).startsWith('turn 0:')));
     assert.ok(sent.some((m) => String(m.content).startsWith('turn 9:')));
     assert.equal(sent.at(-1)?.content, 'And now?');
+  });
+
+  it('a tool loop past the budget goes on with truncation auto, and a compaction condenses what fits', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    // One user message, then a long tool loop: the part that fits holds no user message.
+    const items: OpenAI.Responses.ResponseInputItem[] = [{ type: 'message', role: 'user', content: 'Look it all up.' }];
+    for (let i = 0; i < 10; i++) {
+      items.push({ type: 'function_call', call_id: `c${i}`, name: 'lookup', arguments: JSON.stringify({ q: filler(i) }) });
+      if (i < 9) items.push({ type: 'function_call_output', call_id: `c${i}`, output: `result ${i}` });
+    }
+    const conversation = await client.conversations.create({ items });
+    const tools: OpenAI.Responses.Tool[] = [{ type: 'function', name: 'lookup', parameters: { type: 'object' }, strict: false }];
+    const r = await client.responses.create({
+      model: GATEWAY_MODEL,
+      conversation: conversation.id,
+      input: [{ type: 'function_call_output', call_id: 'c9', output: 'result 9' }],
+      tools,
+      truncation: 'auto',
+    });
+    assert.equal(r.status, 'completed');
+    const sent = seen.at(-1)! as Array<{ role: string; tool_calls?: Array<{ id: string }>; tool_call_id?: string }>;
+    // It starts at a call, never at an output without one, and the last call is there for the new output.
+    assert.equal(sent[0]?.role, 'assistant');
+    assert.ok(sent.some((m) => m.tool_calls?.some((t) => t.id === 'c9')));
+    assert.equal(sent.at(-1)?.tool_call_id, 'c9');
+
+    // The chain of the budget test above cannot be continued without truncation; compacted, it can.
+    let previous: string | null = null;
+    for (let i = 0; i < 10; i++)
+      previous = (
+        await client.responses.create({ model: GATEWAY_MODEL, input: filler(i), previous_response_id: previous, truncation: 'auto' })
+      ).id;
+    const compacted = await client.responses.compact({ model: GATEWAY_MODEL, previous_response_id: previous });
+    assert.ok(compacted.output.some((o) => o.type === 'compaction'));
   });
 
   it('items named by reference count against the budget too', async () => {

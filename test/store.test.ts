@@ -42,6 +42,7 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
     });
 
     it("finds stored items by organization, from responses and conversations, and forgets a deleted response's", async () => {
+      const find = async (org: string, ids: string[]) => (await store.findItems(org, ids, 1e9))!;
       await store.createResponse({
         id: 'resp_items',
         org_id: 'org_a',
@@ -115,19 +116,43 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       // Items of a response deleted while they were written in slices are not left behind.
       const orphans = Array.from({ length: 1_200 }, (_, i) => ({ id: `msg_o${i}` }));
       await store.saveResponseItems('org_a', 'resp_deleted_meanwhile', orphans, 5);
-      assert.equal((await store.findItems('org_a', ['msg_o0', 'msg_o1199'])).size, 0);
-      assert.deepEqual(Object.fromEntries(await store.findItems('org_a', ['msg_1', 'msg_2', 'msg_c', 'msg_none'])), {
+      assert.equal((await find('org_a', ['msg_o0', 'msg_o1199'])).size, 0);
+      assert.deepEqual(Object.fromEntries(await find('org_a', ['msg_1', 'msg_2', 'msg_c', 'msg_none'])), {
         msg_1: '{"id":"msg_1","v":1}',
         msg_2: '{"id":"msg_2","v":2}',
         msg_c: '{"c":1}',
       });
-      assert.deepEqual(Object.fromEntries(await store.findItems('org_c', ['msg_1', 'msg_c'])), {});
+      assert.deepEqual(Object.fromEntries(await find('org_c', ['msg_1', 'msg_c'])), {});
+      // Past a byte budget, nothing is read: msg_1 and msg_c take 20 and 7 bytes.
+      assert.equal(await store.findItems('org_a', ['msg_1', 'msg_c'], 26), undefined);
+      assert.equal((await store.findItems('org_a', ['msg_1', 'msg_c'], 27))?.size, 2);
       // An id stored before keeps its first item and response: a later save does not move it.
       await store.saveResponseItems('org_a', 'resp_later', [item({ id: 'msg_2', v: 4 })], 2);
-      assert.equal((await store.findItems('org_a', ['msg_2'])).get('msg_2'), '{"id":"msg_2","v":2}');
+      assert.equal((await find('org_a', ['msg_2'])).get('msg_2'), '{"id":"msg_2","v":2}');
       assert.ok(await store.deleteResponse('resp_items'));
-      assert.deepEqual([...(await store.findItems('org_a', ['msg_1', 'msg_2', 'msg_c'])).keys()], ['msg_c']);
-      assert.equal((await store.findItems('org_b', ['msg_2'])).get('msg_2'), '{"id":"msg_2","b":true}');
+      assert.deepEqual([...(await find('org_a', ['msg_1', 'msg_2', 'msg_c'])).keys()], ['msg_c']);
+      assert.equal((await find('org_b', ['msg_2'])).get('msg_2'), '{"id":"msg_2","b":true}');
+    });
+
+    it("replaces an abandoned response's snapshot with its run's own record, and keeps any other record under the same id", async () => {
+      const totals = async (org: string) => (await store.usageTotals('org', { org }))[0];
+      const snapshot = usageRecord('usage_snap', {
+        org_id: 'org_snap',
+        output_tokens: 200,
+        estimated: true,
+        status: 500,
+        error_code: 'server_error',
+      });
+      await store.insertUsage([snapshot]);
+      assert.deepEqual([(await totals('org_snap'))?.output_tokens, (await totals('org_snap'))?.estimated_requests], [200, 1]);
+      // The run was only slow: its own record, when it ends, takes the snapshot's place.
+      await store.insertUsage([usageRecord('usage_snap', { org_id: 'org_snap', output_tokens: 5000 })]);
+      const t = await totals('org_snap');
+      assert.deepEqual([t?.requests, t?.output_tokens, t?.estimated_requests, t?.errors], [1, 5000, 0, 0]);
+      // A snapshot (or a batch written again) never replaces a run's own record.
+      await store.insertUsage([snapshot]);
+      await store.insertUsage([usageRecord('usage_snap', { org_id: 'org_snap', output_tokens: 1 })]);
+      assert.equal((await totals('org_snap'))?.output_tokens, 5000);
     });
 
     it('stores chat completions per organization: metadata filters, update, cursor order with equal times, delete', async () => {

@@ -168,10 +168,14 @@ export async function parseItems(json: readonly string[]): Promise<Item[]> {
 
 /**
  * A history cut short (its oldest items left out) starts at a turn: at its first user message or
- * compaction summary, so that no call output or assistant reply is read without what led to it.
+ * compaction summary, so that no call output or assistant reply is read without what led to it. A
+ * part with neither (one long tool loop) starts at its first item that is not a call's output,
+ * which upstreams refuse without its call; dropping it all would leave the calls the new input
+ * answers behind, and the loop could never go on (a review found it).
  */
 export function fromTurn(items: readonly Item[]): Item[] {
-  const i = items.findIndex((it) => (it.type === 'message' && it.role === 'user') || it.type === 'compaction');
+  let i = items.findIndex((it) => (it.type === 'message' && it.role === 'user') || it.type === 'compaction');
+  if (i < 0) i = items.findIndex((it) => it.type !== 'function_call_output');
   return i < 0 ? [] : items.slice(i);
 }
 

@@ -185,6 +185,16 @@ const USAGE_COLUMNS: ReadonlyArray<keyof UsageRecord> = [
   'error_code',
 ];
 /**
+ * A record already there under the same id is kept (a batch written again after a failure), unless
+ * it is the snapshot an abandoned response was billed from (failAbandonedResponses: estimated, 500):
+ * the run it came from was only slow, ended after all, and its own record replaces it.
+ */
+const SNAPSHOT_ROW = `usage_records.estimated = 1 AND usage_records.status = 500 AND usage_records.error_code = 'server_error'`;
+const REPLACE_SNAPSHOT = USAGE_COLUMNS.filter((c) => c !== 'id')
+  .map((c) => `${c} = excluded.${c}`)
+  .join(', ');
+
+/**
  * Runs the prepared insert with a usage record's fields as its arguments, in USAGE_COLUMNS' order
  * (SQLite has no booleans: flags go in as 0 or 1). Arguments rather than one array: better-sqlite3
  * reads an array's elements one by one through V8's API, which cost about 22k instructions per
@@ -539,30 +549,47 @@ export class KyselyStore implements Store {
     }
   }
 
-  async findItems(orgId: string, ids: readonly string[]): Promise<Map<string, string>> {
-    const found = new Map<string, string>();
+  async findItems(orgId: string, ids: readonly string[], maxBytes: number): Promise<Map<string, string> | undefined> {
     const unique = [...new Set(ids)];
+    // Sizes first (octet_length reads neither SQLite's overflow pages nor PostgreSQL's TOAST): the
+    // items named may be far more than a request may read, and reading them is the cost.
+    let total = 0;
+    for (const bytes of (await this.resolveItems(orgId, unique, sql<number>`octet_length(item)`)).values()) {
+      total += Number(bytes);
+      if (total > maxBytes) return undefined;
+    }
+    const items = new Map<string, string>();
+    for (const [id, item] of await this.resolveItems(orgId, unique, sql<string>`item`)) items.set(id, String(item));
+    return items;
+  }
+
+  /**
+   * `what` of the item each id names for the organization: a stored response's item, else the
+   * newest conversation item with that id; in slices of ids, the event loop running between them.
+   */
+  private async resolveItems(orgId: string, unique: readonly string[], what: RawBuilder<unknown>): Promise<Map<string, unknown>> {
+    const found = new Map<string, unknown>();
     for (let n = 0; n < unique.length; n += ID_SLICE) {
       if (n > 0) await nextTurn();
       const slice = unique.slice(n, n + ID_SLICE);
       const stored = await this.db
         .selectFrom('stored_items')
-        .select(['id', 'item'])
+        .select(['id', what.as('v')])
         .where('org_id', '=', orgId)
         .where('id', 'in', slice)
         .execute();
-      for (const r of stored) found.set(r.id, r.item);
+      for (const r of stored) found.set(r.id, r.v);
       const rest = slice.filter((id) => !found.has(id));
       if (rest.length === 0) continue;
       const inConversations = await this.db
         .selectFrom('conversation_items')
         .innerJoin('conversations', 'conversations.id', 'conversation_items.conversation_id')
-        .select(['conversation_items.id as id', 'conversation_items.item as item'])
+        .select(['conversation_items.id as id', what.as('v')])
         .where('conversations.org_id', '=', orgId)
         .where('conversation_items.id', 'in', rest)
         .orderBy('conversation_items.created_at', 'desc')
         .execute();
-      for (const r of inConversations) if (!found.has(r.id)) found.set(r.id, r.item);
+      for (const r of inConversations) if (!found.has(r.id)) found.set(r.id, r.v);
     }
     return found;
   }
@@ -580,8 +607,11 @@ export class KyselyStore implements Store {
   async touchResponses(ids: readonly string[], at: number, usage: ReadonlyMap<string, string>): Promise<void> {
     const plain = ids.filter((id) => !usage.has(id));
     if (plain.length) await this.db.updateTable('responses').set({ updated_at: at }).where('id', 'in', plain).execute();
-    for (const [id, record] of usage)
-      await this.db.updateTable('responses').set({ updated_at: at, pending_usage: record }).where('id', '=', id).execute();
+    if (usage.size)
+      await this.db.transaction().execute(async (tx) => {
+        for (const [id, record] of usage)
+          await tx.updateTable('responses').set({ updated_at: at, pending_usage: record }).where('id', '=', id).execute();
+      });
   }
 
   async createConversation(c: ConversationRecord): Promise<void> {
@@ -681,8 +711,9 @@ export class KyselyStore implements Store {
       let q = this.db.selectFrom('conversation_items').select(['seq', 'bytes']).where('conversation_id', '=', conversationId);
       if (before !== Number.POSITIVE_INFINITY) q = q.where('seq', '<', before);
       const rows = await q.orderBy('seq', 'desc').limit(SIZE_PAGE).execute();
+      const unsized = await this.sizesOfUnsized(conversationId, rows);
       for (const r of rows) {
-        const bytes = Number(r.bytes);
+        const bytes = unsized?.get(Number(r.seq)) ?? Number(r.bytes);
         total += bytes;
         if (total > maxBytes) {
           complete = false;
@@ -713,6 +744,25 @@ export class KyselyStore implements Store {
       end = start - 1;
     }
     return { items, complete };
+  }
+
+  /**
+   * Sizes of items written without one (0: by an instance not yet migrated, during a rolling
+   * upgrade), read apart so that the size reads stay on their covering index; none in steady state.
+   */
+  private async sizesOfUnsized(
+    conversationId: string,
+    rows: ReadonlyArray<{ seq: number; bytes: number }>,
+  ): Promise<Map<number, number> | undefined> {
+    const seqs = rows.filter((r) => Number(r.bytes) === 0).map((r) => Number(r.seq));
+    if (seqs.length === 0) return undefined;
+    const sized = await this.db
+      .selectFrom('conversation_items')
+      .select(['seq', sql<number>`octet_length(item)`.as('n')])
+      .where('conversation_id', '=', conversationId)
+      .where('seq', 'in', seqs)
+      .execute();
+    return new Map(sized.map((r) => [Number(r.seq), Number(r.n)]));
   }
 
   async getConversationItem(conversationId: string, itemId: string): Promise<string | undefined> {
@@ -859,13 +909,26 @@ export class KyselyStore implements Store {
       .values(
         records.map((r) => ({ ...r, stream: r.stream ? 1 : 0, price_missing: r.price_missing ? 1 : 0, estimated: r.estimated ? 1 : 0 })),
       )
-      .onConflict((oc) => oc.column('id').doNothing())
+      .onConflict((oc) =>
+        oc
+          .column('id')
+          .doUpdateSet((eb) => {
+            const set: Record<string, unknown> = {};
+            for (const c of USAGE_COLUMNS) if (c !== 'id') set[c] = eb.ref(`excluded.${c}`);
+            // Every column but the id, from the row that conflicted (typed per column, built from the list).
+            return set as never;
+          })
+          .where(sql<SqlBool>`${sql.raw(SNAPSHOT_ROW)}`),
+      )
       .execute();
   }
 
   private prepareUsageInsert(db: SqliteDatabase.Database): (records: readonly UsageRecord[]) => void {
     const columns = USAGE_COLUMNS.join(', ');
-    const stmt = db.prepare(`INSERT OR IGNORE INTO usage_records (${columns}) VALUES (${USAGE_COLUMNS.map(() => '?').join(', ')})`);
+    const stmt = db.prepare(
+      `INSERT INTO usage_records (${columns}) VALUES (${USAGE_COLUMNS.map(() => '?').join(', ')}) ` +
+        `ON CONFLICT (id) DO UPDATE SET ${REPLACE_SNAPSHOT} WHERE ${SNAPSHOT_ROW}`,
+    );
     const many = db.transaction((records: readonly UsageRecord[]) => {
       for (const r of records) runUsageInsert(stmt, r);
     });

@@ -257,8 +257,11 @@ export interface Store {
    * stored keeps its first item.
    */
   saveResponseItems(orgId: string, responseId: string, items: ReadonlyArray<{ readonly id: string }>, at: number): Promise<void>;
-  /** Items with these ids the organization stored, in responses or conversations (JSON text by id). */
-  findItems(orgId: string, ids: readonly string[]): Promise<Map<string, string>>;
+  /**
+   * Items with these ids the organization stored, in responses or conversations (JSON text by id);
+   * undefined, with nothing read but their sizes, when they hold more than `maxBytes` between them.
+   */
+  findItems(orgId: string, ids: readonly string[], maxBytes: number): Promise<Map<string, string> | undefined>;
   /** Running responses whose owner stopped refreshing them before `before` (ms). */
   staleResponses(statuses: readonly string[], before: number): Promise<StaleResponse[]>;
   /**

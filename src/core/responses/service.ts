@@ -79,18 +79,21 @@ export async function failAbandonedResponses<E>(
 ): Promise<void> {
   for (const r of await store.staleResponses(['queued', 'in_progress'], before)) {
     if (isRunningHere(r.id)) continue;
+    // Billed for what it had used at its last heartbeat, before it is marked (a failed write leaves
+    // it to the next sweep). The record has the id its run would write at its end: a run that was
+    // only slow and ends after all replaces it with its own (the store's insert), and one that has
+    // already ended keeps its own.
+    if (r.pending_usage !== null) {
+      try {
+        await store.insertUsage([JSON.parse(r.pending_usage) as UsageRecord]);
+      } catch (err) {
+        log.error({ err, response_id: r.id }, 'billing an abandoned response failed');
+        continue;
+      }
+    }
     const body = format.end(r.body, 'failed', ABANDONED);
     if (await store.updateResponse(r.id, ['queued', 'in_progress'], { status: 'failed', body, updated_at: Date.now() })) {
       log.warn({ response_id: r.id }, 'marked an abandoned response as failed');
-      // Billed for what it had used at its last heartbeat. The record has the id its run would
-      // have written at its end, so a run that was only slow and ends after all is billed once.
-      if (r.pending_usage !== null) {
-        try {
-          await store.insertUsage([JSON.parse(r.pending_usage) as UsageRecord]);
-        } catch (err) {
-          log.error({ err, response_id: r.id }, 'billing an abandoned response failed');
-        }
-      }
     }
   }
 }
@@ -565,13 +568,11 @@ export class ResponseService<Echo> {
     // Other references may name any item the organization stored, in a response or a conversation.
     const elsewhere = body.input.flatMap((i) => (i.type === 'item_reference' && !known.has(i.id) ? [i.id] : []));
     if (elsewhere.length) {
-      const found = await this.store.findItems(who.orgId, elsewhere);
       // Stored items named by reference are read whole, copied into this response's input (and its
-      // conversation), and sent to the model: within the history's budget, apart from the history
-      // (a hostile pass's 732-byte request named 96 MB of items).
-      let bytes = 0;
-      for (const json of found.values()) bytes += Buffer.byteLength(json);
-      if (bytes > this.opts.historyMaxBytes)
+      // conversation), and sent to the model: within the history's budget, apart from the history,
+      // their sizes read first (a hostile pass's 732-byte request named 96 MB of items).
+      const found = await this.store.findItems(who.orgId, elsewhere, this.opts.historyMaxBytes);
+      if (!found)
         throw new ApiError(
           'context_length_exceeded',
           `The items input refers to hold more than ${this.opts.historyMaxBytes} bytes, more than one request reads (SWITCHYARD_HISTORY_MAX_BYTES).`,
@@ -675,7 +676,9 @@ export class ResponseService<Echo> {
     who: Principal,
     request: { id: string; started: number },
   ): Promise<{ compaction: Compaction; model: Model; headers: Record<string, string> }> {
-    const { model, history, input, messages } = await this.context(body, who);
+    // A compaction reads what fits of a long history (truncation auto): condensing it is the way on
+    // for a chain or conversation past the history budget, and the request has no truncation field.
+    const { model, history, input, messages } = await this.context({ ...body, truncation: 'auto' }, who);
     const kept = [...history, ...input].filter((i): i is MessageItem => i.type === 'message' && i.role === 'user');
     const abort = new Cancellation();
     const req: GenerationRequest = {
@@ -818,7 +821,8 @@ export class ResponseService<Echo> {
     if (!background) {
       // Errors before the first token (context overflow, overload…) are the request's HTTP error.
       events = await openAsResponses(open);
-      run.meter = events;
+      // Only a stored response can be found abandoned and billed from its heartbeat's snapshot.
+      if (store) run.meter = events;
     }
     if (store) {
       try {
@@ -867,7 +871,7 @@ export class ResponseService<Echo> {
           // response waiting for room reads as waiting.
           startedResolve();
           events = await openAsResponses(open);
-          run.meter = events;
+          if (store) run.meter = events;
         }
         run.emit(fold.start());
         // A background response was stored as queued; any other was stored in_progress already,

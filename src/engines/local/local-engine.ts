@@ -313,9 +313,6 @@ export class LocalEngine implements Engine {
     if (target.engine !== 'local') throw new Error('local engine given a non-local target');
     const m = await this.loadFor(req, target);
     const tools = req.toolChoice === 'none' ? [] : (req.tools ?? []);
-    // The tools' schemas share one compile budget; the wrapper around them (below) has its own limit.
-    const budget = this.grammars.budget();
-    const scope = req.cacheScope;
     const limit = Math.min(target.contextLength, m.context.contextSize);
     // As in generate: text that cannot fit is not tokenized (it would hold the event loop). It is
     // past the context whatever its count, so it gets the estimate the upstreams get, flagged (at

@@ -133,6 +133,8 @@ class SchemaWorker {
         else {
           cur.p.tries++;
           this.queue(cur.p, true);
+          // Its scope had the turn: it keeps it.
+          this.lastScope = undefined;
         }
       }
       this.pump();
@@ -206,11 +208,18 @@ class SchemaWorker {
         continue;
       }
       p.timeoutMs = p.budget && p.limitMs !== undefined ? Math.min(p.limitMs, Math.ceil(p.budget.leftMs)) : p.limitMs;
-      this.worker ??= this.start();
+      let worker: Worker;
+      try {
+        worker = this.worker ??= this.start();
+      } catch (err) {
+        // No thread could be made (out of memory, too many threads): this call fails, not the process.
+        p.reject(err instanceof Error ? err : new Error(String(err)));
+        continue;
+      }
       const id = ++this.seq;
-      this.current = { id, p, worker: this.worker };
+      this.current = { id, p, worker };
       p.startedAt = 0;
-      this.worker.postMessage({ ...p.msg, id } as SchemaWorkerRequest);
+      worker.postMessage({ ...p.msg, id } as SchemaWorkerRequest);
     }
   }
 
@@ -242,8 +251,11 @@ class SchemaWorker {
   }
 }
 
-/** Refusals kept in the cache in place of a compiled schema (see `compiled`). */
+/** Refusals kept in the cache in place of a compiled schema (see `compiled`), for REFUSAL_KEPT_MS. */
 const lasting = new WeakSet<object>();
+const REFUSAL_KEPT_MS = 10 * 60_000;
+/** Refusals for a request's spent budget rather than for the schema (see `forSchema`). */
+const budgetRefusals = new WeakSet<object>();
 
 interface Entry {
   compiled: Promise<CompiledSchema>;
@@ -310,7 +322,15 @@ export class SchemaGrammars {
     const named = (err: unknown): never => {
       throw err instanceof ApiError ? new ApiError(err.code, err.message, { param }) : err;
     };
-    return this.compiled(schema, scope, budget).then((c) => ({ ...c, check: (text: string) => c.check(text, scope).catch(named) }), named);
+    const ready = (c: CompiledSchema): CompiledSchema => ({ ...c, check: (text: string) => c.check(text, scope).catch(named) });
+    return this.compiled(schema, scope, budget).then(ready, (err: unknown) => {
+      // A compile shared with another request, refused for that request's budget (not for this
+      // schema): compiled again, as this caller's, within its own budget (a review found one
+      // organization's spent budget refusing another's schema).
+      if (budgetRefusals.has(err as object) && (budget === undefined || budget.leftMs > 0))
+        return this.compiled(schema, scope, budget).then(ready, named);
+      return named(err);
+    });
   }
 
   private compiled(schema: Record<string, unknown>, scope: string, budget: CompileBudget | undefined): Promise<CompiledSchema> {
@@ -330,6 +350,8 @@ export class SchemaGrammars {
     // sending it again costs no more worker time; other failures are forgotten (they may pass later).
     compiled.catch((err: unknown) => {
       if (!lasting.has(err as object)) this.evict(key, entry);
+      // Not for ever: one overrun on a machine busy decoding may be the machine's, not the schema's.
+      else setTimeout(() => this.evict(key, entry), REFUSAL_KEPT_MS).unref();
     });
     while (this.cache.size > this.opts.cacheSize || this.bytes > MAX_CACHED_BYTES) {
       const [oldKey, old] = this.cache.entries().next().value!;
@@ -357,11 +379,14 @@ export class SchemaGrammars {
       reply = await this.worker.call({ op: 'compile', key, schema }, this.opts.compileTimeoutMs, scope, budget);
     } catch (err) {
       if (err instanceof SchemaTimeout) {
-        if (!err.full)
-          throw new ApiError(
+        if (!err.full) {
+          const refusal = new ApiError(
             'schema_too_large',
             `The request's JSON schemas took longer than ${this.opts.compileTimeoutMs} ms to compile between them (SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS); simplify them.`,
           );
+          budgetRefusals.add(refusal);
+          throw refusal;
+        }
         const refusal = new ApiError(
           'schema_too_large',
           `The JSON schema took longer than ${this.opts.compileTimeoutMs} ms to compile (SWITCHYARD_SCHEMA_COMPILE_TIMEOUT_MS); simplify it.`,
