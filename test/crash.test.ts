@@ -212,7 +212,11 @@ describe('kill -9 during a background response', () => {
 
     proc = await startProcess(env);
     const res = await request(`${proc.url}/v1/responses/${id}`, { headers: { authorization: `Bearer ${ADMIN}` } });
-    const body = (await res.body.json()) as { status: string; error: { code: string } | null };
+    const body = (await res.body.json()) as {
+      status: string;
+      error: { code: string } | null;
+      usage: { output_tokens: number; estimated?: boolean } | null;
+    };
     assert.equal(body.status, 'failed');
     assert.equal(body.error?.code, 'server_error');
     const d = db();
@@ -230,6 +234,9 @@ describe('kill -9 during a background response', () => {
       assert.ok(r.output_tokens >= kept.output_tokens && r.input_tokens > 0, JSON.stringify(r));
       assert.ok(r.cost > 0);
       assert.deepEqual([r.estimated, r.status, r.endpoint], [1, 500, 'responses']);
+      // The response reports the usage it is billed for, as every failed response does.
+      assert.equal(body.usage?.output_tokens, r.output_tokens);
+      assert.equal(body.usage?.estimated, true);
     } finally {
       d.close();
     }

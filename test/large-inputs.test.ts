@@ -79,9 +79,21 @@ describe('stored history past the byte budget', () => {
       await jsonFixture<{ messages: Array<{ role: string; content: unknown }> }>((body, res) => {
         seen.push(body.messages);
         res.writeHead(200, { 'content-type': 'application/json' });
-        res.end(
-          completionJson({ role: 'assistant', content: 'Noted.' }, 'stop', { prompt_tokens: 100, completion_tokens: 2, total_tokens: 102 }),
-        );
+        const usage = { prompt_tokens: 100, completion_tokens: 2, total_tokens: 102 };
+        // Asked to, it calls a tool (call_2); otherwise it answers.
+        if (String(body.messages.at(-1)?.content).endsWith('call a tool'))
+          res.end(
+            completionJson(
+              {
+                role: 'assistant',
+                content: null,
+                tool_calls: [{ id: 'call_2', type: 'function', function: { name: 'lookup', arguments: '{}' } }],
+              },
+              'tool_calls',
+              usage,
+            ),
+          );
+        else res.end(completionJson({ role: 'assistant', content: 'Noted.' }, 'stop', usage));
       }),
     );
     gateway = c.keep(
@@ -226,6 +238,49 @@ describe('stored history past the byte budget', () => {
       ).id;
     const compacted = await client.responses.compact({ model: GATEWAY_MODEL, previous_response_id: previous });
     assert.ok(compacted.output.some((o) => o.type === 'compaction'));
+  });
+
+  it('a cut never keeps a call output without its call: parallel calls in a conversation, a chain between responses', async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    const tools: OpenAI.Responses.Tool[] = [{ type: 'function', name: 'lookup', parameters: { type: 'object' }, strict: false }];
+    type Sent = Array<{ role: string; tool_calls?: Array<{ id: string }>; tool_call_id?: string }>;
+    const orphans = (sent: Sent) => {
+      const calls = new Set<string>();
+      return sent.filter((m) => {
+        for (const t of m.tool_calls ?? []) calls.add(t.id);
+        return m.role === 'tool' && !calls.has(m.tool_call_id ?? '');
+      });
+    };
+    // Two parallel calls, the first with large arguments: the part that fits starts between them.
+    const conversation = await client.conversations.create({
+      items: [
+        { type: 'message', role: 'user', content: 'go' },
+        { type: 'function_call', call_id: 'cA', name: 'lookup', arguments: JSON.stringify({ q: 'a'.repeat(700) }) },
+        { type: 'function_call', call_id: 'cB', name: 'lookup', arguments: '{}' },
+        { type: 'function_call_output', call_id: 'cA', output: 'b'.repeat(1600) },
+        { type: 'function_call_output', call_id: 'cB', output: 'b'.repeat(1600) },
+      ],
+    });
+    await client.responses.create({ model: GATEWAY_MODEL, conversation: conversation.id, input: 'next', tools, truncation: 'auto' });
+    const fromConversation = seen.at(-1)! as Sent;
+    assert.deepEqual(orphans(fromConversation), [], JSON.stringify(fromConversation).slice(0, 500));
+    assert.ok(fromConversation.some((m) => m.tool_call_id === 'cB'));
+    assert.ok(!fromConversation.some((m) => m.tool_call_id === 'cA'));
+
+    // A chain: the call in one response's output, its output in the next one's input.
+    const r2 = await client.responses.create({ model: GATEWAY_MODEL, input: `${'x'.repeat(2500)} call a tool`, tools });
+    assert.equal(r2.output[0]?.type, 'function_call');
+    const r3 = await client.responses.create({
+      model: GATEWAY_MODEL,
+      previous_response_id: r2.id,
+      input: [{ type: 'function_call_output', call_id: 'call_2', output: 'y'.repeat(1500) }],
+      tools,
+      truncation: 'auto',
+    });
+    await client.responses.create({ model: GATEWAY_MODEL, previous_response_id: r3.id, input: 'next', tools, truncation: 'auto' });
+    const fromChain = seen.at(-1)! as Sent;
+    assert.deepEqual(orphans(fromChain), [], JSON.stringify(fromChain).slice(0, 500));
+    assert.equal((fromChain.at(-1) as { content?: unknown }).content, 'next');
   });
 
   it('items named by reference count against the budget too', async () => {

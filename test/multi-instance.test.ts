@@ -704,11 +704,13 @@ describe('a cancel that the running instance never hears (no shared bus)', { tim
   const cleanup: Array<() => Promise<void>> = [];
   let A: Instance;
   let B: Instance;
+  let schemaUrl = '';
 
   before(async () => {
     const upstream = await fixture(slowUpstream(calls));
     cleanup.push(() => upstream.close());
     const schema = await pgSchema();
+    schemaUrl = schema.url;
     cleanup.push(() => schema.drop());
     const dir = tempDir('switchyard-lost-cancel-');
     cleanup.push(async () => rmSync(dir, { recursive: true, force: true }));
@@ -770,5 +772,33 @@ describe('a cancel that the running instance never hears (no shared bus)', { tim
       const billed = (r.json as { data: UsageRow[] }).data[0];
       assert.equal(billed?.output_tokens, stored!.usage!.output_tokens, 'billed what the stored response says');
     }, 5000);
+  });
+
+  it('a cancel of a response whose instance died bills what its last heartbeat saw', async () => {
+    const made = await fresh(B.url, 'POST', '/admin/keys', { key: ADMIN, body: { org: 'dead-cancel', name: 'k' } });
+    const { key, id: keyId } = made.json as WireKey & { key: string };
+    const tag = `dead-${randomBytes(4).toString('hex')}`;
+    const onA = new OpenAI({ apiKey: key, baseURL: `${A.url}/v1`, maxRetries: 0 });
+    const onB = new OpenAI({ apiKey: key, baseURL: `${B.url}/v1`, maxRetries: 0 });
+    const created = await onA.responses.create({ model: SLOW, input: `tag=${tag} chunks=1200`, background: true });
+    // A heartbeat has kept what the run used so far.
+    await eventually(async () => {
+      const db = new pg.Client({ connectionString: schemaUrl });
+      await db.connect();
+      try {
+        const r = await db.query<{ pending_usage: string | null }>('select pending_usage from responses where id = $1', [created.id]);
+        assert.ok(r.rows[0]?.pending_usage, 'no heartbeat yet');
+      } finally {
+        await db.end();
+      }
+    }, 5000);
+    await A.destroy();
+    // Nobody answers for it (B waits for an owner, then records the cancellation itself), billed.
+    const cancelled = await onB.responses.cancel(created.id);
+    assert.equal(cancelled.status, 'cancelled');
+    assert.ok((cancelled.usage?.output_tokens ?? 0) > 0, JSON.stringify(cancelled.usage));
+    const r = await fresh(B.url, 'GET', `/admin/usage?group_by=key&key=${keyId}`, { key: ADMIN });
+    const billed = (r.json as { data: UsageRow[] }).data[0];
+    assert.equal(billed?.output_tokens, cancelled.usage!.output_tokens, 'billed what the cancelled response says');
   });
 });

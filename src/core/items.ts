@@ -171,12 +171,24 @@ export async function parseItems(json: readonly string[]): Promise<Item[]> {
  * compaction summary, so that no call output or assistant reply is read without what led to it. A
  * part with neither (one long tool loop) starts at its first item that is not a call's output,
  * which upstreams refuse without its call; dropping it all would leave the calls the new input
- * answers behind, and the loop could never go on (a review found it).
+ * answers behind, and the loop could never go on (a review found it). No output is kept without its
+ * call (outside passes found both ways of cutting one off).
  */
 export function fromTurn(items: readonly Item[]): Item[] {
   let i = items.findIndex((it) => (it.type === 'message' && it.role === 'user') || it.type === 'compaction');
   if (i < 0) i = items.findIndex((it) => it.type !== 'function_call_output');
-  return i < 0 ? [] : items.slice(i);
+  if (i < 0) return [];
+  // An output whose call was left out (parallel calls cut between them, or a chain cut between a
+  // response's calls and the next one's outputs) goes too; after a compaction summary its calls are
+  // no longer items, so outputs there stay.
+  const calls = new Set<string>();
+  let compacted = false;
+  return items.slice(i).filter((it) => {
+    if (it.type === 'compaction') compacted = true;
+    else if (it.type === 'function_call') calls.add(it.call_id);
+    else if (it.type === 'function_call_output') return compacted || calls.has(it.call_id);
+    return true;
+  });
 }
 
 /**

@@ -604,6 +604,11 @@ export class KyselyStore implements Store {
     return rows.map((r) => ({ ...rowToListedResponse(r), pending_usage: r.pending_usage }));
   }
 
+  async pendingUsage(id: string): Promise<string | null> {
+    const row = await this.db.selectFrom('responses').select('pending_usage').where('id', '=', id).executeTakeFirst();
+    return row?.pending_usage ?? null;
+  }
+
   async touchResponses(ids: readonly string[], at: number, usage: ReadonlyMap<string, string>): Promise<void> {
     const plain = ids.filter((id) => !usage.has(id));
     if (plain.length) await this.db.updateTable('responses').set({ updated_at: at }).where('id', 'in', plain).execute();

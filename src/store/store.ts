@@ -264,6 +264,8 @@ export interface Store {
   findItems(orgId: string, ids: readonly string[], maxBytes: number): Promise<Map<string, string> | undefined>;
   /** Running responses whose owner stopped refreshing them before `before` (ms). */
   staleResponses(statuses: readonly string[], before: number): Promise<StaleResponse[]>;
+  /** The usage record (JSON) a running response's last heartbeat kept, if any. */
+  pendingUsage(id: string): Promise<string | null>;
   /**
    * Marks running responses as refreshed at `at`, and keeps with each response in `usage` the usage
    * record (JSON) its run would write if it stopped now.

@@ -60,8 +60,11 @@ export interface ResponsesFormat<Echo> {
   serialize(fold: ResponseFold): string;
   /** A stored response re-rendered as the events that made it, ending with its terminal event. */
   replay(stored: string): { events: ResponseEvent[]; finished: boolean };
-  /** The stored response with a terminal status core decided (cancelled elsewhere, abandoned by a dead process). */
-  end(stored: string, status: 'cancelled' | 'failed', error?: { code: string; message: string }): string;
+  /**
+   * The stored response with a terminal status core decided (cancelled elsewhere, abandoned by a
+   * dead process), and the usage billed for it where it has none yet.
+   */
+  end(stored: string, status: 'cancelled' | 'failed', error?: { code: string; message: string }, usage?: Usage): string;
   /** Whether an event ends the stream (it waits until the response and its usage are stored). */
   isTerminal(ev: ResponseEvent): boolean;
 }

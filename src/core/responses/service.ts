@@ -69,6 +69,24 @@ export interface ResponseServiceOptions {
   historyMaxBytes: number;
 }
 
+/**
+ * Writes the usage record a dead process's run left with its last heartbeat (see the heartbeat in
+ * `start`), and gives its usage as a response reports it; nothing without one.
+ */
+async function billAbandoned(store: Store, pending: string | null): Promise<Usage | undefined> {
+  if (pending === null) return undefined;
+  const record = JSON.parse(pending) as UsageRecord;
+  await store.insertUsage([record]);
+  return {
+    input: record.input_tokens,
+    cached: record.cached_tokens,
+    output: record.output_tokens,
+    reasoning: record.reasoning_tokens,
+    cost: record.cost,
+    estimated: true,
+  };
+}
+
 /** Responses still queued or running that nobody refreshed since `before` become failed. */
 export async function failAbandonedResponses<E>(
   store: Store,
@@ -83,15 +101,15 @@ export async function failAbandonedResponses<E>(
     // it to the next sweep). The record has the id its run would write at its end: a run that was
     // only slow and ends after all replaces it with its own (the store's insert), and one that has
     // already ended keeps its own.
-    if (r.pending_usage !== null) {
-      try {
-        await store.insertUsage([JSON.parse(r.pending_usage) as UsageRecord]);
-      } catch (err) {
-        log.error({ err, response_id: r.id }, 'billing an abandoned response failed');
-        continue;
-      }
+    let billed: Usage | undefined;
+    try {
+      billed = await billAbandoned(store, r.pending_usage);
+    } catch (err) {
+      log.error({ err, response_id: r.id }, 'billing an abandoned response failed');
+      continue;
     }
-    const body = format.end(r.body, 'failed', ABANDONED);
+    // With the usage it is billed for, as every failed response reports it.
+    const body = format.end(r.body, 'failed', ABANDONED, billed);
     if (await store.updateResponse(r.id, ['queued', 'in_progress'], { status: 'failed', body, updated_at: Date.now() })) {
       log.warn({ response_id: r.id }, 'marked an abandoned response as failed');
     }
@@ -415,7 +433,10 @@ export class ResponseService<Echo> {
     if (run) {
       run.abort.abort();
       await run.done;
-    } else if (!TERMINAL.includes(this.format.read(rec.body).status)) await this.stopElsewhere(id, rec);
+    } else if (!TERMINAL.includes(this.format.read(rec.body).status) && !(await this.stopElsewhere(id, rec))) {
+      // Abandoned: billed for what its last heartbeat saw before its row goes (as a cancel is).
+      await billAbandoned(this.store, await this.store.pendingUsage(id));
+    }
     await this.store.deleteResponse(id);
   }
 
@@ -446,8 +467,11 @@ export class ResponseService<Echo> {
     }
     // Running in another process: it stops, stores the response (cancelled, with what it made) and says so.
     if (await this.stopElsewhere(id, rec)) return this.format.read((await this.record(id, who)).body).resource;
-    // No owner answered (abandoned): record the cancellation; an owner that is only slow stops at its next heartbeat.
-    const body = this.format.end(rec.body, 'cancelled');
+    // No owner answered (abandoned): record the cancellation, billed for what its last heartbeat
+    // saw (a client could otherwise cancel a dead process's work out of its bill); an owner that is
+    // only slow stops at its next heartbeat, and its own record replaces that one.
+    const billed = await billAbandoned(this.store, await this.store.pendingUsage(id));
+    const body = this.format.end(rec.body, 'cancelled', undefined, billed);
     if (!(await this.store.updateResponse(id, ['queued', 'in_progress'], { status: 'cancelled', body, updated_at: Date.now() }))) {
       return this.format.read((await this.record(id, who)).body).resource;
     }
@@ -516,7 +540,8 @@ export class ResponseService<Echo> {
       bytes += Buffer.byteLength(input) + Buffer.byteLength(r.body);
       if (bytes > budget) {
         if (!auto) throw tooLong(`The chain of previous responses from '${previousResponseId}'`, 'previous_response_id');
-        return { items: chain.flat(), complete: false };
+        // Cut between responses, which may still part a response's calls from the next one's outputs.
+        return { items: fromTurn(chain.flat()), complete: false };
       }
       // A link is parsed whole (it was one request's input and one answer); the event loop runs
       // between links.

@@ -573,12 +573,14 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
     return { events, finished };
   },
 
-  end(stored, status, error) {
+  end(stored, status, error, usage) {
     const r = parseStored(stored);
     r.status = status;
     // Only a completed response has completed_at (a run that finished is then stored cancelled: see ResponseService).
     r.completed_at = null;
     if (error) r.error = error;
+    // The figures the ledger bills, as a failed or cancelled response's usage always is.
+    if (usage && (r.usage === null || r.usage === undefined)) r.usage = renderResponseUsage(usage) as ResponseObject['usage'];
     return JSON.stringify(r);
   },
 
