@@ -104,15 +104,19 @@ export async function listResponses(ctx: RouteContext, who: Principal, query: St
 }
 
 /**
- * The metrics' `model` label, set before the request can fail (a 429 at admission is counted under
- * its model); none for a model the caller cannot use, which is no series of its own.
+ * The metrics' `model` label of a request that failed before its model came back (a 429 at
+ * admission is counted under its model); none for a model the caller cannot use, which is no
+ * series of its own. Only on the failure path: an answered request's label is its resolved model.
  */
-function modelLabel(ctx: RouteContext, id: string, who: Principal): string | null {
-  try {
-    return ctx.metrics.modelLabel(ctx.pipeline.resolve(id, who));
-  } catch {
-    return null;
-  }
+function labelFailed(ctx: RouteContext, req: FastifyRequest, id: string): (err: unknown) => never {
+  return (err) => {
+    try {
+      req.metricsModel = ctx.metrics.modelLabel(ctx.pipeline.resolve(id, req.principal!));
+    } catch {
+      // not a model this caller can use
+    }
+    throw err;
+  };
 }
 
 /** The Responses API: create (inline, streamed or in the background), list, read, replay, cancel, delete. */
@@ -122,8 +126,10 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
   app.post('/v1/responses', { onRequest: ctx.requireKey, schema: { body: ResponsesRequestSchema } }, async (req, reply) => {
     const gone = abortOnClientGone(reply);
     const body = decodeResponsesRequest(req.body);
-    req.metricsModel = modelLabel(ctx, body.model, req.principal!);
-    const { run, firstEvents, headers } = await responses.create(body, req.principal!, { id: req.id, started: req.startedAt });
+    const { run, firstEvents, model, headers } = await responses
+      .create(body, req.principal!, { id: req.id, started: req.startedAt })
+      .catch(labelFailed(ctx, req, body.model));
+    req.metricsModel = ctx.metrics.modelLabel(model);
     reply.headers(headers);
     if (body.stream) {
       // A foreground stream stops when its client leaves; a background one carries on.
@@ -147,11 +153,10 @@ export function registerResponseRoutes(app: App, ctx: RouteContext): void {
   // Condenses a context into the user's messages and a sealed summary (Open Responses' compaction).
   app.post('/v1/responses/compact', { onRequest: ctx.requireKey, schema: { body: CompactRequestSchema } }, async (req, reply) => {
     const body = decodeCompactRequest(req.body);
-    req.metricsModel = modelLabel(ctx, body.model, req.principal!);
-    const { compaction, headers } = await responses.compact(body, req.principal!, {
-      id: req.id,
-      started: req.startedAt,
-    });
+    const { compaction, model, headers } = await responses
+      .compact(body, req.principal!, { id: req.id, started: req.startedAt })
+      .catch(labelFailed(ctx, req, body.model));
+    req.metricsModel = ctx.metrics.modelLabel(model);
     reply.headers(headers);
     return compactionObject(compaction);
   });

@@ -1,3 +1,4 @@
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import { ApiError } from './errors.js';
 import type { ContentPart, Message, MessagePhase, ToolCall } from './canonical.js';
 
@@ -158,7 +159,7 @@ export async function parseItems(json: readonly string[]): Promise<Item[]> {
   for (const j of json) {
     if (since > PARSE_SLICE_BYTES) {
       since = 0;
-      await new Promise<void>((resolve) => setImmediate(resolve));
+      await nextTurn();
     }
     since += j.length;
     out.push(JSON.parse(j) as Item);

@@ -1,6 +1,17 @@
 import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
-import { Kysely, Migrator, PostgresDialect, sql, type RawBuilder, type Selectable, type SqlBool } from 'kysely';
+import {
+  Kysely,
+  Migrator,
+  PostgresDialect,
+  sql,
+  type OnConflictTables,
+  type OnConflictUpdateDatabase,
+  type RawBuilder,
+  type Selectable,
+  type SqlBool,
+  type UpdateObject,
+} from 'kysely';
 import SqliteDatabase from 'better-sqlite3';
 import pg from 'pg';
 import { migrationProvider } from './migrations.js';
@@ -184,6 +195,12 @@ const USAGE_COLUMNS: ReadonlyArray<keyof UsageRecord> = [
   'status',
   'error_code',
 ];
+/** What `doUpdateSet` takes for usage_records (the row written, or `excluded`: the one that conflicted). */
+type UsageUpsert = UpdateObject<
+  OnConflictUpdateDatabase<Database, 'usage_records'>,
+  OnConflictTables<'usage_records'>,
+  OnConflictTables<'usage_records'>
+>;
 /**
  * A record already there under the same id is kept (a batch written again after a failure), unless
  * it is the snapshot an abandoned response was billed from (failAbandonedResponses: estimated, 500):
@@ -918,10 +935,11 @@ export class KyselyStore implements Store {
         oc
           .column('id')
           .doUpdateSet((eb) => {
+            // Every column but the id, from the row that conflicted: the list's columns are the
+            // table's (USAGE_COLUMNS is keyed by UsageRecord), which the keys built here lose.
             const set: Record<string, unknown> = {};
             for (const c of USAGE_COLUMNS) if (c !== 'id') set[c] = eb.ref(`excluded.${c}`);
-            // Every column but the id, from the row that conflicted (typed per column, built from the list).
-            return set as never;
+            return set as UsageUpsert;
           })
           .where(sql<SqlBool>`${sql.raw(SNAPSHOT_ROW)}`),
       )

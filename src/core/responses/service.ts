@@ -1,3 +1,4 @@
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { ApiError } from '../errors.js';
 import { Cancellation } from '../cancellation.js';
@@ -545,7 +546,7 @@ export class ResponseService<Echo> {
       }
       // A link is parsed whole (it was one request's input and one answer); the event loop runs
       // between links.
-      if (n > 0) await new Promise<void>((resolve) => setImmediate(resolve));
+      if (n > 0) await nextTurn();
       chain.unshift([...(JSON.parse(input) as Item[]), ...this.format.read(r.body).output]);
       id = r.previous_response_id;
     }
@@ -627,9 +628,9 @@ export class ResponseService<Echo> {
         conv.id,
         added.map((i) => i.id),
       );
-      const referenced = new Set(body.input.flatMap((i) => (i.type === 'item_reference' ? [i.id] : [])));
       for (const id of older) there.add(id);
-      added = added.filter((i) => !(there.has(i.id) && referenced.has(i.id) && known.get(i.id) === i));
+      // A referenced item is the stored one itself (`known`); an item the request brings is new.
+      added = added.filter((i) => !(there.has(i.id) && known.get(i.id) === i));
     }
     if (conv) checkNewItemIds(added, there, () => 'input');
     /** The items this request brings, to be findable later (not those it refers to). */

@@ -133,7 +133,7 @@ class SchemaWorker {
         else {
           cur.p.tries++;
           this.queue(cur.p, true);
-          // Its scope had the turn: it keeps it.
+          // Not passed over for having had the turn it lost.
           this.lastScope = undefined;
         }
       }
