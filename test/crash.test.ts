@@ -144,7 +144,7 @@ describe('kill -9 during a background response', () => {
   const c = closers();
   after(() => c.closeAll());
 
-  it('fails it at the restart and bills what its last heartbeat saw', async () => {
+  it('fails it at the restart and bills what its last heartbeat saw, or quarantines a record the database refuses', async () => {
     // An upstream that streams a word every 50 ms until its client goes.
     const upstream = c.keep(
       await fixture((req, res) => {
@@ -239,6 +239,49 @@ describe('kill -9 during a background response', () => {
       assert.equal(body.usage?.estimated, true);
     } finally {
       d.close();
+    }
+
+    // A kept record the database refuses (here made negative after the kill) is quarantined, and the
+    // response is failed all the same: it was retried on every sweep and never marked.
+    const second = await request(`${proc.url}/v1/responses`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'qwen/slow-stream', input: 'Another long story.', background: true, max_output_tokens: 50_000 }),
+    });
+    const secondId = ((await second.body.json()) as { id: string }).id;
+    const secondRequest = String(second.headers['x-request-id']);
+    await eventually(() => {
+      const dd = db();
+      try {
+        const row = dd.prepare('select pending_usage from responses where id = ?').get(secondId) as { pending_usage: string | null };
+        assert.ok(row.pending_usage, 'no usage kept yet');
+      } finally {
+        dd.close();
+      }
+    });
+    proc.child.kill('SIGKILL');
+    await proc.exited;
+    const w = new Database(join(dir, 'switchyard.db'));
+    try {
+      w.prepare(`update responses set pending_usage = json_set(pending_usage, '$.output_tokens', -5) where id = ?`).run(secondId);
+    } finally {
+      w.close();
+    }
+    proc = await startProcess(env);
+    const failed = (await (
+      await request(`${proc.url}/v1/responses/${secondId}`, { headers: { authorization: `Bearer ${ADMIN}` } })
+    ).body.json()) as { status: string; usage: unknown };
+    assert.equal(failed.status, 'failed');
+    assert.equal(failed.usage, null);
+    const dq = db();
+    try {
+      assert.equal((dq.prepare('select count(*) as n from usage_records where request_id = ?').get(secondRequest) as { n: number }).n, 0);
+      const q = dq.prepare('select record, error from usage_quarantine').all() as Array<{ record: string; error: string }>;
+      const mine = q.filter((row) => row.record.includes(secondRequest));
+      assert.equal(mine.length, 1, JSON.stringify(q));
+      assert.match(mine[0]!.error, /output_tokens is -5/);
+    } finally {
+      dq.close();
     }
   });
 });

@@ -172,6 +172,53 @@ describe('stored history past the byte budget', () => {
     assert.match(reused.message, /already in this conversation/);
   });
 
+  it("a cut keeps the conversation's developer prompt, and an older item's id names this conversation's item", async () => {
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    // Item ids are unique within a conversation only: another one holds the same id.
+    const other = await client.conversations.create({
+      items: [{ type: 'message', id: 'msg_shared', role: 'user', content: 'CONTENT-OF-OTHER' } as OpenAI.Responses.ResponseInputItem],
+    });
+    const items: OpenAI.Responses.ResponseInputItem[] = [
+      { type: 'message', role: 'developer', content: 'Always answer in French.' },
+      { type: 'message', id: 'msg_shared', role: 'user', content: 'CONTENT-OF-THIS' } as OpenAI.Responses.ResponseInputItem,
+      { type: 'message', role: 'assistant', content: 'Noted.' },
+    ];
+    // Eight turns more (a conversation is created with at most 20 items): past the 4 KB budget.
+    for (let i = 0; i < 8; i++)
+      items.push({ type: 'message', role: 'user', content: filler(i) }, { type: 'message', role: 'assistant', content: `answer ${i}` });
+    const conversation = await client.conversations.create({ items });
+
+    const r = await client.responses.create({ model: GATEWAY_MODEL, conversation: conversation.id, input: 'And now?', truncation: 'auto' });
+    assert.equal(r.status, 'completed');
+    let sent = seen.at(-1)!;
+    assert.ok(!sent.some((m) => String(m.content).startsWith('turn 0:')), 'the oldest turns are left out');
+    assert.equal(sent.filter((m) => m.content === 'Always answer in French.').length, 1, JSON.stringify(sent.map((m) => m.role)));
+    assert.ok(!sent.some((m) => m.content === 'CONTENT-OF-THIS'));
+
+    const again = await client.responses.create({
+      model: GATEWAY_MODEL,
+      conversation: conversation.id,
+      input: [{ type: 'item_reference', id: 'msg_shared' }],
+      truncation: 'auto',
+    });
+    assert.equal(again.status, 'completed');
+    sent = seen.at(-1)!;
+    assert.ok(
+      sent.some((m) => m.content === 'CONTENT-OF-THIS'),
+      JSON.stringify(sent.map((m) => m.content)),
+    );
+    assert.ok(!sent.some((m) => m.content === 'CONTENT-OF-OTHER'));
+    const inputs = await client.responses.inputItems.list(again.id);
+    assert.deepEqual(
+      inputs.data.map((i) => (i as { content?: Array<{ text?: string }> }).content?.[0]?.text),
+      ['CONTENT-OF-THIS'],
+    );
+    // Outside any conversation, the id still names an item the organization stored.
+    const elsewhere = await client.responses.create({ model: GATEWAY_MODEL, input: [{ type: 'item_reference', id: 'msg_shared' }] });
+    assert.equal(elsewhere.status, 'completed');
+    assert.ok(other.id);
+  });
+
   it('a chain of previous responses: 400 naming previous_response_id, or its newest responses with truncation auto', async () => {
     const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
     let previous: string | null = null;

@@ -89,6 +89,10 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.deepEqual(await recent('conv_items', 7), { items: ['{"c":1}'], complete: true });
       assert.deepEqual(await recent('conv_items', 6), { items: [], complete: false });
       assert.deepEqual(await recent('conv_none', 6), { items: [], complete: true });
+      // Its first items within a count and a byte budget (each of these is 7 to 10 bytes).
+      assert.deepEqual(await store.openingConversationItems('conv_many', 3, 1e9), ['{"i":0}', '{"i":1}', '{"i":2}']);
+      assert.deepEqual(await store.openingConversationItems('conv_many', 3, 15), ['{"i":0}', '{"i":1}']);
+      assert.deepEqual(await store.openingConversationItems('conv_many', 3, 6), []);
       // Read a megabyte or so a statement, in order across statements.
       await store.createConversation({ id: 'conv_pages', org_id: 'org_a', created_at: 1, created_ms: 1003, metadata: '{}' });
       const pages = Array.from({ length: 5 }, (_, i) => ({ id: `msg_p${i}`, json: JSON.stringify(`${i}${'p'.repeat(400_000)}`) }));
@@ -132,6 +136,18 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.ok(await store.deleteResponse('resp_items'));
       assert.deepEqual([...(await find('org_a', ['msg_1', 'msg_2', 'msg_c'])).keys()], ['msg_c']);
       assert.equal((await find('org_b', ['msg_2'])).get('msg_2'), '{"id":"msg_2","b":true}');
+      // An id a conversation holds names its own item there, before a stored response's or another
+      // conversation's with the same id (ids are unique per conversation only).
+      await store.createConversation({ id: 'conv_dup', org_id: 'org_a', created_at: 1, created_ms: 1004, metadata: '{}' });
+      await store.appendConversationItems('conv_dup', [{ id: 'msg_c', json: '{"dup":1}' }], 1);
+      await store.saveResponseItems('org_a', 'resp_dup', [item({ id: 'msg_d', v: 5 })], 1);
+      await store.appendConversationItems('conv_dup', [{ id: 'msg_d', json: '{"dup":2}' }], 1);
+      assert.deepEqual(Object.fromEntries(await find('org_a', ['msg_c', 'msg_d'])), { msg_c: '{"c":1}', msg_d: '{"id":"msg_d","v":5}' });
+      assert.deepEqual(Object.fromEntries((await store.findItems('org_a', ['msg_c', 'msg_d', 'msg_none'], 1e9, 'conv_dup'))!), {
+        msg_c: '{"dup":1}',
+        msg_d: '{"dup":2}',
+      });
+      assert.deepEqual(Object.fromEntries((await store.findItems('org_a', ['msg_c'], 1e9, 'conv_items'))!), { msg_c: '{"c":1}' });
     });
 
     it("replaces an abandoned response's snapshot with its run's own record, and keeps any other record under the same id", async () => {

@@ -173,24 +173,37 @@ export async function parseItems(json: readonly string[]): Promise<Item[]> {
  * part with neither (one long tool loop) starts at its first item that is not a call's output,
  * which upstreams refuse without its call; dropping it all would leave the calls the new input
  * answers behind, and the loop could never go on (a review found it). No output is kept without its
- * call (outside passes found both ways of cutting one off).
+ * call (outside passes found both ways of cutting one off). System and developer messages before
+ * the cut stay, as `truncation: "auto"` keeps them when it cuts to the context (a review found a
+ * conversation's opening developer prompt dropped).
  */
 export function fromTurn(items: readonly Item[]): Item[] {
   let i = items.findIndex((it) => (it.type === 'message' && it.role === 'user') || it.type === 'compaction');
-  if (i < 0) i = items.findIndex((it) => it.type !== 'function_call_output');
-  if (i < 0) return [];
+  if (i < 0) i = items.findIndex((it) => it.type !== 'function_call_output' && !isInstruction(it));
+  if (i < 0) return items.filter(isInstruction);
   // An output whose call was left out (parallel calls cut between them, or a chain cut between a
   // response's calls and the next one's outputs) goes too; after a compaction summary its calls are
   // no longer items, so outputs there stay.
   const calls = new Set<string>();
   let compacted = false;
-  return items.slice(i).filter((it) => {
+  const kept = items.slice(i).filter((it) => {
     if (it.type === 'compaction') compacted = true;
     else if (it.type === 'function_call') calls.add(it.call_id);
     else if (it.type === 'function_call_output') return compacted || calls.has(it.call_id);
     return true;
   });
+  const instructions = items.slice(0, i).filter(isInstruction);
+  return instructions.length === 0 ? kept : [...instructions, ...kept];
 }
+
+/** The system and developer messages a conversation opens with (those before its first other item). */
+export function openingInstructions(items: readonly Item[]): Item[] {
+  const end = items.findIndex((it) => !isInstruction(it));
+  return end < 0 ? [...items] : items.slice(0, end);
+}
+
+/** A system or developer message: what the model is told, rather than a turn. */
+const isInstruction = (it: Item): boolean => it.type === 'message' && (it.role === 'system' || it.role === 'developer');
 
 /**
  * Each function call output in `input` answers a function call made before it (in the history, a

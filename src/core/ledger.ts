@@ -87,6 +87,28 @@ function quarantined(r: UsageRecord, error: string): QuarantinedUsage {
   return { id: String(r.id), at: Date.now(), record, error: error.slice(0, 2000) };
 }
 
+/**
+ * Writes one record outside the ledger's queue (an abandoned response's, billed by whoever finds
+ * it): a record the database refuses for what it holds is set aside in the quarantine, as the
+ * ledger does, rather than refused on every try: false. Other failures (busy, down) are thrown, to
+ * be tried again. `raw` is the record as it was kept (what is quarantined when it is not a record).
+ */
+export async function writeOrQuarantine(store: Store, r: UsageRecord | undefined, id: string, raw: string): Promise<boolean> {
+  const bad = typeof r !== 'object' || r === null ? 'not a usage record' : malformed(r);
+  if (typeof r !== 'object' || r === null || bad !== undefined) {
+    await store.quarantineUsage([{ id, at: Date.now(), record: raw.slice(0, 100_000), error: bad ?? 'not a usage record' }]);
+    return false;
+  }
+  try {
+    await store.insertUsage([r]);
+    return true;
+  } catch (err) {
+    if (!store.isDataError(err)) throw err;
+    await store.quarantineUsage([quarantined(r, (err as Error).message)]);
+    return false;
+  }
+}
+
 /** A generation being metered, as the ledger sees it. */
 export interface OpenMeter {
   /** The server is stopping it (a shutdown timeout): whatever ends it, its record says so. */

@@ -566,37 +566,59 @@ export class KyselyStore implements Store {
     }
   }
 
-  async findItems(orgId: string, ids: readonly string[], maxBytes: number): Promise<Map<string, string> | undefined> {
+  async findItems(
+    orgId: string,
+    ids: readonly string[],
+    maxBytes: number,
+    conversationId?: string,
+  ): Promise<Map<string, string> | undefined> {
     const unique = [...new Set(ids)];
     // Sizes first (octet_length reads neither SQLite's overflow pages nor PostgreSQL's TOAST): the
     // items named may be far more than a request may read, and reading them is the cost.
     let total = 0;
-    for (const bytes of (await this.resolveItems(orgId, unique, sql<number>`octet_length(item)`)).values()) {
+    for (const bytes of (await this.resolveItems(orgId, unique, sql<number>`octet_length(item)`, conversationId)).values()) {
       total += Number(bytes);
       if (total > maxBytes) return undefined;
     }
     const items = new Map<string, string>();
-    for (const [id, item] of await this.resolveItems(orgId, unique, sql<string>`item`)) items.set(id, String(item));
+    for (const [id, item] of await this.resolveItems(orgId, unique, sql<string>`item`, conversationId)) items.set(id, String(item));
     return items;
   }
 
   /**
-   * `what` of the item each id names for the organization: a stored response's item, else the
-   * newest conversation item with that id; in slices of ids, the event loop running between them.
+   * `what` of the item each id names for the organization: the given conversation's own item, else
+   * a stored response's, else the newest conversation item with that id; in slices of ids, the
+   * event loop running between them.
    */
-  private async resolveItems(orgId: string, unique: readonly string[], what: RawBuilder<unknown>): Promise<Map<string, unknown>> {
+  private async resolveItems(
+    orgId: string,
+    unique: readonly string[],
+    what: RawBuilder<unknown>,
+    conversationId: string | undefined,
+  ): Promise<Map<string, unknown>> {
     const found = new Map<string, unknown>();
     for (let n = 0; n < unique.length; n += ID_SLICE) {
       if (n > 0) await nextTurn();
       const slice = unique.slice(n, n + ID_SLICE);
+      if (conversationId !== undefined) {
+        const own = await this.db
+          .selectFrom('conversation_items')
+          .select(['id', what.as('v')])
+          .where('conversation_id', '=', conversationId)
+          .where('id', 'in', slice)
+          .execute();
+        for (const r of own) found.set(r.id, r.v);
+      }
+      const unowned = found.size === 0 ? slice : slice.filter((id) => !found.has(id));
+      if (unowned.length === 0) continue;
       const stored = await this.db
         .selectFrom('stored_items')
         .select(['id', what.as('v')])
         .where('org_id', '=', orgId)
-        .where('id', 'in', slice)
+        .where('id', 'in', unowned)
         .execute();
       for (const r of stored) found.set(r.id, r.v);
-      const rest = slice.filter((id) => !found.has(id));
+      const rest = unowned.filter((id) => !found.has(id));
       if (rest.length === 0) continue;
       const inConversations = await this.db
         .selectFrom('conversation_items')
@@ -731,7 +753,12 @@ export class KyselyStore implements Store {
     let complete = true;
     sizes: for (let before = Number.POSITIVE_INFINITY; ;) {
       let q = this.db.selectFrom('conversation_items').select(['seq', 'bytes']).where('conversation_id', '=', conversationId);
-      if (before !== Number.POSITIVE_INFINITY) q = q.where('seq', '<', before);
+      // A page at a time with a turn of the event loop between pages (a conversation of many small
+      // items was scanned in one turn).
+      if (before !== Number.POSITIVE_INFINITY) {
+        await nextTurn();
+        q = q.where('seq', '<', before);
+      }
       const rows = await q.orderBy('seq', 'desc').limit(SIZE_PAGE).execute();
       const unsized = await this.sizesOfUnsized(conversationId, rows);
       for (const r of rows) {
@@ -766,6 +793,33 @@ export class KyselyStore implements Store {
       end = start - 1;
     }
     return { items, complete };
+  }
+
+  async openingConversationItems(conversationId: string, maxItems: number, maxBytes: number): Promise<string[]> {
+    const rows = await this.db
+      .selectFrom('conversation_items')
+      .select(['seq', 'bytes'])
+      .where('conversation_id', '=', conversationId)
+      .orderBy('seq')
+      .limit(maxItems)
+      .execute();
+    const unsized = await this.sizesOfUnsized(conversationId, rows);
+    let total = 0;
+    let last: number | undefined;
+    for (const r of rows) {
+      total += unsized?.get(Number(r.seq)) ?? Number(r.bytes);
+      if (total > maxBytes) break;
+      last = Number(r.seq);
+    }
+    if (last === undefined) return [];
+    const items = await this.db
+      .selectFrom('conversation_items')
+      .select('item')
+      .where('conversation_id', '=', conversationId)
+      .where('seq', '<=', last)
+      .orderBy('seq')
+      .execute();
+    return items.map((r) => r.item);
   }
 
   /**

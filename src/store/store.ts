@@ -260,8 +260,10 @@ export interface Store {
   /**
    * Items with these ids the organization stored, in responses or conversations (JSON text by id);
    * undefined, with nothing read but their sizes, when they hold more than `maxBytes` between them.
+   * With `conversationId` (one of the organization's), that conversation's own item comes first for
+   * an id it holds: item ids are unique within a conversation, not across them.
    */
-  findItems(orgId: string, ids: readonly string[], maxBytes: number): Promise<Map<string, string> | undefined>;
+  findItems(orgId: string, ids: readonly string[], maxBytes: number, conversationId?: string): Promise<Map<string, string> | undefined>;
   /** Running responses whose owner stopped refreshing them before `before` (ms). */
   staleResponses(statuses: readonly string[], before: number): Promise<StaleResponse[]>;
   /** The usage record (JSON) a running response's last heartbeat kept, if any. */
@@ -294,6 +296,12 @@ export interface Store {
    * is read at all. Only the items returned are read.
    */
   recentConversationItems(conversationId: string, maxBytes: number, partial: boolean): Promise<RecentItems>;
+  /**
+   * The conversation's oldest items, at most `maxItems` whose JSON together takes at most
+   * `maxBytes`, oldest first: where a conversation that is read in part keeps its opening
+   * instructions from.
+   */
+  openingConversationItems(conversationId: string, maxItems: number, maxBytes: number): Promise<string[]>;
   getConversationItem(conversationId: string, itemId: string): Promise<string | undefined>;
   /** Which of these item ids the conversation already holds (ids are unique per conversation). */
   conversationItemsIn(conversationId: string, itemIds: readonly string[]): Promise<string[]>;

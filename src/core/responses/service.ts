@@ -4,7 +4,7 @@ import { ApiError } from '../errors.js';
 import { Cancellation } from '../cancellation.js';
 import type { Principal } from '../principal.js';
 import type { ConversationRecord, ListedResponse, Store, UsageRecord } from '../../store/store.js';
-import { costOf } from '../ledger.js';
+import { costOf, writeOrQuarantine } from '../ledger.js';
 import { generationRequest, newTally, tallyUsage, type GenerationRequest, type Message, type Usage } from '../canonical.js';
 import {
   checkNewItemIds,
@@ -12,6 +12,7 @@ import {
   checkUniqueInputIds,
   firstImage,
   fromTurn,
+  openingInstructions,
   parseItems,
   inputField,
   itemsToMessages,
@@ -44,6 +45,8 @@ import type { ConnectionResponses } from './connection-state.js';
 
 const HEARTBEAT_MS = 10_000;
 const MAX_CHAIN = 1000;
+/** How many of a conversation's first items are looked at for its opening instructions, when it is read in part. */
+const OPENING_ITEMS = 8;
 /** How long a process waits for a response's owner to answer over the bus before it reads the store instead. */
 const OWNER_ANSWER_MS = 1000;
 /** How long a cancel waits for the owner to stop and store the response. */
@@ -72,12 +75,19 @@ export interface ResponseServiceOptions {
 
 /**
  * Writes the usage record a dead process's run left with its last heartbeat (see the heartbeat in
- * `start`), and gives its usage as a response reports it; nothing without one.
+ * `start`), and gives its usage as a response reports it; nothing without one. A record the
+ * database refuses is quarantined (a review found such a response retried on every sweep, never
+ * marked), and its response reports no usage.
  */
-async function billAbandoned(store: Store, pending: string | null): Promise<Usage | undefined> {
+async function billAbandoned(store: Store, responseId: string, pending: string | null): Promise<Usage | undefined> {
   if (pending === null) return undefined;
-  const record = JSON.parse(pending) as UsageRecord;
-  await store.insertUsage([record]);
+  let record: UsageRecord | undefined;
+  try {
+    record = JSON.parse(pending) as UsageRecord;
+  } catch {
+    record = undefined;
+  }
+  if (!(await writeOrQuarantine(store, record, `pending:${responseId}`, pending)) || record === undefined) return undefined;
   return {
     input: record.input_tokens,
     cached: record.cached_tokens,
@@ -104,7 +114,7 @@ export async function failAbandonedResponses<E>(
     // already ended keeps its own.
     let billed: Usage | undefined;
     try {
-      billed = await billAbandoned(store, r.pending_usage);
+      billed = await billAbandoned(store, r.id, r.pending_usage);
     } catch (err) {
       log.error({ err, response_id: r.id }, 'billing an abandoned response failed');
       continue;
@@ -436,7 +446,7 @@ export class ResponseService<Echo> {
       await run.done;
     } else if (!TERMINAL.includes(this.format.read(rec.body).status) && !(await this.stopElsewhere(id, rec))) {
       // Abandoned: billed for what its last heartbeat saw before its row goes (as a cancel is).
-      await billAbandoned(this.store, await this.store.pendingUsage(id));
+      await billAbandoned(this.store, id, await this.store.pendingUsage(id));
     }
     await this.store.deleteResponse(id);
   }
@@ -471,7 +481,7 @@ export class ResponseService<Echo> {
     // No owner answered (abandoned): record the cancellation, billed for what its last heartbeat
     // saw (a client could otherwise cancel a dead process's work out of its bill); an owner that is
     // only slow stops at its next heartbeat, and its own record replaces that one.
-    const billed = await billAbandoned(this.store, await this.store.pendingUsage(id));
+    const billed = await billAbandoned(this.store, id, await this.store.pendingUsage(id));
     const body = this.format.end(rec.body, 'cancelled', undefined, billed);
     if (!(await this.store.updateResponse(id, ['queued', 'in_progress'], { status: 'cancelled', body, updated_at: Date.now() }))) {
       return this.format.read((await this.record(id, who)).body).resource;
@@ -514,7 +524,16 @@ export class ResponseService<Echo> {
       const recent = await this.store.recentConversationItems(conv.id, budget, auto);
       if (!recent.complete && !auto) throw tooLong(`The conversation '${conv.id}'`, 'conversation');
       const items = await parseItems(recent.items);
-      return { items: recent.complete ? items : fromTurn(items), complete: recent.complete };
+      if (recent.complete) return { items, complete: true };
+      // Cut short: its newest turns, after the system and developer messages it opened with (an
+      // opening developer prompt was lost; "auto" drops the middle of a conversation, not its
+      // instructions). Those are read within an eighth of the budget, from its first few items.
+      const kept = fromTurn(items);
+      const opening = openingInstructions(
+        await parseItems(await this.store.openingConversationItems(conv.id, OPENING_ITEMS, Math.floor(budget / 8))),
+      );
+      const ids = new Set(kept.map((i) => i.id));
+      return { items: [...opening.filter((i) => !ids.has(i.id)), ...kept], complete: false };
     }
     const previousResponseId = body.previousResponseId;
     const kept = previousResponseId === null ? undefined : local?.get(previousResponseId);
@@ -597,7 +616,9 @@ export class ResponseService<Echo> {
       // Stored items named by reference are read whole, copied into this response's input (and its
       // conversation), and sent to the model: within the history's budget, apart from the history,
       // their sizes read first (a hostile pass's 732-byte request named 96 MB of items).
-      const found = await this.store.findItems(who.orgId, elsewhere, this.opts.historyMaxBytes);
+      // The conversation's own items first: an older one left out of what was read (truncation
+      // "auto") is the one its id names here, not another conversation's item with the same id.
+      const found = await this.store.findItems(who.orgId, elsewhere, this.opts.historyMaxBytes, conv?.id);
       if (!found)
         throw new ApiError(
           'context_length_exceeded',
