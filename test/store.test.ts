@@ -171,6 +171,31 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.equal((await totals('org_snap'))?.output_tokens, 5000);
     });
 
+    it("keeps each running response's heartbeat: its time, and its own usage record, across statements", async () => {
+      const running = Array.from({ length: 450 }, (_, i) => `resp_beat${i}`);
+      for (const id of running)
+        await store.createResponse({
+          id,
+          org_id: 'org_beat',
+          status: 'in_progress',
+          background: true,
+          conversation_id: null,
+          previous_response_id: null,
+          created_at: 1,
+          created_ms: 1000,
+          updated_at: 1,
+          body: '{}',
+          input_items: '[]',
+        });
+      // Every other one has a record (more than one statement's slice of them); the rest are touched only.
+      const usage = new Map(running.filter((_, i) => i % 2 === 0).map((id) => [id, JSON.stringify({ id: `usage_${id}`, n: id.length })]));
+      await store.touchResponses(running, 5_000, usage);
+      for (const id of running) assert.equal(await store.pendingUsage(id), usage.get(id) ?? null, id);
+      const stale = await store.staleResponses(['in_progress'], 4_000);
+      assert.equal(stale.filter((r) => r.org_id === 'org_beat').length, 0, 'every one was touched');
+      assert.equal((await store.staleResponses(['in_progress'], 6_000)).filter((r) => r.org_id === 'org_beat').length, 450);
+    });
+
     it('stores chat completions per organization: metadata filters, update, cursor order with equal times, delete', async () => {
       const cc = (id: string, org: string, stored_at: number, metadata: Record<string, string>, model = 'm/a') => ({
         id,

@@ -170,6 +170,8 @@ const INT8_OID = 20;
  * 18 KB to the WAL, so at a thousand commits a second it holds a few MB between checkpoints.
  */
 const WAL_CHECKPOINT_MS = 250;
+/** Running responses whose heartbeat records one statement writes (three parameters each). */
+const HEARTBEAT_SLICE = 200;
 const WAL_SIZE_LIMIT = 32 * 1024 * 1024;
 
 const USAGE_COLUMNS: ReadonlyArray<keyof UsageRecord> = [
@@ -651,11 +653,27 @@ export class KyselyStore implements Store {
   async touchResponses(ids: readonly string[], at: number, usage: ReadonlyMap<string, string>): Promise<void> {
     const plain = ids.filter((id) => !usage.has(id));
     if (plain.length) await this.db.updateTable('responses').set({ updated_at: at }).where('id', 'in', plain).execute();
-    if (usage.size)
-      await this.db.transaction().execute(async (tx) => {
-        for (const [id, record] of usage)
-          await tx.updateTable('responses').set({ updated_at: at, pending_usage: record }).where('id', '=', id).execute();
-      });
+    // Each running response's own record, a slice of them per statement (`case id when … then …`),
+    // the event loop running between slices: a statement per response held the event loop (or a
+    // pooled connection) for as many statements as there were running responses (a review).
+    const entries = [...usage];
+    for (let n = 0; n < entries.length; n += HEARTBEAT_SLICE) {
+      if (n > 0) await nextTurn();
+      const slice = entries.slice(n, n + HEARTBEAT_SLICE);
+      const cases = sql.join(
+        slice.map(([id, record]) => sql`when ${id} then ${record}`),
+        sql` `,
+      );
+      await this.db
+        .updateTable('responses')
+        .set({ updated_at: at, pending_usage: sql<string>`case id ${cases} end` })
+        .where(
+          'id',
+          'in',
+          slice.map(([id]) => id),
+        )
+        .execute();
+    }
   }
 
   async createConversation(c: ConversationRecord): Promise<void> {
