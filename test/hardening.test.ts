@@ -60,6 +60,51 @@ describe('hardening', () => {
     assert.ok(loop.max / 1e6 < 500, `the event loop was held for ${(loop.max / 1e6).toFixed(0)} ms`);
   });
 
+  it('reads a Messages turn of 60,000 tool calls and results in linear time, and names a few of its unanswered ones', async () => {
+    const s = keep(await startServer());
+    const n = 60_000;
+    const uses = Array.from({ length: n }, (_, i) => ({ type: 'tool_use', id: `toolu_${i}`, name: 'f', input: {} }));
+    const results = Array.from({ length: n }, (_, i) => ({ type: 'tool_result', tool_use_id: `toolu_${i}`, content: 'ok' }));
+    const tools = [{ name: 'f', input_schema: { type: 'object' } }];
+    const body = JSON.stringify({
+      model: 'local/stories260k',
+      max_tokens: 1,
+      tools,
+      messages: [
+        { role: 'user', content: 'go' },
+        { role: 'assistant', content: uses },
+        { role: 'user', content: results },
+      ],
+    });
+    const loop = monitorEventLoopDelay({ resolution: 5 });
+    loop.enable();
+    const r = await http(s.url, 'POST', '/v1/messages', { key: s.adminKey, body: JSON.parse(body) as Record<string, unknown> });
+    loop.disable();
+    // Read whole (the prompt is then far past the tiny model's context): each id was looked for among
+    // every call before it, 10 s of held event loop for this 7 MB body, 40 s for 14 MB.
+    assert.equal(r.status, 400, r.text);
+    assert.equal(r.json.error.type, 'invalid_request_error');
+    assert.match(r.json.error.message, /maximum context length/);
+    assert.ok(loop.max / 1e6 < 3000, `the event loop was held for ${(loop.max / 1e6).toFixed(0)} ms`);
+
+    const unanswered = await http(s.url, 'POST', '/v1/messages', {
+      key: s.adminKey,
+      body: {
+        model: 'local/stories260k',
+        max_tokens: 1,
+        tools,
+        messages: [
+          { role: 'user', content: 'go' },
+          { role: 'assistant', content: uses.slice(0, 20_000) },
+          { role: 'user', content: 'and?' },
+        ],
+      },
+    });
+    assert.equal(unanswered.status, 400);
+    assert.match(unanswered.json.error.message, /toolu_0, toolu_1, .*toolu_9 and 19990 more\./);
+    assert.ok(unanswered.text.length < 2000, `an error of ${unanswered.text.length} bytes`);
+  });
+
   it('refuses request heads over the limit with 431 in the envelope', async () => {
     const s = keep(await startServer({ env: { SWITCHYARD_MAX_HEADER_BYTES: '4096' } }));
     const r = await sendRaw(

@@ -168,6 +168,12 @@ describe("Open Responses: what the server emits matches the specification's sche
       ['/v1/responses', { model: MODEL, input: 'x', prompt: { id: 'pmpt_1' } }, 'prompt'],
       ['/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }], logit_bias: { '300': 100 } }, 'logit_bias'],
       ['/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }], logit_bias: { abc: 100 } }, 'logit_bias'],
+      [
+        '/v1/chat/completions',
+        { model: MODEL, messages: [{ role: 'user', content: 'x' }], functions: [{ name: 'f', parameters: { type: 'object' } }] },
+        'functions',
+      ],
+      ['/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }], function_call: { name: 'f' } }, 'function_call'],
     ];
     for (const [path, body, param] of refused) {
       const r = await http(server.url, 'POST', path, { key, body });
@@ -178,7 +184,14 @@ describe("Open Responses: what the server emits matches the specification's sche
     // Empty or null, they ask for nothing and are accepted.
     const empty = await http(server.url, 'POST', '/v1/chat/completions', {
       key,
-      body: { model: MODEL, messages: [{ role: 'user', content: 'x' }], logit_bias: {}, max_tokens: 1 },
+      body: {
+        model: MODEL,
+        messages: [{ role: 'user', content: 'x' }],
+        logit_bias: {},
+        functions: [],
+        function_call: 'none',
+        max_tokens: 1,
+      },
     });
     assert.equal(empty.status, 200, empty.text);
   });

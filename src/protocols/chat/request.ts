@@ -184,6 +184,22 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
   if (bias != null && (typeof bias !== 'object' || Object.keys(bias).length > 0)) {
     throw new ApiError('unsupported_parameter', 'logit_bias is not supported here; send null or leave it out.', { param: 'logit_bias' });
   }
+  // The legacy function-calling fields (before `tools`): ignored, a client that sent functions got
+  // an answer that never called one, with no word why (an outside pass). `function_call` "none" or
+  // "auto" asks for nothing a request without functions does not do already.
+  const legacy = body as Record<string, unknown>;
+  const functions = legacy['functions'];
+  const functionCall = legacy['function_call'];
+  if ((Array.isArray(functions) && functions.length > 0) || (functionCall != null && typeof functionCall === 'object')) {
+    const param = Array.isArray(functions) && functions.length > 0 ? 'functions' : 'function_call';
+    throw new ApiError(
+      'unsupported_parameter',
+      `${param} (legacy function calling) is not supported here; send tools and tool_choice instead.`,
+      {
+        param,
+      },
+    );
+  }
   if (body.n != null && body.n > 1) {
     throw new ApiError('unsupported_parameter', 'Only n=1 is supported; send several requests for several choices.', { param: 'n' });
   }

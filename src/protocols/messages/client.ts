@@ -52,12 +52,13 @@ function wireTurns(messages: readonly Message[]): {
   const push = (role: 'user' | 'assistant', content: unknown[]) => {
     if (content.length === 0) return;
     const last = turns.at(-1);
-    if (last?.role === role) last.content.push(...content);
+    // Block by block: a turn of many calls spread into push passes more arguments than the stack holds.
+    if (last?.role === role) for (const b of content) last.content.push(b);
     else turns.push({ role, content });
   };
   for (const m of messages) {
     if (m.role === 'system' || m.role === 'developer') {
-      system.push(...blocks(m.content ?? '').filter((b) => b['type'] === 'text'));
+      for (const b of blocks(m.content ?? '')) if (b['type'] === 'text') system.push(b);
     } else if (m.role === 'tool') {
       push('user', [cached({ type: 'tool_result', tool_use_id: m.toolCallId ?? '', content: blocks(m.content ?? '') }, m.cache)]);
     } else if (m.role === 'assistant') {

@@ -195,6 +195,8 @@ function toMessages(
   const parts: ContentPart[] = [];
   const out: Message[] = [];
   const assistant: Message = { role: 'assistant', content: null };
+  /** The turn's tool_use ids so far: looked up, not searched (a search per block made 30,000 blocks hold the event loop 5 s). */
+  const toolIds = new Set<string>();
   content.forEach((b, j) => {
     const param = `messages[${i}].content[${j}]`;
     switch (b.type) {
@@ -232,7 +234,8 @@ function toMessages(
         if (typeof input !== 'object' || input === null || Array.isArray(input))
           throw bad('tool_use `input` must be an object.', `${param}.input`);
         if (nestsDeeper(input)) throw bad(`tool_use \`input\` nests deeper than ${MAX_JSON_DEPTH} levels.`, `${param}.input`);
-        if (assistant.toolCalls?.some((c) => c.id === id)) throw bad(`tool_use ids must be unique: '${id}' is used twice.`, `${param}.id`);
+        if (toolIds.has(id)) throw bad(`tool_use ids must be unique: '${id}' is used twice.`, `${param}.id`);
+        toolIds.add(id);
         (assistant.toolCalls ??= []).push(withCache<ToolCall>({ id, name, arguments: JSON.stringify(input) }, b, param));
         return;
       }
@@ -265,6 +268,12 @@ function toMessages(
   return out;
 }
 
+/** Ids for an error message: the first few, and how many more (20,000 unanswered calls made a reply of hundreds of KB). */
+function listed(ids: ReadonlySet<string>, most = 10): string {
+  const first = [...ids].slice(0, most).join(', ');
+  return ids.size > most ? `${first} and ${ids.size - most} more` : first;
+}
+
 /** Content as parts, for joining two turns' content. */
 const asParts = (c: string | ContentPart[]): ContentPart[] => (typeof c === 'string' ? (c === '' ? [] : [{ type: 'text', text: c }]) : c);
 
@@ -273,9 +282,17 @@ function mergeAssistant(prev: Message, next: Message): void {
   if (next.content !== null && next.content !== '') {
     const before = prev.content ?? '';
     // Each turn's text stays a part of its own (run together, "Hello" and "world" were one word).
-    prev.content = joinText([...asParts(before), ...asParts(next.content)]);
+    // Added to the parts already there (this decode's own array): copied for every turn, 10,000
+    // assistant turns in a row took a copy each of all before them.
+    const parts = Array.isArray(before) ? before : asParts(before);
+    for (const p of asParts(next.content)) parts.push(p);
+    prev.content = joinText(parts);
   }
-  if (next.toolCalls) (prev.toolCalls ??= []).push(...next.toolCalls);
+  // One at a time: spread into push, a turn of many calls would pass more arguments than the stack holds.
+  if (next.toolCalls) {
+    const calls = (prev.toolCalls ??= []);
+    for (const c of next.toolCalls) calls.push(c);
+  }
   if (next.reasoning !== undefined) {
     // One upstream signature covers one block: two turns' thinking joined keeps none.
     if (prev.reasoning !== undefined) delete prev.reasoningSignature;
@@ -350,7 +367,7 @@ function decodeConversation(
       const runEnds = i + 1 === body.messages.length || body.messages[i + 1]!.role !== 'user';
       if (runEnds && unanswered.size > 0) {
         throw bad(
-          `messages.${runStart}: tool_use ids were found without tool_result blocks immediately after: ${[...unanswered].join(', ')}. ` +
+          `messages.${runStart}: tool_use ids were found without tool_result blocks immediately after: ${listed(unanswered)}. ` +
             'Each tool_use block must have a corresponding tool_result block in the next message.',
           `messages[${runStart}].content`,
         );
@@ -365,14 +382,16 @@ function decodeConversation(
       const merged = i > 0 && body.messages[i - 1]!.role === 'assistant';
       const repeated = merged ? ids.find((id) => calls.has(id)) : undefined;
       if (repeated !== undefined) throw bad(`tool_use ids must be unique: '${repeated}' is used twice.`, `messages[${i}].content`);
-      calls = merged ? new Set([...calls, ...ids]) : new Set(ids);
+      if (merged) for (const id of ids) calls.add(id);
+      else calls = new Set(ids);
       const prev = messages.at(-1);
       if (merged && prev?.role === 'assistant' && converted.length === 1) {
         mergeAssistant(prev, converted[0]!);
         return;
       }
     }
-    messages.push(...converted);
+    // One at a time: a turn of 100,000 tool results spread into push passes more arguments than the stack holds.
+    for (const c of converted) messages.push(c);
   });
   const req: GenerationRequest = { model: body.model, messages, sampling: {}, stream, signal, tally: newTally() };
   if (body.tools?.length) {
