@@ -303,6 +303,19 @@ describe('POST /v1/responses with TinyStories', () => {
     await assert.rejects(client.responses.retrieve(r.id), (e: unknown) => e instanceof OpenAI.NotFoundError);
   });
 
+  it('deletes a running background response once: concurrent deletes, one success and the rest 404', async () => {
+    // Several at once, so that the last may still be queued behind the others when it is deleted.
+    const started = [];
+    for (let i = 0; i < 4; i++)
+      started.push(await client.responses.create({ model: STORIES, input: 'Once upon a time', background: true, max_output_tokens: 400 }));
+    const bg = started.at(-1)!;
+    const deletes = await Promise.all(Array.from({ length: 6 }, () => http(server.url, 'DELETE', `/v1/responses/${bg.id}`, { key })));
+    assert.deepEqual(deletes.map((d) => d.status).sort(), [200, 404, 404, 404, 404, 404], JSON.stringify(deletes.map((d) => d.json)));
+    for (const d of deletes.filter((x) => x.status === 404)) assert.equal(d.json.error.code, 'not_found');
+    await assert.rejects(client.responses.retrieve(bg.id), (e: unknown) => e instanceof OpenAI.NotFoundError);
+    for (const r of started.slice(0, -1)) await client.responses.cancel(r.id);
+  });
+
   it('replays a stored response as the same event sequence', async () => {
     const live = await readSse(server.url, 'POST', '/v1/responses', {
       key,

@@ -448,7 +448,9 @@ export class ResponseService<Echo> {
       // Abandoned: billed for what its last heartbeat saw before its row goes (as a cancel is).
       await billAbandoned(this.store, id, await this.store.pendingUsage(id));
     }
-    await this.store.deleteResponse(id);
+    // Deleted meanwhile by another request (concurrent deletes all waited for the same run): one
+    // delete succeeds, the others find nothing, as a delete after it would.
+    if (!(await this.store.deleteResponse(id))) throw new ApiError('not_found', `No response with id '${id}'.`, { param: 'response_id' });
   }
 
   /**
