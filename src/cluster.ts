@@ -1,6 +1,6 @@
 import cluster, { type Worker } from 'node:cluster';
 import type { Logger } from 'pino';
-import type { Config } from './config.js';
+import { databaseLocation, type Config } from './config.js';
 import { MemoryCounters, type Counters } from './core/limits.js';
 import { relayBus } from './bus.js';
 import { withServerFlags } from './runtime-flags.js';
@@ -289,7 +289,10 @@ export async function runPrimary(config: Config, workers: number, log: Logger): 
     listening.add(worker.id);
     if (announced || listening.size < workers) return;
     announced = true;
-    log.info({ address: `http://${address.address ?? config.host}:${address.port}`, workers }, 'switchyard listening');
+    log.info(
+      { address: `http://${address.address ?? config.host}:${address.port}`, database: databaseLocation(config), workers },
+      'switchyard listening',
+    );
     log.flush();
   });
   cluster.on('exit', (worker, code, signal) => {

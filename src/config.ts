@@ -8,6 +8,7 @@ import { parse as parseYaml } from 'yaml';
 import { ModelSpec, SLUG_PATTERN, PricingEntry } from './core/model-spec.js';
 import { AddressPolicy, allowEntryProblem } from './engines/upstream/address-policy.js';
 import type { RoutingPolicy } from './core/router.js';
+import { DEFAULT_MODELS_DIR } from './core/catalogue.js';
 import type { SchemaLimits } from './core/schema-limits.js';
 import type { UpstreamOptions } from './engines/upstream/upstream-engine.js';
 
@@ -202,11 +203,32 @@ const ENV: ReadonlyArray<[string, ConfigKey, 'string' | 'int' | 'bool' | 'number
 export const PACKAGE_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const DEFAULT_CATALOGUE_FILE = resolve(PACKAGE_ROOT, 'config', 'catalogue.yaml');
 
+/**
+ * Which database the settings name, for the start-up line: the SQLite file (the default, under the
+ * data dir, which is relative to the working directory), or the URL without its password.
+ */
+export function databaseLocation(config: Pick<Config, 'databaseUrl' | 'dataDir'>): string {
+  if (config.databaseUrl === undefined) return resolve(config.dataDir, 'switchyard.db');
+  try {
+    const url = new URL(config.databaseUrl);
+    if (url.password) url.password = '***';
+    return url.toString();
+  } catch {
+    return config.databaseUrl.replace(/:[^:@/]*@/, ':***@');
+  }
+}
+
+/** The values an enumerated setting takes (for its error message), from a validation error's parameters. */
+function allowedValues(params: unknown): string[] | undefined {
+  const allowed = (params as { allowedValues?: unknown } | undefined)?.allowedValues;
+  return Array.isArray(allowed) ? allowed.map(String) : undefined;
+}
+
 const DEFAULTS = {
   host: '127.0.0.1',
   port: 8080,
   dataDir: './data',
-  modelsDir: './models',
+  modelsDir: DEFAULT_MODELS_DIR,
   bodyLimit: 16 * 1024 * 1024,
   shutdownTimeoutMs: 10_000,
   // Open Responses limits a Responses WebSocket to 60 minutes.
@@ -385,7 +407,9 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
       path.length === 1
         ? ` (got ${JSON.stringify(top === 'adminKey' || top === 'secretKey' || top === 'metricsToken' ? '<redacted>' : raw[top])?.slice(0, 80)})`
         : '';
-    throw new ConfigError(`Invalid configuration: ${where}${at} ${first.message}${got}`);
+    const allowed = allowedValues(first.params);
+    const oneOf = allowed ? `: ${allowed.join(', ')}` : '';
+    throw new ConfigError(`Invalid configuration: ${where}${at} ${first.message}${oneOf}${got}`);
   }
   const config = raw as Config;
   const where = (key: string) => origin.get(key) ?? `setting '${key}'`;

@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { ConfigError, loadConfig } from './config.js';
+import { ConfigError, databaseLocation, loadConfig } from './config.js';
 import cluster from 'node:cluster';
 import { createLogger, createService, prepareDatabase } from './app.js';
 import { IpcCounters, START_FAILED, clusterMetrics, runPrimary } from './cluster.js';
@@ -108,9 +108,10 @@ export async function serve(argv: string[]): Promise<number> {
     } catch (err) {
       // Most often the port is taken.
       await service.close().catch(() => undefined);
-      return cannotStart(err, `cannot listen on ${config.host}:${config.port}`);
+      const taken = (err as NodeJS.ErrnoException).code === 'EADDRINUSE' ? ' (taken: choose another with PORT or --port)' : '';
+      return cannotStart(err, `cannot listen on ${config.host}:${config.port}${taken}`);
     }
-    log.info({ address, database: service.store.dialect, models: service.catalogue.all().length }, 'switchyard listening');
+    log.info({ address, database: databaseLocation(config), models: service.catalogue.all().length }, 'switchyard listening');
     // Written at once, not with the next block of buffered lines: supervisors wait for this line.
     log.flush();
   }

@@ -239,7 +239,11 @@ describe('SWITCHYARD_WORKERS on SQLite: the workers behave as one (cluster bus o
         const [code] = (await once(child, 'exit')) as [number | null];
         // The start-up failure's own code (sysexits' EX_CONFIG), from the process or from the primary.
         assert.equal(code, 78, out);
-        assert.match(out, new RegExp(`switchyard: cannot listen on 127\\.0\\.0\\.1:${port}: .*EADDRINUSE`), out);
+        assert.match(
+          out,
+          new RegExp(`switchyard: cannot listen on 127\\.0\\.0\\.1:${port} \\(taken: choose another with PORT or --port\\): .*EADDRINUSE`),
+          out,
+        );
         assert.doesNotMatch(out, /starting another/, out);
       }
     } finally {

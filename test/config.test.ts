@@ -56,7 +56,11 @@ describe('configuration', () => {
       [{ PORT: 'eighty' }, /PORT/],
       [{ PORT: '70000' }, /PORT/],
       [{ DATABASE_URL: 'mysql://x' }, /DATABASE_URL/],
-      [{ SWITCHYARD_LOG_LEVEL: 'loud' }, /SWITCHYARD_LOG_LEVEL/],
+      // An enumerated setting lists what it takes.
+      [
+        { SWITCHYARD_LOG_LEVEL: 'loud' },
+        /SWITCHYARD_LOG_LEVEL must be equal to one of the allowed values: fatal, error, warn, info, debug, trace, silent \(got "loud"\)/,
+      ],
       [{ SWITCHYARD_CONFIG: file('bad-port.yaml', 'port: "x"\n') }, /bad-port\.yaml: port/],
       [{ SWITCHYARD_CONFIG: file('unknown.yaml', 'prot: 1\n') }, /unknown setting 'prot' in .*unknown\.yaml/],
       [{ SWITCHYARD_CONFIG: file('broken.yaml', 'port: [\n') }, /not valid YAML/],

@@ -190,7 +190,7 @@ describe('the server process', () => {
         const url = await new Promise<string>((res, rej) => {
           const timer = setTimeout(() => rej(new Error(`did not start:\n${out}`)), 90_000);
           child.stdout.on('data', () => {
-            const m = /"address":"(http:\/\/[^"]+)","workers"/.exec(out);
+            const m = /"address":"(http:\/\/[^"]+)","database":"[^"]*","workers"/.exec(out);
             if (m) {
               clearTimeout(timer);
               res(m[1]!);

@@ -56,6 +56,9 @@ export function localSlug(file: string): string {
  * on the database); the snapshot is rebuilt after every write here and on a timer, so changes made
  * through another instance show up within `catalogueRefreshMs`.
  */
+/** Where local GGUF models are looked for unless configured (missing is fine: no local models). */
+export const DEFAULT_MODELS_DIR = './models';
+
 export class Catalogue {
   private byId = new Map<string, Model>();
   private sorted: Model[] = [];
@@ -119,7 +122,11 @@ export class Catalogue {
       files = (await readdir(dir)).filter((f) => f.toLowerCase().endsWith('.gguf')).sort();
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
-      if (code === 'ENOENT') this.log.info({ dir }, 'models dir does not exist; no local models');
+      // The default dir may well be missing (no local models wanted); one set on purpose is a typo to point out.
+      if (code === 'ENOENT' && this.config.modelsDir === DEFAULT_MODELS_DIR)
+        this.log.info({ dir }, 'models dir does not exist; no local models');
+      else if (code === 'ENOENT')
+        this.log.warn({ dir }, 'the models dir set (SWITCHYARD_MODELS_DIR, modelsDir) does not exist; no local models');
       else this.log.warn({ dir, err }, 'cannot read models dir');
       return [];
     }
