@@ -43,19 +43,7 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
 
     it("finds stored items by organization, from responses and conversations, and forgets a deleted response's", async () => {
       const find = async (org: string, ids: string[]) => (await store.findItems(org, ids, 1e9))!;
-      await store.createResponse({
-        id: 'resp_items',
-        org_id: 'org_a',
-        status: 'completed',
-        background: false,
-        conversation_id: null,
-        previous_response_id: null,
-        created_at: 1,
-        created_ms: 1000,
-        updated_at: 1,
-        body: '{}',
-        input_items: '[]',
-      });
+      await store.createResponse(responseRow('resp_items', 'org_a', 'completed'));
       await store.saveResponseItems(
         'org_a',
         'resp_items',
@@ -173,20 +161,7 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
 
     it("keeps each running response's heartbeat: its time, and its own usage record, across statements", async () => {
       const running = Array.from({ length: 450 }, (_, i) => `resp_beat${i}`);
-      for (const id of running)
-        await store.createResponse({
-          id,
-          org_id: 'org_beat',
-          status: 'in_progress',
-          background: true,
-          conversation_id: null,
-          previous_response_id: null,
-          created_at: 1,
-          created_ms: 1000,
-          updated_at: 1,
-          body: '{}',
-          input_items: '[]',
-        });
+      for (const id of running) await store.createResponse({ ...responseRow(id, 'org_beat', 'in_progress'), background: true });
       // Every other one has a record (more than one statement's slice of them); the rest are touched only.
       const usage = new Map(running.filter((_, i) => i % 2 === 0).map((id) => [id, JSON.stringify({ id: `usage_${id}`, n: id.length })]));
       await store.touchResponses(running, 5_000, usage);
@@ -446,6 +421,21 @@ function creationOrderMigration(name: string, open: () => Promise<{ store: Kysel
 
 /** An item as the store keeps it: its id and whatever else it holds. */
 const item = (o: { id: string } & Record<string, unknown>): { id: string } => o;
+
+/** A stored response's row with nothing in it but its id, organization and status. */
+const responseRow = (id: string, org: string, status: string) => ({
+  id,
+  org_id: org,
+  status,
+  background: false,
+  conversation_id: null,
+  previous_response_id: null,
+  created_at: 1,
+  created_ms: 1000,
+  updated_at: 1,
+  body: '{}',
+  input_items: '[]',
+});
 describe('store: migration 0010 (creation order)', () => {
   creationOrderMigration('sqlite', async () => {
     const dir = tempDir();
