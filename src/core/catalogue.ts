@@ -51,14 +51,14 @@ export function localSlug(file: string): string {
   );
 }
 
+/** Where local GGUF models are looked for unless configured (missing is fine: no local models). */
+export const DEFAULT_MODELS_DIR = './models';
+
 /**
  * The model catalogue. Reads are served from an in-memory snapshot (the request path never waits
  * on the database); the snapshot is rebuilt after every write here and on a timer, so changes made
  * through another instance show up within `catalogueRefreshMs`.
  */
-/** Where local GGUF models are looked for unless configured (missing is fine: no local models). */
-export const DEFAULT_MODELS_DIR = './models';
-
 export class Catalogue {
   private byId = new Map<string, Model>();
   private sorted: Model[] = [];

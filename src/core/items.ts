@@ -199,7 +199,7 @@ export function fromTurn(items: readonly Item[]): Item[] {
 /** The system and developer messages a conversation opens with (those before its first other item). */
 export function openingInstructions(items: readonly Item[]): Item[] {
   const end = items.findIndex((it) => !isInstruction(it));
-  return end < 0 ? [...items] : items.slice(0, end);
+  return items.slice(0, end < 0 ? items.length : end);
 }
 
 /** A system or developer message: what the model is told, rather than a turn. */

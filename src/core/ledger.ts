@@ -94,11 +94,13 @@ function quarantined(r: UsageRecord, error: string): QuarantinedUsage {
  * be tried again. `raw` is the record as it was kept (what is quarantined when it is not a record).
  */
 export async function writeOrQuarantine(store: Store, r: UsageRecord | undefined, id: string, raw: string): Promise<boolean> {
-  const bad = typeof r !== 'object' || r === null ? 'not a usage record' : malformed(r);
-  if (typeof r !== 'object' || r === null || bad !== undefined) {
-    await store.quarantineUsage([{ id, at: Date.now(), record: raw.slice(0, 100_000), error: bad ?? 'not a usage record' }]);
+  const setAside = async (error: string): Promise<false> => {
+    await store.quarantineUsage([{ id, at: Date.now(), record: raw.slice(0, 100_000), error }]);
     return false;
-  }
+  };
+  if (typeof r !== 'object' || r === null) return setAside('not a usage record');
+  const bad = malformed(r);
+  if (bad !== undefined) return setAside(bad);
   try {
     await store.insertUsage([r]);
     return true;

@@ -611,7 +611,7 @@ export class KyselyStore implements Store {
           .execute();
         for (const r of own) found.set(r.id, r.v);
       }
-      const unowned = found.size === 0 ? slice : slice.filter((id) => !found.has(id));
+      const unowned = slice.filter((id) => !found.has(id));
       if (unowned.length === 0) continue;
       const stored = await this.db
         .selectFrom('stored_items')

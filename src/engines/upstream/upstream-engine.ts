@@ -695,7 +695,7 @@ export class UpstreamEngine implements Engine {
     yield* calls.order(tails);
     yield* calls.flush();
     yield { type: 'usage', usage: this.usage(reader.usage, tally, guard.capped, target.id, req, attempt) };
-    // An Anthropic upstream's stop_sequence is reported only when it is one the request gave: any
+    // An Anthropic upstream's stop_sequence is reported only when it is one the request gave, and any
     // other value is the upstream's own text (a hostile pass's upstream put the key there).
     const reportedStop = messages?.stopSequence;
     const matched = guard.capped

@@ -190,13 +190,18 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
   const legacy = body as Record<string, unknown>;
   const functions = legacy['functions'];
   const functionCall = legacy['function_call'];
-  if ((Array.isArray(functions) && functions.length > 0) || (functionCall != null && typeof functionCall === 'object')) {
-    const param = Array.isArray(functions) && functions.length > 0 ? 'functions' : 'function_call';
+  const legacyParam =
+    Array.isArray(functions) && functions.length > 0
+      ? 'functions'
+      : functionCall != null && typeof functionCall === 'object'
+        ? 'function_call'
+        : undefined;
+  if (legacyParam !== undefined) {
     throw new ApiError(
       'unsupported_parameter',
-      `${param} (legacy function calling) is not supported here; send tools and tool_choice instead.`,
+      `${legacyParam} (legacy function calling) is not supported here; send tools and tool_choice instead.`,
       {
-        param,
+        param: legacyParam,
       },
     );
   }
