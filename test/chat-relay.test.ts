@@ -17,7 +17,7 @@ const tooLarge = () => new ApiError('upstream_error', 'too large');
 /** One id and time for every relay of a test, so that two relays' frames can be compared. */
 const IDS = { id: 'chatcmpl-test0001', created: 1764115200 };
 const relay = (catalogue: string, cap = Number.MAX_SAFE_INTEGER, charsPerToken = 32) =>
-  new ChatRelay(catalogue, (t) => t, new OutputLimit(cap, charsPerToken), 1 << 20, tooLarge, undefined, IDS);
+  new ChatRelay(catalogue, (t) => t, new OutputLimit(cap, charsPerToken), 1 << 20, tooLarge, undefined, false, IDS);
 
 /** Pieces of text: what JSON.stringify writes as it is, what it escapes, and what looks like the JSON around a text. */
 const ATOMS = [
@@ -296,6 +296,44 @@ describe('chat relay', () => {
     assert.deepEqual(state(r), state(reference));
   });
 
+  it('puts in the chunk members an upstream left out: logprobs, object, and usage: null where the client asked for usage', () => {
+    // Some servers write chunks without `logprobs` (vLLM and llama.cpp's do not, Ollama's and
+    // routing providers' sometimes do); openai-wire.md's chunk has it, and with include_usage every
+    // chunk before the usage chunk has `usage: null`, on the canonical lane as well.
+    const bare = (content: string, finish: string | null = null) =>
+      `data: ${JSON.stringify({ id: 'up', created: 1, model: 'u', choices: [{ index: 0, delta: { content }, finish_reason: finish }] })}\n\n`;
+    const stream = [bare('a'), bare('b'), bare('c'), bare('d'), bare('', 'stop'), 'data: [DONE]\n\n'];
+    for (const usageNull of [false, true]) {
+      const r = new ChatRelay('m', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, undefined, usageNull, IDS);
+      const chunks = stream
+        .map((f) => r.push(f))
+        .join('')
+        .split('\n\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l.slice(6)) as Record<string, unknown>);
+      assert.equal(chunks.length, 5);
+      for (const ch of chunks) {
+        assert.equal(ch['object'], 'chat.completion.chunk');
+        assert.deepEqual(
+          (ch['choices'] as Array<Record<string, unknown>>).map((c) => c['logprobs']),
+          [null],
+        );
+        // The third and fourth are written from a template learned from the second.
+        if (usageNull) assert.ok('usage' in ch && ch['usage'] === null, JSON.stringify(ch));
+        else assert.ok(!('usage' in ch), JSON.stringify(ch));
+      }
+      assert.equal(chunks.map((c) => (c['choices'] as Array<{ delta: { content: string } }>)[0]!.delta.content).join(''), 'abcd');
+    }
+    // A finish chunk the relay writes itself (the upstream ended without one) has them too.
+    const r = new ChatRelay('m', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, undefined, true, IDS);
+    const last = r
+      .push(bare('a') + 'data: [DONE]\n\n')
+      .split('\n\n')
+      .filter(Boolean)
+      .at(-1)!;
+    assert.deepEqual(JSON.parse(last.slice(6))['usage'], null);
+  });
+
   it('drops a BOM at the start of a stream, as SSE does, and only there', () => {
     const payload = JSON.stringify({ id: 'x', choices: [{ index: 0, delta: { content: 'hi' }, finish_reason: null }] });
     const r = relay('m');
@@ -394,6 +432,7 @@ describe('chat relay', () => {
     assert.deepEqual(mixed.parsed[0]!.choices[0], {
       index: 0,
       delta: { reasoning_content: 'r'.repeat(100), content: 'c'.repeat(28) },
+      logprobs: null,
       finish_reason: null,
     });
     assert.equal(mixed.parsed[0]!.usage, null);
@@ -510,7 +549,7 @@ describe('chat relay', () => {
       'data: [DONE]\n\n',
     ].join('');
     const read = (callable: ReadonlySet<string> | undefined) => {
-      const r = new ChatRelay('cat/model', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, callable, IDS);
+      const r = new ChatRelay('cat/model', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, callable, false, IDS);
       const frames = r
         .push(stream)
         .split('\n\n')
@@ -558,7 +597,7 @@ describe('chat relay', () => {
     // Calls found as the canonical lane's reader finds them: a call without a name is not allowed,
     // a delta without an index belongs to the call with its id, and extra choices and a legacy
     // function_call of a tool not offered are taken out.
-    const r = new ChatRelay('cat/model', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, new Set(['get_weather']), IDS);
+    const r = new ChatRelay('cat/model', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, new Set(['get_weather']), false, IDS);
     const unindexed = (delta: object) => chunk({ tool_calls: [delta] });
     const out = r
       .push(
@@ -611,7 +650,7 @@ describe('chat relay', () => {
     };
     const text = JSON.stringify(answer);
     const relayOf = (callable: ReadonlySet<string>) =>
-      new ChatRelay('cat/model', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, callable, IDS);
+      new ChatRelay('cat/model', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, callable, false, IDS);
     assert.equal(relayOf(new Set(['get_weather'])).answer(JSON.parse(text), text), false);
     assert.equal(relayOf(new Set(['delete_everything'])).answer(JSON.parse(text), text), true);
     // So does one with a second choice, a call without a name, or a legacy call not allowed.

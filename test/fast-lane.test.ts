@@ -232,8 +232,8 @@ describe('the chat fast lane against upstreams that misbehave', () => {
           return;
         case 'model-spellings': {
           // Every way the model name can be written that a text splice could get wrong.
-          const c = (i: number) => `"choices":[{"index":0,"delta":{"content":"c${i}"},"finish_reason":null}]`;
-          res.write(`data: {"id":"chatcmpl-up","created":7,"model" : "vendor-model",${c(0)}}\n\n`);
+          const c = (i: number) => `"choices":[{"index":0,"delta":{"content":"c${i}"},"logprobs":null,"finish_reason":null}]`;
+          res.write(`data: {"id":"chatcmpl-up","object":"chat.completion.chunk","created":7,"model" : "vendor-model",${c(0)}}\n\n`);
           res.write(
             `data: {"id":"chatcmpl-up","model":"vendor-model","choices":[{"index":0,"delta":{"content":"say \\"model\\": x"}}]}\n\n`,
           );
@@ -397,6 +397,14 @@ describe('the chat fast lane against upstreams that misbehave', () => {
       );
       assert.equal(withFinish.length, 1, `${kind}: ${JSON.stringify(chunks)}`);
       assert.equal(chunks.indexOf(withFinish[0]!), chunks.length - 2, `${kind}: the finish chunk comes just before the usage chunk`);
+      // This upstream's chunks have no logprobs and no usage member: put in as openai-wire.md has them.
+      for (const c of chunks.slice(0, -1)) {
+        assert.ok(c['usage'] === null, `${kind}: usage null before the usage chunk: ${JSON.stringify(c)}`);
+        assert.ok(
+          (c['choices'] as Array<Record<string, unknown>>).every((x) => x['logprobs'] === null),
+          JSON.stringify(c),
+        );
+      }
       // Switchyard's own id, the same throughout (an upstream's need not be unique), and its own time.
       const ids = new Set(chunks.map((c) => c['id']));
       assert.equal(ids.size, 1, `${kind}: one id throughout`);
@@ -439,7 +447,7 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     const first = chunks[0]!;
     assert.equal(
       frames[0]!.raw,
-      `{"id":"${String(first['id'])}","created":${String(first['created'])},"model" : "${GATEWAY_MODEL}","choices":[{"index":0,"delta":{"content":"c0"},"finish_reason":null}]}`,
+      `{"id":"${String(first['id'])}","object":"chat.completion.chunk","created":${String(first['created'])},"model" : "${GATEWAY_MODEL}","choices":[{"index":0,"delta":{"content":"c0"},"logprobs":null,"finish_reason":null}]}`,
       "the upstream's text as it was, but for the name, the id and the time",
     );
     assert.notEqual(first['id'], 'chatcmpl-up');

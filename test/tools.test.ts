@@ -208,6 +208,58 @@ describe('function calling and structured output on the local engine (stories260
     );
   });
 
+  it('a call among several tools cut by the output limit is an incomplete call with its name, once the name is whole (Open Responses)', async () => {
+    // An outside compliance pass: with two tools or more, a cut call vanished (output []), while
+    // with one it was an incomplete function_call. The spec: an item cut by the token budget is
+    // `incomplete`, and its first event carries at least the name.
+    const tools: OpenAI.Responses.FunctionTool[] = ['get_weather', 'get_time'].map((name) => ({
+      type: 'function',
+      name,
+      strict: true,
+      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'], additionalProperties: false },
+    }));
+    const ask = { model: STORIES, input: 'Weather?', temperature: 0, tool_choice: 'required' as const, tools };
+    const whole = await client.responses.create(ask);
+    const call = whole.output[0]!;
+    assert.ok(call.type === 'function_call' && call.status === 'completed', JSON.stringify(whole.output));
+    const used = whole.usage!.output_tokens;
+    // Two tokens short of the whole call: its name is long written, its arguments are not closed.
+    const cut = await client.responses.create({ ...ask, max_output_tokens: used - 2 });
+    assert.equal(cut.status, 'incomplete');
+    assert.equal(cut.incomplete_details?.reason, 'max_output_tokens');
+    assert.equal(cut.output.length, 1, JSON.stringify(cut.output));
+    const part = cut.output[0]!;
+    assert.ok(part.type === 'function_call', JSON.stringify(part));
+    assert.equal(part.name, call.name);
+    assert.equal(part.status, 'incomplete');
+    assert.ok(part.arguments.length > 0 && part.arguments !== call.arguments, part.arguments);
+    assert.throws(() => JSON.parse(part.arguments) as unknown, 'arguments cut short do not parse');
+    // Streamed: the item is added (with the name), its arguments streamed, and it ends incomplete.
+    const events: OpenAI.Responses.ResponseStreamEvent[] = [];
+    for await (const ev of await client.responses.create({ ...ask, max_output_tokens: used - 2, stream: true })) events.push(ev);
+    const added = events.find((e) => e.type === 'response.output_item.added');
+    assert.ok(added?.type === 'response.output_item.added' && added.item.type === 'function_call' && added.item.name === call.name);
+    const done = events.find((e) => e.type === 'response.output_item.done');
+    assert.ok(done?.type === 'response.output_item.done' && done.item.type === 'function_call' && done.item.status === 'incomplete');
+    assert.equal(events.at(-1)!.type, 'response.incomplete');
+    // Chat completions: the call as far as it came, finish_reason length.
+    const chat = await client.chat.completions.create({
+      model: STORIES,
+      messages: [{ role: 'user', content: 'Weather?' }],
+      temperature: 0,
+      tool_choice: 'required',
+      tools: tools.map((t) => ({ type: 'function' as const, function: { name: t.name, parameters: t.parameters!, strict: true } })),
+      max_tokens: used - 2,
+    });
+    assert.equal(chat.choices[0]!.finish_reason, 'length');
+    const chatCall = chat.choices[0]!.message.tool_calls?.[0];
+    assert.ok(chatCall?.type === 'function' && chatCall.function.name === call.name, JSON.stringify(chat.choices[0]));
+    // Cut inside the name: no call at all (nothing nameable was written).
+    const early = await client.responses.create({ ...ask, max_output_tokens: 5 });
+    assert.equal(early.status, 'incomplete');
+    assert.deepEqual(early.output, []);
+  });
+
   it('calls only the allowed tools (tool_choice allowed_tools), on chat completions and Responses', async () => {
     const timeParams = {
       type: 'object',

@@ -42,7 +42,10 @@ export function registerChatRoutes(app: App, ctx: RouteContext): void {
     const canonical = decodeChatRequest(body, abortOnClientGone(reply));
     // The same protocol at both ends: a chat-completions upstream may answer in its own frames
     // (the fast lane). A stored completion is folded from canonical events instead.
-    if (body.store !== true) canonical.wire = 'chat';
+    if (body.store !== true) {
+      canonical.wire = 'chat';
+      if (body.stream_options?.include_usage === true) canonical.streamUsage = true;
+    }
     const { model, events } = await openGeneration(ctx, req, reply, canonical, 'chat.completions');
 
     if (body.stream !== true) {

@@ -109,6 +109,12 @@ export interface GenerationRequest {
    * frames on as `wire.*` events instead of canonical deltas. Unset, engines emit canonical events only.
    */
   wire?: 'chat';
+  /**
+   * The client reads its stream's usage in a chunk of its own and `usage: null` in every chunk
+   * before it (chat completions' `stream_options.include_usage`): what the fast lane's relayed
+   * chunks must then carry, whatever the upstream wrote.
+   */
+  streamUsage?: boolean;
   /** Aborted when the client goes away (or the run is cancelled): the engine stops and frees what it held. */
   signal: CancelSignal;
   /**

@@ -193,6 +193,13 @@ export class CallSink implements Sink {
 }
 
 /**
+ * The start of a call to one of several functions as the grammar writes it (callSchema's properties
+ * in their order): group 1 is the name as written inside its quotes, group 2 is there once the
+ * arguments have begun (they follow the match).
+ */
+const CALL_HEAD = /^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"(\s*,\s*"arguments"\s*:\s*)?/;
+
+/**
  * A call to one of several functions: the grammar makes `{"name": …, "arguments": {…}}` with the
  * arguments of the named function. It is emitted whole once complete, since the name decides which
  * schema the arguments follow.
@@ -214,7 +221,18 @@ export class ChoiceSink implements Sink {
   }
 
   async end(reason: 'stop' | 'length'): Promise<Ending> {
-    if (reason === 'length') return 'length';
+    if (reason === 'length') {
+      // Cut by the output limit: the call as far as it came, as a forced call's (CallSink), once
+      // its name is whole. Open Responses: an item cut this way is `incomplete`, and its first
+      // event carries at least the name. A call cut inside its name shows nothing.
+      const head = CALL_HEAD.exec(this.buf);
+      if (head) {
+        await this.push({ type: 'tool_call.start', index: 0, id: newCallId(), name: JSON.parse(`"${head[1]}"`) as string });
+        const args = head[2] === undefined ? '' : this.buf.slice(head[0].length);
+        if (args) await this.push({ type: 'tool_call.delta', index: 0, arguments: args });
+      }
+      return 'length';
+    }
     let call: { name?: unknown; arguments?: unknown };
     try {
       call = JSON.parse(this.buf) as typeof call;

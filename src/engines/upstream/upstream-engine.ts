@@ -749,6 +749,7 @@ export class UpstreamEngine implements Engine {
           failover: early,
         }),
       callable,
+      req.streamUsage === true,
     );
     const count = () => {
       tally.output = limit.outputTokens;

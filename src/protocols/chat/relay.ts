@@ -209,6 +209,35 @@ function completeAnswer(answer: Record<string, unknown>): boolean {
   return whole;
 }
 
+/**
+ * Puts in the members of a `chat.completion.chunk` that OpenAI's schema has and some upstreams leave
+ * out: `choices[].logprobs` (null), `object`, and, where the client asked for the usage
+ * (`stream_options.include_usage`), `usage` as null in every chunk before the usage chunk
+ * (openai-wire.md). A client then reads the same chunks from every upstream, and on either lane.
+ * True when none was missing (the upstream's text can then go on as it is).
+ */
+function completeChunk(chunk: Record<string, unknown>, usage: boolean): boolean {
+  let whole = true;
+  if (chunk['object'] === undefined) {
+    chunk['object'] = 'chat.completion.chunk';
+    whole = false;
+  }
+  if (usage && chunk['usage'] === undefined) {
+    chunk['usage'] = null;
+    whole = false;
+  }
+  const choices = chunk['choices'];
+  if (!Array.isArray(choices)) return whole;
+  for (const c of choices) {
+    const choice = obj(c);
+    if (choice && choice['logprobs'] === undefined) {
+      choice['logprobs'] = null;
+      whole = false;
+    }
+  }
+  return whole;
+}
+
 /** The last catalogue id written as JSON, kept: most requests in a row name the same model. */
 let lastModel = '';
 let lastModelJson = '""';
@@ -276,6 +305,8 @@ export class ChatRelay {
      * may be called (no check).
      */
     private readonly callable: ReadonlySet<string> | undefined = undefined,
+    /** The client asked for the usage in its stream: every chunk before the usage chunk has `usage: null`. */
+    private readonly usageNull = false,
     /** The completion's id and time (given by tests that compare two relays' frames). */
     ids: { id: string; created: number } = { id: newCompletionId(), created: nowSeconds() },
   ) {
@@ -402,6 +433,7 @@ export class ChatRelay {
       // the canonical lane cuts a delta; its usage waits for the metered usage, like every usage chunk.
       if (this.limit.chars === charsBefore) return `data: ${this.finishFrame('length')}\n\n`;
       if (obj(chunk['usage'])) chunk['usage'] = null;
+      completeChunk(chunk, this.usageNull);
       this.ours(chunk);
       return `data: ${JSON.stringify(chunk)}\n\ndata: ${this.finishFrame('length')}\n\n`;
     }
@@ -409,8 +441,9 @@ export class ChatRelay {
       const choices = chunk['choices'];
       // A usage chunk of its own (no choices) goes out as the upstream wrote it, with the metered
       // usage, where its text can be kept exactly (one line, as a frame must be: see aroundUsage).
+      const whole = completeChunk(chunk, false);
       this.usageText =
-        !changed && Array.isArray(choices) && choices.length === 0 && !payload.includes('\n')
+        !changed && whole && Array.isArray(choices) && choices.length === 0 && !payload.includes('\n')
           ? spliced(payload, chunk, this.own, true)
           : undefined;
       this.ours(chunk);
@@ -420,8 +453,10 @@ export class ChatRelay {
       chunk['usage'] = null;
       return `data: ${JSON.stringify(chunk)}\n\n`;
     }
-    const renamed = changed ? undefined : this.renamed(payload, chunk);
+    // Judged on the chunk as the upstream wrote it; the template's frame is the completed chunk's.
     const text = !changed && this.templates < MAX_TEMPLATES ? this.templateText(payload, chunk) : undefined;
+    const whole = completeChunk(chunk, this.usageNull);
+    const renamed = changed || !whole ? undefined : this.renamed(payload, chunk);
     let frame = renamed;
     if (frame === undefined) {
       this.ours(chunk);
@@ -684,12 +719,14 @@ export class ChatRelay {
   /** The chunk that ends a stream the upstream ended without one, or a capped one, in the stream's own id and time. */
   private finishFrame(reason: FinishReason): string {
     this.finished = true;
-    return JSON.stringify({
+    const chunk: Record<string, unknown> = {
       id: this.id,
       object: 'chat.completion.chunk',
       created: this.created,
       model: this.model,
       choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: reason }],
-    });
+    };
+    if (this.usageNull) chunk['usage'] = null;
+    return JSON.stringify(chunk);
   }
 }
