@@ -167,6 +167,28 @@ describe('hardening', () => {
       if (path === '/v1/messages') assert.ok(error.message.includes(param.split('[')[0]!), `${body} → ${r.text}`);
       else assert.equal(error.param, param, `${body} → ${r.text}`);
     }
+    // In a query string, text that parses to a number beyond any finite one: ajv coerced it to
+    // Infinity and skipped its bounds (a 500 from the store, `"sequence_number":Infinity` in a replay).
+    const stored = await http(s.url, 'POST', '/v1/responses', {
+      key: s.adminKey,
+      body: { model: 'local/stories260k', input: 'x', max_output_tokens: 2 },
+    });
+    const id = (stored.json as unknown as { id: string }).id;
+    for (const [path, param] of [
+      ['/v1/conversations?limit=1e400', 'limit'],
+      ['/v1/responses?limit=Infinity', 'limit'],
+      ['/v1/chat/completions?limit=-Infinity', 'limit'],
+      ['/v1/models?limit=1e400', 'limit'],
+      [`/v1/responses/${id}/input_items?limit=1e400`, 'limit'],
+      [`/v1/responses/${id}?stream=true&starting_after=1e400`, 'starting_after'],
+    ] as const) {
+      const r = await http(s.url, 'GET', path, { key: s.adminKey });
+      assert.equal(r.status, 400, `${path} → ${r.text}`);
+      const error = (r.json as unknown as { error: { param: string; code: string; message: string } }).error;
+      assert.deepEqual([error.param, error.code], [param, 'invalid_value'], r.text);
+      assert.match(error.message, /finite number/);
+    }
+    assert.equal((await http(s.url, 'GET', `/v1/responses/${id}/input_items?limit=2`, { key: s.adminKey })).status, 200);
     // A final assistant message may be empty (a prefill), as Anthropic's API allows.
     const prefill = await http(s.url, 'POST', '/v1/messages', {
       key: s.adminKey,

@@ -226,6 +226,13 @@ describe('Responses over WebSocket', () => {
     await expectError({ type: 'response.create', model: MODEL, input: 'x', temperature: 9 }, 'invalid_value', 'temperature');
     await expectError({ type: 'response.create', input: 'x' }, 'missing_required_parameter', 'model');
     await expectError({ type: 'response.create', model: 'nobody/none', input: 'x' }, 'model_not_found', 'model', 404);
+    // As over HTTP, a `__proto__` key is refused (it was taken, and a `constructor` key beside it
+    // reached the live event through a setter but not the stored response).
+    await expectError(
+      `{"type":"response.create","model":"${MODEL}","input":"x","metadata":{"__proto__":"x","constructor":"y"}}`,
+      'invalid_json',
+      null,
+    );
     checkTurn(await s.turn({ store: false, input: 'Once' }));
     s.ws.close();
   });
@@ -440,6 +447,30 @@ describe('Responses over WebSocket: what one organization and one connection may
     again.ws.close();
     second.ws.close();
     await Promise.all([again.closed, second.closed, other.closed]);
+  });
+
+  it('closes a connection whose client sends and never reads the errors it is answered with', async () => {
+    // An outside pass: one-byte messages, each answered with a 200-byte error the client never
+    // read, grew the server by 470 MB for 4 MB sent and held its event loop for seconds.
+    const ws = new WebSocket(`${server.url.replace('http', 'ws')}/v1/responses`, { headers: { authorization: `Bearer ${key}` } });
+    await once(ws, 'open');
+    const closed = once(ws, 'close');
+    // The client reads nothing from here on: the server's replies wait in its buffers.
+    (ws as unknown as { _socket: { pause(): void } })._socket.pause();
+    let sent = 0;
+    const stop = closed.then(() => undefined);
+    let open = true;
+    void stop.then(() => (open = false));
+    while (open && sent < 200_000) {
+      for (let i = 0; i < 2_000 && ws.readyState === ws.OPEN; i++, sent++) ws.send('x');
+      await new Promise((r) => setImmediate(r));
+    }
+    // The connection is closed by the server, not the client, long before all were answered.
+    if (open) ws.terminate();
+    assert.ok(sent < 200_000, 'the server never closed the connection');
+    await closed;
+    const health = await http(server.url, 'GET', '/healthz');
+    assert.equal(health.status, 200);
   });
 
   it('holds at most one body limit of queued messages per connection', async () => {

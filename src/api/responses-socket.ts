@@ -8,7 +8,7 @@ import { extractToken } from '../protocols/api-key.js';
 import { ConnectionResponses } from '../core/responses/connection-state.js';
 import { ResponsesRequestSchema, decodeResponsesRequest, type ResponsesRequest } from '../protocols/responses/request.js';
 import { socketError, socketFrame } from '../protocols/responses/stream.js';
-import { BODY_VALIDATION, validationError, type ValidationIssue } from '../protocols/validation.js';
+import { BODY_VALIDATION, parseRequestJson, validationError, type ValidationIssue } from '../protocols/validation.js';
 import { PageQuery } from '../protocols/pages.js';
 import { listResponses } from './responses.js';
 
@@ -179,14 +179,9 @@ class ResponseSocket {
 
   /** A `response.create` message's fields (without `type`); anything else is the turn's error. */
   private parse(data: RawData): Record<string, unknown> {
-    let msg: unknown;
-    try {
-      // Text frames arrive as one Buffer (ws's default binary type); a fragmented one as a list of them.
-      const bytes = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data);
-      msg = JSON.parse(bytes.toString('utf8'));
-    } catch {
-      throw new ApiError('invalid_json', 'The message is not valid JSON.');
-    }
+    // Text frames arrive as one Buffer (ws's default binary type); a fragmented one as a list of them.
+    const bytes = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data);
+    const msg = parseRequestJson(bytes.toString('utf8'), 'message');
     if (typeof msg !== 'object' || msg === null || Array.isArray(msg)) throw new ApiError('invalid_request', 'Send a JSON object.');
     const { type, ...body } = msg as Record<string, unknown>;
     if (type !== 'response.create') {
@@ -221,8 +216,25 @@ class ResponseSocket {
     return new Promise((resolve) => ws.send(text, (err) => resolve(!err)));
   }
 
+  /**
+   * Sends an error event. Errors answer the client's own messages, one each, so a client that sends
+   * and never reads would have them pile up in the socket's buffer without bound (an outside pass:
+   * 4 MB of one-byte messages grew the server by 470 MB and held its event loop for seconds). Once
+   * a megabyte waits unread, the connection is closed instead.
+   */
   private error(e: ApiError): void {
+    if (this.ws.bufferedAmount >= HIGH_WATER) return this.overrun();
     void this.send(socketError(e));
+  }
+
+  /** The client does not read what it is sent: the connection ends now (a close frame would wait behind the rest). */
+  private overrun(): void {
+    if (this.ws.readyState !== this.ws.OPEN) return;
+    // closed() follows, which stops a running turn and drops the queue.
+    this.closing = true;
+    this.clearPending();
+    this.req.log.warn({ buffered: this.ws.bufferedAmount }, 'websocket client does not read its errors; connection closed');
+    this.ws.terminate();
   }
 
   private expire(): void {

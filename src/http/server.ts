@@ -13,11 +13,10 @@ import Fastify, {
 import cors from '@fastify/cors';
 import swagger from '@fastify/swagger';
 import websocket from '@fastify/websocket';
-import { Ajv } from 'ajv';
-import { parse as parseSecureJson } from 'secure-json-parse';
+import { Ajv, type ValidateFunction } from 'ajv';
 import { ApiError } from '../core/errors.js';
 import { randomHex } from '../core/ids.js';
-import { BODY_VALIDATION, validationError, type ValidationIssue } from '../protocols/validation.js';
+import { BODY_VALIDATION, parseRequestJson, validationError, type ValidationIssue } from '../protocols/validation.js';
 import { LoadShedder } from './load-shedder.js';
 import { accessLog } from './access-log.js';
 import { requestLogger } from './request-logger.js';
@@ -88,16 +87,39 @@ export function loggableUrl(url: string, knownSecret?: string): string {
   return redacted !== decoded ? redacted : out;
 }
 
-/** Why a body is not JSON Switchyard takes: JSON.parse's reason (where), or the refused `__proto__` key. */
-function jsonError(err: unknown): ApiError {
-  const reason = err instanceof Error ? err.message : String(err);
-  if (reason === 'Object contains forbidden prototype property') {
-    return new ApiError(
-      'invalid_json',
-      "The request body has a '__proto__' key, which is refused (it could alter objects' prototypes); remove it.",
-    );
-  }
-  return new ApiError('invalid_json', `The request body is not valid JSON: ${reason}.`);
+/**
+ * A query string's or path's validator that also refuses a number coerced from text to a value
+ * that is not finite (`limit=1e400`, `Infinity`). ajv coerces such text to Infinity and then, with
+ * `strictNumbers`, skips `minimum`/`maximum` for it rather than failing: an outside pass got a 500
+ * from the store ("datatype mismatch") and `"sequence_number":Infinity` in a replay.
+ */
+function finiteText(validate: ValidateFunction): ValidateFunction {
+  const check = ((data: unknown) => {
+    if (!validate(data)) {
+      check.errors = validate.errors ?? null;
+      return false;
+    }
+    if (data !== null && typeof data === 'object') {
+      for (const [key, value] of Object.entries(data)) {
+        const values: unknown[] = Array.isArray(value) ? value : [value];
+        if (values.some((v) => typeof v === 'number' && !Number.isFinite(v))) {
+          check.errors = [
+            {
+              keyword: 'type',
+              instancePath: `/${key}`,
+              schemaPath: '#/type',
+              params: { type: 'a finite number' },
+              message: 'must be a finite number',
+            },
+          ];
+          return false;
+        }
+      }
+    }
+    check.errors = null;
+    return true;
+  }) as ValidateFunction;
+  return check;
 }
 
 const INBOUND_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -321,7 +343,7 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     strict: false,
     strictNumbers: true,
   });
-  app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? bodyAjv : textAjv).compile(schema));
+  app.setValidatorCompiler(({ schema, httpPart }) => (httpPart === 'body' ? bodyAjv.compile(schema) : finiteText(textAjv.compile(schema))));
 
   app.decorateRequest('principal', null);
   app.decorateRequest('metricsModel', null);
@@ -410,9 +432,9 @@ export async function buildServer(deps: ServerDeps): Promise<App> {
     // Fastify's own JSON parser is this call, but it answers every failure with the same message.
     let parsed: unknown;
     try {
-      parsed = parseSecureJson(body, undefined, { protoAction: 'error', constructorAction: 'ignore' });
+      parsed = parseRequestJson(body, 'request body');
     } catch (err) {
-      return done(jsonError(err), undefined);
+      return done(err as ApiError, undefined);
     }
     done(null, parsed);
   };

@@ -1,4 +1,5 @@
 import type { Options } from 'ajv';
+import { parse as parseSecureJson } from 'secure-json-parse';
 import { ApiError } from '../core/errors.js';
 import type { FunctionTool, ToolChoice } from '../core/canonical.js';
 
@@ -20,6 +21,27 @@ export const BODY_VALIDATION: Options = {
   strictNumbers: true,
   verbose: true,
 };
+
+/**
+ * A request body's JSON text, parsed as every transport parses it (HTTP, the Responses WebSocket):
+ * a `__proto__` key is refused, since assigning it could alter an object's prototype (a WebSocket
+ * message took it before, and its `constructor` key then went through a setter into the live event
+ * but not the stored response). `what` names the text in the error ("request body", "message").
+ */
+export function parseRequestJson(text: string, what: string): unknown {
+  try {
+    return parseSecureJson(text, undefined, { protoAction: 'error', constructorAction: 'ignore' });
+  } catch (err) {
+    const reason = err instanceof Error ? err.message : String(err);
+    if (reason === 'Object contains forbidden prototype property') {
+      throw new ApiError(
+        'invalid_json',
+        `The ${what} has a '__proto__' key, which is refused (it could alter objects' prototypes); remove it.`,
+      );
+    }
+    throw new ApiError('invalid_json', `The ${what} is not valid JSON: ${reason}.`);
+  }
+}
 
 /**
  * A request that failed its schema, as one clear error naming the parameter: shared by every
