@@ -55,6 +55,27 @@ describe('a response with 7,000 input items on a conversation', () => {
     const oldest = await client.conversations.items.list(conversation.id, { limit: 1, order: 'asc' });
     assert.deepEqual((oldest.data[0] as { content?: Array<{ text?: string }> }).content?.[0]?.text, 'line 0');
   });
+
+  it('lists large items a few megabytes a page, and the SDK pages through them all', async () => {
+    // An outside pass listed 100 items of 14 MB in one 42 MB reply that held the event loop for
+    // seconds; a page now stops before the item that would take it past 4 MB.
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    const conversation = await client.conversations.create({});
+    const big = (i: number) => ({ type: 'message' as const, role: 'user' as const, content: `${i}:${'w'.repeat(1_500_000)}` });
+    await client.conversations.items.create(conversation.id, { items: [big(0), big(1), big(2)] });
+    await client.conversations.items.create(conversation.id, {
+      items: [big(3), big(4), { type: 'message', role: 'user', content: 'small' }],
+    });
+    const first = await client.conversations.items.list(conversation.id, { limit: 20, order: 'asc' });
+    assert.equal(first.data.length, 2, 'two items of 1.5 MB fit in 4 MB, a third does not');
+    assert.equal(first.has_more, true);
+    const seen: string[] = [];
+    for await (const item of client.conversations.items.list(conversation.id, { limit: 20, order: 'asc' })) {
+      const text = (item as { content?: Array<{ text?: string }> }).content?.[0]?.text ?? '';
+      seen.push(text.slice(0, text.indexOf(':') >= 0 ? text.indexOf(':') : text.length));
+    }
+    assert.deepEqual(seen, ['0', '1', '2', '3', '4', 'small']);
+  });
 });
 
 /**

@@ -59,11 +59,24 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       await store.createConversation({ id: 'conv_many', org_id: 'org_a', created_at: 1, created_ms: 1001, metadata: '{}' });
       const many = Array.from({ length: 7_000 }, (_, i) => ({ id: `msg_m${i}`, json: `{"i":${i}}` }));
       assert.equal(await store.appendConversationItems('conv_many', many, 3), true);
-      const last = await store.listConversationItems('conv_many', { limit: 1, order: 'desc' });
+      const list = (opts: { after?: string; limit: number; order: 'asc' | 'desc'; maxBytes?: number }) =>
+        store.listConversationItems('conv_many', { maxBytes: 1e9, ...opts });
+      const last = await list({ limit: 1, order: 'desc' });
       assert.deepEqual(last?.items, ['{"i":6999}']);
       // A cursor that names no item of the conversation is not a page from the start.
-      assert.equal(await store.listConversationItems('conv_many', { after: 'msg_none', limit: 1, order: 'asc' }), undefined);
-      assert.deepEqual((await store.listConversationItems('conv_many', { after: 'msg_m0', limit: 1, order: 'asc' }))?.items, ['{"i":1}']);
+      assert.equal(await list({ after: 'msg_none', limit: 1, order: 'asc' }), undefined);
+      assert.deepEqual((await list({ after: 'msg_m0', limit: 1, order: 'asc' }))?.items, ['{"i":1}']);
+      // A page stops before the item that would take it past maxBytes (each item here is 7 bytes),
+      // and holds one item however large it is.
+      assert.deepEqual(await list({ after: 'msg_m9', limit: 20, order: 'asc', maxBytes: 22 }), {
+        items: ['{"i":10}', '{"i":11}'],
+        hasMore: true,
+      });
+      assert.deepEqual(await list({ after: 'msg_m9', limit: 20, order: 'desc', maxBytes: 1 }), { items: ['{"i":8}'], hasMore: true });
+      assert.deepEqual(await list({ after: 'msg_m6997', limit: 5, order: 'asc', maxBytes: 100 }), {
+        items: ['{"i":6998}', '{"i":6999}'],
+        hasMore: false,
+      });
       // A turn reads the newest items within a byte budget, oldest first, in pages of sizes.
       const recent = (id: string, bytes: number) => store.recentConversationItems(id, bytes, true);
       assert.deepEqual(await recent('conv_many', 30), { items: ['{"i":6997}', '{"i":6998}', '{"i":6999}'], complete: false });

@@ -744,9 +744,9 @@ export class KyselyStore implements Store {
 
   async listConversationItems(
     conversationId: string,
-    opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
+    opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc'; maxBytes: number },
   ): Promise<ItemPage | undefined> {
-    let q = this.db.selectFrom('conversation_items').select(['item', 'seq']).where('conversation_id', '=', conversationId);
+    let q = this.db.selectFrom('conversation_items').select(['seq', 'bytes']).where('conversation_id', '=', conversationId);
     if (opts.after !== undefined) {
       const anchor = await this.db
         .selectFrom('conversation_items')
@@ -757,11 +757,30 @@ export class KyselyStore implements Store {
       if (!anchor) return undefined;
       q = q.where('seq', opts.order === 'asc' ? '>' : '<', Number(anchor.seq));
     }
+    // Sizes first: the page stops where its items would pass maxBytes (an outside pass listed 100
+    // items of 14 MB in one 42 MB reply, holding the event loop for seconds), then only those are read.
     const rows = await q
       .orderBy('seq', opts.order)
       .limit(opts.limit + 1)
       .execute();
-    return { items: rows.slice(0, opts.limit).map((r) => r.item), hasMore: rows.length > opts.limit };
+    const unsized = await this.sizesOfUnsized(conversationId, rows);
+    const seqs: number[] = [];
+    let total = 0;
+    for (const r of rows) {
+      if (seqs.length === opts.limit) break;
+      total += unsized?.get(Number(r.seq)) ?? Number(r.bytes);
+      if (seqs.length > 0 && total > opts.maxBytes) break;
+      seqs.push(Number(r.seq));
+    }
+    if (seqs.length === 0) return { items: [], hasMore: false };
+    const items = await this.db
+      .selectFrom('conversation_items')
+      .select('item')
+      .where('conversation_id', '=', conversationId)
+      .where('seq', 'in', seqs)
+      .orderBy('seq', opts.order)
+      .execute();
+    return { items: items.map((r) => r.item), hasMore: rows.length > seqs.length };
   }
 
   async recentConversationItems(conversationId: string, maxBytes: number, partial: boolean): Promise<RecentItems> {

@@ -285,10 +285,14 @@ export interface Store {
    * nothing written) when the conversation is gone (deleted while a response on it ran).
    */
   appendConversationItems(conversationId: string, items: ReadonlyArray<{ id: string; json: string }>, at: number): Promise<boolean>;
-  /** A page of the conversation's items; undefined when `after` names no item of this conversation. */
+  /**
+   * A page of the conversation's items: at most `limit`, and no more than `maxBytes` of them in all
+   * unless the first alone is larger (it is still the page; `hasMore` says whether items follow).
+   * Undefined when `after` names no item of this conversation.
+   */
   listConversationItems(
     conversationId: string,
-    opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
+    opts: { after?: string | undefined; limit: number; order: 'asc' | 'desc'; maxBytes: number },
   ): Promise<ItemPage | undefined>;
   /**
    * The conversation's newest items whose JSON together takes at most `maxBytes` (UTF-8), oldest

@@ -14,6 +14,13 @@ export interface Conversation {
   metadata: Record<string, string>;
 }
 
+/**
+ * The most a page of a conversation's items holds, in their stored JSON: a page stops before the
+ * item that would pass it, with `has_more` (a first item larger than this is a page of its own).
+ * Clients page on with `after` as they would for `limit`.
+ */
+export const ITEM_PAGE_BYTES = 4 * 1024 * 1024;
+
 const render = (c: ConversationRecord): Conversation => ({
   id: c.id,
   object: 'conversation',
@@ -174,7 +181,7 @@ export class ConversationService {
     page: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
   ): Promise<{ items: Item[]; hasMore: boolean }> {
     const c = await this.load(id, who);
-    const found: ItemPage | undefined = await this.store.listConversationItems(c.id, page);
+    const found: ItemPage | undefined = await this.store.listConversationItems(c.id, { ...page, maxBytes: ITEM_PAGE_BYTES });
     // As the responses and conversations lists do: a cursor that names nothing is the client's mistake, not an empty page.
     if (found === undefined)
       throw new ApiError('invalid_value', `No item '${page.after}' in this conversation to list after.`, { param: 'after' });
