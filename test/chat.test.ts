@@ -298,6 +298,13 @@ describe('POST /v1/chat/completions with the real TinyStories model', () => {
       // A refusal part is an assistant's: a user's is refused by its type.
       [{ ...base, messages: [{ role: 'user', content: [{ type: 'refusal', refusal: 'no' }] }] }, 'messages[0].content[0].type'],
       [{ ...base, tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) }, 'tools'],
+      // An outside SDK pass: a custom tool (openai v6) was told its `function` was missing, and
+      // audio output and web search were accepted and not applied.
+      [{ ...base, tools: [{ type: 'custom', custom: { name: 'code_exec' } }] }, 'tools[0].type'],
+      [{ ...base, tools: [{ type: 'function' }] }, 'tools[0].function'],
+      [{ ...base, modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'mp3' } }, 'modalities'],
+      [{ ...base, audio: { voice: 'alloy', format: 'mp3' } }, 'audio'],
+      [{ ...base, web_search_options: { search_context_size: 'high' } }, 'web_search_options'],
       // Ten thousand messages at most (MAX_INPUT_ITEMS: each is decoded on the event loop).
       [{ ...base, messages: Array.from({ length: 10_001 }, () => ({ role: 'user', content: 'hi' })) }, 'messages'],
       // A tool message answers a tool call an earlier assistant message made (OpenAI's rule).

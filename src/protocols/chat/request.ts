@@ -63,7 +63,17 @@ export const ChatRequest = Type.Object({
   stream_options: nullable(Type.Object({ include_usage: Type.Optional(Type.Boolean()) })),
   // OpenAI's bound: each tool's schema is compiled to a grammar for the local engine, so a thousand
   // trivial tools were seconds of CPU.
-  tools: nullable(Type.Array(Type.Object({ type: Type.Literal('function'), function: FunctionDef }), { maxItems: MAX_TOOLS })),
+  // A tool of another type (openai v6's `custom` tools) matches the second branch, and decoding
+  // refuses it by its type: its missing `function` is not what is wrong with it.
+  tools: nullable(
+    Type.Array(
+      Type.Union([
+        Type.Object({ type: Type.Literal('function'), function: FunctionDef }),
+        Type.Object({ type: Type.String({ pattern: '^(?!function$)' }) }),
+      ]),
+      { maxItems: MAX_TOOLS },
+    ),
+  ),
   tool_choice: nullable(
     Type.Union([
       Type.Enum(['none', 'auto', 'required']),
@@ -102,6 +112,28 @@ export const ChatRequest = Type.Object({
   metadata: nullable(Metadata),
 });
 export type ChatRequest = Static<typeof ChatRequest>;
+type ChatTool = Extract<NonNullable<ChatRequest['tools']>[number], { function: unknown }>;
+
+/**
+ * Members of a chat-completions request that would change the answer and that no engine here
+ * applies: a 400 naming each, never an answer that looks as if it honoured them.
+ */
+function refuseUnapplied(body: Record<string, unknown>): void {
+  const modalities = body['modalities'];
+  if (Array.isArray(modalities) && modalities.some((m) => m !== 'text')) {
+    throw new ApiError('unsupported_parameter', "Only text output is supported here; send modalities ['text'] or leave it out.", {
+      param: 'modalities',
+    });
+  }
+  if (body['audio'] != null) {
+    throw new ApiError('unsupported_parameter', 'Audio output is not supported here; leave out audio.', { param: 'audio' });
+  }
+  if (body['web_search_options'] != null) {
+    throw new ApiError('unsupported_parameter', 'Web search is not supported here; leave out web_search_options.', {
+      param: 'web_search_options',
+    });
+  }
+}
 
 function toParts(parts: ReadonlyArray<{ type: string } & Record<string, unknown>>, where: string, role: string): ContentPart[] {
   return parts.map((p, j) => {
@@ -205,6 +237,14 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
       },
     );
   }
+  refuseUnapplied(legacy);
+  body.tools?.forEach((t, i) => {
+    if (t.type !== 'function') {
+      throw new ApiError('unsupported_parameter', `Tool type '${t.type}' is not supported here; only function tools.`, {
+        param: `tools[${i}].type`,
+      });
+    }
+  });
   if (body.n != null && body.n > 1) {
     throw new ApiError('unsupported_parameter', 'Only n=1 is supported; send several requests for several choices.', { param: 'n' });
   }
@@ -233,7 +273,8 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
   const max = body.max_completion_tokens ?? body.max_tokens;
   if (max != null) req.maxOutputTokens = max;
   if (body.tools?.length) {
-    req.tools = body.tools.map((t, i) => ({
+    const tools = body.tools as ChatTool[];
+    req.tools = tools.map((t, i) => ({
       position: i,
       name: t.function.name,
       ...(t.function.description !== undefined && { description: t.function.description }),
@@ -252,7 +293,7 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
       req.tools = allowed.tools;
       req.toolChoice = allowed.toolChoice;
     } else if (choice != null) {
-      if (typeof choice !== 'string' && !body.tools.some((t) => t.function.name === choice.function.name)) {
+      if (typeof choice !== 'string' && !tools.some((t) => t.function.name === choice.function.name)) {
         throw new ApiError('invalid_value', `tool_choice names '${choice.function.name}', which is not one of the tools.`, {
           param: 'tool_choice',
         });
