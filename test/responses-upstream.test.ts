@@ -412,6 +412,7 @@ describe('Responses: reasoning, function calls and failures (fixture upstream)',
     assert.deepEqual(states(liveEvents), [
       ['response.created', 'queued'],
       ['response.queued', 'queued'],
+      ['error', undefined],
       ['response.failed', 'failed'],
     ]);
     const replay = await readSse(server.url, 'GET', `/v1/responses/${liveEvents[0]!.response!.id}?stream=true`, { key });

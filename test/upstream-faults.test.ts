@@ -3,6 +3,8 @@ import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import OpenAI from 'openai';
+import { createOpenAI } from '@ai-sdk/openai';
+import { streamText } from 'ai';
 import { Pool } from 'undici';
 import { http, type TestServer, type WireList } from './helpers/server.js';
 import { GATEWAY_MODEL as MODEL, chunkFrame, closers, completionBody, fixture, startGateway } from './helpers/fixtures.js';
@@ -258,17 +260,35 @@ describe('upstream faults', () => {
     const client = new OpenAI({ apiKey: s.adminKey, baseURL: s.baseURL, maxRetries: 0 });
     const types: string[] = [];
     let id = '';
-    for await (const ev of await client.responses.create({ model: MODEL, input: 'Once upon a time', stream: true })) {
-      types.push(ev.type);
-      if (ev.type === 'response.created') id = ev.response.id;
-    }
-    assert.equal(types.at(-1), 'response.failed');
+    // The `error` event before `response.failed` (Open Responses): the openai SDK throws there.
+    await assert.rejects(
+      async () => {
+        for await (const ev of await client.responses.create({ model: MODEL, input: 'Once upon a time', stream: true })) {
+          types.push(ev.type);
+          if (ev.type === 'response.created') id = ev.response.id;
+        }
+      },
+      (err: unknown) => err instanceof OpenAI.APIError && err.code === 'upstream_error',
+    );
+    assert.ok(types.includes('response.output_text.delta'), types.join(' '));
     assert.ok(!types.includes('response.completed'));
+    // The AI SDK reports it as an error, not as an answer that ended for no reason (an outside
+    // pass: before the error event it read the cut text as finishReason "unknown", no error).
+    const provider = createOpenAI({ apiKey: s.adminKey, baseURL: s.baseURL });
+    let reported: unknown;
+    const result = streamText({ model: provider.responses(MODEL), prompt: 'Once upon a time', onError: (e) => void (reported = e.error) });
+    let text = '';
+    for await (const delta of result.textStream) text += delta;
+    assert.equal(text, 'Once');
+    // @ai-sdk/openai 2 reports an error event through onError and leaves the finish reason
+    // 'unknown' (it reads no finish from response.failed); before, onError never ran.
+    assert.notEqual(await result.finishReason, 'stop');
+    assert.match(JSON.stringify(reported), /upstream_error/, 'the AI SDK reported the error');
     const stored = await client.responses.retrieve(id);
     assert.equal(stored.status, 'failed');
     assert.equal(stored.error?.code, 'upstream_error');
     const u = await usage(s);
-    assert.deepEqual([u.requests, u.errors], [1, 1]);
+    assert.deepEqual([u.requests, u.errors], [2, 2], "the openai SDK's request and the AI SDK's");
   });
 
   it('serves 1,000 requests with 0 errors while one of two deployments is killed mid-run', async () => {

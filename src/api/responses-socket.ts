@@ -141,9 +141,14 @@ class ResponseSocket {
       if (abort.signal.aborted) run.abort.abort();
       else abort.signal.addEventListener('abort', () => run.abort.abort(), { once: true });
       // One WebSocket message per event (the SDK reads them so), from the batches the run hands over.
-      follow: for await (const { start, events } of run.batches(abort.signal)) {
-        for (let i = 0; i < events.length; i++) {
-          if (!(await this.send(socketFrame(events[i]!, start + i)))) break follow;
+      // The stream's `error` event before `response.failed` is left out here: on this transport an
+      // `error` message is the transport's own (with a status, and it ends the turn for clients),
+      // and the terminal event carries the error. The turn numbers what it sends from 0 without gaps.
+      let seq = 0;
+      follow: for await (const { events } of run.batches(abort.signal)) {
+        for (const ev of events) {
+          if (ev.type === 'error') continue;
+          if (!(await this.send(socketFrame(ev, seq++)))) break follow;
         }
       }
       await run.done;

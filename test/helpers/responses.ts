@@ -27,9 +27,20 @@ export function checkStream(events: SseEvent[]): Ev[] {
   });
   parsed.forEach((d, i) => assert.equal(d.sequence_number, i, 'sequence_number counts from 0 by 1'));
   assert.equal(parsed[0]!.type, 'response.created');
-  const terminals = parsed.filter((d) => ['response.completed', 'response.incomplete', 'response.failed', 'error'].includes(d.type));
+  const terminals = parsed.filter((d) => ['response.completed', 'response.incomplete', 'response.failed'].includes(d.type));
   assert.equal(terminals.length, 1, 'exactly one terminal event');
   assert.equal(parsed.at(-1), terminals[0], 'the terminal event is last');
+  // Open Responses: an error while streaming is an `error` event, followed by `response.failed`.
+  parsed.forEach((d, i) => {
+    if (d.type !== 'error') return;
+    const failed = parsed[i + 1];
+    assert.equal(failed?.type, 'response.failed', 'an error event is followed by response.failed');
+    const error = (d as unknown as { error: { type: string; code: string; message: string; param: null } }).error;
+    assert.deepEqual([error.code, error.message], [failed!.response!.error!.code, failed!.response!.error!.message]);
+    assert.equal(typeof error.type, 'string');
+    assert.equal(error.param, null);
+  });
+  if (terminals[0]!.type === 'response.failed') assert.equal(parsed.at(-2)?.type, 'error', 'response.failed follows an error event');
   const ids = new Set(parsed.filter((d) => d.response).map((d) => d.response!.id));
   assert.equal(ids.size, 1, 'one response id throughout');
   const added = parsed.filter((d) => d.type === 'response.output_item.added');

@@ -13,6 +13,7 @@ import {
   type StoredResponse,
 } from '../../core/responses/format.js';
 import type { ResponsesRequest } from './request.js';
+import { ApiError, isErrorCode } from '../../core/errors.js';
 
 /**
  * The Responses API's response object and stream events: how canonical events become the object a
@@ -283,7 +284,12 @@ export class ResponseBuilder implements ResponseFold {
     return out;
   }
 
-  /** The engine failed: `response.failed` with `error: {code, message}`. */
+  /**
+   * The engine failed: an `error` event, then `response.failed` with `error: {code, message}`
+   * (Open Responses: "Any error incurred while streaming will be followed by a response.failed
+   * event"; docs/decisions.md, "A stream that fails"). Clients that stop at the error (the openai
+   * SDK throws there, the AI SDK reports it) and clients that read the terminal event both see it.
+   */
   fail(code: string, message: string): WireEvent[] {
     const out: WireEvent[] = [];
     this.close(out, 'incomplete');
@@ -291,6 +297,8 @@ export class ResponseBuilder implements ResponseFold {
     r.status = 'failed';
     r.error = { code, message };
     r.usage = renderResponseUsage(this.usage);
+    const type = isErrorCode(code) ? new ApiError(code, message).type : 'server_error';
+    out.push({ type: 'error', error: { type, code, message, param: null } });
     out.push({ type: 'response.failed', response: copy(r) });
     return out;
   }
