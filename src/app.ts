@@ -161,6 +161,7 @@ export async function createService(
         schemaOutcomes: local.schemaOutcomes,
       };
     }, config.metricsToken !== undefined);
+    metrics.isPrivate = (id) => catalogue.find(id)?.visibility === 'private';
     const upstream = new UpstreamEngine(log, upstreamOptions(config), {
       onInvalidUsage: (deployment) => metrics.upstreamUsageInvalid.inc({ deployment }),
     });

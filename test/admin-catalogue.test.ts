@@ -130,3 +130,57 @@ describe('administering the catalogue and deployments', () => {
     assert.deepEqual(pricing.json.pricing, [{ metric: 'input_tokens', rate: 0.5 }]);
   });
 });
+
+describe('an open /metrics scrape and a model made private', () => {
+  let up: TestServer;
+  let s: TestServer;
+  before(async () => {
+    up = await startServer();
+    const upstreamKey = (await createKey(up, 'downstream')).key;
+    s = await startServer({ modelsDir: tempDir(), env: { UPSTREAM_KEY_A: upstreamKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' } });
+  });
+  after(async () => {
+    await s.close();
+    await up.close();
+  });
+
+  it("stops naming the model and shows what it counted as private's (an outside pass found it still named)", async () => {
+    const model = 'qwen/stories-remote';
+    assert.equal((await http(s.url, 'POST', '/admin/models', { key: s.adminKey, body: { id: model, context_length: 512 } })).status, 201);
+    const dep = await http(s.url, 'POST', '/admin/deployments', {
+      key: s.adminKey,
+      body: { model, base_url: up.baseURL, api_key_env: 'UPSTREAM_KEY_A', upstream_model: 'local/stories260k' },
+    });
+    assert.equal(dep.status, 201, dep.text);
+    const ask = () =>
+      http(s.url, 'POST', '/v1/chat/completions', {
+        key: s.adminKey,
+        body: { model, messages: [{ role: 'user', content: 'Once' }], max_tokens: 2 },
+      });
+    assert.equal((await ask()).status, 200);
+    const before = (await http(s.url, 'GET', '/metrics')).text;
+    assert.match(before, /switchyard_requests_total\{route="\/v1\/chat\/completions",model="qwen\/stories-remote",status="200"\} 1/);
+    assert.equal((await http(s.url, 'POST', '/admin/orgs', { key: s.adminKey, body: { id: 'owner', name: 'Owner' } })).status, 201);
+    const made = await http<WireModel>(s.url, 'PATCH', `/admin/models/${model}`, {
+      key: s.adminKey,
+      body: { visibility: 'private', owned_by: 'owner' },
+    });
+    assert.equal(made.json.visibility, 'private', made.text);
+    // One request more, counted as private's from the start; the one before is shown there too.
+    assert.equal((await ask()).status, 200);
+    const after = (await http(s.url, 'GET', '/metrics')).text;
+    assert.ok(
+      !after.includes('stories-remote'),
+      after
+        .split('\n')
+        .filter((l) => l.includes('stories-remote'))
+        .join('\n'),
+    );
+    assert.match(after, /switchyard_requests_total\{route="\/v1\/chat\/completions",model="private",status="200"\} 2/);
+    assert.match(after, /switchyard_request_duration_seconds_count\{route="\/v1\/chat\/completions",model="private",status="200"\} 2/);
+    assert.match(after, /switchyard_tokens_total\{model="private",kind="output"\} 4/);
+    // Each label set once: the series added up, not written twice.
+    const lines = after.split('\n').filter((l) => l.startsWith('switchyard_request_duration_seconds_count{route="/v1/chat/completions"'));
+    assert.equal(new Set(lines.map((l) => l.slice(0, l.lastIndexOf(' ')))).size, lines.length);
+  });
+});

@@ -254,7 +254,7 @@ export class MeteredStream implements OpenMeter {
     if (usage.output) metrics.countTokens(m, 'output', usage.output);
     if (usage.reasoning) metrics.countTokens(m, 'reasoning', usage.reasoning);
     c.settle?.(usage.input + usage.output, cost);
-    if (missing) metrics.priceMissing.inc({ model: m });
+    if (missing) metrics.countPriceMissing(m);
     else if (cost) metrics.countCost(m, cost);
     this.written = this.ledger.record(this.recordOf(usage, cost, now, this.status, this.errorCode));
     this.ledger.end(this);

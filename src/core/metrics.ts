@@ -17,16 +17,23 @@ class CounterSeries {
   }
 }
 
-/** A counter whose series are CounterSeries; prom-client's own state is rebuilt from them at each scrape. */
+/** A series' labels as a scrape shows them (see Metrics.exported). */
+type Relabel = (labels: Readonly<Record<string, string>>) => Readonly<Record<string, string>>;
+
+/**
+ * A counter whose series are CounterSeries; prom-client's own state is rebuilt from them at each
+ * scrape (series that a scrape shows under the same labels are added up).
+ */
 function seriesCounter(
   o: { name: string; help: string; labelNames: readonly string[]; registers: Registry[] },
   series: () => Iterable<CounterSeries>,
+  relabel: Relabel,
 ): Counter {
   return new Counter({
     ...o,
     collect() {
       this.reset();
-      for (const s of series()) if (s.total > 0) this.inc(s.labels, s.total);
+      for (const s of series()) if (s.total > 0) this.inc(relabel(s.labels), s.total);
     },
   });
 }
@@ -63,12 +70,17 @@ class SeriesHistogram extends Histogram {
   private readonly series = new Map<string, HistogramSeries>();
   private readonly metricName: string;
   private readonly metricHelp: string;
+  private readonly relabel: Relabel;
 
-  constructor(o: { name: string; help: string; labelNames: readonly string[]; buckets: number[]; registers: Registry[] }) {
+  constructor(
+    o: { name: string; help: string; labelNames: readonly string[]; buckets: number[]; registers: Registry[] },
+    relabel: Relabel,
+  ) {
     super(o);
     this.metricName = o.name;
     this.metricHelp = o.help;
     this.bounds = [...o.buckets].sort((a, b) => a - b);
+    this.relabel = relabel;
   }
 
   /** A new series for a label set not seen before. */
@@ -82,7 +94,22 @@ class SeriesHistogram extends Histogram {
     const name = this.metricName;
     const values: Array<MetricValueWithName<string>> = [];
     const bucket = `${name}_bucket`;
-    for (const s of this.series.values()) {
+    // Series a scrape shows under the same labels are added up into one (into a copy: a scrape
+    // never changes a series' own counts).
+    const shown = new Map<string, { labels: Readonly<Record<string, string>>; counts: Float64Array; sum: number; count: number }>();
+    for (const series of this.series.values()) {
+      const labels = this.relabel(series.labels);
+      const key = JSON.stringify(labels);
+      const into = shown.get(key);
+      if (into === undefined) {
+        shown.set(key, { labels, counts: series.counts, sum: series.sum, count: series.count });
+        continue;
+      }
+      const counts = Float64Array.from(into.counts);
+      series.counts.forEach((n, i) => (counts[i]! += n));
+      shown.set(key, { labels, counts, sum: into.sum + series.sum, count: into.count + series.count });
+    }
+    for (const s of shown.values()) {
       let acc = 0;
       this.bounds.forEach((le, i) => {
         acc += s.counts[i]!;
@@ -133,9 +160,22 @@ export class Metrics {
     return model.visibility === 'private' && !this.revealPrivate ? 'private' : model.id;
   }
 
+  /**
+   * Whether a model id is private now (the catalogue's answer, set by the app). A series is labelled
+   * when its first request is counted; a model made private since then must not go on being named
+   * by an open scrape (an outside pass found it there), so a scrape shows such series as `private`.
+   */
+  isPrivate: (id: string) => boolean = () => false;
+
+  /** A series' labels as a scrape shows them: a model that is private now is `private` (unless the endpoint needs a token). */
+  private readonly exported: Relabel = (labels) => {
+    const model = labels['model'];
+    if (this.revealPrivate || model === undefined || model === 'private' || !this.isPrivate(model)) return labels;
+    return { ...labels, model: 'private' };
+  };
+
   private readonly duration: SeriesHistogram;
   private readonly ttft: SeriesHistogram;
-  readonly priceMissing: Counter<'model'>;
   readonly rateLimited: Counter<'limit'>;
   readonly upstreamErrors: Counter<'deployment' | 'code'>;
   readonly retries: Counter;
@@ -164,21 +204,28 @@ export class Metrics {
         registers,
       },
       () => this.requestCounts(),
+      this.exported,
     );
-    this.duration = new SeriesHistogram({
-      name: 'switchyard_request_duration_seconds',
-      help: 'HTTP request duration (for streams, until the last event)',
-      labelNames: ['route', 'model', 'status'],
-      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
-      registers,
-    });
-    this.ttft = new SeriesHistogram({
-      name: 'switchyard_time_to_first_token_seconds',
-      help: 'Time from request to the first generated event',
-      labelNames: ['route', 'model'],
-      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
-      registers,
-    });
+    this.duration = new SeriesHistogram(
+      {
+        name: 'switchyard_request_duration_seconds',
+        help: 'HTTP request duration (for streams, until the last event)',
+        labelNames: ['route', 'model', 'status'],
+        buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+        registers,
+      },
+      this.exported,
+    );
+    this.ttft = new SeriesHistogram(
+      {
+        name: 'switchyard_time_to_first_token_seconds',
+        help: 'Time from request to the first generated event',
+        labelNames: ['route', 'model'],
+        buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+        registers,
+      },
+      this.exported,
+    );
     seriesCounter(
       {
         name: 'switchyard_tokens_total',
@@ -187,17 +234,23 @@ export class Metrics {
         registers,
       },
       () => this.tokenCounts(),
+      this.exported,
     );
     seriesCounter(
       { name: 'switchyard_cost_usd_total', help: 'Cost in US dollars of priced requests', labelNames: ['model'], registers },
       () => this.costSeries.values(),
+      this.exported,
     );
-    this.priceMissing = new Counter({
-      name: 'switchyard_price_missing_total',
-      help: 'Requests whose cost is unknown because the model lacks a price',
-      labelNames: ['model'],
-      registers,
-    });
+    seriesCounter(
+      {
+        name: 'switchyard_price_missing_total',
+        help: 'Requests whose cost is unknown because the model lacks a price',
+        labelNames: ['model'],
+        registers,
+      },
+      () => this.priceMissingSeries.values(),
+      this.exported,
+    );
     this.rateLimited = new Counter({
       name: 'switchyard_rate_limited_total',
       help: 'Requests refused by a limit',
@@ -299,6 +352,7 @@ export class Metrics {
   private readonly ttftSeries = new Map<string, Map<string, HistogramSeries>>();
   private readonly tokenSeries = new Map<string, Record<TokenKind, CounterSeries>>();
   private readonly costSeries = new Map<string, CounterSeries>();
+  private readonly priceMissingSeries = new Map<string, CounterSeries>();
 
   /** One answered HTTP request: its count and duration. */
   countRequest(route: string, model: string, status: number, seconds: number): void {
@@ -359,6 +413,16 @@ export class Metrics {
       this.costSeries.set(model, series);
     }
     series.inc(dollars);
+  }
+
+  /** A request whose cost is unknown: its model lacks a price. */
+  countPriceMissing(model: string): void {
+    let series = this.priceMissingSeries.get(model);
+    if (series === undefined) {
+      series = new CounterSeries({ model });
+      this.priceMissingSeries.set(model, series);
+    }
+    series.inc();
   }
 
   /** Reads the number of API requests in progress (probes and metrics are not counted) at each scrape. */
