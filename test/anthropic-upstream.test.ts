@@ -208,6 +208,36 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
     assert.ok(!JSON.stringify(r).includes(SECRET));
   });
 
+  it('refuses a json_object format (Anthropic has no JSON mode) instead of answering in prose', async () => {
+    // An outside pass: it was dropped, and JSON.parse of the answer failed.
+    const before = seen.length;
+    await assert.rejects(
+      openai.chat.completions.create({
+        model: MODEL,
+        messages: [{ role: 'user', content: 'JSON' }],
+        response_format: { type: 'json_object' },
+      }),
+      (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'unsupported_parameter' && /json_schema/.test(err.message),
+    );
+    await assert.rejects(
+      openai.responses.create({ model: MODEL, input: 'JSON', text: { format: { type: 'json_object' } } }),
+      (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'unsupported_parameter',
+    );
+    assert.equal(seen.length, before, 'nothing was sent to the upstream');
+    // A schema is sent as Anthropic's output_config.format.
+    await openai.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'JSON' }],
+      response_format: {
+        type: 'json_schema',
+        json_schema: { name: 'x', schema: { type: 'object', properties: { a: { type: 'string' } } } },
+      },
+    });
+    assert.deepEqual((seen.at(-1)!.body as Record<string, unknown>)['output_config'], {
+      format: { type: 'json_schema', schema: { type: 'object', properties: { a: { type: 'string' } } } },
+    });
+  });
+
   it('streams chat completions, tool calls included, and takes the tool result back', async () => {
     const tools: OpenAI.ChatCompletionTool[] = [
       { type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } },

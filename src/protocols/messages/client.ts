@@ -139,6 +139,15 @@ export function encodeMessagesRequest(req: GenerationRequest, upstreamModel: str
   }
   const f = req.responseFormat;
   if (f?.type === 'json_schema') body['output_config'] = { format: { type: 'json_schema', schema: f.schema } };
+  // Anthropic's API has no JSON mode, and its structured outputs take no schema of an arbitrary
+  // object: sent without it, the answer was prose where the client was promised JSON (an outside
+  // pass). Refused before anything is sent.
+  if (f?.type === 'json_object') {
+    throw new ApiError(
+      'unsupported_parameter',
+      'A json_object format is not supported on this model (its upstream, Anthropic’s API, has no JSON mode); send a json_schema format instead.',
+    );
+  }
   if (budget !== undefined && budget >= MIN_BUDGET && budget < maxTokens && !unsignedToolTurn(turns))
     body['thinking'] = { type: 'enabled', budget_tokens: budget };
   return body;
