@@ -11,18 +11,29 @@ interface WireDeployment {
   weight: number;
 }
 
+/** A Switchyard with no models of its own (`gateway`) that may call another (`upstream`) with the key in UPSTREAM_KEY_A. */
+async function gatewayAndUpstream(): Promise<{ upstream: TestServer; gateway: TestServer; close(): Promise<void> }> {
+  const upstream = await startServer();
+  const upstreamKey = (await createKey(upstream, 'downstream')).key;
+  const gateway = await startServer({ modelsDir: tempDir(), env: { UPSTREAM_KEY_A: upstreamKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' } });
+  return {
+    upstream,
+    gateway,
+    close: async () => {
+      await gateway.close();
+      await upstream.close();
+    },
+  };
+}
+
 describe('administering the catalogue and deployments', () => {
   let a: TestServer;
   let b: TestServer;
+  let close: () => Promise<void>;
   before(async () => {
-    a = await startServer();
-    const upstreamKey = (await createKey(a, 'downstream')).key;
-    b = await startServer({ modelsDir: tempDir(), env: { UPSTREAM_KEY_A: upstreamKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' } });
+    ({ upstream: a, gateway: b, close } = await gatewayAndUpstream());
   });
-  after(async () => {
-    await b.close();
-    await a.close();
-  });
+  after(() => close());
 
   const ask = (model: string) =>
     http(b.url, 'POST', '/v1/chat/completions', {
@@ -134,15 +145,11 @@ describe('administering the catalogue and deployments', () => {
 describe('an open /metrics scrape and a model made private', () => {
   let up: TestServer;
   let s: TestServer;
+  let close: () => Promise<void>;
   before(async () => {
-    up = await startServer();
-    const upstreamKey = (await createKey(up, 'downstream')).key;
-    s = await startServer({ modelsDir: tempDir(), env: { UPSTREAM_KEY_A: upstreamKey, SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' } });
+    ({ upstream: up, gateway: s, close } = await gatewayAndUpstream());
   });
-  after(async () => {
-    await s.close();
-    await up.close();
-  });
+  after(() => close());
 
   it("stops naming the model and shows what it counted as private's (an outside pass found it still named)", async () => {
     const model = 'qwen/stories-remote';
