@@ -217,11 +217,15 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
         messages: [{ role: 'user', content: 'JSON' }],
         response_format: { type: 'json_object' },
       }),
-      (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'unsupported_parameter' && /json_schema/.test(err.message),
+      (err: unknown) =>
+        err instanceof OpenAI.BadRequestError &&
+        err.code === 'unsupported_parameter' &&
+        err.param === 'response_format' &&
+        /json_schema/.test(err.message),
     );
     await assert.rejects(
       openai.responses.create({ model: MODEL, input: 'JSON', text: { format: { type: 'json_object' } } }),
-      (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'unsupported_parameter',
+      (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'unsupported_parameter' && err.param === 'text.format',
     );
     assert.equal(seen.length, before, 'nothing was sent to the upstream');
     // A schema is sent as Anthropic's output_config.format.

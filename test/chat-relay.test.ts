@@ -300,10 +300,25 @@ describe('chat relay', () => {
     // Some servers write chunks without `logprobs` (vLLM and llama.cpp's do not, Ollama's and
     // routing providers' sometimes do); openai-wire.md's chunk has it, and with include_usage every
     // chunk before the usage chunk has `usage: null`, on the canonical lane as well.
-    const bare = (content: string, finish: string | null = null) =>
-      `data: ${JSON.stringify({ id: 'up', created: 1, model: 'u', choices: [{ index: 0, delta: { content }, finish_reason: finish }] })}\n\n`;
-    const stream = [bare('a'), bare('b'), bare('c'), bare('d'), bare('', 'stop'), 'data: [DONE]\n\n'];
-    for (const usageNull of [false, true]) {
+    const bare = (content: string, finish: string | null = null, usage?: null) =>
+      `data: ${JSON.stringify({ id: 'up', created: 1, model: 'u', choices: [{ index: 0, delta: { content }, finish_reason: finish }], usage })}\n\n`;
+    // Whether the upstream wrote `usage: null` (it does when asked for the usage, and Switchyard
+    // always asks): a client that did not ask reads no usage member, as on the canonical lane.
+    for (const [usageNull, upstreamNull] of [
+      [false, false],
+      [true, false],
+      [false, true],
+      [true, true],
+    ] as const) {
+      const u = upstreamNull ? null : undefined;
+      const stream = [
+        bare('a', null, u),
+        bare('b', null, u),
+        bare('c', null, u),
+        bare('d', null, u),
+        bare('', 'stop', u),
+        'data: [DONE]\n\n',
+      ];
       const r = new ChatRelay('m', (t) => t, new OutputLimit(1000), 1 << 20, tooLarge, undefined, usageNull, IDS);
       const chunks = stream
         .map((f) => r.push(f))
@@ -435,7 +450,9 @@ describe('chat relay', () => {
       logprobs: null,
       finish_reason: null,
     });
-    assert.equal(mixed.parsed[0]!.usage, null);
+    // The usage is taken out (it goes in the usage chunk); this client did not ask for usage, so
+    // no `usage: null` is left in its place either.
+    assert.ok(!('usage' in mixed.parsed[0]!), JSON.stringify(mixed.parsed[0]));
     assert.equal(mixed.parsed[1]!.choices[0]!.finish_reason, 'length');
     assert.equal(mixed.r.limit.reasoningChars, 100);
     assert.equal(mixed.r.limit.chars, 128);

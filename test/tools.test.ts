@@ -254,6 +254,17 @@ describe('function calling and structured output on the local engine (stories260
     assert.equal(chat.choices[0]!.finish_reason, 'length');
     const chatCall = chat.choices[0]!.message.tool_calls?.[0];
     assert.ok(chatCall?.type === 'function' && chatCall.function.name === call.name, JSON.stringify(chat.choices[0]));
+    // Cut exactly where the call ends, or one token before: the whole call, or a prefix of its
+    // arguments (never the outer object's closing brace, which made them invalid JSON).
+    const exact = await client.responses.create({ ...ask, max_output_tokens: used });
+    const exactCall = exact.output[0]!;
+    assert.ok(exactCall.type === 'function_call' && exactCall.status === 'completed', JSON.stringify(exact.output));
+    assert.equal(exactCall.arguments, call.arguments);
+    const oneShort = await client.responses.create({ ...ask, max_output_tokens: used - 1 });
+    const shortCall = oneShort.output[0]!;
+    assert.ok(shortCall.type === 'function_call' && shortCall.status === 'incomplete', JSON.stringify(oneShort.output));
+    assert.ok(!shortCall.arguments.endsWith('}}'), shortCall.arguments);
+    assert.equal(JSON.stringify(JSON.parse(shortCall.arguments)), call.arguments, 'one token short of the call is the outer brace');
     // Cut inside the name: no call at all (nothing nameable was written).
     const early = await client.responses.create({ ...ask, max_output_tokens: 5 });
     assert.equal(early.status, 'incomplete');
@@ -1355,7 +1366,10 @@ describe('parallel calls from an upstream whose deltas interleave, or name no in
     const b = (args: string, start = false) =>
       call(
         i(1),
-        start ? { id: 'call_b', type: 'function', function: { name: 'get_time', arguments: args } } : { function: { arguments: args } },
+        // An id as Kimi's servers write them, which Anthropic's pattern for tool_use ids refuses.
+        start
+          ? { id: 'functions.get_time:1', type: 'function', function: { name: 'get_time', arguments: args } }
+          : { function: { arguments: args } },
       );
     const order = indexed
       ? [a('', true), a('{"ci'), b('{"tz":', true), a('ty":"Par'), a('is"}'), b('"UTC"}')]
@@ -1417,6 +1431,11 @@ describe('parallel calls from an upstream whose deltas interleave, or name no in
         `${mode}: ${JSON.stringify(message.content)}`,
       );
       assert.equal(message.stop_reason, 'tool_use');
+      // Ids as Anthropic writes them (a client may send the conversation on to Anthropic), and
+      // stop_details as a non-stream message has it (the SDK's helper copies it from message_delta).
+      const ids = message.content.map((b) => (b.type === 'tool_use' ? b.id : ''));
+      assert.deepEqual(ids, ['call_a', 'functions_get_time_1']);
+      assert.equal(message.stop_details, null);
       const response = await openai.responses
         .stream({
           model: GATEWAY_MODEL,

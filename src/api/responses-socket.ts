@@ -39,6 +39,8 @@ class ResponseSocket {
   private readonly pending: RawData[] = [];
   private pendingBytes = 0;
   private running: AbortController | undefined;
+  /** Error events sent and not yet handed to the socket (see error). */
+  private unsentErrorBytes = 0;
   private draining = false;
   private idle: Promise<void> = Promise.resolve();
   private turns = 0;
@@ -225,11 +227,19 @@ class ResponseSocket {
    * Sends an error event. Errors answer the client's own messages, one each, so a client that sends
    * and never reads would have them pile up in the socket's buffer without bound (an outside pass:
    * 4 MB of one-byte messages grew the server by 470 MB and held its event loop for seconds). Once
-   * a megabyte waits unread, the connection is closed instead.
+   * a megabyte of error events waits unsent, the connection is closed instead. Only error events
+   * count: a turn's own events wait for the client as they always did (send), however many.
    */
   private error(e: ApiError): void {
-    if (this.ws.bufferedAmount >= HIGH_WATER) return this.overrun();
-    void this.send(socketError(e));
+    const { ws } = this;
+    if (ws.readyState !== ws.OPEN) return;
+    const text = socketError(e);
+    if (this.unsentErrorBytes + text.length > HIGH_WATER) return this.overrun();
+    this.unsentErrorBytes += text.length;
+    // Called once the message is handed to the socket (or the connection failed).
+    ws.send(text, () => {
+      this.unsentErrorBytes -= text.length;
+    });
   }
 
   /** The client does not read what it is sent: the connection ends now (a close frame would wait behind the rest). */
@@ -238,7 +248,7 @@ class ResponseSocket {
     // closed() follows, which stops a running turn and drops the queue.
     this.closing = true;
     this.clearPending();
-    this.req.log.warn({ buffered: this.ws.bufferedAmount }, 'websocket client does not read its errors; connection closed');
+    this.req.log.warn({ unsent_error_bytes: this.unsentErrorBytes }, 'websocket client does not read its errors; connection closed');
     this.ws.terminate();
   }
 

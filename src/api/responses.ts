@@ -62,8 +62,9 @@ async function streamEvents(
     let { start, events } = batch;
     if (startingAfter >= 0 && log.replayed) {
       // A finished response re-rendered from storage is not numbered as its live stream was: what
-      // follows any point of that stream is its end, the terminal event carrying the whole response.
-      events = events.slice(-1);
+      // follows any point of that stream is its end, the terminal event carrying the whole response
+      // (and for a failed one the error event before it, which some clients read instead).
+      events = events.slice(events.at(-2)?.type === 'error' ? -2 : -1);
       start = startingAfter + 1;
     } else if (start <= startingAfter) {
       // A replay `starting_after` a sequence number leaves out what the client already has.

@@ -163,6 +163,15 @@ export class GenerationPipeline {
     const [format, schema] = FORMAT_PARAMS[protocol];
     if (req.tools?.length && req.toolChoice !== 'none') need('function_calling', 'tools');
     if (req.responseFormat && req.responseFormat.type !== 'text') need('structured_output', format);
+    // Anthropic has no JSON mode (protocols/messages/client.ts refuses it there too, for a model
+    // whose deployments are of several kinds): said here, naming the client's parameter.
+    if (req.responseFormat?.type === 'json_object' && this.router.anthropicOnly(model)) {
+      throw new ApiError(
+        'unsupported_parameter',
+        `A json_object format is not supported by '${model.id}' (it is served by Anthropic's API, which has no JSON mode); send a json_schema format instead.`,
+        { param: format },
+      );
+    }
     // Images, on every endpoint.
     if (!model.capabilities.includes('vision')) {
       req.messages.forEach((m, i) => {

@@ -307,7 +307,10 @@ export class Metrics {
       registers,
       collect() {
         this.reset();
-        for (const m of local().models) this.set({ model: m.model }, m.active);
+        // Added up per label: several private models share `private`.
+        const by = new Map<string, number>();
+        for (const m of local().models) by.set(m.model, (by.get(m.model) ?? 0) + m.active);
+        for (const [model, n] of by) this.set({ model }, n);
       },
     });
     new Gauge({
@@ -317,7 +320,9 @@ export class Metrics {
       registers,
       collect() {
         this.reset();
-        for (const m of local().models) this.set({ model: m.model }, m.queued);
+        const by = new Map<string, number>();
+        for (const m of local().models) by.set(m.model, (by.get(m.model) ?? 0) + m.queued);
+        for (const [model, n] of by) this.set({ model }, n);
       },
     });
     new Gauge({

@@ -187,6 +187,13 @@ export class Router {
     return (this.upstreams.get(model.id)?.length ?? 0) > 0 || this.catalogue.isLocal(model.id);
   }
 
+  /** Whether every deployment that serves the model (and no local file) speaks Anthropic's Messages API. */
+  anthropicOnly(model: Model): boolean {
+    const routes = this.upstreams.get(model.id);
+    if (!routes?.length || this.catalogue.isLocal(model.id)) return false;
+    return routes.every((r) => r.target.engine === 'upstream' && r.target.api === 'anthropic');
+  }
+
   /** The model a principal may generate with, or the answer decided in docs/decisions.md. */
   resolve(id: string, who: Principal): Model {
     const model = this.catalogue.get(id, who);

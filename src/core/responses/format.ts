@@ -65,7 +65,10 @@ export interface ResponsesFormat<Echo> {
    * dead process), and the usage billed for it where it has none yet.
    */
   end(stored: string, status: 'cancelled' | 'failed', error?: { code: string; message: string }, usage?: Usage): string;
-  /** Whether an event ends the stream (it waits until the response and its usage are stored). */
+  /**
+   * Whether an event ends the stream for its clients (it waits until the response and its usage
+   * are stored): the terminal event, and an error event before it (clients stop at that one).
+   */
   isTerminal(ev: ResponseEvent): boolean;
 }
 

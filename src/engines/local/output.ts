@@ -192,6 +192,16 @@ export class CallSink implements Sink {
   }
 }
 
+/** Whether text is one whole JSON document. */
+function wholeJson(text: string): boolean {
+  try {
+    JSON.parse(text);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /**
  * The start of a call to one of several functions as the grammar writes it (callSchema's properties
  * in their order): group 1 is the name as written inside its quotes, group 2 is there once the
@@ -221,10 +231,13 @@ export class ChoiceSink implements Sink {
   }
 
   async end(reason: 'stop' | 'length'): Promise<Ending> {
-    if (reason === 'length') {
+    if (reason === 'length' && !wholeJson(this.buf)) {
       // Cut by the output limit: the call as far as it came, as a forced call's (CallSink), once
       // its name is whole. Open Responses: an item cut this way is `incomplete`, and its first
-      // event carries at least the name. A call cut inside its name shows nothing.
+      // event carries at least the name. A call cut inside its name shows nothing. (A call whose
+      // last token was the limit's is whole: it goes on as any whole call.) The text after the
+      // head is the arguments so far: the outer object's closing brace is never in it, since
+      // with it the text would be whole.
       const head = CALL_HEAD.exec(this.buf);
       if (head) {
         await this.push({ type: 'tool_call.start', index: 0, id: newCallId(), name: JSON.parse(`"${head[1]}"`) as string });

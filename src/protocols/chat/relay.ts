@@ -213,8 +213,10 @@ function completeAnswer(answer: Record<string, unknown>): boolean {
  * Puts in the members of a `chat.completion.chunk` that OpenAI's schema has and some upstreams leave
  * out: `choices[].logprobs` (null), `object`, and, where the client asked for the usage
  * (`stream_options.include_usage`), `usage` as null in every chunk before the usage chunk
- * (openai-wire.md). A client then reads the same chunks from every upstream, and on either lane.
- * True when none was missing (the upstream's text can then go on as it is).
+ * (openai-wire.md). Where it did not ask, a `usage: null` is taken out: the upstream writes it
+ * because Switchyard always asks for the usage (to bill it). A client then reads the same chunks
+ * from every upstream, and on either lane. True when nothing was changed (the upstream's text can
+ * then go on as it is).
  */
 function completeChunk(chunk: Record<string, unknown>, usage: boolean): boolean {
   let whole = true;
@@ -224,6 +226,10 @@ function completeChunk(chunk: Record<string, unknown>, usage: boolean): boolean 
   }
   if (usage && chunk['usage'] === undefined) {
     chunk['usage'] = null;
+    whole = false;
+  } else if (!usage && chunk['usage'] === null) {
+    // JSON.stringify leaves out a member set to undefined.
+    chunk['usage'] = undefined;
     whole = false;
   }
   const choices = chunk['choices'];

@@ -11,6 +11,19 @@ import { nestsDeeper, obj } from '../reader.js';
 
 export const newMessageId = (): string => newId('msg');
 
+/**
+ * A call's id as a Messages `tool_use` id: Anthropic's match `^[a-zA-Z0-9_-]+$`, and a client that
+ * later sends the conversation to Anthropic gets a 400 for any other. Some upstreams write others
+ * (Kimi's `functions.get_weather:0`): each other character becomes `_`. The client sends the id back
+ * with the result, and the upstream then reads this one in both places, which is all it needs.
+ */
+export function toolUseId(id: string): string {
+  if (TOOL_USE_ID.test(id)) return id;
+  const clean = id.replace(/[^a-zA-Z0-9_-]/g, '_');
+  return clean === '' ? newId('toolu') : clean;
+}
+const TOOL_USE_ID = /^[a-zA-Z0-9_-]+$/;
+
 export type StopReason = 'end_turn' | 'max_tokens' | 'stop_sequence' | 'tool_use' | 'refusal';
 
 /**
@@ -118,7 +131,7 @@ export class MessageFold {
         if (last?.type === 'thinking') last.upstream = ev.signature;
         break;
       case 'tool_call.start': {
-        const block = { type: 'tool_use' as const, id: ev.id, name: ev.name, input: {}, args: '' };
+        const block = { type: 'tool_use' as const, id: toolUseId(ev.id), name: ev.name, input: {}, args: '' };
         this.calls.set(ev.index, block);
         this.blocks.push(block);
         break;
@@ -264,7 +277,7 @@ export class MessageStreamRenderer {
         if (this.open?.kind === 'thinking') this.upstreamSignature = ev.signature;
         return '';
       case 'tool_call.start':
-        return this.begin('tool_use', { type: 'tool_use', id: ev.id, name: ev.name, input: {} }, ev.index);
+        return this.begin('tool_use', { type: 'tool_use', id: toolUseId(ev.id), name: ev.name, input: {} }, ev.index);
       case 'tool_call.delta':
         if (this.open?.kind !== 'tool_use' || this.open.toolIndex !== ev.index) return '';
         return this.delta(`{"type":"input_json_delta","partial_json":${JSON.stringify(ev.arguments)}}`);
@@ -286,7 +299,9 @@ export class MessageStreamRenderer {
   /** What ends a complete stream: the open block's stop, message_delta with the final usage, message_stop. */
   end(): string {
     const usage = this.usage ? renderUsage(this.usage) : { output_tokens: 0 };
-    const delta = { type: 'message_delta', delta: { stop_reason: this.stop, stop_sequence: this.stopSequence }, usage };
+    // `stop_details` as the answer has it (null): the SDK's stream helper copies it from here, and
+    // read undefined where a non-stream answer has null (an outside pass).
+    const delta = { type: 'message_delta', delta: { stop_reason: this.stop, stop_sequence: this.stopSequence, stop_details: null }, usage };
     return this.close() + frame('message_delta', JSON.stringify(delta)) + frame('message_stop', '{"type":"message_stop"}');
   }
 

@@ -593,7 +593,9 @@ export const responsesFormat: ResponsesFormat<ResponsesRequest> = {
   },
 
   isTerminal(ev: ResponseEvent) {
-    return TERMINAL_EVENTS.has(ev.type);
+    // The error event before response.failed is where the openai SDK and the AI SDK stop: a client
+    // that then retrieves the response must find it failed and billed, as after the terminal event.
+    return TERMINAL_EVENTS.has(ev.type) || ev.type === 'error';
   },
 };
 
