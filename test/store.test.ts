@@ -212,6 +212,14 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.deepEqual(await ids({ metadata: { k: 'v' } }, 'org_b'), ['cc_x']);
       const page = await store.listChatCompletions('org_a', { metadata: {}, limit: 2, order: 'asc' });
       assert.deepEqual([page.records.length, page.hasMore], [2, true]);
+      // A page within a byte bound (each body here is 13 bytes): the order and the filters as before.
+      const bounded = await store.listChatCompletions('org_a', { metadata: {}, limit: 10, order: 'desc', maxBytes: 26 });
+      assert.deepEqual([bounded.records.map((r) => r.id), bounded.hasMore], [['cc_c', 'cc_b'], true]);
+      assert.deepEqual(bounded.records[0], cc('cc_c', 'org_a', 20, { k: 'v', n: '3' }), 'whole records');
+      const one = await store.listChatCompletions('org_a', { metadata: { k: 'v' }, limit: 10, order: 'asc', maxBytes: 1 });
+      assert.deepEqual([one.records.map((r) => r.id), one.hasMore], [['cc_a'], true]);
+      const all = await store.listChatCompletions('org_a', { metadata: {}, limit: 10, order: 'asc', maxBytes: 1e6 });
+      assert.deepEqual([all.records.map((r) => r.id), all.hasMore], [['cc_a', 'cc_b', 'cc_c'], false]);
 
       assert.deepEqual(await store.getChatCompletion('org_a', 'cc_c'), cc('cc_c', 'org_a', 20, { k: 'v', n: '3' }));
       assert.equal(await store.getChatCompletion('org_b', 'cc_c'), undefined, "another organization's id is not found");
@@ -264,6 +272,14 @@ function storeSuite(name: string, open: () => Promise<{ store: Store; cleanup():
       assert.deepEqual([page.records.map((r) => r.id), page.hasMore], [['rl_a', 'rl_b'], true]);
       const { input_items: _items, ...listed } = resp('rl_a', 'org_l', 1000);
       assert.deepEqual(page.records[0], listed, 'every field but the input items comes back');
+      // A page within a byte bound (each body here is 13 bytes), in either order, whole records.
+      const bounded = await store.listResponses('org_l', { limit: 10, order: 'asc', maxBytes: 26 });
+      assert.deepEqual([bounded.records.map((r) => r.id), bounded.hasMore], [['rl_a', 'rl_b'], true]);
+      assert.deepEqual(bounded.records[0], listed);
+      const desc = await store.listResponses('org_l', { limit: 10, order: 'desc', maxBytes: 1, after: { id: 'rl_c', created_ms: 2000 } });
+      assert.deepEqual([desc.records.map((r) => r.id), desc.hasMore], [['rl_b'], true]);
+      const last = await store.listResponses('org_l', { limit: 10, order: 'asc', maxBytes: 1e6, after: { id: 'rl_b', created_ms: 2000 } });
+      assert.deepEqual([last.records.map((r) => r.id), last.hasMore], [['rl_c'], false]);
       assert.deepEqual(await store.getResponse('rl_a'), listed);
       // The input is kept apart: a change of status leaves it, deleting the response takes it.
       await store.createResponse({ ...resp('rl_in', 'org_l', 3000), status: 'in_progress', input_items: '[{"id":"msg_in"}]' });

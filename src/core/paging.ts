@@ -1,5 +1,14 @@
 import { ApiError } from './errors.js';
 
+/**
+ * The most a page of stored records holds (conversation items, stored responses, stored chat
+ * completions), in their stored JSON: a page stops before the record that would pass it, with
+ * `has_more` (a first record larger than this is a page of its own). Clients page on with `after`
+ * as they would for `limit`. A page of 100 items of 14 MB was one 42 MB reply that held the event
+ * loop for seconds.
+ */
+export const PAGE_BYTES = 4 * 1024 * 1024;
+
 export interface Page<T> {
   data: T[];
   hasMore: boolean;

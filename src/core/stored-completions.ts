@@ -1,7 +1,7 @@
 import { ApiError } from './errors.js';
 import type { Principal } from './principal.js';
 import type { ChatCompletionRecord, Store } from '../store/store.js';
-import { pageOf, type Page, type PageRequest } from './paging.js';
+import { PAGE_BYTES, pageOf, type Page, type PageRequest } from './paging.js';
 import { orderMs } from './ids.js';
 
 /** A stored chat completion as the protocol renders it: the object served at creation, and its metadata. */
@@ -84,7 +84,13 @@ export class StoredCompletions {
       after = await this.store.getChatCompletion(who.orgId, page.after);
       if (!after) throw new ApiError('invalid_value', `No stored chat completion '${page.after}' to list after.`, { param: 'after' });
     }
-    const found = await this.store.listChatCompletions(who.orgId, { ...filter, after, limit: page.limit, order: page.order });
+    const found = await this.store.listChatCompletions(who.orgId, {
+      ...filter,
+      after,
+      limit: page.limit,
+      order: page.order,
+      maxBytes: PAGE_BYTES,
+    });
     return { data: found.records.map(toStored), hasMore: found.hasMore };
   }
 

@@ -131,6 +131,23 @@ function rowToModel(r: Selectable<ModelsTable>): Model {
   };
 }
 
+/**
+ * Of a page's rows in order with their sizes (`n`, bytes), the ones the page holds: at most
+ * `limit`, stopping before the row that would take the total past `maxBytes` (a first row larger
+ * than that is the page alone).
+ */
+function fitting<T extends { n: number | string | null }>(rows: readonly T[], limit: number, maxBytes: number): T[] {
+  const out: T[] = [];
+  let total = 0;
+  for (const r of rows) {
+    if (out.length === limit) break;
+    total += Number(r.n ?? 0);
+    if (out.length > 0 && total > maxBytes) break;
+    out.push(r);
+  }
+  return out;
+}
+
 const CHAT_COMPLETION_COLUMNS = ['id', 'org_id', 'model', 'created_at', 'stored_at', 'metadata', 'body'] as const;
 
 function rowToChatCompletion(
@@ -508,14 +525,28 @@ export class KyselyStore implements Store {
   }
 
   async listResponses(orgId: string, q: CreationQuery): Promise<{ records: ListedResponse[]; hasMore: boolean }> {
-    let query = this.db.selectFrom('responses').selectAll().where('org_id', '=', orgId);
+    let query = this.db.selectFrom('responses').where('org_id', '=', orgId);
     if (q.after !== undefined) query = query.where(createdAfter(q.after, q.order));
-    const rows = await query
+    query = query
       .orderBy('created_ms', q.order)
       .orderBy('id', q.order)
-      .limit(q.limit + 1)
+      .limit(q.limit + 1);
+    if (q.maxBytes === undefined) {
+      const rows = await query.selectAll().execute();
+      return { records: rows.slice(0, q.limit).map(rowToListedResponse), hasMore: rows.length > q.limit };
+    }
+    // Sizes first, then only the rows the page holds (see CreationQuery.maxBytes).
+    const sized = await query.select(['id', sql<number>`octet_length(body)`.as('n')]).execute();
+    const ids = fitting(sized, q.limit, q.maxBytes).map((r) => r.id);
+    if (ids.length === 0) return { records: [], hasMore: false };
+    const rows = await this.db
+      .selectFrom('responses')
+      .selectAll()
+      .where('id', 'in', ids)
+      .orderBy('created_ms', q.order)
+      .orderBy('id', q.order)
       .execute();
-    return { records: rows.slice(0, q.limit).map(rowToListedResponse), hasMore: rows.length > q.limit };
+    return { records: rows.map(rowToListedResponse), hasMore: sized.length > ids.length };
   }
 
   async updateResponse(
@@ -764,14 +795,11 @@ export class KyselyStore implements Store {
       .limit(opts.limit + 1)
       .execute();
     const unsized = await this.sizesOfUnsized(conversationId, rows);
-    const seqs: number[] = [];
-    let total = 0;
-    for (const r of rows) {
-      if (seqs.length === opts.limit) break;
-      total += unsized?.get(Number(r.seq)) ?? Number(r.bytes);
-      if (seqs.length > 0 && total > opts.maxBytes) break;
-      seqs.push(Number(r.seq));
-    }
+    const seqs = fitting(
+      rows.map((r) => ({ seq: Number(r.seq), n: unsized?.get(Number(r.seq)) ?? Number(r.bytes) })),
+      opts.limit,
+      opts.maxBytes,
+    ).map((r) => r.seq);
     if (seqs.length === 0) return { items: [], hasMore: false };
     const items = await this.db
       .selectFrom('conversation_items')
@@ -986,12 +1014,29 @@ export class KyselyStore implements Store {
         eb.or([eb('stored_at', op, after.stored_at), eb.and([eb('stored_at', '=', after.stored_at), eb('id', op, after.id)])]),
       );
     }
-    const rows = await query
+    query = query
       .orderBy('stored_at', q.order)
       .orderBy('id', q.order)
-      .limit(q.limit + 1)
+      .limit(q.limit + 1);
+    if (q.maxBytes === undefined) {
+      const rows = await query.execute();
+      return { records: rows.slice(0, q.limit).map(rowToChatCompletion), hasMore: rows.length > q.limit };
+    }
+    // Sizes first, then only the rows the page holds (see CreationQuery.maxBytes).
+    const sized = await query
+      .clearSelect()
+      .select(['id', sql<number>`octet_length(body)`.as('n')])
       .execute();
-    return { records: rows.slice(0, q.limit).map(rowToChatCompletion), hasMore: rows.length > q.limit };
+    const ids = fitting(sized, q.limit, q.maxBytes).map((r) => r.id);
+    if (ids.length === 0) return { records: [], hasMore: false };
+    const rows = await this.db
+      .selectFrom('chat_completions')
+      .select(CHAT_COMPLETION_COLUMNS)
+      .where('id', 'in', ids)
+      .orderBy('stored_at', q.order)
+      .orderBy('id', q.order)
+      .execute();
+    return { records: rows.map(rowToChatCompletion), hasMore: sized.length > ids.length };
   }
 
   async getSetting(key: string): Promise<string | undefined> {

@@ -88,6 +88,12 @@ export interface CreationQuery {
   after?: { id: string; created_ms: number } | undefined;
   limit: number;
   order: 'asc' | 'desc';
+  /**
+   * The most the page's records may hold in all, in stored bytes, where they can be large (stored
+   * responses): the page stops before the record that would pass it (a first record larger than
+   * it is a page of its own). Unset: `limit` alone.
+   */
+  maxBytes?: number | undefined;
 }
 
 /** A chat completion stored with `store: true`. Its request messages are read separately. */
@@ -112,6 +118,8 @@ export interface ChatCompletionQuery {
   after?: Pick<ChatCompletionRecord, 'id' | 'stored_at'> | undefined;
   limit: number;
   order: 'asc' | 'desc';
+  /** As CreationQuery's. */
+  maxBytes?: number | undefined;
 }
 
 export interface RecentItems {

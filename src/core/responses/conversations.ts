@@ -3,7 +3,7 @@ import type { Principal } from '../principal.js';
 import type { ConversationRecord, ItemPage, Store } from '../../store/store.js';
 import { checkNewItemIds, checkOutputsAnswerCalls, parseItems, resolveInput, type InputItem, type Item } from '../items.js';
 import { newId, nowSeconds, orderMs } from '../ids.js';
-import type { Page, PageRequest } from '../paging.js';
+import { PAGE_BYTES, type Page, type PageRequest } from '../paging.js';
 import type { ReasoningSeal } from '../reasoning-seal.js';
 
 /** A conversation as served (its items are listed separately). */
@@ -13,13 +13,6 @@ export interface Conversation {
   created_at: number;
   metadata: Record<string, string>;
 }
-
-/**
- * The most a page of a conversation's items holds, in their stored JSON: a page stops before the
- * item that would pass it, with `has_more` (a first item larger than this is a page of its own).
- * Clients page on with `after` as they would for `limit`.
- */
-export const ITEM_PAGE_BYTES = 4 * 1024 * 1024;
 
 const render = (c: ConversationRecord): Conversation => ({
   id: c.id,
@@ -181,7 +174,7 @@ export class ConversationService {
     page: { after?: string | undefined; limit: number; order: 'asc' | 'desc' },
   ): Promise<{ items: Item[]; hasMore: boolean }> {
     const c = await this.load(id, who);
-    const found: ItemPage | undefined = await this.store.listConversationItems(c.id, { ...page, maxBytes: ITEM_PAGE_BYTES });
+    const found: ItemPage | undefined = await this.store.listConversationItems(c.id, { ...page, maxBytes: PAGE_BYTES });
     // As the responses and conversations lists do: a cursor that names nothing is the client's mistake, not an empty page.
     if (found === undefined)
       throw new ApiError('invalid_value', `No item '${page.after}' in this conversation to list after.`, { param: 'after' });

@@ -25,7 +25,7 @@ import {
   type SealedText,
 } from '../items.js';
 import { newId, nowSeconds, orderMs } from '../ids.js';
-import type { Page, PageRequest } from '../paging.js';
+import { PAGE_BYTES, type Page, type PageRequest } from '../paging.js';
 import type { ReasoningSeal, SealPurpose } from '../reasoning-seal.js';
 import type { Model } from '../model-spec.js';
 import type { MeteredStream } from '../metering.js';
@@ -414,7 +414,7 @@ export class ResponseService<Echo> {
       if (!after || after.org_id !== who.orgId)
         throw new ApiError('invalid_value', `No stored response '${page.after}' to list after.`, { param: 'after' });
     }
-    const found = await this.store.listResponses(who.orgId, { after, limit: page.limit, order: page.order });
+    const found = await this.store.listResponses(who.orgId, { after, limit: page.limit, order: page.order, maxBytes: PAGE_BYTES });
     // The format serves every response object with its id.
     const data = (await Promise.all(found.records.map((r) => this.current(r)))) as Array<{ id: string } & Record<string, unknown>>;
     return { data, hasMore: found.hasMore };
