@@ -5,7 +5,7 @@ import { connect } from 'node:net';
 import OpenAI from 'openai';
 import { ResponsesWS } from 'openai/resources/responses/ws';
 import { WebSocket } from 'ws';
-import { closers } from './helpers/fixtures.js';
+import { GATEWAY_MODEL, chatFixture, chunkFrame, closers, startGateway } from './helpers/fixtures.js';
 import { createKey, http, startServer, tempDir, type TestServer } from './helpers/server.js';
 import { ConnectionResponses } from '../src/core/responses/connection-state.js';
 import type { Item } from '../src/core/items.js';
@@ -330,6 +330,47 @@ describe('Responses over WebSocket', () => {
     } finally {
       clearInterval(poke);
     }
+  });
+});
+
+describe('Responses over WebSocket: a turn whose upstream breaks mid-answer', () => {
+  const c = closers();
+  let server: TestServer;
+  before(async () => {
+    // A failure no real engine produces on demand: the stream is cut after its first delta.
+    const upstream = c.keep(
+      await chatFixture((_stream, res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chunkFrame({ role: 'assistant', content: '' }) + chunkFrame({ content: 'Once' }));
+        setTimeout(() => res.socket?.destroy(), 20);
+      }),
+    );
+    server = c.keep(await startGateway([{ baseUrl: upstream.url }], { SWITCHYARD_UPSTREAM_ALLOW: '127.0.0.1' }));
+  });
+  after(() => c.closeAll());
+
+  it("ends with response.failed, numbered from 0 without a gap and without the SSE stream's error event; the next turn runs", async () => {
+    const s = await Socket.open(server, { authorization: `Bearer ${server.adminKey}` });
+    const from = s.messages.length;
+    s.send({ type: 'response.create', model: GATEWAY_MODEL, input: 'Once upon a time', store: false });
+    const events = await s.until(from, (e) => e.type === 'response.failed' || e.type === 'error');
+    assert.equal(events.at(-1)!.type, 'response.failed', JSON.stringify(events.map((e) => e.type)));
+    assert.ok(!events.some((e) => e.type === 'error'), "on this transport an error message is the transport's own");
+    events.forEach((e, i) => {
+      assert.equal(e.sequence_number, i, 'each turn numbers its events from 0, without a gap');
+      const v = eventSchemas.get(e.type);
+      assert.ok(v, `no schema for event ${e.type}`);
+      valid(v, e, e.type);
+    });
+    assert.equal((events.at(-1)!.response as unknown as { error: { code: string } }).error.code, 'upstream_error');
+    // The connection stays open for the next turn, which fails the same way and numbers from 0 again.
+    const next = s.messages.length;
+    s.send({ type: 'response.create', model: GATEWAY_MODEL, input: 'again', store: false });
+    const again = await s.until(next, (e) => e.type === 'response.failed' || e.type === 'error');
+    assert.equal(again[0]!.sequence_number, 0);
+    assert.equal(again.at(-1)!.type, 'response.failed');
+    s.ws.close();
+    await s.closed;
   });
 });
 
