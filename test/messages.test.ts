@@ -50,6 +50,12 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
       all.slice(1, 3),
     );
     assert.equal(before.has_more, true);
+    // The lifecycle filter (an outside pass found it ignored): every model here is active.
+    const active: string[] = [];
+    for await (const x of client.models.list({ lifecycle: ['active'], limit: 100 })) active.push(x.id);
+    assert.deepEqual(active, all);
+    assert.deepEqual((await client.models.list({ lifecycle: ['retired', 'deprecated'] })).data, []);
+    await assert.rejects(client.models.list({ lifecycle: ['gone' as 'retired'] }), Anthropic.BadRequestError);
     await assert.rejects(client.models.retrieve('nope/nope'), (err: unknown) => {
       assert.ok(err instanceof Anthropic.NotFoundError);
       assert.equal((err.error as { type: string; error: { type: string } }).error.type, 'not_found_error');
@@ -436,6 +442,35 @@ describe('Messages API on the local model (@anthropic-ai/sdk)', () => {
         ],
       },
       /messages\.2: tool_use ids were found without tool_result blocks immediately after: toolu_lone/,
+    );
+    // Two results for one call, and an is_error that is not a boolean (an outside pass: both taken).
+    const called = [
+      { role: 'user' as const, content: 'x' },
+      { role: 'assistant' as const, content: [{ type: 'tool_use' as const, id: 'toolu_1', name: 'f', input: {} }] },
+    ];
+    await refused(
+      {
+        messages: [
+          ...called,
+          {
+            role: 'user',
+            content: [
+              { type: 'tool_result', tool_use_id: 'toolu_1', content: 'r' },
+              { type: 'tool_result', tool_use_id: 'toolu_1', content: 'r' },
+            ],
+          },
+        ],
+      },
+      /each tool_use must have a single result\. Found multiple `tool_result` blocks with id: toolu_1/,
+    );
+    await refused(
+      {
+        messages: [
+          ...called,
+          { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: 'r', is_error: 'yes' as unknown as boolean }] },
+        ],
+      },
+      /is_error` must be a boolean/,
     );
     // Two tools of one name: a call to it would be ambiguous.
     await refused(

@@ -66,6 +66,7 @@ export function modelIdFromParams(params: { author?: string; slug?: string; id?:
 export function registerModelRoutes(app: App, ctx: RouteContext): void {
   const { catalogue } = ctx;
   const TypeParam = Type.Optional(Type.Enum([...TYPE_VALUES]));
+  const Lifecycle = Type.Enum(['active', 'deprecated', 'retired']);
   const ListQuery = Type.Object({
     type: TypeParam,
     author: Type.Optional(Type.Enum([...catalogue.authors])),
@@ -73,13 +74,21 @@ export function registerModelRoutes(app: App, ctx: RouteContext): void {
     limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })),
     after_id: Type.Optional(Type.String()),
     before_id: Type.Optional(Type.String()),
+    // Anthropic's lifecycle filter, as its SDK writes an array (`lifecycle[]=retired`) or as one value.
+    lifecycle: Type.Optional(Type.Array(Lifecycle)),
+    'lifecycle[]': Type.Optional(Type.Array(Lifecycle)),
   });
   const OneQuery = Type.Object({ type: TypeParam });
 
   app.get('/v1/models', { onRequest: ctx.requireKey, schema: { querystring: ListQuery } }, async (req, reply) => {
     const type = normaliseType(req.query.type) ?? 'text_generation';
     const models = catalogue.list({ type, author: req.query.author }, req.principal!);
-    if (answersAnthropic(req, reply)) return anthropicModelPage(models, req.query);
+    if (answersAnthropic(req, reply)) {
+      const q = req.query;
+      const lifecycle =
+        q.lifecycle === undefined && q['lifecycle[]'] === undefined ? undefined : [...(q.lifecycle ?? []), ...(q['lifecycle[]'] ?? [])];
+      return anthropicModelPage(models, { limit: q.limit, after_id: q.after_id, before_id: q.before_id, lifecycle });
+    }
     return { object: 'list', data: models.map((m) => renderModel(m, ctx.router.canServe(m))) };
   });
 

@@ -23,12 +23,16 @@ export function anthropicModel(m: CatalogueEntry): Record<string, unknown> {
     max_input_tokens: m.context_length,
     max_tokens: null,
     capabilities: null,
-    // An inactive model answers no generation: deprecated, as far as a client can tell.
-    lifecycle: m.status === 'inactive' ? 'deprecated' : m.status === 'deleted' ? 'retired' : 'active',
+    lifecycle: lifecycleOf(m),
     deprecated_at: null,
     retires_at: null,
     line: null,
   };
+}
+
+/** A model's lifecycle stage as Anthropic names it: an inactive model answers no generation, so it is deprecated as far as a client can tell. */
+export function lifecycleOf(m: Pick<CatalogueEntry, 'status'>): 'active' | 'deprecated' | 'retired' {
+  return m.status === 'inactive' ? 'deprecated' : m.status === 'deleted' ? 'retired' : 'active';
 }
 
 /** Anthropic's page parameters: `limit` (1 to 1,000, 20 by default) and one of `after_id`, `before_id`. */
@@ -36,6 +40,8 @@ export interface AnthropicPageQuery {
   limit?: number | undefined;
   after_id?: string | undefined;
   before_id?: string | undefined;
+  /** Only models in these lifecycle stages (the SDK sends `lifecycle[]=…`, each stage once). */
+  lifecycle?: readonly string[] | undefined;
 }
 
 /**
@@ -43,7 +49,9 @@ export interface AnthropicPageQuery {
  * catalogue's order. An id the list does not hold starts nothing: an empty page, as a cursor past
  * the end reads.
  */
-export function anthropicModelPage(models: CatalogueEntry[], q: AnthropicPageQuery): Record<string, unknown> {
+export function anthropicModelPage(all: CatalogueEntry[], q: AnthropicPageQuery): Record<string, unknown> {
+  const stages = q.lifecycle;
+  const models = stages === undefined ? all : all.filter((m) => stages.includes(lifecycleOf(m)));
   const limit = q.limit ?? 20;
   let from = 0;
   let to = Math.min(models.length, limit);

@@ -211,6 +211,8 @@ function toMessages(
         if (role !== 'user') throw bad('tool_result blocks belong in user turns.', param);
         const id = str(b['tool_use_id']);
         if (!id) throw bad('A tool_result block needs `tool_use_id`.', `${param}.tool_use_id`);
+        if (b['is_error'] !== undefined && typeof b['is_error'] !== 'boolean')
+          throw bad('tool_result `is_error` must be a boolean.', `${param}.is_error`);
         const result = toolResult(b, param);
         // An error result is still the tool's answer; the model is told it failed, before its text
         // (blocks stay blocks: their text, not their JSON, as a hostile pass found).
@@ -339,6 +341,8 @@ function decodeConversation(
   let calls = new Set<string>();
   /** The calls of the assistant turns before the current run of user turns that no tool_result has answered yet. */
   let unanswered = new Set<string>();
+  /** The calls answered so far in that run of user turns. */
+  let answered = new Set<string>();
   /** Where that run of user turns began. */
   let runStart = 0;
   body.messages.forEach((m, i) => {
@@ -361,9 +365,22 @@ function decodeConversation(
     if (m.role === 'user') {
       if (i === 0 || body.messages[i - 1]!.role !== 'user') {
         unanswered = new Set(calls);
+        answered = new Set();
         runStart = i;
       }
-      for (const c of converted) if (c.role === 'tool') unanswered.delete(c.toolCallId ?? '');
+      for (const c of converted) {
+        if (c.role !== 'tool') continue;
+        const id = c.toolCallId ?? '';
+        // As Anthropic's API: one result per call (two would reach the model as two answers).
+        if (answered.has(id)) {
+          throw bad(
+            `messages.${i}: each tool_use must have a single result. Found multiple \`tool_result\` blocks with id: ${id}`,
+            `messages[${i}].content`,
+          );
+        }
+        answered.add(id);
+        unanswered.delete(id);
+      }
       const runEnds = i + 1 === body.messages.length || body.messages[i + 1]!.role !== 'user';
       if (runEnds && unanswered.size > 0) {
         throw bad(
