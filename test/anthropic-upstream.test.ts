@@ -11,11 +11,13 @@ import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { closers, fixture } from './helpers/fixtures.js';
+import { chatFixture, closers, completionBody, fixture } from './helpers/fixtures.js';
 import { createKey, startServer, tempDir } from './helpers/server.js';
 
 const SECRET = 'sk-ant-api03-fixture-secret-0123456789abcdef';
 const MODEL = 'anthropic/claude-fixture';
+/** Served by an Anthropic deployment and a chat-completions one. */
+const MIXED = 'anthropic/claude-mixed';
 const UPSTREAM_SIGNATURE = 'EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds';
 
 interface SeenRequest {
@@ -150,6 +152,12 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
 
   before(async () => {
     const upstream = c.keep(await fixture(anthropicFixture(seen)));
+    // A chat-completions upstream beside it for MIXED, which both serve.
+    const chat = c.keep(
+      await chatFixture((_stream, res) => {
+        res.writeHead(200, { 'content-type': 'application/json' }).end(completionBody('{"from":"chat"}'));
+      }),
+    );
     const server = c.keep(
       await startServer({
         modelsDir: tempDir(),
@@ -159,6 +167,7 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
           text: JSON.stringify({
             models: [
               { id: MODEL, context_length: 200000, capabilities: ['streaming', 'function_calling', 'reasoning', 'structured_output'] },
+              { id: MIXED, context_length: 200000, capabilities: ['streaming', 'structured_output'] },
             ],
             deployments: [
               {
@@ -168,6 +177,14 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
                 apiKeyEnv: 'FIXTURE_ANTHROPIC_KEY',
                 api: 'anthropic',
               },
+              {
+                model: MIXED,
+                baseUrl: upstream.url,
+                upstreamModel: 'claude-fixture-1',
+                apiKeyEnv: 'FIXTURE_ANTHROPIC_KEY',
+                api: 'anthropic',
+              },
+              { model: MIXED, baseUrl: chat.url, upstreamModel: 'chat-fixture' },
             ],
           }),
         },
@@ -228,6 +245,17 @@ describe('Anthropic upstreams (api: anthropic) for chat completions, Responses a
       (err: unknown) => err instanceof OpenAI.BadRequestError && err.code === 'unsupported_parameter' && err.param === 'text.format',
     );
     assert.equal(seen.length, before, 'nothing was sent to the upstream');
+    // A model served by an Anthropic deployment and another: json_object goes to the other, every
+    // time (it was a 400 by the weighted pick on some requests).
+    for (let i = 0; i < 8; i++) {
+      const r = await openai.chat.completions.create({
+        model: MIXED,
+        messages: [{ role: 'user', content: 'JSON' }],
+        response_format: { type: 'json_object' },
+      });
+      assert.deepEqual(JSON.parse(r.choices[0]!.message.content!), { from: 'chat' });
+    }
+    assert.equal(seen.length, before, 'nothing was sent to the Anthropic upstream');
     // A schema is sent as Anthropic's output_config.format.
     await openai.chat.completions.create({
       model: MODEL,

@@ -228,6 +228,9 @@ const state = (r: ChatRelay) => ({
   failure: r.failure?.message,
 });
 
+/** A chunk that opens a stream and counts nothing. */
+const OPENING = `data: ${JSON.stringify({ choices: [{ index: 0, delta: { role: 'assistant' }, finish_reason: null }] })}\n\n`;
+
 describe('chat relay', () => {
   it('frames and counts every stream exactly as reading each chunk on its own does, whatever its line ends', () => {
     let usageKept = 0;
@@ -241,9 +244,14 @@ describe('chat relay', () => {
         let chars = 0;
         let reasoning = 0;
         let failed = false;
+        // Only the stream's first delta gets the assistant's role: a relay for a later chunk is
+        // given the opening first (its frame is not compared).
+        let opened = false;
         for (const p of payloads) {
           const one = relay(catalogue);
+          if (opened) one.push(OPENING);
           expected += one.push(`data: ${p}\n\n`);
+          opened ||= one.opened;
           deltas += one.limit.deltas;
           chars += one.limit.chars;
           reasoning += one.limit.reasoningChars;
@@ -446,7 +454,8 @@ describe('chat relay', () => {
     ]);
     assert.deepEqual(mixed.parsed[0]!.choices[0], {
       index: 0,
-      delta: { reasoning_content: 'r'.repeat(100), content: 'c'.repeat(28) },
+      // The stream's first delta: the assistant's role put in.
+      delta: { reasoning_content: 'r'.repeat(100), content: 'c'.repeat(28), role: 'assistant' },
       logprobs: null,
       finish_reason: null,
     });
@@ -641,7 +650,8 @@ describe('chat relay', () => {
     assert.deepEqual(
       out.map((f) => f.choices.map((c) => c.delta)),
       [
-        [{ tool_calls: [{ id: 'c2', type: 'function', function: { name: 'get_weather', arguments: '' } }] }],
+        // The first delta that goes out opens the message with the assistant's role.
+        [{ tool_calls: [{ id: 'c2', type: 'function', function: { name: 'get_weather', arguments: '' } }], role: 'assistant' }],
         [{ tool_calls: [{ id: 'c2', function: { arguments: '{"city":"Oslo"}' } }] }],
         [{ content: 'a' }],
         [{}],

@@ -233,7 +233,8 @@ describe('the chat fast lane against upstreams that misbehave', () => {
         case 'model-spellings': {
           // Every way the model name can be written that a text splice could get wrong.
           const c = (i: number) => `"choices":[{"index":0,"delta":{"content":"c${i}"},"logprobs":null,"finish_reason":null}]`;
-          res.write(`data: {"id":"chatcmpl-up","object":"chat.completion.chunk","created":7,"model" : "vendor-model",${c(0)}}\n\n`);
+          const first = c(0).replace('"delta":{', '"delta":{"role":"assistant",');
+          res.write(`data: {"id":"chatcmpl-up","object":"chat.completion.chunk","created":7,"model" : "vendor-model",${first}}\n\n`);
           res.write(
             `data: {"id":"chatcmpl-up","model":"vendor-model","choices":[{"index":0,"delta":{"content":"say \\"model\\": x"}}]}\n\n`,
           );
@@ -248,6 +249,13 @@ describe('the chat fast lane against upstreams that misbehave', () => {
           );
           return;
         }
+        case 'sparse':
+          // Chunks with nothing but their choices' deltas: no role, no index, no finish_reason until
+          // the last (some servers write them so).
+          res.write(`data: {"choices":[{"delta":{"content":"Once "}}]}\n\n`);
+          res.write(`data: {"choices":[{"delta":{"content":"upon"}}]}\n\n`);
+          res.end(`data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n`);
+          return;
         case 'cr-lines': {
           // SSE lines may end with a lone CR as well as LF or CRLF: CR-only events, a CRLF split
           // between two writes, and events of two data lines (joined by a lone CR, and by a CRLF
@@ -328,6 +336,30 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     model: GATEWAY_MODEL,
     messages: [{ role: 'user', content: kind }],
     ...extra,
+  });
+
+  it("opens a sparse upstream's stream with the assistant's role, each choice with its index and finish_reason, so the SDK's helpers work", async () => {
+    // An outside pass: chat.completions.stream() failed with "missing role for choice 0" on the
+    // fast lane, where the canonical lane (store: true) worked.
+    const client = new OpenAI({ apiKey: key, baseURL: gateway.baseURL, maxRetries: 0 });
+    const done = await client.chat.completions
+      .stream(ask('sparse') as OpenAI.Chat.ChatCompletionCreateParamsStreaming)
+      .finalChatCompletion();
+    assert.equal(done.choices[0]!.message.content, 'Once upon');
+    assert.equal(done.choices[0]!.message.role, 'assistant');
+    assert.equal(done.choices[0]!.finish_reason, 'stop');
+    const { frames } = await rawStream(gateway.url, key, ask('sparse'));
+    const chunks = frames.slice(0, -1).map((f) => f.json!);
+    const choices = chunks.map((c) => (c['choices'] as Array<Record<string, unknown>>)[0]!);
+    assert.equal((choices[0]!['delta'] as { role?: string }).role, 'assistant');
+    assert.ok(
+      choices.slice(1).every((c) => (c['delta'] as { role?: string }).role === undefined),
+      'the role once',
+    );
+    assert.ok(
+      choices.every((c) => c['index'] === 0 && 'finish_reason' in c && c['logprobs'] === null),
+      JSON.stringify(choices),
+    );
   });
 
   it('holds an upstream that ignores max_tokens to it, stream and non-stream, and bills what was passed on', async () => {
@@ -447,7 +479,7 @@ describe('the chat fast lane against upstreams that misbehave', () => {
     const first = chunks[0]!;
     assert.equal(
       frames[0]!.raw,
-      `{"id":"${String(first['id'])}","object":"chat.completion.chunk","created":${String(first['created'])},"model" : "${GATEWAY_MODEL}","choices":[{"index":0,"delta":{"content":"c0"},"logprobs":null,"finish_reason":null}]}`,
+      `{"id":"${String(first['id'])}","object":"chat.completion.chunk","created":${String(first['created'])},"model" : "${GATEWAY_MODEL}","choices":[{"index":0,"delta":{"role":"assistant","content":"c0"},"logprobs":null,"finish_reason":null}]}`,
       "the upstream's text as it was, but for the name, the id and the time",
     );
     assert.notEqual(first['id'], 'chatcmpl-up');

@@ -9,6 +9,7 @@ import { encodeResponsesRequest, ResponsesReader } from '../src/protocols/respon
 import { responsesFormat } from '../src/protocols/responses/resource.js';
 import type { ResponsesRequest } from '../src/protocols/responses/request.js';
 import type { ResponseEvent } from '../src/core/responses/format.js';
+import { MessageFold, MessageStreamRenderer, toolUseId } from '../src/protocols/messages/response.js';
 
 /**
  * Each wire protocol round trip, without a model or a server: what one side of a protocol module
@@ -326,9 +327,14 @@ describe('protocols/responses', () => {
     const broken = open();
     broken.start();
     const failed = broken.fail('upstream_error', 'it broke');
+    // The error event comes just before the terminal event and is held with it (clients stop there).
     assert.deepEqual(
       failed.filter((e) => responsesFormat.isTerminal(e)).map((e) => e.type),
-      ['response.failed'],
+      ['error', 'response.failed'],
+    );
+    assert.deepEqual(
+      failed.slice(-2).map((e) => e.type),
+      ['error', 'response.failed'],
     );
     assert.equal(broken.status, 'failed');
   });
@@ -352,5 +358,30 @@ describe('protocols/responses', () => {
     assert.equal(wire['store'], false);
     assert.equal(wire['max_output_tokens'], 9);
     assert.equal(wire['temperature'], 0);
+  });
+});
+
+describe('protocols/messages tool_use ids', () => {
+  it("writes ids in Anthropic's pattern, unique within a message, the same streamed or whole", () => {
+    // An upstream's ids that Anthropic would refuse, two of which map to one id.
+    const events: GenerationEvent[] = [
+      { type: 'tool_call.start', index: 0, id: 'x.1', name: 'f' },
+      { type: 'tool_call.delta', index: 0, arguments: '{}' },
+      { type: 'tool_call.start', index: 1, id: 'x_1', name: 'f' },
+      { type: 'tool_call.delta', index: 1, arguments: '{}' },
+      { type: 'tool_call.start', index: 2, id: 'call_ok-2', name: 'f' },
+      { type: 'tool_call.delta', index: 2, arguments: '{}' },
+      { type: 'finish', reason: 'tool_calls' },
+    ];
+    const sign = (t: string) => t;
+    const fold = new MessageFold(sign);
+    for (const ev of events) fold.apply(ev);
+    const whole = (fold.result('m')['content'] as Array<{ id: string }>).map((b) => b.id);
+    assert.deepEqual(whole, ['x_1', 'x_1_2', 'call_ok-2']);
+    const stream = new MessageStreamRenderer('m', sign);
+    const text = events.map((ev) => stream.event(ev)).join('');
+    const streamed = [...text.matchAll(/"content_block":\{"type":"tool_use","id":"([^"]+)"/g)].map((m) => m[1]);
+    assert.deepEqual(streamed, whole);
+    assert.equal(toolUseId('functions.get_weather:0'), 'functions_get_weather_0');
   });
 });

@@ -24,6 +24,9 @@ const noDeployment = (model: Model): ApiError =>
   });
 
 /** A deployment as the router uses it: the engine that serves it and the engine's view of it. */
+/** A deployment that speaks Anthropic's Messages API. */
+const isAnthropic = (r: Route): boolean => r.target.engine === 'upstream' && r.target.api === 'anthropic';
+
 interface Route {
   target: DeploymentTarget;
   engine: Engine;
@@ -191,7 +194,7 @@ export class Router {
   anthropicOnly(model: Model): boolean {
     const routes = this.upstreams.get(model.id);
     if (!routes?.length || this.catalogue.isLocal(model.id)) return false;
-    return routes.every((r) => r.target.engine === 'upstream' && r.target.api === 'anthropic');
+    return routes.every(isAnthropic);
   }
 
   /** The model a principal may generate with, or the answer decided in docs/decisions.md. */
@@ -248,8 +251,15 @@ export class Router {
    * after a 429 are left out. Each deployment is tried once, but a lone deployment gets a second try
    * (a stale keep-alive connection, a restart); never more than maxAttempts in all.
    */
-  private attempts(model: Model): Route[] {
-    const order = this.deployments(model);
+  private attempts(model: Model, req: GenerationRequest): Route[] {
+    let order = this.deployments(model);
+    // Anthropic's API has no JSON mode: a json_object request goes to the model's other deployments
+    // (the pipeline refuses it for a model that only Anthropic deployments serve). An outside pass
+    // got a 400 on some of the same requests, by the weighted pick.
+    if (req.responseFormat?.type === 'json_object' && order.length > 1) {
+      const others = order.filter((d) => !isAnthropic(d));
+      if (others.length > 0) order = others;
+    }
     if (order.length === 0) {
       throw noDeployment(model);
     }
@@ -298,7 +308,7 @@ export class Router {
     model: Model,
     trace: { deployment?: string } = {},
   ): Promise<{ first: GenerationEvent | undefined; rest: AsyncIterator<GenerationEvent> }> {
-    const tries = this.attempts(model);
+    const tries = this.attempts(model, req);
     this.budget.request();
     const deadline = Date.now() + this.policy.attemptsTimeoutMs;
     let lastError: ApiError | undefined;

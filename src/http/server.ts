@@ -160,8 +160,10 @@ function routeError(err: FastifyError, req: FastifyRequest, reply: FastifyReply)
     return new ApiError('invalid_json', 'The request body is empty; send a JSON object.');
   // A query parameter given twice arrives as a list, and its schema's message would name the very
   // values sent as the ones allowed ("must be one of 'openai', … 'google'"): say what is wrong.
+  // (Not where the failure is inside a parameter that is a list by its schema: `lifecycle[]=bogus`.)
   if (err.validation && err.validationContext === 'querystring') {
-    const name = err.validation[0]?.instancePath.slice(1).split('/')[0] ?? '';
+    const path = err.validation[0]?.instancePath.slice(1).split('/') ?? [];
+    const name = path.length === 1 ? path[0]! : '';
     const value: unknown = (req.query as Record<string, unknown> | undefined)?.[name];
     if (name !== '' && Array.isArray(value))
       return new ApiError('invalid_value', `Query parameter '${name}' was given ${value.length} times; give it once.`, { param: name });

@@ -180,8 +180,9 @@ function spliced(text: string, parsed: Record<string, unknown>, own: OwnFields, 
 }
 
 /**
- * Puts in, as null, the members of a `chat.completion` that OpenAI's schema requires and some
- * upstreams leave out (`choices[].logprobs`, `choices[].message.refusal`; and `object`): a client
+ * Puts in the members of a `chat.completion` that OpenAI's schema requires and some upstreams
+ * leave out (`choices[].logprobs` and `choices[].message.refusal` as null; `object`, a choice's
+ * `index`, the message's `role`): a client
  * that validates the answer, or reads them, gets the same shape from every upstream. True when
  * none was missing (the upstream's text can then go on as it is).
  */
@@ -200,9 +201,17 @@ function completeAnswer(answer: Record<string, unknown>): boolean {
       choice['logprobs'] = null;
       whole = false;
     }
+    if (choice['index'] === undefined) {
+      choice['index'] = 0;
+      whole = false;
+    }
     const message = obj(choice['message']);
     if (message && message['refusal'] === undefined) {
       message['refusal'] = null;
+      whole = false;
+    }
+    if (message && message['role'] === undefined) {
+      message['role'] = 'assistant';
       whole = false;
     }
   }
@@ -236,8 +245,18 @@ function completeChunk(chunk: Record<string, unknown>, usage: boolean): boolean 
   if (!Array.isArray(choices)) return whole;
   for (const c of choices) {
     const choice = obj(c);
-    if (choice && choice['logprobs'] === undefined) {
+    if (!choice) continue;
+    // The SDKs' stream helpers read each choice by its index and its finish by finish_reason.
+    if (choice['index'] === undefined) {
+      choice['index'] = 0;
+      whole = false;
+    }
+    if (choice['logprobs'] === undefined) {
       choice['logprobs'] = null;
+      whole = false;
+    }
+    if (choice['finish_reason'] === undefined) {
+      choice['finish_reason'] = null;
       whole = false;
     }
   }
@@ -291,6 +310,13 @@ export class ChatRelay {
   /** The catalogue id, the id and the time as JSON text. */
   private readonly own: OwnFields;
   private template: Template | undefined;
+  /** A delta has gone out (with the role: see completed). */
+  private roleSent = false;
+
+  /** The stream's first delta has gone out, with the assistant's role. */
+  get opened(): boolean {
+    return this.roleSent;
+  }
   private templates = 0;
   /** Content-only chunks parsed so far: a template is learned from the second (a one-chunk answer never pays for one). */
   private plainChunks = 0;
@@ -439,7 +465,7 @@ export class ChatRelay {
       // the canonical lane cuts a delta; its usage waits for the metered usage, like every usage chunk.
       if (this.limit.chars === charsBefore) return `data: ${this.finishFrame('length')}\n\n`;
       if (obj(chunk['usage'])) chunk['usage'] = null;
-      completeChunk(chunk, this.usageNull);
+      this.completed(chunk, this.usageNull);
       this.ours(chunk);
       return `data: ${JSON.stringify(chunk)}\n\ndata: ${this.finishFrame('length')}\n\n`;
     }
@@ -447,7 +473,7 @@ export class ChatRelay {
       const choices = chunk['choices'];
       // A usage chunk of its own (no choices) goes out as the upstream wrote it, with the metered
       // usage, where its text can be kept exactly (one line, as a frame must be: see aroundUsage).
-      const whole = completeChunk(chunk, false);
+      const whole = this.completed(chunk, false);
       this.usageText =
         !changed && whole && Array.isArray(choices) && choices.length === 0 && !payload.includes('\n')
           ? spliced(payload, chunk, this.own, true)
@@ -461,7 +487,7 @@ export class ChatRelay {
     }
     // Judged on the chunk as the upstream wrote it; the template's frame is the completed chunk's.
     const text = !changed && this.templates < MAX_TEMPLATES ? this.templateText(payload, chunk) : undefined;
-    const whole = completeChunk(chunk, this.usageNull);
+    const whole = this.completed(chunk, this.usageNull);
     const renamed = changed || !whole ? undefined : this.renamed(payload, chunk);
     let frame = renamed;
     if (frame === undefined) {
@@ -523,6 +549,27 @@ export class ChatRelay {
   private renamed(payload: string, chunk: Record<string, unknown>): string | undefined {
     if (payload.includes('\n')) return undefined;
     return spliced(payload, chunk, this.own, false)?.before;
+  }
+
+  /**
+   * completeChunk, and the assistant's role in the first delta of the stream where the upstream
+   * left it out: the openai SDK's stream helpers fail without it ("missing role for choice 0"), and
+   * the canonical lane's first chunk has it. True when nothing was changed.
+   */
+  private completed(chunk: Record<string, unknown>, usage: boolean): boolean {
+    let whole = completeChunk(chunk, usage);
+    if (!this.roleSent) {
+      const choices = chunk['choices'];
+      const delta = Array.isArray(choices) ? obj(obj(choices[0])?.['delta']) : undefined;
+      if (delta) {
+        this.roleSent = true;
+        if (delta['role'] === undefined) {
+          delta['role'] = 'assistant';
+          whole = false;
+        }
+      }
+    }
+    return whole;
   }
 
   /** Switchyard's model name, id and time in a parsed chunk or answer, for serializing it. */
@@ -730,8 +777,10 @@ export class ChatRelay {
       object: 'chat.completion.chunk',
       created: this.created,
       model: this.model,
-      choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: reason }],
+      // The stream's only chunk when the upstream sent none: it opens the message as well.
+      choices: [{ index: 0, delta: this.roleSent ? {} : { role: 'assistant', content: '' }, logprobs: null, finish_reason: reason }],
     };
+    this.roleSent = true;
     if (this.usageNull) chunk['usage'] = null;
     return JSON.stringify(chunk);
   }

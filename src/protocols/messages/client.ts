@@ -1,6 +1,6 @@
 import { ApiError } from '../../core/errors.js';
 import type { CacheMark, ContentPart, FinishReason, GenerationEvent, GenerationRequest, Message } from '../../core/canonical.js';
-import { toolInput } from './response.js';
+import { toolInput, toolUseId } from './response.js';
 import { MAX_TOOL_CALLS, obj, reported, str, upstreamFailure, type Clean, type ReportedUsage, type StreamReader } from '../reader.js';
 
 /**
@@ -60,14 +60,18 @@ function wireTurns(messages: readonly Message[]): {
     if (m.role === 'system' || m.role === 'developer') {
       for (const b of blocks(m.content ?? '')) if (b['type'] === 'text') system.push(b);
     } else if (m.role === 'tool') {
-      push('user', [cached({ type: 'tool_result', tool_use_id: m.toolCallId ?? '', content: blocks(m.content ?? '') }, m.cache)]);
+      // Ids in Anthropic's pattern (a conversation begun on another upstream may carry `functions.f:0`),
+      // mapped the same way in the call and its result.
+      push('user', [
+        cached({ type: 'tool_result', tool_use_id: toolUseId(m.toolCallId ?? ''), content: blocks(m.content ?? '') }, m.cache),
+      ]);
     } else if (m.role === 'assistant') {
       const content: unknown[] = blocks(m.content ?? '');
       // Thinking goes back only as Anthropic signed it; unsigned reasoning is left out.
       if (m.reasoning && m.reasoningSignature)
         content.unshift({ type: 'thinking', thinking: m.reasoning, signature: m.reasoningSignature });
       for (const c of m.toolCalls ?? [])
-        content.push(cached({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) }, c.cache));
+        content.push(cached({ type: 'tool_use', id: toolUseId(c.id), name: c.name, input: toolInput(c.arguments) }, c.cache));
       push('assistant', content);
     } else push('user', blocks(m.content ?? ''));
   }

@@ -24,6 +24,18 @@ export function toolUseId(id: string): string {
 }
 const TOOL_USE_ID = /^[a-zA-Z0-9_-]+$/;
 
+/**
+ * toolUseId, unique among the ids of one message (`used`): two upstream ids may map to one (`x.1`
+ * and `x_1`), and a message with a repeated id is refused when it comes back as history.
+ */
+function uniqueToolUseId(id: string, used: Set<string>): string {
+  const base = toolUseId(id);
+  let out = base;
+  for (let n = 2; used.has(out); n++) out = `${base}_${n}`;
+  used.add(out);
+  return out;
+}
+
 export type StopReason = 'end_turn' | 'max_tokens' | 'stop_sequence' | 'tool_use' | 'refusal';
 
 /**
@@ -100,6 +112,8 @@ type Block =
 export class MessageFold {
   private readonly blocks: Block[] = [];
   private readonly calls = new Map<number, Extract<Block, { type: 'tool_use' }>>();
+  /** The tool_use ids given so far in this message. */
+  private readonly toolUseIds = new Set<string>();
   private usage: Usage = { input: 0, cached: 0, output: 0, reasoning: 0 };
   private stop: StopReason | null = null;
   private stopSequence: string | null = null;
@@ -131,7 +145,7 @@ export class MessageFold {
         if (last?.type === 'thinking') last.upstream = ev.signature;
         break;
       case 'tool_call.start': {
-        const block = { type: 'tool_use' as const, id: toolUseId(ev.id), name: ev.name, input: {}, args: '' };
+        const block = { type: 'tool_use' as const, id: uniqueToolUseId(ev.id, this.toolUseIds), name: ev.name, input: {}, args: '' };
         this.calls.set(ev.index, block);
         this.blocks.push(block);
         break;
@@ -186,6 +200,8 @@ const frame = (name: string, data: string): string => `event: ${name}\ndata: ${d
 export class MessageStreamRenderer {
   readonly id = newMessageId();
   private open: { kind: 'text' | 'thinking' | 'tool_use'; index: number; toolIndex?: number } | undefined;
+  /** The tool_use ids given so far in this message. */
+  private readonly toolUseIds = new Set<string>();
   private next = 0;
   private thinking = '';
   private upstreamSignature: string | undefined;
@@ -277,7 +293,11 @@ export class MessageStreamRenderer {
         if (this.open?.kind === 'thinking') this.upstreamSignature = ev.signature;
         return '';
       case 'tool_call.start':
-        return this.begin('tool_use', { type: 'tool_use', id: toolUseId(ev.id), name: ev.name, input: {} }, ev.index);
+        return this.begin(
+          'tool_use',
+          { type: 'tool_use', id: uniqueToolUseId(ev.id, this.toolUseIds), name: ev.name, input: {} },
+          ev.index,
+        );
       case 'tool_call.delta':
         if (this.open?.kind !== 'tool_use' || this.open.toolIndex !== ev.index) return '';
         return this.delta(`{"type":"input_json_delta","partial_json":${JSON.stringify(ev.arguments)}}`);
