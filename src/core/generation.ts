@@ -163,8 +163,9 @@ export class GenerationPipeline {
     const [format, schema] = FORMAT_PARAMS[protocol];
     if (req.tools?.length && req.toolChoice !== 'none') need('function_calling', 'tools');
     if (req.responseFormat && req.responseFormat.type !== 'text') need('structured_output', format);
-    // Anthropic has no JSON mode (protocols/messages/client.ts refuses it there too, for a model
-    // whose deployments are of several kinds): said here, naming the client's parameter.
+    // Anthropic has no JSON mode: refused here, naming the client's parameter, for a model only
+    // Anthropic deployments serve (the router sends it to a mixed model's other deployments, and
+    // protocols/messages/client.ts refuses it as a last line).
     if (req.responseFormat?.type === 'json_object' && this.router.anthropicOnly(model)) {
       throw new ApiError(
         'unsupported_parameter',

@@ -133,6 +133,13 @@ class SeriesHistogram extends Histogram {
 
 type TokenKind = 'input' | 'cached' | 'output' | 'reasoning';
 
+/** A local-model gauge's values added up per label: several private models share `private`. */
+function perModel(models: readonly LocalModelGauge[], key: 'active' | 'queued'): Map<string, number> {
+  const by = new Map<string, number>();
+  for (const m of models) by.set(m.model, (by.get(m.model) ?? 0) + m[key]);
+  return by;
+}
+
 export interface LocalModelGauge {
   model: string;
   active: number;
@@ -307,10 +314,7 @@ export class Metrics {
       registers,
       collect() {
         this.reset();
-        // Added up per label: several private models share `private`.
-        const by = new Map<string, number>();
-        for (const m of local().models) by.set(m.model, (by.get(m.model) ?? 0) + m.active);
-        for (const [model, n] of by) this.set({ model }, n);
+        for (const [model, n] of perModel(local().models, 'active')) this.set({ model }, n);
       },
     });
     new Gauge({
@@ -320,9 +324,7 @@ export class Metrics {
       registers,
       collect() {
         this.reset();
-        const by = new Map<string, number>();
-        for (const m of local().models) by.set(m.model, (by.get(m.model) ?? 0) + m.queued);
-        for (const [model, n] of by) this.set({ model }, n);
+        for (const [model, n] of perModel(local().models, 'queued')) this.set({ model }, n);
       },
     });
     new Gauge({

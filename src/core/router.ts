@@ -24,9 +24,6 @@ const noDeployment = (model: Model): ApiError =>
   });
 
 /** A deployment as the router uses it: the engine that serves it and the engine's view of it. */
-/** A deployment that speaks Anthropic's Messages API. */
-const isAnthropic = (r: Route): boolean => r.target.engine === 'upstream' && r.target.api === 'anthropic';
-
 interface Route {
   target: DeploymentTarget;
   engine: Engine;
@@ -35,6 +32,9 @@ interface Route {
   /** What is wrong with its key here, found when the table is built (see keyProblem). */
   keyProblem?: string;
 }
+
+/** A deployment that speaks Anthropic's Messages API. */
+const isAnthropic = (r: Route): boolean => r.target.engine === 'upstream' && r.target.api === 'anthropic';
 
 export interface RoutingPolicy {
   /** Tries one request may make, the first included (each deployment once; a lone deployment twice). */

@@ -235,7 +235,7 @@ export class ChoiceSink implements Sink {
       // Cut by the output limit: the call as far as it came, as a forced call's (CallSink), once
       // its name is whole. Open Responses: an item cut this way is `incomplete`, and its first
       // event carries at least the name. A call cut inside its name shows nothing. (A call whose
-      // last token was the limit's is whole: it goes on as any whole call.) The text after the
+      // last token was the limit's is whole, and ends as a whole call does, below.) The text after the
       // head is the arguments so far: the outer object's closing brace is never in it, since
       // with it the text would be whole.
       const head = CALL_HEAD.exec(this.buf);

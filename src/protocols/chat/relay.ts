@@ -187,40 +187,33 @@ function spliced(text: string, parsed: Record<string, unknown>, own: OwnFields, 
  * none was missing (the upstream's text can then go on as it is).
  */
 function completeAnswer(answer: Record<string, unknown>): boolean {
-  let whole = true;
-  if (answer['object'] === undefined) {
-    answer['object'] = 'chat.completion';
-    whole = false;
-  }
+  let whole = filled(answer, 'object', 'chat.completion');
   const choices = answer['choices'];
   if (!Array.isArray(choices)) return whole;
   for (const c of choices) {
     const choice = obj(c);
     if (!choice) continue;
-    if (choice['logprobs'] === undefined) {
-      choice['logprobs'] = null;
-      whole = false;
-    }
-    if (choice['index'] === undefined) {
-      choice['index'] = 0;
-      whole = false;
-    }
+    whole = filled(choice, 'logprobs', null) && whole;
+    whole = filled(choice, 'index', 0) && whole;
     const message = obj(choice['message']);
-    if (message && message['refusal'] === undefined) {
-      message['refusal'] = null;
-      whole = false;
-    }
-    if (message && message['role'] === undefined) {
-      message['role'] = 'assistant';
-      whole = false;
-    }
+    if (!message) continue;
+    whole = filled(message, 'refusal', null) && whole;
+    whole = filled(message, 'role', 'assistant') && whole;
   }
   return whole;
 }
 
+/** Puts `value` at `key` where `o` has no such member; true when it had one (nothing changed). */
+function filled(o: Record<string, unknown>, key: string, value: unknown): boolean {
+  if (o[key] !== undefined) return true;
+  o[key] = value;
+  return false;
+}
+
 /**
  * Puts in the members of a `chat.completion.chunk` that OpenAI's schema has and some upstreams leave
- * out: `choices[].logprobs` (null), `object`, and, where the client asked for the usage
+ * out: `choices[].index`, `choices[].logprobs` and `choices[].finish_reason` (null), `object`, and,
+ * where the client asked for the usage
  * (`stream_options.include_usage`), `usage` as null in every chunk before the usage chunk
  * (openai-wire.md). Where it did not ask, a `usage: null` is taken out: the upstream writes it
  * because Switchyard always asks for the usage (to bill it). A client then reads the same chunks
@@ -228,15 +221,9 @@ function completeAnswer(answer: Record<string, unknown>): boolean {
  * then go on as it is).
  */
 function completeChunk(chunk: Record<string, unknown>, usage: boolean): boolean {
-  let whole = true;
-  if (chunk['object'] === undefined) {
-    chunk['object'] = 'chat.completion.chunk';
-    whole = false;
-  }
-  if (usage && chunk['usage'] === undefined) {
-    chunk['usage'] = null;
-    whole = false;
-  } else if (!usage && chunk['usage'] === null) {
+  let whole = filled(chunk, 'object', 'chat.completion.chunk');
+  if (usage) whole = filled(chunk, 'usage', null) && whole;
+  else if (chunk['usage'] === null) {
     // JSON.stringify leaves out a member set to undefined.
     chunk['usage'] = undefined;
     whole = false;
@@ -247,18 +234,9 @@ function completeChunk(chunk: Record<string, unknown>, usage: boolean): boolean 
     const choice = obj(c);
     if (!choice) continue;
     // The SDKs' stream helpers read each choice by its index and its finish by finish_reason.
-    if (choice['index'] === undefined) {
-      choice['index'] = 0;
-      whole = false;
-    }
-    if (choice['logprobs'] === undefined) {
-      choice['logprobs'] = null;
-      whole = false;
-    }
-    if (choice['finish_reason'] === undefined) {
-      choice['finish_reason'] = null;
-      whole = false;
-    }
+    whole = filled(choice, 'index', 0) && whole;
+    whole = filled(choice, 'logprobs', null) && whole;
+    whole = filled(choice, 'finish_reason', null) && whole;
   }
   return whole;
 }
@@ -563,10 +541,7 @@ export class ChatRelay {
       const delta = Array.isArray(choices) ? obj(obj(choices[0])?.['delta']) : undefined;
       if (delta) {
         this.roleSent = true;
-        if (delta['role'] === undefined) {
-          delta['role'] = 'assistant';
-          whole = false;
-        }
+        whole = filled(delta, 'role', 'assistant') && whole;
       }
     }
     return whole;

@@ -119,6 +119,31 @@ type ChatTool = Extract<NonNullable<ChatRequest['tools']>[number], { function: u
  * applies: a 400 naming each, never an answer that looks as if it honoured them.
  */
 function refuseUnapplied(body: Record<string, unknown>): void {
+  // Not applied by any engine here: a 400 rather than an answer that silently ignores the bias.
+  const bias = body['logit_bias'];
+  if (bias != null && (typeof bias !== 'object' || Object.keys(bias).length > 0)) {
+    throw new ApiError('unsupported_parameter', 'logit_bias is not supported here; send null or leave it out.', { param: 'logit_bias' });
+  }
+  // The legacy function-calling fields (before `tools`): ignored, a client that sent functions got
+  // an answer that never called one, with no word why (an outside pass). `function_call` "none" or
+  // "auto" asks for nothing a request without functions does not do already.
+  const functions = body['functions'];
+  const functionCall = body['function_call'];
+  const legacy =
+    Array.isArray(functions) && functions.length > 0
+      ? 'functions'
+      : functionCall != null && typeof functionCall === 'object'
+        ? 'function_call'
+        : undefined;
+  if (legacy !== undefined) {
+    throw new ApiError(
+      'unsupported_parameter',
+      `${legacy} (legacy function calling) is not supported here; send tools and tool_choice instead.`,
+      {
+        param: legacy,
+      },
+    );
+  }
   const modalities = body['modalities'];
   if (Array.isArray(modalities) && modalities.some((m) => m !== 'text')) {
     throw new ApiError('unsupported_parameter', "Only text output is supported here; send modalities ['text'] or leave it out.", {
@@ -211,33 +236,7 @@ export function decodeChatRequest(body: ChatRequest, signal: CancelSignal): Gene
     const param = body.logprobs === true ? 'logprobs' : 'top_logprobs';
     throw new ApiError('unsupported_parameter', `${param} is not supported: no model here returns log probabilities.`, { param });
   }
-  // Not applied by any engine here: a 400 rather than an answer that silently ignores the bias.
-  const bias = (body as Record<string, unknown>)['logit_bias'];
-  if (bias != null && (typeof bias !== 'object' || Object.keys(bias).length > 0)) {
-    throw new ApiError('unsupported_parameter', 'logit_bias is not supported here; send null or leave it out.', { param: 'logit_bias' });
-  }
-  // The legacy function-calling fields (before `tools`): ignored, a client that sent functions got
-  // an answer that never called one, with no word why (an outside pass). `function_call` "none" or
-  // "auto" asks for nothing a request without functions does not do already.
-  const legacy = body as Record<string, unknown>;
-  const functions = legacy['functions'];
-  const functionCall = legacy['function_call'];
-  const legacyParam =
-    Array.isArray(functions) && functions.length > 0
-      ? 'functions'
-      : functionCall != null && typeof functionCall === 'object'
-        ? 'function_call'
-        : undefined;
-  if (legacyParam !== undefined) {
-    throw new ApiError(
-      'unsupported_parameter',
-      `${legacyParam} (legacy function calling) is not supported here; send tools and tool_choice instead.`,
-      {
-        param: legacyParam,
-      },
-    );
-  }
-  refuseUnapplied(legacy);
+  refuseUnapplied(body as Record<string, unknown>);
   body.tools?.forEach((t, i) => {
     if (t.type !== 'function') {
       throw new ApiError('unsupported_parameter', `Tool type '${t.type}' is not supported here; only function tools.`, {
